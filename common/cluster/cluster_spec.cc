@@ -1,0 +1,301 @@
+#include "stratum/cluster/cluster_spec.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_join.h"
+
+namespace stratum {
+namespace {
+
+// Position of a job in display order; unknown jobs sort after the known ones.
+size_t JobRank(absl::string_view type) {
+  const auto& valid = ValidTaskTypes();
+  return std::find(valid.begin(), valid.end(), type) - valid.begin();
+}
+
+std::string TaskTypeList() { return "chief, worker, ps or evaluator"; }
+
+// "0..1" for a dense job, "1, 3" for a sparse one.
+std::string DescribeIndices(const ClusterSpec& spec, absl::string_view type) {
+  std::vector<int> indices = spec.task_indices(type);
+  const bool dense = !indices.empty() && indices.back() == static_cast<int>(indices.size()) - 1;
+  if (dense) return absl::StrCat("0..", indices.back());
+  return absl::StrJoin(indices, ", ");
+}
+
+std::string JsonForMessage(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+absl::StatusOr<int> ParseSparseIndex(absl::string_view key) {
+  int index = -1;
+  auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), index);
+  if (error != std::errc() || end != key.data() + key.size() || index < 0) {
+    return absl::InvalidArgumentError("not a task index");
+  }
+  return index;
+}
+
+absl::Status AddressField(absl::string_view source, absl::string_view type, absl::string_view slot,
+                          const nlohmann::json& value, ClusterSpec::Job& job, int index) {
+  if (!value.is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " cluster.", type, slot, " is ", JsonForMessage(value),
+        ", which is not an address: write it as a \"host:port\" string"));
+  }
+  job[index] = value.get<std::string>();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& ValidTaskTypes() {
+  static const std::vector<std::string> kTypes = {kChief, kWorker, kPs, kEvaluator};
+  return kTypes;
+}
+
+bool IsValidTaskType(absl::string_view type) { return JobRank(type) < ValidTaskTypes().size(); }
+
+std::string TaskKey::ToString() const { return absl::StrCat(type, ":", index); }
+
+absl::Status ValidateAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError("it has no port");
+  }
+  absl::string_view host = address.substr(0, colon);
+  absl::string_view port_text = address.substr(colon + 1);
+  if (host.empty()) return absl::InvalidArgumentError("its host is empty");
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      return absl::InvalidArgumentError("its IPv6 host is not closed by ']'");
+    }
+  } else if (host.find_first_of(":[]/ \t@") != absl::string_view::npos) {
+    return absl::InvalidArgumentError("its host has a character a host name cannot have");
+  }
+  int port = 0;
+  auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || error != std::errc() || end != port_text.data() + port_text.size() ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("its port \"", port_text, "\" is not a number from 1 to 65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const nlohmann::json& cluster,
+                                                  absl::string_view source) {
+  if (!cluster.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " cluster is ", JsonForMessage(cluster),
+        ", not an object: write it as {\"worker\": [\"host:port\", ...], \"ps\": [...]}"));
+  }
+  ClusterSpec spec;
+  for (const auto& [type, tasks] : cluster.items()) {
+    Job& job = spec.jobs_[type];
+    if (tasks.is_array()) {
+      for (size_t i = 0; i < tasks.size(); ++i) {
+        const int index = static_cast<int>(i);
+        if (auto status = AddressField(source, type, absl::StrCat("[", i, "]"), tasks[i], job, index);
+            !status.ok()) {
+          return status;
+        }
+      }
+    } else if (tasks.is_object()) {
+      for (const auto& [key, address] : tasks.items()) {
+        absl::StatusOr<int> index = ParseSparseIndex(key);
+        if (!index.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              source, " cluster.", type, " has key \"", key,
+              "\", which is not a task index: key each address by its index, like {\"1\": "
+              "\"host:port\"}"));
+        }
+        if (auto status = AddressField(source, type, absl::StrCat(".", key), address, job, *index);
+            !status.ok()) {
+          return status;
+        }
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " cluster.", type, " is ", JsonForMessage(tasks),
+          ": write it as a list of \"host:port\" strings, or as an object keyed by task index"));
+    }
+  }
+  if (auto status = ValidateClusterSpec(spec, source); !status.ok()) return status;
+  return spec;
+}
+
+void ClusterSpec::SetTask(const std::string& type, int index, std::string address) {
+  jobs_[type][index] = std::move(address);
+}
+
+bool ClusterSpec::HasJob(absl::string_view type) const { return jobs_.find(type) != jobs_.end(); }
+
+bool ClusterSpec::HasTask(absl::string_view type, int index) const {
+  auto job = jobs_.find(type);
+  return job != jobs_.end() && job->second.count(index) > 0;
+}
+
+std::vector<std::string> ClusterSpec::job_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, job] : jobs_) names.push_back(name);
+  std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return JobRank(a) < JobRank(b);
+  });
+  return names;
+}
+
+int ClusterSpec::num_tasks(absl::string_view type) const {
+  auto job = jobs_.find(type);
+  return job == jobs_.end() ? 0 : static_cast<int>(job->second.size());
+}
+
+std::vector<int> ClusterSpec::task_indices(absl::string_view type) const {
+  std::vector<int> indices;
+  auto job = jobs_.find(type);
+  if (job == jobs_.end()) return indices;
+  for (const auto& [index, address] : job->second) indices.push_back(index);
+  return indices;
+}
+
+absl::StatusOr<std::string> ClusterSpec::TaskAddress(absl::string_view type, int index) const {
+  auto job = jobs_.find(type);
+  if (job == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("the cluster has no job \"", type, "\""));
+  }
+  auto task = job->second.find(index);
+  if (task == job->second.end()) {
+    return absl::NotFoundError(absl::StrCat("the cluster has no task ", type, ":", index));
+  }
+  return task->second;
+}
+
+std::vector<TaskKey> ClusterSpec::AllTasks() const {
+  std::vector<TaskKey> tasks;
+  for (const std::string& type : job_names()) {
+    for (int index : task_indices(type)) tasks.push_back({type, index});
+  }
+  return tasks;
+}
+
+nlohmann::json ClusterSpec::ToJson() const {
+  nlohmann::json cluster = nlohmann::json::object();
+  for (const auto& [type, job] : jobs_) {
+    const bool dense = job.empty() || job.rbegin()->first == static_cast<int>(job.size()) - 1;
+    if (dense) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& [index, address] : job) list.push_back(address);
+      cluster[type] = std::move(list);
+    } else {
+      nlohmann::json sparse = nlohmann::json::object();
+      for (const auto& [index, address] : job) sparse[std::to_string(index)] = address;
+      cluster[type] = std::move(sparse);
+    }
+  }
+  return cluster;
+}
+
+absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view source) {
+  if (spec.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " cluster is empty: list the tasks, for example \"cluster\": {\"worker\": "
+                "[\"host1:2222\", \"host2:2222\"], \"ps\": [\"host3:2222\"]}"));
+  }
+  std::map<std::string, std::string> owner_of_address;
+  for (const std::string& type : spec.job_names()) {
+    if (!IsValidTaskType(type)) {
+      return absl::InvalidArgumentError(absl::StrCat(source, " cluster has job \"", type,
+                                                     "\", which is not a task type: name jobs ",
+                                                     TaskTypeList()));
+    }
+    const int count = spec.num_tasks(type);
+    if (count == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " cluster.", type, " is empty: list at least one \"host:port\" or remove the "
+                  "job"));
+    }
+    if ((type == kChief || type == kEvaluator) && count > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " cluster.", type, " has ", count, " tasks, but a cluster has at most one ",
+          type, ": keep one", type == kChief ? " and list the others under \"worker\"" : ""));
+    }
+    for (const auto& [index, address] : spec.jobs().find(type)->second) {
+      if (auto status = ValidateAddress(address); !status.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, " cluster address \"", address, "\" of ", type, ":", index,
+            " is not valid because ", status.message(),
+            ": write it as host:port, for example \"localhost:2222\""));
+      }
+      const std::string task = absl::StrCat(type, ":", index);
+      auto [it, inserted] = owner_of_address.emplace(address, task);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, " cluster address \"", address, "\" is given to both ", it->second, " and ",
+            task, ": give every task its own host:port"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTask(const ClusterSpec& spec, absl::string_view type, int index,
+                          absl::string_view source) {
+  if (!IsValidTaskType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, " task.type \"", type,
+                                                   "\" is not a task type: use ",
+                                                   TaskTypeList()));
+  }
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " task.index ", index, " is negative: task indices count from 0"));
+  }
+  if (!spec.HasJob(type)) {
+    // TensorFlow lets an evaluator stay outside the cluster it evaluates.
+    if (type == kEvaluator) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " task.type \"", type, "\" is not a job of the cluster (jobs: ",
+        absl::StrJoin(spec.job_names(), ", "), "): add a \"", type,
+        "\" job to cluster or fix task.type"));
+  }
+  if (!spec.HasTask(type, index)) {
+    const int count = spec.num_tasks(type);
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " task.index ", index, " is out of range: job \"", type, "\" has ", count,
+        count == 1 ? " task" : " tasks", " (", DescribeIndices(spec, type), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TaskKey> ChiefTask(const ClusterSpec& spec) {
+  if (spec.HasJob(kChief)) return TaskKey{kChief, spec.task_indices(kChief).front()};
+  if (spec.HasTask(kWorker, 0)) return TaskKey{kWorker, 0};
+  return absl::NotFoundError("the cluster has no chief: it has neither a chief job nor worker:0");
+}
+
+bool IsChief(const ClusterSpec& spec, absl::string_view type, int index) {
+  absl::StatusOr<TaskKey> chief = ChiefTask(spec);
+  return chief.ok() && chief->type == type && chief->index == index;
+}
+
+absl::StatusOr<int> IdInCluster(const ClusterSpec& spec, absl::string_view type, int index) {
+  if (type == kChief) return 0;
+  if (type == kWorker) return index + (spec.HasJob(kChief) ? 1 : 0);
+  if (type == kEvaluator) return index;
+  return absl::InvalidArgumentError(
+      absl::StrCat("a task of type \"", type, "\" has no id in the cluster: only chief, "
+                   "worker and evaluator tasks do"));
+}
+
+absl::StatusOr<int> WorkerCount(const ClusterSpec& spec, absl::string_view type) {
+  if (type == kEvaluator) return spec.num_tasks(kEvaluator);
+  if (type == kChief || type == kWorker) return spec.num_tasks(kChief) + spec.num_tasks(kWorker);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "worker count asked for task type \"", type, "\": ask for chief, worker or evaluator"));
+}
+
+}  // namespace stratum

@@ -1,0 +1,33 @@
+// gRPC channels and server addresses with the settings every Stratum process shares.
+// Thread-safe (channels are).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+
+namespace stratum {
+
+struct ChannelOptions {
+  // gRPC's default reconnect back-off grows to 120 s, so a peer that starts late (a pod
+  // still pulling its image) would be noticed minutes after it came up. Stratum retries
+  // connections quickly instead; these bound the back-off.
+  int min_reconnect_backoff_ms = 100;
+  int max_reconnect_backoff_ms = 1000;
+  // Explicit message limits (gRPC's default receive limit is 4 MiB).
+  int max_message_bytes = 256 * 1024 * 1024;
+};
+
+// A plaintext channel to "host:port".
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ChannelOptions& options = {});
+
+// The address a server for the cluster address `address` listens on: the address itself
+// when its host is an IP literal or "localhost" (so tests stay on loopback), else all
+// interfaces on its port, as TensorFlow does (a pod's DNS name is not an interface).
+absl::StatusOr<std::string> ListenAddressFor(const std::string& address);
+
+}  // namespace stratum

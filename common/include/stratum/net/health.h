@@ -1,0 +1,58 @@
+// Health checks of cluster tasks over grpc.health.v1, and the wait every coordinator does
+// before it starts: until each task answers, with a deadline, naming the ones that never
+// did. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_spec.h"
+
+namespace stratum {
+
+// What a task said about itself when it answered.
+struct TaskReport {
+  TaskKey task;
+  std::string address;
+  bool healthy = false;
+  std::string last_error;  // why the last check failed, when !healthy
+  // From TaskService.GetTaskStatus (empty when the task is not a Stratum task).
+  std::string binary;
+  std::string version;
+  uint64_t incarnation = 0;
+  double uptime_seconds = 0;
+  int64_t pid = 0;
+};
+
+// One health check of `address`. OK when it reports SERVING; UNAVAILABLE with the reason
+// otherwise (refused, not serving, no answer within `timeout`).
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout);
+
+// Asks the TaskService of `address` who it is.
+absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout);
+
+struct ClusterWaitOptions {
+  absl::Duration timeout = absl::Minutes(10);
+  absl::Duration poll_interval = absl::Milliseconds(200);
+  // Jobs whose tasks are reported but not waited for (the evaluator is a side-car: a
+  // missing one must not hold up training, unlike in TensorFlow, issue #46169).
+  std::vector<std::string> optional_jobs = {kEvaluator};
+  // Stops the wait early (CANCELLED) when notified, e.g. on SIGTERM.
+  const absl::Notification* cancel = nullptr;
+};
+
+// Polls every task of `spec` in parallel until each required one is healthy. Returns one
+// report per task, in spec order. DEADLINE_EXCEEDED names every required task that never
+// answered, with its address and the last error.
+absl::StatusOr<std::vector<TaskReport>> WaitForClusterHealthy(const ClusterSpec& spec,
+                                                              const ClusterWaitOptions& options);
+
+// The reports as an aligned text table (task, address, state, binary, pid, incarnation,
+// uptime, version).
+std::string FormatClusterTable(const std::vector<TaskReport>& reports);
+
+}  // namespace stratum

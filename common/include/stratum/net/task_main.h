@@ -1,0 +1,55 @@
+// What the main of every long-running Stratum binary (stratum-ps, stratum-worker,
+// stratum-coordinator) does the same way: read TF_CONFIG and the shared flags into a
+// TaskContext, set up logging with the task's name, serve the TaskServer, and stop
+// cleanly on SIGTERM/SIGINT.
+//
+// Shared flags: --task_type, --task_index (override TF_CONFIG's task), --tf_config (used
+// instead of the TF_CONFIG environment variable), --listen_address (override where the
+// server binds), --log_level, --shutdown_grace.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_resolver.h"
+#include "stratum/net/task_server.h"
+#include "stratum/util/shutdown.h"
+
+namespace stratum {
+
+struct TaskMainOptions {
+  std::string binary;                     // "stratum-worker"
+  std::vector<std::string> task_types;    // types this binary may run as
+  std::optional<std::string> forced_type = std::nullopt;  // e.g. "evaluator" for stratum-worker --evaluator
+};
+
+struct TaskContext {
+  std::string binary;
+  TFConfigClusterResolver resolver;
+  TaskKey task;
+  // Empty for an evaluator outside the cluster given no --listen_address: it serves nothing.
+  std::string listen_address;
+  absl::Duration shutdown_grace;
+};
+
+// Resolves this process's task from TF_CONFIG (the environment variable, read here,
+// or --tf_config) and the shared flags, then sets up logging. Call after
+// ParseFlagsOrExit. On a configuration error prints "<binary>: <one sentence>" to stderr
+// and exits with kExitUsage.
+TaskContext ResolveTaskOrExit(const TaskMainOptions& options);
+
+// Starts the TaskServer of `context` (with `services`). Errors name the address.
+absl::StatusOr<std::unique_ptr<TaskServer>> StartTaskServer(
+    const TaskContext& context, const std::vector<grpc::Service*>& services = {});
+
+// Serves until SIGTERM/SIGINT, then shuts down within the grace period. Returns the exit
+// code for main.
+int ServeUntilShutdown(const TaskContext& context, ShutdownWatcher& shutdown,
+                       const std::vector<grpc::Service*>& services = {});
+
+// Prints "<binary>: <message>" to stderr and returns the exit code for `status`.
+int ReportFatal(const std::string& binary, const absl::Status& status);
+
+}  // namespace stratum

@@ -1,0 +1,53 @@
+// TaskServer: the gRPC server of a long-running Stratum task. It always serves the
+// standard health service (grpc.health.v1, what Kubernetes' native gRPC probes call) and
+// Stratum's TaskService (role, index, incarnation, uptime, version); a role adds its own
+// services. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_spec.h"
+
+namespace grpc {
+class Service;
+}  // namespace grpc
+
+namespace stratum {
+
+struct TaskServerOptions {
+  TaskKey task;
+  std::string binary;          // "stratum-worker"
+  std::string listen_address;  // "127.0.0.1:2222" or "[::]:2222"
+  int max_message_bytes = 256 * 1024 * 1024;
+};
+
+class TaskServer {
+ public:
+  // Binds and starts serving, reporting SERVING. `services` must outlive the server.
+  // UNAVAILABLE naming the address when it cannot be bound (in use, not an interface).
+  static absl::StatusOr<std::unique_ptr<TaskServer>> Start(
+      const TaskServerOptions& options, const std::vector<grpc::Service*>& services = {});
+  ~TaskServer();
+
+  // Reports NOT_SERVING, then stops: new calls are refused at once, calls in flight get
+  // `grace` to finish before they are cancelled.
+  void Shutdown(absl::Duration grace);
+  int port() const { return port_; }
+
+ private:
+  class TaskServiceImpl;
+  TaskServer() = default;
+
+  std::unique_ptr<TaskServiceImpl> task_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace stratum

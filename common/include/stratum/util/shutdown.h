@@ -1,0 +1,47 @@
+// ShutdownWatcher turns SIGINT and SIGTERM into a notification that main can wait on, so
+// every binary stops the same way: finish or refuse in-flight work, then exit.
+//
+// Create exactly one, at the top of main, before any other thread starts: it blocks the
+// two signals in the calling thread, every thread started afterwards inherits that mask,
+// and a private thread receives them with sigtimedwait. A second signal while shutting
+// down exits at once (code 128 + signal), for a user who does not want to wait.
+// Child processes must unblock the signals before exec (Subprocess does).
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+namespace stratum {
+
+class ShutdownWatcher {
+ public:
+  ShutdownWatcher();
+  ~ShutdownWatcher();
+  ShutdownWatcher(const ShutdownWatcher&) = delete;
+  ShutdownWatcher& operator=(const ShutdownWatcher&) = delete;
+
+  // True once SIGINT or SIGTERM arrived (or RequestShutdown was called).
+  bool requested() const { return requested_.HasBeenNotified(); }
+  // Waits until shutdown is requested or `timeout` passes; returns requested().
+  bool WaitFor(absl::Duration timeout) const;
+  void Wait() const { requested_.WaitForNotification(); }
+  // The signal that asked for shutdown, or 0.
+  int signal_number() const { return signal_number_.load(); }
+  // Asks for shutdown from inside the program, as if a signal had come.
+  void RequestShutdown();
+  const absl::Notification& notification() const { return requested_; }
+
+ private:
+  void Run();
+
+  absl::Notification requested_;
+  std::atomic<int> signal_number_{0};
+  std::atomic<bool> notify_claimed_{false};  // Notify() may be called only once.
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace stratum

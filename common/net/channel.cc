@@ -1,0 +1,38 @@
+#include "stratum/net/channel.h"
+
+#include <arpa/inet.h>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/cluster/cluster_spec.h"
+
+namespace stratum {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ChannelOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.min_reconnect_backoff_ms);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.min_reconnect_backoff_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+absl::StatusOr<std::string> ListenAddressFor(const std::string& address) {
+  if (absl::Status status = ValidateAddress(address); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address, "\" is not valid because ", status.message()));
+  }
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host == "localhost" || host.front() == '[') return address;
+  in_addr ipv4;
+  if (inet_pton(AF_INET, host.c_str(), &ipv4) == 1) return address;
+  return absl::StrCat("[::]", address.substr(colon));
+}
+
+}  // namespace stratum

@@ -1,0 +1,56 @@
+#include "stratum/net/free_port.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace stratum {
+namespace {
+
+constexpr int kLowestPort = 20000;
+constexpr int kHighestPort = 32767;
+constexpr int kAttempts = 200;
+
+bool CanBind(const in_addr& address, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  // gRPC binds with SO_REUSEADDR, so a port in TIME_WAIT is usable: test it the same way.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in socket_address{};
+  socket_address.sin_family = AF_INET;
+  socket_address.sin_addr = address;
+  socket_address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool bound =
+      bind(fd, reinterpret_cast<sockaddr*>(&socket_address), sizeof(socket_address)) == 0 &&
+      listen(fd, 1) == 0;
+  close(fd);
+  return bound;
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreePort(const std::string& host) {
+  in_addr address;
+  if (inet_pton(AF_INET, host.c_str(), &address) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pick a port on \"", host, "\": give an IPv4 address such as 127.0.0.1"));
+  }
+  std::random_device seed;
+  std::mt19937 engine(seed());
+  std::uniform_int_distribution<int> ports(kLowestPort, kHighestPort);
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const int port = ports(engine);
+    if (CanBind(address, port)) return port;
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("found no free port on ", host, " in ",
+                                                   kAttempts, " tries between ", kLowestPort,
+                                                   " and ", kHighestPort));
+}
+
+}  // namespace stratum

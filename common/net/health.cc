@@ -1,0 +1,179 @@
+#include "stratum/net/health.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <future>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/task.grpc.pb.h"
+#include "stratum/net/channel.h"
+
+namespace stratum {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+std::string DescribeRpcError(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return "no answer in time";
+  std::string message = status.error_message();
+  // gRPC's connection errors are long; the first clause says enough.
+  if (size_t cut = message.find(": "); cut != std::string::npos && message.size() > 80) {
+    message = message.substr(0, cut);
+  }
+  return message.empty() ? "unavailable" : message;
+}
+
+absl::Status CheckHealthOn(grpc::health::v1::Health::Stub& stub, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub.Check(&context, request, &response);
+  if (!status.ok()) return absl::UnavailableError(DescribeRpcError(status));
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        "reports ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TaskReport> ReportOn(const std::shared_ptr<grpc::Channel>& channel,
+                                    absl::Duration timeout) {
+  auto stub = proto::TaskService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  proto::GetTaskStatusResponse response;
+  grpc::Status status = stub->GetTaskStatus(&context, proto::GetTaskStatusRequest(), &response);
+  if (!status.ok()) return absl::UnavailableError(DescribeRpcError(status));
+  TaskReport report;
+  report.task = {response.task_type(), response.task_index()};
+  report.healthy = true;
+  report.binary = response.binary();
+  report.version = response.version();
+  report.incarnation = response.incarnation();
+  report.uptime_seconds = response.uptime_seconds();
+  report.pid = response.pid();
+  return report;
+}
+
+// Polls one task until it is healthy, the deadline passes or the wait is cancelled.
+TaskReport WaitForTask(const TaskKey& task, const std::string& address, absl::Time deadline,
+                       const ClusterWaitOptions& options) {
+  TaskReport report;
+  report.task = task;
+  report.address = address;
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  report.last_error = "never checked";
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    absl::Status status = CheckHealthOn(*stub, std::min(left, absl::Seconds(2)));
+    if (status.ok()) {
+      report.healthy = true;
+      report.last_error.clear();
+      break;
+    }
+    report.last_error = std::string(status.message());
+    const absl::Duration pause = std::min(options.poll_interval, deadline - absl::Now());
+    if (options.cancel != nullptr ? options.cancel->WaitForNotificationWithTimeout(pause)
+                                  : (absl::SleepFor(pause), false)) {
+      break;
+    }
+  }
+  if (!report.healthy) return report;
+  // The health service answered; who is it? (A task that is not Stratum's may not say.)
+  absl::StatusOr<TaskReport> details = ReportOn(channel, absl::Seconds(2));
+  if (details.ok()) {
+    report.binary = details->binary;
+    report.version = details->version;
+    report.incarnation = details->incarnation;
+    report.uptime_seconds = details->uptime_seconds;
+    report.pid = details->pid;
+  }
+  return report;
+}
+
+}  // namespace
+
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+  return CheckHealthOn(*stub, timeout);
+}
+
+absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout) {
+  absl::StatusOr<TaskReport> report = ReportOn(MakeChannel(address), timeout);
+  if (report.ok()) report->address = address;
+  return report;
+}
+
+absl::StatusOr<std::vector<TaskReport>> WaitForClusterHealthy(const ClusterSpec& spec,
+                                                              const ClusterWaitOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  std::vector<std::future<TaskReport>> pending;
+  for (const TaskKey& task : spec.AllTasks()) {
+    const std::string address = *spec.TaskAddress(task.type, task.index);
+    pending.push_back(std::async(std::launch::async, [task, address, deadline, &options] {
+      return WaitForTask(task, address, deadline, options);
+    }));
+  }
+  std::vector<TaskReport> reports;
+  for (auto& report : pending) reports.push_back(report.get());
+
+  if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
+    return absl::CancelledError("stopped while waiting for the cluster to become healthy");
+  }
+  std::vector<std::string> missing;
+  for (const TaskReport& report : reports) {
+    const bool optional = std::find(options.optional_jobs.begin(), options.optional_jobs.end(),
+                                    report.task.type) != options.optional_jobs.end();
+    if (!report.healthy && !optional) {
+      missing.push_back(absl::StrCat(report.task.ToString(), " at ", report.address, " (",
+                                     report.last_error, ")"));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        missing.size(), missing.size() == 1 ? " task" : " tasks", " never answered within ",
+        absl::FormatDuration(options.timeout), ": ", absl::StrJoin(missing, ", "),
+        "; check that each is running and reachable at that address, or raise "
+        "--cluster_timeout"));
+  }
+  return reports;
+}
+
+std::string FormatClusterTable(const std::vector<TaskReport>& reports) {
+  std::vector<std::vector<std::string>> rows = {
+      {"TASK", "ADDRESS", "STATE", "BINARY", "PID", "INCARNATION", "UPTIME", "VERSION"}};
+  for (const TaskReport& report : reports) {
+    rows.push_back({report.task.ToString(), report.address,
+                    report.healthy ? "SERVING" : "NOT ANSWERING",
+                    report.binary.empty() ? "-" : report.binary,
+                    report.pid == 0 ? "-" : absl::StrCat(report.pid),
+                    report.incarnation == 0 ? "-" : absl::StrFormat("%016x", report.incarnation),
+                    report.healthy ? absl::StrFormat("%.1fs", report.uptime_seconds) : "-",
+                    report.version.empty() ? "-" : report.version});
+  }
+  std::vector<size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string table;
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&table, row[i]);
+      if (i + 1 < row.size()) table.append(widths[i] - row[i].size() + 2, ' ');
+    }
+    table.push_back('\n');
+  }
+  return table;
+}
+
+}  // namespace stratum

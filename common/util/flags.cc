@@ -1,0 +1,71 @@
+#include "stratum/util/flags.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "stratum/util/exit_codes.h"
+
+namespace stratum {
+namespace {
+
+// Abseil's parser calls std::exit(1) on any usage error (and on --help). While it runs,
+// this handler turns that exit into kExitUsage, or kExitSuccess for an explicit --help.
+bool g_parsing = false;
+bool g_help_requested = false;
+
+void ExitWithUsageCode() {
+  if (!g_parsing) return;
+  std::fflush(nullptr);
+  _exit(g_help_requested ? kExitSuccess : kExitUsage);
+}
+
+bool IsHelpFlag(const char* arg) {
+  for (const char* help : {"--help", "-help", "--helpfull", "--helpshort", "--helppackage",
+                           "--version", "-h"}) {
+    if (std::strcmp(arg, help) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void ParseFlagsOrExit(int argc, char** argv, const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  // Accept --dry-run for --dry_run: Abseil flag names cannot contain '-'.
+  static std::vector<std::string> normalized;
+  normalized.reserve(argc);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) == 0) {
+      const size_t name_end = std::min(arg.find('='), arg.size());
+      std::replace(arg.begin() + 2, arg.begin() + name_end, '-', '_');
+      normalized.push_back(std::move(arg));
+      argv[i] = normalized.back().data();
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0) argv[i] = const_cast<char*>("--help");
+    if (IsHelpFlag(argv[i])) g_help_requested = true;
+  }
+  std::atexit(ExitWithUsageCode);
+  g_parsing = true;
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  g_parsing = false;
+  if (positional.size() > 1) {
+    std::fprintf(stderr,
+                 "%s: unexpected argument \"%s\": every option is a flag (--name=value); "
+                 "see --help\n",
+                 argv[0], positional[1]);
+    std::exit(kExitUsage);
+  }
+}
+
+}  // namespace stratum

@@ -1,0 +1,57 @@
+// LaunchPlan: a whole Stratum cluster laid out on one machine — every task's port (free
+// loopback ports), TF_CONFIG and command line. stratum-launch runs a plan; the
+// LocalCluster test fixture runs one too; --dry-run prints one for copying to real
+// machines. Plain data; no side effects beyond picking ports.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stratum/cluster/cluster_spec.h"
+
+namespace stratum {
+
+struct LaunchOptions {
+  int num_workers = 2;
+  int num_ps = 2;
+  bool chief = false;
+  bool evaluator = false;
+  std::string host = "127.0.0.1";
+  // Folder holding stratum-coordinator, stratum-worker and stratum-ps.
+  std::string bin_dir;
+  // Flags added to the command line of the tasks of one type ("chief", "worker", ...),
+  // and of all tasks.
+  std::vector<std::string> all_args;
+  std::vector<std::pair<std::string, std::vector<std::string>>> args_by_type;
+  std::string rpc_layer;  // written into TF_CONFIG when set
+};
+
+struct PlannedTask {
+  TaskKey task;
+  std::string address;
+  std::vector<std::string> argv;
+  std::string tf_config;
+};
+
+struct LaunchPlan {
+  ClusterSpec spec;
+  // Servers first (ps, workers, evaluator), the chief last.
+  std::vector<PlannedTask> tasks;
+  // The task whose exit ends the cluster: the chief, else worker:0.
+  TaskKey main_task;
+};
+
+// The binary that runs a task type: chief -> stratum-coordinator, worker and evaluator ->
+// stratum-worker, ps -> stratum-ps.
+std::string BinaryFor(const std::string& task_type);
+
+// Picks a free port for every task and builds each one's TF_CONFIG and command line.
+// INVALID_ARGUMENT for counts that make no cluster.
+absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options);
+
+// One shell line per task, `TF_CONFIG='...' /path/stratum-worker ...`, under a comment
+// naming the task.
+std::string FormatDryRun(const LaunchPlan& plan);
+
+}  // namespace stratum

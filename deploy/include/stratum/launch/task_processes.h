@@ -1,0 +1,28 @@
+// Running the tasks of a LaunchPlan as child processes: start one with its TF_CONFIG and
+// a "[worker:1] " prefix on its output, and stop many at once. Shared by stratum-launch
+// and the LocalCluster test fixture.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stratum/launch/launch_plan.h"
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+
+struct TaskProcessOptions {
+  int forward_fd = 1;  // where the prefixed output goes; -1 for nowhere
+  bool capture_output = false;
+};
+
+absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
+                                                      const TaskProcessOptions& options);
+
+// Sends SIGTERM to every process still running, gives them `grace` in all to exit, then
+// SIGKILLs the rest and reaps them all. Null entries are skipped.
+void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace);
+
+}  // namespace stratum

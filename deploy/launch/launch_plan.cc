@@ -1,0 +1,93 @@
+#include "stratum/launch/launch_plan.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "stratum/cluster/cluster_resolver.h"
+#include "stratum/net/free_port.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+// Quotes `text` for a POSIX shell.
+std::string ShellQuote(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                                              "WXYZ0123456789-_./=:,@") == std::string::npos) {
+    return text;
+  }
+  std::string quoted = "'";
+  for (char c : text) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+}  // namespace
+
+std::string BinaryFor(const std::string& task_type) {
+  if (task_type == kChief) return "stratum-coordinator";
+  if (task_type == kPs) return "stratum-ps";
+  return "stratum-worker";
+}
+
+absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
+  if (options.num_workers < 0 || options.num_ps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers ", options.num_workers, " and --ps ", options.num_ps,
+        " must not be negative"));
+  }
+  if (options.num_workers == 0 && !options.chief) {
+    return absl::InvalidArgumentError(
+        "a cluster needs a chief or at least one worker: pass --workers 1 (or more) or --chief");
+  }
+  if (options.num_ps > 0 && options.num_workers == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ps ", options.num_ps,
+        " with --workers 0: a parameter-server cluster needs at least one worker"));
+  }
+  LaunchPlan plan;
+  std::vector<TaskKey> order;
+  for (int i = 0; i < options.num_ps; ++i) order.push_back({kPs, i});
+  for (int i = 0; i < options.num_workers; ++i) order.push_back({kWorker, i});
+  if (options.evaluator) order.push_back({kEvaluator, 0});
+  if (options.chief) order.push_back({kChief, 0});
+  for (const TaskKey& task : order) {
+    STRATUM_ASSIGN_OR_RETURN(int port, PickFreePort(options.host));
+    plan.spec.SetTask(task.type, task.index, absl::StrCat(options.host, ":", port));
+  }
+  plan.main_task = options.chief ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
+
+  const std::string bin_dir = options.bin_dir.empty() ? "." : options.bin_dir;
+  for (const TaskKey& task : order) {
+    PlannedTask planned;
+    planned.task = task;
+    planned.address = *plan.spec.TaskAddress(task.type, task.index);
+    planned.tf_config = MakeTfConfig(plan.spec, task, options.rpc_layer);
+    planned.argv.push_back(absl::StrCat(bin_dir, "/", BinaryFor(task.type)));
+    if (task.type == kEvaluator) planned.argv.push_back("--evaluator");
+    for (const std::string& arg : options.all_args) planned.argv.push_back(arg);
+    for (const auto& [type, args] : options.args_by_type) {
+      if (type != task.type) continue;
+      for (const std::string& arg : args) planned.argv.push_back(arg);
+    }
+    plan.tasks.push_back(std::move(planned));
+  }
+  return plan;
+}
+
+std::string FormatDryRun(const LaunchPlan& plan) {
+  std::string text;
+  for (const PlannedTask& task : plan.tasks) {
+    std::vector<std::string> words;
+    for (const std::string& arg : task.argv) words.push_back(ShellQuote(arg));
+    absl::StrAppend(&text, "# ", task.task.ToString(), " on ", task.address, "\n", "TF_CONFIG=",
+                    ShellQuote(task.tf_config), " ", absl::StrJoin(words, " "), "\n");
+  }
+  return text;
+}
+
+}  // namespace stratum

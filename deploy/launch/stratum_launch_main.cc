@@ -1,0 +1,132 @@
+// stratum-launch: starts a whole Stratum cluster on this machine, one child process per
+// task on free loopback ports, each with its own TF_CONFIG; prefixes their output; exits
+// with the chief's exit code (worker:0's when there is no chief) after stopping the rest.
+// SIGINT/SIGTERM stop every child (TERM, then KILL after --grace_period).
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <map>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "stratum/launch/launch_plan.h"
+#include "stratum/launch/task_processes.h"
+#include "stratum/util/exit_codes.h"
+#include "stratum/util/flags.h"
+#include "stratum/util/shutdown.h"
+
+ABSL_FLAG(int, workers, 2, "Number of worker tasks");
+ABSL_FLAG(int, ps, 2, "Number of parameter-server tasks");
+ABSL_FLAG(bool, chief, false, "Start a chief (stratum-coordinator)");
+ABSL_FLAG(bool, evaluator, false, "Start an evaluator (stratum-worker --evaluator)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address every task listens on");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Folder with the Stratum binaries; default: the folder of stratum-launch");
+ABSL_FLAG(bool, dry_run, false,
+          "Print each task's TF_CONFIG and command line instead of starting them");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
+          "How long children get to exit after SIGTERM before SIGKILL");
+ABSL_FLAG(std::string, log_level, "info", "Log level handed to every task");
+ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
+          "Handed to the chief: how long it waits for every task to answer");
+
+namespace stratum {
+namespace {
+
+void Say(const std::string& line) {
+  const std::string text = absl::StrCat("[launch] ", line, "\n");
+  (void)!write(STDERR_FILENO, text.data(), text.size());
+}
+
+std::string OwnFolder() {
+  char path[PATH_MAX];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return ".";
+  std::string exe(path, static_cast<size_t>(length));
+  return exe.substr(0, exe.rfind('/'));
+}
+
+LaunchOptions OptionsFromFlags() {
+  LaunchOptions options;
+  options.num_workers = absl::GetFlag(FLAGS_workers);
+  options.num_ps = absl::GetFlag(FLAGS_ps);
+  options.chief = absl::GetFlag(FLAGS_chief);
+  options.evaluator = absl::GetFlag(FLAGS_evaluator);
+  options.host = absl::GetFlag(FLAGS_host);
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
+  options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
+  options.args_by_type = {
+      {kChief,
+       {absl::StrCat("--cluster_timeout=",
+                     absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)))}}};
+  return options;
+}
+
+int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
+  const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
+  std::vector<std::unique_ptr<Subprocess>> children;
+  std::vector<Subprocess*> raw;
+  auto stop_all = [&] { StopAll(raw, grace); };
+
+  for (const PlannedTask& task : plan.tasks) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});
+    if (!child.ok()) {
+      Say(absl::StrCat("cannot start ", task.task.ToString(), ": ", child.status().message()));
+      stop_all();
+      return ExitCodeFor(child.status());
+    }
+    Say(absl::StrCat("started ", task.task.ToString(), " on ", task.address, " (pid ",
+                     (*child)->pid(), ")"));
+    raw.push_back(child->get());
+    children.push_back(*std::move(child));
+  }
+
+  std::map<size_t, bool> reported;
+  while (true) {
+    if (shutdown.WaitFor(absl::Milliseconds(50))) {
+      Say(absl::StrCat("signal ", shutdown.signal_number(), ": stopping ", children.size(),
+                       " tasks"));
+      stop_all();
+      return 128 + shutdown.signal_number();
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      std::optional<ExitInfo> exit = children[i]->Poll();
+      if (!exit.has_value() || reported[i]) continue;
+      reported[i] = true;
+      const PlannedTask& task = plan.tasks[i];
+      if (task.task == plan.main_task) {
+        Say(absl::StrCat(task.task.ToString(), " ", exit->ToString(), "; stopping the others"));
+        stop_all();
+        return exit->ShellCode();
+      }
+      Say(absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(),
+                       ") stopped unexpectedly: it ", exit->ToString()));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stratum
+
+int main(int argc, char** argv) {
+  stratum::ShutdownWatcher shutdown;
+  stratum::ParseFlagsOrExit(
+      argc, argv,
+      "stratum-launch: starts a Stratum cluster on this machine.\n"
+      "  stratum-launch --chief --workers 2 --ps 2 [--evaluator] [--dry-run]\n"
+      "Each task gets a free port on --host and its own TF_CONFIG. Exit code: the chief's "
+      "(worker:0's without a chief); 2 for a usage error.");
+  absl::StatusOr<stratum::LaunchPlan> plan =
+      stratum::PlanLocalCluster(stratum::OptionsFromFlags());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "stratum-launch: %s\n", std::string(plan.status().message()).c_str());
+    return stratum::ExitCodeFor(plan.status());
+  }
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    std::printf("%s", stratum::FormatDryRun(*plan).c_str());
+    return stratum::kExitSuccess;
+  }
+  return stratum::Launch(*plan, shutdown);
+}
