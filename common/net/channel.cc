@@ -14,8 +14,8 @@ namespace stratum {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ChannelOptions& options) {
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.min_reconnect_backoff_ms);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.min_reconnect_backoff_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.connect_timeout_ms);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.initial_reconnect_backoff_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);

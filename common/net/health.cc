@@ -23,16 +23,22 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 std::string DescribeRpcError(const grpc::Status& status) {
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return "no answer in time";
   std::string message = status.error_message();
-  // gRPC's connection errors are long; the first clause says enough.
-  if (size_t cut = message.find(": "); cut != std::string::npos && message.size() > 80) {
-    message = message.substr(0, cut);
-  }
+  // gRPC's connection errors nest causes ("failed to connect to all addresses; last error:
+  // UNKNOWN: ipv4:...: Failed to connect to remote host: Connection refused"); the
+  // innermost one says what happened.
+  if (size_t cut = message.rfind(": "); cut != std::string::npos) message = message.substr(cut + 2);
   return message.empty() ? "unavailable" : message;
 }
 
-absl::Status CheckHealthOn(grpc::health::v1::Health::Stub& stub, absl::Duration timeout) {
+// `wait_for_ready`: wait (up to `timeout`) for a connection instead of failing at once
+// when there is none. Waiting calls also drive the connection attempts: a fail-fast call
+// while a channel reconnects leaves the attempt to gRPC's backup poller, which looks only
+// every 5 s.
+absl::Status CheckHealthOn(grpc::health::v1::Health::Stub& stub, absl::Duration timeout,
+                           bool wait_for_ready = false) {
   grpc::ClientContext context;
   SetDeadline(context, timeout);
+  context.set_wait_for_ready(wait_for_ready);
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status status = stub.Check(&context, request, &response);
@@ -75,13 +81,16 @@ TaskReport WaitForTask(const TaskKey& task, const std::string& address, absl::Ti
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
-    absl::Status status = CheckHealthOn(*stub, std::min(left, absl::Seconds(2)));
+    absl::Status status = CheckHealthOn(*stub, std::min(left, absl::Seconds(1)),
+                                        /*wait_for_ready=*/true);
     if (status.ok()) {
       report.healthy = true;
       report.last_error.clear();
       break;
     }
-    report.last_error = std::string(status.message());
+    // A waiting call only says "no answer in time"; a fail-fast one says why.
+    absl::Status reason = CheckHealthOn(*stub, absl::Milliseconds(200));
+    report.last_error = std::string((reason.ok() ? status : reason).message());
     const absl::Duration pause = std::min(options.poll_interval, deadline - absl::Now());
     if (options.cancel != nullptr ? options.cancel->WaitForNotificationWithTimeout(pause)
                                   : (absl::SleepFor(pause), false)) {

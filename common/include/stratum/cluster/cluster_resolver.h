@@ -45,9 +45,9 @@ class ClusterResolver {
 
 // Values that take precedence over TF_CONFIG's (from flags such as --task_type).
 struct TaskOverrides {
-  std::optional<std::string> task_type;
-  std::optional<int> task_index;
-  std::optional<std::string> rpc_layer;
+  std::optional<std::string> task_type = std::nullopt;
+  std::optional<int> task_index = std::nullopt;
+  std::optional<std::string> rpc_layer = std::nullopt;
 };
 
 class TFConfigClusterResolver : public ClusterResolver {

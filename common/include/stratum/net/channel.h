@@ -15,8 +15,12 @@ struct ChannelOptions {
   // gRPC's default reconnect back-off grows to 120 s, so a peer that starts late (a pod
   // still pulling its image) would be noticed minutes after it came up. Stratum retries
   // connections quickly instead; these bound the back-off.
-  int min_reconnect_backoff_ms = 100;
+  int initial_reconnect_backoff_ms = 100;
   int max_reconnect_backoff_ms = 1000;
+  // gRPC also uses its "min reconnect back-off" as the deadline of one connection attempt
+  // (TCP connect plus the HTTP/2 handshake): it must not be short, or a busy peer's
+  // handshake is cut off again and again.
+  int connect_timeout_ms = 5000;
   // Explicit message limits (gRPC's default receive limit is 4 MiB).
   int max_message_bytes = 256 * 1024 * 1024;
 };

@@ -1,0 +1,213 @@
+#include "stratum/cluster/cluster_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+nlohmann::json Json(const char* text) { return nlohmann::json::parse(text); }
+
+std::string ErrorOf(const char* cluster_json) {
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromJson(Json(cluster_json));
+  EXPECT_FALSE(spec.ok()) << cluster_json;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST(ClusterSpecTest, ParsesDenseForm) {
+  auto spec = ClusterSpec::FromJson(
+      Json(R"({"worker": ["w0:1", "w1:2"], "ps": ["p0:3"], "chief": ["c:4"]})"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->num_tasks("worker"), 2);
+  EXPECT_EQ(*spec->TaskAddress("worker", 1), "w1:2");
+  EXPECT_EQ(*spec->TaskAddress("ps", 0), "p0:3");
+  EXPECT_THAT(spec->job_names(), ElementsAre("chief", "worker", "ps"));
+  EXPECT_THAT(spec->AllTasks(),
+              ElementsAre(TaskKey{"chief", 0}, TaskKey{"worker", 0}, TaskKey{"worker", 1},
+                          TaskKey{"ps", 0}));
+}
+
+TEST(ClusterSpecTest, ParsesSparseFormThatKubeflowWrites) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": {"1": "w1:2222", "3": "w3:2222"}})"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->num_tasks("worker"), 2);
+  EXPECT_THAT(spec->task_indices("worker"), ElementsAre(1, 3));
+  EXPECT_FALSE(spec->HasTask("worker", 0));
+  EXPECT_EQ(*spec->TaskAddress("worker", 3), "w3:2222");
+}
+
+TEST(ClusterSpecTest, ToJsonRoundTripsBothForms) {
+  const auto text = Json(R"({"ps": ["p:1"], "worker": {"1": "w1:2", "4": "w4:3"}})");
+  auto spec = ClusterSpec::FromJson(text);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ToJson(), text);
+  auto again = ClusterSpec::FromJson(spec->ToJson());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *spec);
+}
+
+TEST(ClusterSpecTest, TaskAddressOfMissingTaskIsNotFound) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"]})"));
+  EXPECT_EQ(spec->TaskAddress("worker", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(spec->TaskAddress("ps", 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClusterSpecValidationTest, RejectsNonObjectCluster) {
+  EXPECT_THAT(ErrorOf(R"(["w:1"])"),
+              HasSubstr("TF_CONFIG cluster is [\"w:1\"], not an object: write it as"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsEmptyCluster) {
+  EXPECT_THAT(ErrorOf("{}"), HasSubstr("TF_CONFIG cluster is empty: list the tasks"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsUnknownJob) {
+  EXPECT_EQ(ErrorOf(R"({"master": ["m:1"]})"),
+            "TF_CONFIG cluster has job \"master\", which is not a task type: name jobs chief, "
+            "worker, ps or evaluator");
+}
+
+TEST(ClusterSpecValidationTest, RejectsEmptyJob) {
+  EXPECT_THAT(ErrorOf(R"({"worker": []})"),
+              HasSubstr("TF_CONFIG cluster.worker is empty: list at least one"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsJobThatIsNeitherListNorObject) {
+  EXPECT_THAT(ErrorOf(R"({"worker": "w:1"})"),
+              HasSubstr("TF_CONFIG cluster.worker is \"w:1\": write it as a list of"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsNonStringAddress) {
+  EXPECT_THAT(ErrorOf(R"({"worker": ["w:1", 2222]})"),
+              HasSubstr("TF_CONFIG cluster.worker[1] is 2222, which is not an address"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsSparseKeyThatIsNotAnIndex) {
+  EXPECT_THAT(ErrorOf(R"({"worker": {"one": "w:1"}})"),
+              HasSubstr("TF_CONFIG cluster.worker has key \"one\", which is not a task index"));
+  EXPECT_THAT(ErrorOf(R"({"worker": {"-1": "w:1"}})"), HasSubstr("key \"-1\""));
+}
+
+TEST(ClusterSpecValidationTest, RejectsTwoChiefs) {
+  EXPECT_EQ(ErrorOf(R"({"chief": ["a:1", "b:2"], "worker": ["w:3"]})"),
+            "TF_CONFIG cluster.chief has 2 tasks, but a cluster has at most one chief: keep one "
+            "and list the others under \"worker\"");
+}
+
+TEST(ClusterSpecValidationTest, RejectsTwoEvaluators) {
+  EXPECT_THAT(ErrorOf(R"({"evaluator": ["a:1", "b:2"]})"),
+              HasSubstr("cluster.evaluator has 2 tasks, but a cluster has at most one evaluator"));
+}
+
+TEST(ClusterSpecValidationTest, RejectsBadAddresses) {
+  EXPECT_EQ(ErrorOf(R"({"worker": ["localhost"]})"),
+            "TF_CONFIG cluster address \"localhost\" of worker:0 is not valid because it has no "
+            "port: write it as host:port, for example \"localhost:2222\"");
+  EXPECT_THAT(ErrorOf(R"({"worker": ["h:0"]})"),
+              HasSubstr("its port \"0\" is not a number from 1 to 65535"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["h:70000"]})"), HasSubstr("port \"70000\""));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["h:x"]})"), HasSubstr("port \"x\""));
+  EXPECT_THAT(ErrorOf(R"({"worker": [":2222"]})"), HasSubstr("its host is empty"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["a b:2222"]})"), HasSubstr("character a host name"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["[::1:2222"]})"), HasSubstr("not closed by ']'"));
+}
+
+TEST(ClusterSpecValidationTest, AcceptsIpv6AndNames) {
+  EXPECT_TRUE(ValidateAddress("[::1]:2222").ok());
+  EXPECT_TRUE(ValidateAddress("worker-0.worker.default.svc:2222").ok());
+  EXPECT_TRUE(ValidateAddress("10.0.0.1:65535").ok());
+}
+
+TEST(ClusterSpecValidationTest, RejectsSharedAddress) {
+  EXPECT_EQ(ErrorOf(R"({"worker": ["h:1"], "ps": ["h:1"]})"),
+            "TF_CONFIG cluster address \"h:1\" is given to both worker:0 and ps:0: give every "
+            "task its own host:port");
+}
+
+TEST(ValidateTaskTest, AcceptsTasksOfTheCluster) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"], "ps": ["p:1"]})"));
+  EXPECT_TRUE(ValidateTask(*spec, "worker", 1).ok());
+  EXPECT_TRUE(ValidateTask(*spec, "ps", 0).ok());
+}
+
+TEST(ValidateTaskTest, EvaluatorMayBeOutsideTheCluster) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"]})"));
+  EXPECT_TRUE(ValidateTask(*spec, "evaluator", 0).ok());
+}
+
+TEST(ValidateTaskTest, RejectsUnknownType) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"]})"));
+  EXPECT_EQ(ValidateTask(*spec, "master", 0).message(),
+            "TF_CONFIG task.type \"master\" is not a task type: use chief, worker, ps or "
+            "evaluator");
+}
+
+TEST(ValidateTaskTest, RejectsTypeAbsentFromCluster) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"], "chief": ["c:1"]})"));
+  EXPECT_EQ(ValidateTask(*spec, "ps", 0).message(),
+            "TF_CONFIG task.type \"ps\" is not a job of the cluster (jobs: chief, worker): add a "
+            "\"ps\" job to cluster or fix task.type");
+}
+
+TEST(ValidateTaskTest, RejectsIndexOutOfRange) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"]})"));
+  EXPECT_EQ(ValidateTask(*spec, "worker", 3).message(),
+            "TF_CONFIG task.index 3 is out of range: job \"worker\" has 2 tasks (0..1)");
+  auto sparse = ClusterSpec::FromJson(Json(R"({"worker": {"1": "w:1", "3": "w:3"}})"));
+  EXPECT_EQ(ValidateTask(*sparse, "worker", 0).message(),
+            "TF_CONFIG task.index 0 is out of range: job \"worker\" has 2 tasks (1, 3)");
+  auto one = ClusterSpec::FromJson(Json(R"({"ps": ["p:1"]})"));
+  EXPECT_EQ(ValidateTask(*one, "ps", 1).message(),
+            "TF_CONFIG task.index 1 is out of range: job \"ps\" has 1 task (0..0)");
+}
+
+TEST(ValidateTaskTest, RejectsNegativeIndex) {
+  auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"]})"));
+  EXPECT_THAT(std::string(ValidateTask(*spec, "worker", -1).message()), HasSubstr("is negative"));
+}
+
+TEST(ChiefRulesTest, ChiefIsChiefZeroElseWorkerZero) {
+  auto with_chief = ClusterSpec::FromJson(Json(R"({"chief": ["c:1"], "worker": ["w:1"]})"));
+  EXPECT_EQ(*ChiefTask(*with_chief), (TaskKey{"chief", 0}));
+  EXPECT_TRUE(IsChief(*with_chief, "chief", 0));
+  EXPECT_FALSE(IsChief(*with_chief, "worker", 0));
+
+  auto without = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"], "ps": ["p:1"]})"));
+  EXPECT_EQ(*ChiefTask(*without), (TaskKey{"worker", 0}));
+  EXPECT_TRUE(IsChief(*without, "worker", 0));
+  EXPECT_FALSE(IsChief(*without, "worker", 1));
+  EXPECT_FALSE(IsChief(*without, "ps", 0));
+
+  auto ps_only = ClusterSpec::FromJson(Json(R"({"ps": ["p:1"]})"));
+  EXPECT_EQ(ChiefTask(*ps_only).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ChiefRulesTest, IdInClusterFollowsTensorFlow) {
+  auto spec = ClusterSpec::FromJson(
+      Json(R"({"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"], "evaluator": ["e:1"]})"));
+  EXPECT_EQ(*IdInCluster(*spec, "chief", 0), 0);
+  EXPECT_EQ(*IdInCluster(*spec, "worker", 0), 1);
+  EXPECT_EQ(*IdInCluster(*spec, "worker", 1), 2);
+  EXPECT_EQ(*IdInCluster(*spec, "evaluator", 0), 0);
+  EXPECT_THAT(std::string(IdInCluster(*spec, "ps", 0).status().message()), HasSubstr("has no id"));
+
+  auto no_chief = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"]})"));
+  EXPECT_EQ(*IdInCluster(*no_chief, "worker", 1), 1);
+}
+
+TEST(ChiefRulesTest, WorkerCountFollowsTensorFlow) {
+  auto spec = ClusterSpec::FromJson(
+      Json(R"({"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"], "evaluator": ["e:1"]})"));
+  EXPECT_EQ(*WorkerCount(*spec, "worker"), 3);
+  EXPECT_EQ(*WorkerCount(*spec, "chief"), 3);
+  EXPECT_EQ(*WorkerCount(*spec, "evaluator"), 1);
+  EXPECT_FALSE(WorkerCount(*spec, "ps").ok());
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,78 @@
+#include "stratum/launch/launch_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "stratum/cluster/cluster_resolver.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LaunchPlanTest, PlansEveryTaskWithItsOwnPortAndTfConfig) {
+  LaunchOptions options{.num_workers = 2, .num_ps = 2, .chief = true, .evaluator = true};
+  options.bin_dir = "/opt/stratum/bin";
+  auto plan = PlanLocalCluster(options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->tasks.size(), 6u);
+  EXPECT_EQ(plan->main_task, (TaskKey{"chief", 0}));
+  EXPECT_EQ(plan->tasks.back().task, (TaskKey{"chief", 0}));  // servers start first
+  std::set<std::string> addresses;
+  for (const PlannedTask& task : plan->tasks) {
+    addresses.insert(task.address);
+    auto resolver = TFConfigClusterResolver::Create(task.tf_config);
+    ASSERT_TRUE(resolver.ok()) << resolver.status();
+    EXPECT_EQ(resolver->task(), task.task);
+    EXPECT_EQ(resolver->cluster_spec(), plan->spec);
+    EXPECT_EQ(task.argv.front(), "/opt/stratum/bin/" + BinaryFor(task.task.type));
+  }
+  EXPECT_EQ(addresses.size(), 6u);
+}
+
+TEST(LaunchPlanTest, BinariesFollowTheRoles) {
+  EXPECT_EQ(BinaryFor("chief"), "stratum-coordinator");
+  EXPECT_EQ(BinaryFor("worker"), "stratum-worker");
+  EXPECT_EQ(BinaryFor("evaluator"), "stratum-worker");
+  EXPECT_EQ(BinaryFor("ps"), "stratum-ps");
+  auto plan = PlanLocalCluster({.num_workers = 1, .num_ps = 0, .evaluator = true});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_THAT(plan->tasks.back().argv, ::testing::Contains("--evaluator"));
+  EXPECT_EQ(plan->main_task, (TaskKey{"worker", 0}));
+}
+
+TEST(LaunchPlanTest, AddsArgumentsByType) {
+  LaunchOptions options{.num_workers = 1, .num_ps = 1, .chief = true};
+  options.all_args = {"--log_level=debug"};
+  options.args_by_type = {{"chief", {"--cluster_timeout=5s"}}};
+  auto plan = PlanLocalCluster(options);
+  ASSERT_TRUE(plan.ok());
+  for (const PlannedTask& task : plan->tasks) {
+    EXPECT_THAT(task.argv, ::testing::Contains("--log_level=debug"));
+    EXPECT_EQ(std::count(task.argv.begin(), task.argv.end(), "--cluster_timeout=5s"),
+              task.task.type == "chief" ? 1 : 0);
+  }
+}
+
+TEST(LaunchPlanTest, RefusesCountsThatMakeNoCluster) {
+  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 0, .num_ps = 0}).status().message()),
+              HasSubstr("a cluster needs a chief or at least one worker"));
+  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 0, .num_ps = 1, .chief = true}).status().message()),
+              HasSubstr("a parameter-server cluster needs at least one worker"));
+  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = -1}).status().message()),
+              HasSubstr("must not be negative"));
+}
+
+TEST(LaunchPlanTest, DryRunPrintsCopyableShellLines) {
+  auto plan = PlanLocalCluster({.num_workers = 1, .num_ps = 1, .chief = true, .bin_dir = "/b"});
+  ASSERT_TRUE(plan.ok());
+  const std::string text = FormatDryRun(*plan);
+  EXPECT_THAT(text, HasSubstr("# ps:0 on " + plan->tasks[0].address + "\n"));
+  EXPECT_THAT(text, HasSubstr("TF_CONFIG='" + plan->tasks[0].tf_config + "' /b/stratum-ps"));
+  EXPECT_THAT(text, HasSubstr("/b/stratum-coordinator"));
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,92 @@
+// stratum::testing::LocalCluster: a cluster of the real Stratum binaries on free loopback
+// ports, for GoogleTest tests of multi-process behaviour — what TensorFlow's
+// create_in_process_cluster and multi_process_runner give Python users.
+//
+//   auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 1});
+//   ASSERT_TRUE(cluster.ok()) << cluster.status();
+//   std::string tf_config = (*cluster)->TfConfig({"worker", 0});
+//   ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());     // SIGKILL
+//   ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());  // same address, new incarnation
+//
+// Start() returns once every started server task answers its health check (the chief,
+// a program that exits when done, is started but not waited for: WaitForExit it). The
+// destructor stops every process (TERM, then KILL) whatever happened, so a failing test
+// leaves nothing behind. Each task's output is captured (Output()) and, by default,
+// forwarded to stderr prefixed with its name. Not thread-safe: use from the test thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_spec.h"
+#include "stratum/launch/launch_plan.h"
+#include "stratum/util/subprocess.h"
+
+namespace stratum::testing {
+
+struct LocalClusterOptions {
+  int num_workers = 1;
+  int num_ps = 0;
+  bool chief = false;
+  bool evaluator = false;
+  // Tasks planned into the cluster (they have an address and appear in every TF_CONFIG)
+  // but not started, e.g. to test a task that never comes up, or to run it yourself.
+  std::vector<TaskKey> not_started;
+  // Extra flags for every task, and for the tasks of one type.
+  std::vector<std::string> all_args;
+  std::vector<std::pair<std::string, std::vector<std::string>>> args_by_type;
+  // Where the binaries are; default: the build's bin folder.
+  std::string bin_dir;
+  absl::Duration healthy_timeout = absl::Seconds(30);
+  absl::Duration stop_grace = absl::Seconds(5);
+  // Forward each task's output to stderr as "[worker:1] ...".
+  bool forward_output = true;
+};
+
+class LocalCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  const ClusterSpec& spec() const { return plan_.spec; }
+  std::string Address(const TaskKey& task) const;
+  // The TF_CONFIG JSON text the task was (or would be) started with.
+  std::string TfConfig(const TaskKey& task) const;
+
+  // Waits until every running server task answers its health check.
+  absl::Status WaitHealthy(absl::Duration timeout);
+  // SIGKILLs the task and reaps it.
+  absl::Status Kill(const TaskKey& task);
+  // Sends `signal` to the task.
+  absl::Status Signal(const TaskKey& task, int signal);
+  // Starts the task again (or for the first time, for a not_started one) on its address
+  // and waits until it answers (servers) or it is running (the chief).
+  absl::Status Restart(const TaskKey& task);
+  // Waits for the task to exit.
+  absl::StatusOr<ExitInfo> WaitForExit(const TaskKey& task, absl::Duration timeout);
+  // The task's pid, or 0 when it is not running.
+  int Pid(const TaskKey& task);
+  // Everything the task's current process has printed.
+  std::string Output(const TaskKey& task) const;
+  // Stops every task (TERM, then KILL after stop_grace).
+  void Stop();
+
+ private:
+  LocalCluster(LocalClusterOptions options, LaunchPlan plan)
+      : options_(std::move(options)), plan_(std::move(plan)) {}
+  absl::StatusOr<const PlannedTask*> Find(const TaskKey& task) const;
+  absl::Status StartTask(const PlannedTask& task);
+  absl::Status WaitForTasks(const std::vector<TaskKey>& tasks, absl::Duration timeout);
+
+  const LocalClusterOptions options_;
+  const LaunchPlan plan_;
+  std::map<TaskKey, std::unique_ptr<Subprocess>> processes_;
+};
+
+}  // namespace stratum::testing

@@ -1,0 +1,207 @@
+// stratum-launch as a user runs it: the whole cluster from one command, its exit code,
+// Ctrl-C / SIGTERM, a child that dies, and never a process left behind.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Subprocess> Launch(std::vector<std::string> args) {
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-launch"};
+  for (std::string& arg : args) options.argv.push_back(std::move(arg));
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  return process.ok() ? *std::move(process) : nullptr;
+}
+
+// Waits until the launcher's output contains `text` `count` times.
+bool WaitForOutput(Subprocess& launcher, const std::string& text, int count = 1,
+                   absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    const std::string output = launcher.output();
+    int found = 0;
+    for (size_t at = output.find(text); at != std::string::npos; at = output.find(text, at + 1)) {
+      ++found;
+    }
+    if (found >= count) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// task name -> pid, from the launcher's "[launch] started worker:1 on ... (pid N)" lines.
+std::map<std::string, pid_t> ChildPids(const std::string& output) {
+  std::map<std::string, pid_t> pids;
+  static const std::regex kStarted(R"(\[launch\] started (\S+) on \S+ \(pid (\d+)\))");
+  for (std::sregex_iterator it(output.begin(), output.end(), kStarted), end; it != end; ++it) {
+    pids[(*it)[1]] = std::stoi((*it)[2]);
+  }
+  return pids;
+}
+
+bool ProcessGone(pid_t pid) {
+  if (kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_field, name, state;
+  stat >> pid_field >> name >> state;
+  return state == "Z";  // a zombie has exited; only its parent's reaping is left
+}
+
+bool AllGone(const std::map<std::string, pid_t>& pids, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    bool gone = true;
+    for (const auto& [task, pid] : pids) gone = gone && ProcessGone(pid);
+    if (gone) return true;
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+TEST(LaunchTest, MainJobComesUpHealthyAndExitsZeroLeavingNothing) {
+  auto launcher = Launch({"--chief", "--workers=2", "--ps=2"});
+  auto exit = launcher->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("[chief:0] TASK"));
+  for (const char* task : {"chief:0", "worker:0", "worker:1", "ps:0", "ps:1"}) {
+    EXPECT_THAT(output, HasSubstr(std::string("[chief:0] ") + task)) << output;
+  }
+  EXPECT_THAT(output, HasSubstr("[worker:1] "));
+  EXPECT_THAT(output, HasSubstr("cluster healthy: 5 tasks answered"));
+  EXPECT_THAT(output, HasSubstr("[launch] chief:0 exited with code 0; stopping the others"));
+  const auto pids = ChildPids(output);
+  EXPECT_EQ(pids.size(), 5u);
+  EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+}
+
+TEST(LaunchTest, DryRunPrintsEveryTaskAndStartsNothing) {
+  auto launcher = Launch({"--dry-run", "--chief", "--workers", "2", "--ps", "2"});
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 0);
+  const std::string output = launcher->output();
+  for (const char* task : {"# chief:0 on 127.0.0.1:", "# worker:1 on 127.0.0.1:", "# ps:1 on"}) {
+    EXPECT_THAT(output, HasSubstr(task));
+  }
+  EXPECT_THAT(output, HasSubstr(R"(TF_CONFIG='{"cluster":{"chief":["127.0.0.1:)"));
+  EXPECT_THAT(output, HasSubstr(R"("task":{"type":"worker","index":1}}' )"));
+  EXPECT_THAT(output, HasSubstr("/stratum-coordinator --log_level=info --cluster_timeout=2m"));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[launch] started")));
+}
+
+TEST(LaunchTest, SigtermStopsEveryChild) {
+  auto launcher = Launch({"--workers=2", "--ps=1", "--evaluator"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 4)) << launcher->output();
+  const auto pids = ChildPids(launcher->output());
+  ASSERT_EQ(pids.size(), 4u);
+  launcher->Signal(SIGTERM);
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 128 + SIGTERM);
+  EXPECT_THAT(launcher->output(), HasSubstr("[launch] signal 15: stopping 4 tasks"));
+  EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+}
+
+TEST(LaunchTest, ReportsAChildThatDiesAndStopsOnCtrlC) {
+  auto launcher = Launch({"--workers=2", "--ps=1"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 3)) << launcher->output();
+  const auto pids = ChildPids(launcher->output());
+  ASSERT_EQ(kill(pids.at("worker:1"), SIGKILL), 0);
+  ASSERT_TRUE(WaitForOutput(*launcher, "[launch] worker:1 (pid " +
+                                           std::to_string(pids.at("worker:1")) +
+                                           ") stopped unexpectedly: it was killed by signal 9"))
+      << launcher->output();
+  launcher->Signal(SIGINT);
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 128 + SIGINT);
+  EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+}
+
+TEST(LaunchTest, ChildrenDieWithAKilledLauncher) {
+  auto launcher = Launch({"--workers=1", "--ps=1"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 2)) << launcher->output();
+  const auto pids = ChildPids(launcher->output());
+  launcher->Signal(SIGKILL);
+  ASSERT_TRUE(launcher->Wait(absl::Seconds(5)).ok());
+  EXPECT_TRUE(AllGone(pids, absl::Seconds(10)));
+}
+
+// The launcher's own logic (exit code, stopping the rest) with stand-in binaries whose
+// behaviour the test controls.
+class LaunchExitCodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/stratum-launch-test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  void WriteScript(const std::string& name, const std::string& body) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    chmod(path.c_str(), 0755);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(LaunchExitCodeTest, ExitCodeIsTheChiefsAndTheRestAreStopped) {
+  WriteScript("stratum-coordinator", "sleep 0.3; echo failing; exit 7");
+  WriteScript("stratum-worker", "exec sleep 60");
+  WriteScript("stratum-ps", "exec sleep 60");
+  auto launcher = Launch({"--chief", "--workers=2", "--ps=1", "--bin_dir=" + dir_});
+  auto exit = launcher->Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 7) << launcher->output();
+  EXPECT_THAT(launcher->output(), HasSubstr("[chief:0] failing"));
+  EXPECT_TRUE(AllGone(ChildPids(launcher->output()), absl::Seconds(1)));
+}
+
+TEST_F(LaunchExitCodeTest, WithoutAChiefTheExitCodeIsWorkerZeros) {
+  WriteScript("stratum-worker", "case \"$TF_CONFIG\" in *'\"index\":0}'*) exit 3;; esac; exec sleep 60");
+  WriteScript("stratum-ps", "exec sleep 60");
+  auto launcher = Launch({"--workers=2", "--ps=1", "--bin_dir=" + dir_});
+  auto exit = launcher->Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 3) << launcher->output();
+}
+
+TEST_F(LaunchExitCodeTest, MissingBinaryIsAUsageError) {
+  auto launcher = Launch({"--workers=1", "--ps=0", "--bin_dir=" + dir_});
+  auto exit = launcher->Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT(launcher->output(), HasSubstr("cannot start worker:0: cannot run " + dir_ +
+                                            "/stratum-worker: No such file or directory"));
+}
+
+TEST(LaunchUsageTest, BadCountsAreUsageErrors) {
+  auto launcher = Launch({"--workers=0", "--ps=2"});
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT(launcher->output(), HasSubstr("stratum-launch: a cluster needs a chief or at least "
+                                            "one worker"));
+}
+
+}  // namespace
+}  // namespace stratum

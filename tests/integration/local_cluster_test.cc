@@ -1,0 +1,86 @@
+// The LocalCluster fixture itself: it starts real binaries, exposes addresses and
+// TF_CONFIGs, kills and restarts tasks, and always tears everything down.
+#include "stratum/testing/local_cluster.h"
+
+#include <signal.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/cluster/cluster_resolver.h"
+#include "stratum/net/health.h"
+
+namespace stratum::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LocalClusterTest, StartsHealthyTasksWithTheirTfConfig) {
+  auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const TaskKey& task : (*cluster)->spec().AllTasks()) {
+    const std::string address = (*cluster)->Address(task);
+    EXPECT_THAT(address, ::testing::StartsWith("127.0.0.1:"));
+    EXPECT_TRUE(CheckHealth(address, absl::Seconds(5)).ok()) << task.ToString();
+    auto report = GetTaskReport(address, absl::Seconds(5));
+    ASSERT_TRUE(report.ok());
+    EXPECT_EQ(report->task, task);
+    EXPECT_EQ(report->pid, (*cluster)->Pid(task));
+    auto resolver = TFConfigClusterResolver::Create((*cluster)->TfConfig(task));
+    ASSERT_TRUE(resolver.ok()) << resolver.status();
+    EXPECT_EQ(resolver->task(), task);
+    EXPECT_EQ(resolver->cluster_spec(), (*cluster)->spec());
+  }
+}
+
+TEST(LocalClusterTest, KillAndRestartGiveANewIncarnationOnTheSameAddress) {
+  auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const TaskKey worker{"worker", 1};
+  const std::string address = (*cluster)->Address(worker);
+  auto before = GetTaskReport(address, absl::Seconds(5));
+  ASSERT_TRUE(before.ok());
+
+  ASSERT_TRUE((*cluster)->Kill(worker).ok());
+  EXPECT_EQ((*cluster)->Pid(worker), 0);
+  EXPECT_FALSE(CheckHealth(address, absl::Seconds(1)).ok());
+
+  ASSERT_TRUE((*cluster)->Restart(worker).ok());
+  auto after = GetTaskReport(address, absl::Seconds(5));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(after->incarnation, before->incarnation);
+  EXPECT_NE(after->pid, before->pid);
+  EXPECT_TRUE((*cluster)->WaitHealthy(absl::Seconds(10)).ok());
+}
+
+TEST(LocalClusterTest, NotStartedTasksCanBeStartedLater) {
+  auto cluster = LocalCluster::Start({.num_workers = 1, .num_ps = 1, .not_started = {{"ps", 0}}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string ps = (*cluster)->Address({"ps", 0});
+  EXPECT_FALSE(ps.empty());
+  EXPECT_FALSE(CheckHealth(ps, absl::Milliseconds(500)).ok());
+  ASSERT_TRUE((*cluster)->Restart({"ps", 0}).ok());
+  EXPECT_TRUE(CheckHealth(ps, absl::Seconds(5)).ok());
+}
+
+TEST(LocalClusterTest, DestructionLeavesNoProcess) {
+  std::vector<int> pids;
+  {
+    auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 2});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (const TaskKey& task : (*cluster)->spec().AllTasks()) pids.push_back((*cluster)->Pid(task));
+  }
+  for (int pid : pids) {
+    EXPECT_GT(pid, 0);
+    EXPECT_EQ(kill(pid, 0), -1) << "pid " << pid << " survived";
+  }
+}
+
+TEST(LocalClusterTest, StartFailsClearlyWhenABinaryIsMissing) {
+  auto cluster = LocalCluster::Start({.num_workers = 1, .bin_dir = "/nonexistent"});
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_THAT(cluster.status().message(), HasSubstr("cannot run /nonexistent/stratum-worker"));
+}
+
+}  // namespace
+}  // namespace stratum::testing

@@ -1,0 +1,214 @@
+// The role binaries as a user runs them: broken configuration exits 2 at once with one
+// sentence, SIGTERM stops them cleanly, the coordinator waits for the cluster and names
+// the tasks that never came up.
+#include <signal.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_split.h"
+#include "stratum/net/free_port.h"
+#include "stratum/testing/local_cluster.h"
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using testing::LocalCluster;
+
+struct BinaryRun {
+  ExitInfo exit;
+  std::string output;
+  absl::Duration took;
+};
+
+BinaryRun RunBinary(const std::string& binary, std::vector<std::string> args,
+              std::vector<std::pair<std::string, std::string>> env) {
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/" + binary};
+  for (std::string& arg : args) options.argv.push_back(std::move(arg));
+  options.env = std::move(env);
+  options.forward_fd = -1;
+  options.capture_output = true;
+  const absl::Time start = absl::Now();
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  if (!process.ok()) return {};
+  auto exit = (*process)->Wait(absl::Seconds(20));
+  EXPECT_TRUE(exit.ok()) << binary << " did not exit: " << exit.status();
+  if (!exit.ok()) return {};
+  return {*exit, (*process)->output(), absl::Now() - start};
+}
+
+struct BrokenConfig {
+  std::string name;
+  std::string tf_config;
+  std::string message;  // the sentence's start, after "<binary>: "
+};
+
+void PrintTo(const BrokenConfig& config, std::ostream* out) { *out << config.name; }
+
+std::vector<BrokenConfig> BrokenConfigs() {
+  const std::string cluster = R"("cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]})";
+  return {
+      {"NotJson", "{\"cluster\": ", "TF_CONFIG is not valid JSON (error at byte 13)"},
+      {"UnknownTaskType", "{" + cluster + R"(, "task": {"type": "master", "index": 0}})",
+       "TF_CONFIG task.type \"master\" is not a task type: use chief, worker, ps or evaluator"},
+      {"IndexOutOfRange", "{" + cluster + R"(, "task": {"type": "worker", "index": 7}})",
+       "TF_CONFIG task.index 7 is out of range: job \"worker\" has 2 tasks (0..1)"},
+      {"TwoChiefs",
+       R"({"cluster": {"chief": ["127.0.0.1:1", "127.0.0.1:5"], "worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})",
+       "TF_CONFIG cluster.chief has 2 tasks, but a cluster has at most one chief"},
+      {"TaskTypeAbsentFromCluster",
+       R"({"cluster": {"chief": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}})",
+       "TF_CONFIG task.type \"ps\" is not a job of the cluster (jobs: chief)"},
+      {"BadAddress",
+       R"({"cluster": {"worker": ["127.0.0.1"], "ps": ["127.0.0.1:4"], "chief": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}})",
+       "TF_CONFIG cluster address \"127.0.0.1\" of worker:0 is not valid because it has no port"},
+      {"EmptyCluster", R"({"cluster": {}, "task": {"type": "worker", "index": 0}})",
+       "TF_CONFIG cluster is empty"},
+  };
+}
+
+class BrokenTfConfigTest
+    : public ::testing::TestWithParam<std::tuple<BrokenConfig, std::string>> {};
+
+TEST_P(BrokenTfConfigTest, ExitsTwoWithOneSentence) {
+  const auto& [config, binary] = GetParam();
+  BinaryRun run = RunBinary(binary, {}, {{"TF_CONFIG", config.tf_config}});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_EQ(run.exit.signal, 0);
+  EXPECT_THAT(run.output, StartsWith(binary + ": " + config.message));
+  // Exactly one line: the sentence, nothing else (no log noise, no stack trace).
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  EXPECT_LT(run.took, absl::Seconds(5));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllBinaries, BrokenTfConfigTest,
+    ::testing::Combine(::testing::ValuesIn(BrokenConfigs()),
+                       ::testing::Values("stratum-coordinator", "stratum-worker", "stratum-ps")),
+    [](const auto& info) {
+      std::string binary = std::get<1>(info.param);
+      binary.erase(std::remove(binary.begin(), binary.end(), '-'), binary.end());
+      return std::get<0>(info.param).name + "_" + binary;
+    });
+
+TEST(RoleBinariesTest, MissingTfConfigIsAUsageError) {
+  BinaryRun run = RunBinary("stratum-worker", {}, {{"TF_CONFIG", ""}});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, StartsWith("stratum-worker: TF_CONFIG is not set: set it to"));
+}
+
+TEST(RoleBinariesTest, WrongRoleForTheBinaryIsAUsageError) {
+  BinaryRun run = RunBinary(
+      "stratum-ps", {},
+      {{"TF_CONFIG", R"({"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("TF_CONFIG task.type \"worker\" is not a task stratum-ps runs"));
+}
+
+TEST(RoleBinariesTest, CoordinatorNeedsPsAndWorkers) {
+  BinaryRun run = RunBinary(
+      "stratum-coordinator", {},
+      {{"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("TF_CONFIG cluster has no \"ps\" job, but a parameter-server "
+                                    "cluster needs at least one ps and one worker"));
+}
+
+TEST(RoleBinariesTest, UnknownFlagIsAUsageErrorAndHelpIsNot) {
+  const std::vector<std::pair<std::string, std::string>> env = {{"TF_CONFIG", ""}};
+  EXPECT_EQ(RunBinary("stratum-worker", {"--no_such_flag=1"}, env).exit.exit_code, 2);
+  EXPECT_EQ(RunBinary("stratum-worker", {"stray"}, env).exit.exit_code, 2);
+  EXPECT_EQ(RunBinary("stratum-ps", {"--task_index=abc"}, env).exit.exit_code, 2);
+  BinaryRun help = RunBinary("stratum-coordinator", {"--help"}, env);
+  EXPECT_EQ(help.exit.exit_code, 0);
+  EXPECT_THAT(help.output, HasSubstr("--cluster_timeout"));
+}
+
+TEST(RoleBinariesTest, FlagsOverrideTheTask) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string address = "127.0.0.1:" + std::to_string(*port);
+  // TF_CONFIG says worker:0, the flag says worker:5, which does not exist.
+  BinaryRun run = RunBinary(
+      "stratum-worker", {"--task_index=5"},
+      {{"TF_CONFIG", R"({"cluster": {"worker": [")" + address + R"("]}, "task": {"type": "worker", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("task.index 5 is out of range"));
+}
+
+TEST(RoleBinariesTest, PortInUseExitsOneNamingTheAddress) {
+  auto cluster = LocalCluster::Start({.num_workers = 1, .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string taken = (*cluster)->Address({"worker", 0});
+  BinaryRun run = RunBinary("stratum-ps", {},
+                      {{"TF_CONFIG", R"({"cluster": {"ps": [")" + taken +
+                                         R"("]}, "task": {"type": "ps", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("ps:0 cannot listen on " + taken));
+}
+
+TEST(RoleBinariesTest, SigtermStopsEveryServerWithinFiveSeconds) {
+  auto cluster = LocalCluster::Start({.num_workers = 1, .num_ps = 1, .evaluator = true});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const TaskKey& task : {TaskKey{"worker", 0}, TaskKey{"ps", 0}, TaskKey{"evaluator", 0}}) {
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE((*cluster)->Signal(task, SIGTERM).ok());
+    auto exit = (*cluster)->WaitForExit(task, absl::Seconds(5));
+    ASSERT_TRUE(exit.ok()) << task.ToString() << ": " << exit.status();
+    EXPECT_TRUE(exit->success()) << task.ToString() << " " << exit->ToString();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_THAT((*cluster)->Output(task), HasSubstr("signal 15 received: shutting down"));
+  }
+}
+
+TEST(RoleBinariesTest, LogLinesCarryTheTask) {
+  auto cluster = LocalCluster::Start({.num_workers = 2, .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->Stop();
+  const std::string output = (*cluster)->Output({"worker", 1});
+  ASSERT_FALSE(output.empty());
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    EXPECT_THAT(std::string(line), HasSubstr(" worker:1] "));
+  }
+}
+
+TEST(CoordinatorTest, PrintsTheClusterOnceEveryTaskAnswers) {
+  auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 2, .chief = true});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_TRUE(exit->success()) << (*cluster)->Output({"chief", 0});
+  const std::string output = (*cluster)->Output({"chief", 0});
+  for (const TaskKey& task : (*cluster)->spec().AllTasks()) {
+    EXPECT_THAT(output, HasSubstr(task.ToString() + std::string(10 - task.ToString().size(), ' ') +
+                                  (*cluster)->Address(task) + "  SERVING"))
+        << output;
+  }
+  EXPECT_THAT(output, HasSubstr("cluster healthy: 5 tasks answered"));
+}
+
+TEST(CoordinatorTest, NamesATaskThatNeverStartsWithinTheDeadline) {
+  auto cluster = LocalCluster::Start({.num_workers = 2,
+                                      .num_ps = 2,
+                                      .chief = true,
+                                      .not_started = {{"ps", 1}},
+                                      .args_by_type = {{"chief", {"--cluster_timeout=2s"}}}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const absl::Time start = absl::Now();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  const std::string output = (*cluster)->Output({"chief", 0});
+  EXPECT_THAT(output, HasSubstr("stratum-coordinator: 1 task never answered within 2s: ps:1 at " +
+                                (*cluster)->Address({"ps", 1})));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("ps:0 at")));
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,160 @@
+#include "stratum/net/health.h"
+
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/net/channel.h"
+#include "stratum/net/free_port.h"
+#include "stratum/net/task_server.h"
+#include "stratum/util/process_info.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreeAddress() {
+  absl::StatusOr<int> port = PickFreePort();
+  EXPECT_TRUE(port.ok()) << port.status();
+  return "127.0.0.1:" + std::to_string(*port);
+}
+
+TaskServerOptions ServerOptions(const TaskKey& task, const std::string& address) {
+  TaskServerOptions options;
+  options.task = task;
+  options.binary = "health_test";
+  options.listen_address = address;
+  return options;
+}
+
+std::unique_ptr<TaskServer> Serve(const TaskKey& task, const std::string& address) {
+  auto server = TaskServer::Start(ServerOptions(task, address));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(TaskServerTest, ServesHealthAndTaskStatus) {
+  const std::string address = FreeAddress();
+  auto server = Serve({"worker", 3}, address);
+  EXPECT_TRUE(CheckHealth(address, absl::Seconds(5)).ok());
+  auto report = GetTaskReport(address, absl::Seconds(5));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->task, (TaskKey{"worker", 3}));
+  EXPECT_EQ(report->binary, "health_test");
+  EXPECT_EQ(report->incarnation, ProcessIncarnation());
+  EXPECT_EQ(report->pid, getpid());
+  EXPECT_EQ(report->version, StratumVersion());
+  EXPECT_GE(report->uptime_seconds, 0);
+}
+
+TEST(TaskServerTest, HealthFailsAfterShutdown) {
+  const std::string address = FreeAddress();
+  auto server = Serve({"ps", 0}, address);
+  ASSERT_TRUE(CheckHealth(address, absl::Seconds(5)).ok());
+  server->Shutdown(absl::Seconds(1));
+  EXPECT_EQ(CheckHealth(address, absl::Seconds(1)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(TaskServerTest, PortInUseIsAClearError) {
+  const std::string address = FreeAddress();
+  auto first = Serve({"ps", 0}, address);
+  auto second = TaskServer::Start(ServerOptions({"ps", 1}, address));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("ps:1 cannot listen on " + address + ": the port is in use"));
+}
+
+TEST(WaitForClusterHealthyTest, ReportsEveryTask) {
+  ClusterSpec spec;
+  const std::string worker = FreeAddress();
+  const std::string ps = FreeAddress();
+  spec.SetTask("worker", 0, worker);
+  spec.SetTask("ps", 0, ps);
+  auto worker_server = Serve({"worker", 0}, worker);
+  auto ps_server = Serve({"ps", 0}, ps);
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Seconds(10)});
+  ASSERT_TRUE(reports.ok()) << reports.status();
+  ASSERT_EQ(reports->size(), 2u);
+  EXPECT_EQ((*reports)[0].task, (TaskKey{"worker", 0}));
+  EXPECT_TRUE((*reports)[0].healthy);
+  const std::string table = FormatClusterTable(*reports);
+  EXPECT_THAT(table, HasSubstr("TASK"));
+  EXPECT_THAT(table, HasSubstr("worker:0  " + worker));
+  EXPECT_THAT(table, HasSubstr("SERVING"));
+}
+
+TEST(WaitForClusterHealthyTest, NamesTasksThatNeverAnswerWithinTheDeadline) {
+  ClusterSpec spec;
+  const std::string worker = FreeAddress();
+  const std::string missing = FreeAddress();
+  spec.SetTask("worker", 0, worker);
+  spec.SetTask("ps", 1, missing);
+  auto worker_server = Serve({"worker", 0}, worker);
+  const absl::Time start = absl::Now();
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Seconds(1)});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(reports.ok());
+  EXPECT_EQ(reports.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(reports.status().message()),
+              HasSubstr("1 task never answered within 1s: ps:1 at " + missing));
+  EXPECT_THAT(std::string(reports.status().message()), ::testing::Not(HasSubstr("worker:0")));
+  EXPECT_LT(took, absl::Seconds(4));
+}
+
+TEST(WaitForClusterHealthyTest, PicksUpATaskThatStartsLate) {
+  ClusterSpec spec;
+  const std::string late = FreeAddress();
+  spec.SetTask("worker", 0, late);
+  std::unique_ptr<TaskServer> server;
+  std::thread starter([&] {
+    absl::SleepFor(absl::Milliseconds(1500));
+    server = Serve({"worker", 0}, late);
+  });
+  const absl::Time start = absl::Now();
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Seconds(20)});
+  starter.join();
+  ASSERT_TRUE(reports.ok()) << reports.status();
+  // Fast reconnect back-off: noticed well within gRPC's default back-off.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+TEST(WaitForClusterHealthyTest, MissingEvaluatorDoesNotHoldUpTheCluster) {
+  ClusterSpec spec;
+  const std::string worker = FreeAddress();
+  spec.SetTask("worker", 0, worker);
+  spec.SetTask("evaluator", 0, FreeAddress());
+  auto worker_server = Serve({"worker", 0}, worker);
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Milliseconds(500)});
+  ASSERT_TRUE(reports.ok()) << reports.status();
+  EXPECT_FALSE((*reports)[1].healthy);
+  EXPECT_THAT(FormatClusterTable(*reports), HasSubstr("NOT ANSWERING"));
+}
+
+TEST(WaitForClusterHealthyTest, CancelStopsTheWait) {
+  ClusterSpec spec;
+  spec.SetTask("worker", 0, FreeAddress());
+  absl::Notification cancel;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    cancel.Notify();
+  });
+  const absl::Time start = absl::Now();
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Seconds(30), .cancel = &cancel});
+  canceller.join();
+  EXPECT_EQ(reports.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(ListenAddressTest, KeepsLiteralsAndBindsAllInterfacesForNames) {
+  EXPECT_EQ(*ListenAddressFor("127.0.0.1:2222"), "127.0.0.1:2222");
+  EXPECT_EQ(*ListenAddressFor("localhost:2222"), "localhost:2222");
+  EXPECT_EQ(*ListenAddressFor("[::1]:2222"), "[::1]:2222");
+  EXPECT_EQ(*ListenAddressFor("worker-0.worker.default.svc:2222"), "[::]:2222");
+  EXPECT_FALSE(ListenAddressFor("nohost").ok());
+}
+
+}  // namespace
+}  // namespace stratum

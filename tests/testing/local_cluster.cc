@@ -1,0 +1,151 @@
+#include "stratum/testing/local_cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/launch/task_processes.h"
+#include "stratum/net/health.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum::testing {
+namespace {
+
+bool Contains(const std::vector<TaskKey>& tasks, const TaskKey& task) {
+  return std::find(tasks.begin(), tasks.end(), task) != tasks.end();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  LaunchOptions launch;
+  launch.num_workers = options.num_workers;
+  launch.num_ps = options.num_ps;
+  launch.chief = options.chief;
+  launch.evaluator = options.evaluator;
+  launch.bin_dir = options.bin_dir.empty() ? STRATUM_BIN_DIR : options.bin_dir;
+  launch.all_args = options.all_args;
+  launch.args_by_type = options.args_by_type;
+  STRATUM_ASSIGN_OR_RETURN(LaunchPlan plan, PlanLocalCluster(launch));
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(options, std::move(plan)));
+
+  std::vector<TaskKey> servers;
+  for (const PlannedTask& task : cluster->plan_.tasks) {
+    if (Contains(options.not_started, task.task)) continue;
+    STRATUM_RETURN_IF_ERROR(cluster->StartTask(task));
+    if (task.task.type != kChief) servers.push_back(task.task);
+  }
+  STRATUM_RETURN_IF_ERROR(cluster->WaitForTasks(servers, options.healthy_timeout));
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+absl::StatusOr<const PlannedTask*> LocalCluster::Find(const TaskKey& task) const {
+  for (const PlannedTask& planned : plan_.tasks) {
+    if (planned.task == task) return &planned;
+  }
+  return absl::NotFoundError(absl::StrCat("the local cluster has no task ", task.ToString()));
+}
+
+absl::Status LocalCluster::StartTask(const PlannedTask& task) {
+  TaskProcessOptions process;
+  process.forward_fd = options_.forward_output ? STDERR_FILENO : -1;
+  process.capture_output = true;
+  STRATUM_ASSIGN_OR_RETURN(processes_[task.task], stratum::StartTask(task, process));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks,
+                                        absl::Duration timeout) {
+  ClusterSpec running;
+  for (const TaskKey& task : tasks) running.SetTask(task.type, task.index, Address(task));
+  if (running.empty()) return absl::OkStatus();
+  ClusterWaitOptions wait;
+  wait.timeout = timeout;
+  wait.optional_jobs.clear();
+  absl::StatusOr<std::vector<TaskReport>> reports = WaitForClusterHealthy(running, wait);
+  if (reports.ok()) return absl::OkStatus();
+  // Say which processes died, which is usually why they never answered.
+  std::string exits;
+  for (const TaskKey& task : tasks) {
+    auto process = processes_.find(task);
+    if (process == processes_.end()) continue;
+    if (std::optional<ExitInfo> exit = process->second->Poll()) {
+      absl::StrAppend(&exits, "; ", task.ToString(), " ", exit->ToString(), ", output:\n",
+                      process->second->output());
+    }
+  }
+  return absl::Status(reports.status().code(), absl::StrCat(reports.status().message(), exits));
+}
+
+std::string LocalCluster::Address(const TaskKey& task) const {
+  absl::StatusOr<const PlannedTask*> planned = Find(task);
+  return planned.ok() ? (*planned)->address : "";
+}
+
+std::string LocalCluster::TfConfig(const TaskKey& task) const {
+  absl::StatusOr<const PlannedTask*> planned = Find(task);
+  return planned.ok() ? (*planned)->tf_config : "";
+}
+
+absl::Status LocalCluster::WaitHealthy(absl::Duration timeout) {
+  std::vector<TaskKey> servers;
+  for (auto& [task, process] : processes_) {
+    if (task.type != kChief && !process->Poll().has_value()) servers.push_back(task);
+  }
+  return WaitForTasks(servers, timeout);
+}
+
+absl::Status LocalCluster::Kill(const TaskKey& task) {
+  STRATUM_RETURN_IF_ERROR(Signal(task, SIGKILL));
+  return WaitForExit(task, absl::Seconds(10)).status();
+}
+
+absl::Status LocalCluster::Signal(const TaskKey& task, int signal) {
+  auto process = processes_.find(task);
+  if (process == processes_.end()) {
+    return absl::NotFoundError(absl::StrCat(task.ToString(), " was never started"));
+  }
+  process->second->Signal(signal);
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Restart(const TaskKey& task) {
+  STRATUM_ASSIGN_OR_RETURN(const PlannedTask* planned, Find(task));
+  if (auto process = processes_.find(task); process != processes_.end()) {
+    process->second->Stop(options_.stop_grace);
+    processes_.erase(process);
+  }
+  STRATUM_RETURN_IF_ERROR(StartTask(*planned));
+  if (task.type == kChief) return absl::OkStatus();
+  return WaitForTasks({task}, options_.healthy_timeout);
+}
+
+absl::StatusOr<ExitInfo> LocalCluster::WaitForExit(const TaskKey& task, absl::Duration timeout) {
+  auto process = processes_.find(task);
+  if (process == processes_.end()) {
+    return absl::NotFoundError(absl::StrCat(task.ToString(), " was never started"));
+  }
+  return process->second->Wait(timeout);
+}
+
+int LocalCluster::Pid(const TaskKey& task) {
+  auto process = processes_.find(task);
+  if (process == processes_.end() || process->second->Poll().has_value()) return 0;
+  return process->second->pid();
+}
+
+std::string LocalCluster::Output(const TaskKey& task) const {
+  auto process = processes_.find(task);
+  return process == processes_.end() ? "" : process->second->output();
+}
+
+void LocalCluster::Stop() {
+  std::vector<Subprocess*> all;
+  for (auto& [task, process] : processes_) all.push_back(process.get());
+  StopAll(all, options_.stop_grace);
+}
+
+}  // namespace stratum::testing

@@ -1,0 +1,104 @@
+#include "stratum/util/subprocess.h"
+
+#include <signal.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Subprocess> Shell(const std::string& script,
+                                  std::vector<std::pair<std::string, std::string>> env = {}) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", script};
+  options.env = std::move(env);
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  return process.ok() ? *std::move(process) : nullptr;
+}
+
+TEST(SubprocessTest, CapturesStdoutAndStderrAndExitCode) {
+  auto process = Shell("echo out; echo err >&2; printf tail; exit 3");
+  auto exit = process->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 3);
+  EXPECT_EQ(exit->ShellCode(), 3);
+  EXPECT_FALSE(exit->success());
+  EXPECT_EQ(exit->ToString(), "exited with code 3");
+  EXPECT_THAT(process->output(), HasSubstr("out\n"));
+  EXPECT_THAT(process->output(), HasSubstr("err\n"));
+  EXPECT_THAT(process->output(), HasSubstr("tail\n"));
+}
+
+TEST(SubprocessTest, PassesEnvironment) {
+  auto process = Shell("echo \"v=$STRATUM_TEST_VALUE\"", {{"STRATUM_TEST_VALUE", "42"}});
+  ASSERT_TRUE(process->Wait(absl::Seconds(10)).ok());
+  EXPECT_THAT(process->output(), HasSubstr("v=42"));
+}
+
+TEST(SubprocessTest, PrefixesForwardedLines) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo one; echo two"};
+  options.output_prefix = "[worker:1] ";
+  options.forward_fd = fds[1];
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_TRUE(process.ok());
+  ASSERT_TRUE((*process)->Wait(absl::Seconds(10)).ok());
+  process->reset();  // joins the reader, so everything is forwarded
+  close(fds[1]);
+  std::string text(256, '\0');
+  text.resize(read(fds[0], text.data(), text.size()));
+  close(fds[0]);
+  EXPECT_EQ(text, "[worker:1] one\n[worker:1] two\n");
+}
+
+TEST(SubprocessTest, WaitTimesOutOnARunningChild) {
+  auto process = Shell("sleep 30");
+  auto exit = process->Wait(absl::Milliseconds(50));
+  EXPECT_EQ(exit.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(process->Poll().has_value());
+}
+
+TEST(SubprocessTest, StopSendsTermThenKill) {
+  auto polite = Shell("sleep 30");
+  ExitInfo stopped = polite->Stop(absl::Seconds(5));
+  EXPECT_EQ(stopped.signal, SIGTERM);
+
+  // A child that ignores SIGTERM is killed after the grace period.
+  auto stubborn = Shell("trap '' TERM; echo ready; while true; do sleep 0.05; done");
+  while (polite->output().empty() && stubborn->output().find("ready") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Time start = absl::Now();
+  ExitInfo killed = stubborn->Stop(absl::Milliseconds(300));
+  EXPECT_EQ(killed.signal, SIGKILL);
+  EXPECT_EQ(killed.ToString(), "was killed by signal 9 (SIGKILL)");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+}
+
+TEST(SubprocessTest, MissingProgramIsAClearError) {
+  SubprocessOptions options;
+  options.argv = {"/nonexistent/stratum-worker"};
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_FALSE(process.ok());
+  EXPECT_EQ(process.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(process.status().message(),
+              HasSubstr("cannot run /nonexistent/stratum-worker: No such file or directory"));
+}
+
+TEST(SubprocessTest, DestructorKillsARunningChild) {
+  auto process = Shell("sleep 30");
+  const pid_t pid = process->pid();
+  process.reset();
+  EXPECT_EQ(kill(pid, 0), -1);  // reaped and gone
+}
+
+}  // namespace
+}  // namespace stratum
