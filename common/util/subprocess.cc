@@ -96,6 +96,9 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
     // Child: only async-signal-safe calls from here to exec.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);
+    // Its own process group, so that signals reach whatever it starts in turn, and a
+    // terminal's Ctrl-C reaches only the parent, which then stops children in order.
+    setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);  // The parent may block SIGTERM/SIGINT.
@@ -109,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
     _exit(127);
   }
   process->pid_ = pid;
+  setpgid(pid, pid);  // Also here, so the group exists before the first Signal().
   close(output_pipe[1]);
   close(exec_error_pipe[1]);
   int exec_errno = 0;
@@ -165,6 +169,10 @@ Subprocess::~Subprocess() {
     Signal(SIGKILL);
     (void)Wait(absl::InfiniteDuration());
   }
+  // Processes the child left behind in its group may still hold the output pipe open.
+  if (pid_ > 0 && !output_closed_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    kill(-pid_, SIGKILL);
+  }
   if (reader_.joinable()) reader_.join();
 }
 
@@ -203,7 +211,7 @@ absl::StatusOr<ExitInfo> Subprocess::Wait(absl::Duration timeout) {
 void Subprocess::Signal(int signal) {
   absl::MutexLock lock(&mutex_);
   // Never signal a reaped pid: the number may belong to another process by now.
-  if (pid_ > 0 && !exit_.has_value()) kill(pid_, signal);
+  if (pid_ > 0 && !exit_.has_value()) kill(-pid_, signal);
 }
 
 ExitInfo Subprocess::Stop(absl::Duration grace) {

@@ -3,7 +3,8 @@
 // stop it (TERM, then KILL after a grace period). The launcher and the LocalCluster test
 // fixture start every cluster task through it.
 //
-// The child gets SIGTERM if the thread that spawned it dies (PR_SET_PDEATHSIG), so a
+// The child leads its own process group and signals go to the whole group. It gets
+// SIGTERM if the thread that spawned it dies (PR_SET_PDEATHSIG), so a
 // killed launcher leaves nothing behind; spawn from a thread that lives as long as the
 // children (main). Methods are thread-safe; the destructor kills a child still running.
 #pragma once
@@ -61,7 +62,7 @@ class Subprocess {
   std::optional<ExitInfo> Poll();
   // Waits up to `timeout` for the child to end; DEADLINE_EXCEEDED if it is still running.
   absl::StatusOr<ExitInfo> Wait(absl::Duration timeout);
-  // Sends `signal` if the child is still running.
+  // Sends `signal` to the child's process group if the child is still running.
   void Signal(int signal);
   // SIGTERM, up to `grace` to exit, then SIGKILL; returns how it ended.
   ExitInfo Stop(absl::Duration grace);
