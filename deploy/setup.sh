@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs what Stratum needs from Debian 12's packages (only what is missing), then
+# configures and builds it with CMake and Ninja, Release, into build/.
+#
+#   deploy/setup.sh                  install + build
+#   deploy/setup.sh --no-install     build only
+#   BUILD_DIR=out deploy/setup.sh    build somewhere else
+#
+# CUDA and NCCL are used when found (/usr/local/cuda); set STRATUM_WITH_CUDA=OFF to skip
+# them, ON to require them. Runs apt-get as root, or through sudo.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BUILD_DIR:-$repo/build}"
+install=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-install) install=0 ;;
+    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev nlohmann-json3-dev libspdlog-dev libeigen3-dev zlib1g-dev libssl-dev
+  libgtest-dev libgmock-dev
+  dataset-fashion-mnist
+)
+
+if [ "$install" = 1 ]; then
+  missing=()
+  for package in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$package")
+    fi
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup.sh: installing ${missing[*]}"
+    sudo=""
+    if [ "$(id -u)" != 0 ]; then
+      command -v sudo >/dev/null || { echo "setup.sh: run as root or install sudo" >&2; exit 1; }
+      sudo="sudo"
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
+fi
+
+cmake_args=(-S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+[ -n "${STRATUM_WITH_CUDA:-}" ] && cmake_args+=("-DSTRATUM_WITH_CUDA=$STRATUM_WITH_CUDA")
+# CI builds with warnings as errors, so that none creeps in.
+[ "${CI:-}" = "true" ] && cmake_args+=(-DSTRATUM_WERROR=ON)
+cmake "${cmake_args[@]}" >/dev/null
+cmake --build "$build_dir"
+echo "setup.sh: built into $build_dir (binaries in $build_dir/bin)"
