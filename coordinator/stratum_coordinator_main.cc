@@ -40,8 +40,7 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
   spdlog::info("serving on {}; waiting up to {} for {} tasks to answer", context.listen_address,
-               absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)),
-               spec.AllTasks().size());
+               absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)), spec.AllTasks().size());
 
   ClusterWaitOptions wait;
   wait.timeout = absl::GetFlag(FLAGS_cluster_timeout);
@@ -69,7 +68,7 @@ int main(int argc, char** argv) {
       "Reads TF_CONFIG (task type \"chief\"), waits until every task answers its health "
       "check (--cluster_timeout), prints the cluster and exits.\nExit codes: 0 success, 1 "
       "failure (e.g. tasks that never answered), 2 configuration or usage error.");
-  const stratum::TaskContext context =
-      stratum::ResolveTaskOrExit({.binary = "stratum-coordinator", .task_types = {stratum::kChief}});
+  const stratum::TaskContext context = stratum::ResolveTaskOrExit(
+      {.binary = "stratum-coordinator", .task_types = {stratum::kChief}});
   return stratum::Run(context, shutdown);
 }

@@ -23,9 +23,9 @@ absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& error) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_CONFIG is not valid JSON (error at byte ", error.byte,
-        "): set it to a JSON object such as ", kExample));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG is not valid JSON (error at byte ", error.byte,
+                     "): set it to a JSON object such as ", kExample));
   }
 }
 
@@ -37,32 +37,31 @@ struct ParsedTask {
 absl::StatusOr<ParsedTask> ParseTask(const nlohmann::json& task) {
   ParsedTask parsed;
   if (!task.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TF_CONFIG task is ", Shorten(task),
-        ", not an object: write it as {\"type\": \"worker\", \"index\": 0}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG task is ", Shorten(task),
+                     ", not an object: write it as {\"type\": \"worker\", \"index\": 0}"));
   }
   for (const auto& [key, value] : task.items()) {
     if (key == "type") {
       if (!value.is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_CONFIG task.type is ", Shorten(value),
-            ", not a string: use \"chief\", \"worker\", \"ps\" or \"evaluator\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("TF_CONFIG task.type is ", Shorten(value),
+                         ", not a string: use \"chief\", \"worker\", \"ps\" or \"evaluator\""));
       }
       parsed.type = value.get<std::string>();
     } else if (key == "index") {
       // Some tools write the index as a string ("1"); TensorFlow accepts only integers.
       if (!value.is_number_integer() || value.get<long long>() < 0 ||
           value.get<long long>() > 1'000'000) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TF_CONFIG task.index is ", Shorten(value),
-            ", not a task index: use a non-negative integer such as 0"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("TF_CONFIG task.index is ", Shorten(value),
+                         ", not a task index: use a non-negative integer such as 0"));
       }
       parsed.index = value.get<int>();
     } else if (key != "trial" && key != "cloud") {
       // "trial" and "cloud" are written by some cloud schedulers and carry nothing for us.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TF_CONFIG task has unknown key \"", key,
-          "\": a task has only \"type\" and \"index\""));
+      return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task has unknown key \"", key,
+                                                     "\": a task has only \"type\" and \"index\""));
     }
   }
   return parsed;
@@ -88,9 +87,9 @@ absl::Status ValidateRpcLayer(absl::string_view rpc_layer, absl::string_view sou
   if (rpc_layer.empty() || rpc_layer == "grpc" || rpc_layer == "grpc+tls") {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      source, " rpc_layer \"", rpc_layer,
-      "\" is not supported: use \"grpc\" (plaintext) or \"grpc+tls\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, " rpc_layer \"", rpc_layer,
+                   "\" is not supported: use \"grpc\" (plaintext) or \"grpc+tls\""));
 }
 
 absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
@@ -112,12 +111,11 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
         STRATUM_ASSIGN_OR_RETURN(task, ParseTask(value));
       } else if (key == "rpc_layer" || key == "environment") {
         if (!value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG ", key, " is ",
-                                                         Shorten(value),
-                                                         ", not a string: write it as "
-                                                         "\"grpc\"",
-                                                         key == "environment" ? " or \"cloud\""
-                                                                              : ""));
+          return absl::InvalidArgumentError(
+              absl::StrCat("TF_CONFIG ", key, " is ", Shorten(value),
+                           ", not a string: write it as "
+                           "\"grpc\"",
+                           key == "environment" ? " or \"cloud\"" : ""));
         }
         (key == "rpc_layer" ? resolver.rpc_layer_ : resolver.environment_) =
             value.get<std::string>();
@@ -128,8 +126,8 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
       }
     }
     if (!config.contains("cluster")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TF_CONFIG has no \"cluster\": add one, as in ", kExample));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TF_CONFIG has no \"cluster\": add one, as in ", kExample));
     }
   }
   if (overrides.task_type) task.type = overrides.task_type;
@@ -169,11 +167,11 @@ absl::StatusOr<SimpleClusterResolver> SimpleClusterResolver::Create(ClusterSpec 
   return resolver;
 }
 
-std::string MakeTfConfig(const ClusterSpec& spec, const TaskKey& task, absl::string_view rpc_layer) {
+std::string MakeTfConfig(const ClusterSpec& spec, const TaskKey& task,
+                         absl::string_view rpc_layer) {
   // Ordered, so that the text reads as people write TF_CONFIG.
-  nlohmann::ordered_json config = {
-      {"cluster", nlohmann::ordered_json::parse(spec.ToJson().dump())},
-      {"task", {{"type", task.type}, {"index", task.index}}}};
+  nlohmann::ordered_json config = {{"cluster", nlohmann::ordered_json::parse(spec.ToJson().dump())},
+                                   {"task", {{"type", task.type}, {"index", task.index}}}};
   if (!rpc_layer.empty()) config["rpc_layer"] = rpc_layer;
   return config.dump();
 }

@@ -4,8 +4,8 @@
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 namespace stratum {
 namespace {
@@ -44,9 +44,9 @@ absl::StatusOr<int> ParseSparseIndex(absl::string_view key) {
 absl::Status AddressField(absl::string_view source, absl::string_view type, absl::string_view slot,
                           const nlohmann::json& value, ClusterSpec::Job& job, int index) {
   if (!value.is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, " cluster.", type, slot, " is ", JsonForMessage(value),
-        ", which is not an address: write it as a \"host:port\" string"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " cluster.", type, slot, " is ", JsonForMessage(value),
+                     ", which is not an address: write it as a \"host:port\" string"));
   }
   job[index] = value.get<std::string>();
   return absl::OkStatus();
@@ -101,7 +101,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const nlohmann::json& cluster,
     if (tasks.is_array()) {
       for (size_t i = 0; i < tasks.size(); ++i) {
         const int index = static_cast<int>(i);
-        if (auto status = AddressField(source, type, absl::StrCat("[", i, "]"), tasks[i], job, index);
+        if (auto status =
+                AddressField(source, type, absl::StrCat("[", i, "]"), tasks[i], job, index);
             !status.ok()) {
           return status;
         }
@@ -202,9 +203,10 @@ nlohmann::json ClusterSpec::ToJson() const {
 
 absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view source) {
   if (spec.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, " cluster is empty: list the tasks, for example \"cluster\": {\"worker\": "
-                "[\"host1:2222\", \"host2:2222\"], \"ps\": [\"host3:2222\"]}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     " cluster is empty: list the tasks, for example \"cluster\": {\"worker\": "
+                     "[\"host1:2222\", \"host2:2222\"], \"ps\": [\"host3:2222\"]}"));
   }
   std::map<std::string, std::string> owner_of_address;
   for (const std::string& type : spec.job_names()) {
@@ -215,28 +217,29 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view sour
     }
     const int count = spec.num_tasks(type);
     if (count == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, " cluster.", type, " is empty: list at least one \"host:port\" or remove the "
-                  "job"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, " cluster.", type,
+                       " is empty: list at least one \"host:port\" or remove the "
+                       "job"));
     }
     if ((type == kChief || type == kEvaluator) && count > 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source, " cluster.", type, " has ", count, " tasks, but a cluster has at most one ",
-          type, ": keep one", type == kChief ? " and list the others under \"worker\"" : ""));
+          source, " cluster.", type, " has ", count, " tasks, but a cluster has at most one ", type,
+          ": keep one", type == kChief ? " and list the others under \"worker\"" : ""));
     }
     for (const auto& [index, address] : spec.jobs().find(type)->second) {
       if (auto status = ValidateAddress(address); !status.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, " cluster address \"", address, "\" of ", type, ":", index,
-            " is not valid because ", status.message(),
-            ": write it as host:port, for example \"localhost:2222\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " cluster address \"", address, "\" of ", type, ":", index,
+                         " is not valid because ", status.message(),
+                         ": write it as host:port, for example \"localhost:2222\""));
       }
       const std::string task = absl::StrCat(type, ":", index);
       auto [it, inserted] = owner_of_address.emplace(address, task);
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, " cluster address \"", address, "\" is given to both ", it->second, " and ",
-            task, ": give every task its own host:port"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " cluster address \"", address, "\" is given to both ", it->second,
+                         " and ", task, ": give every task its own host:port"));
       }
     }
   }
@@ -246,21 +249,20 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view sour
 absl::Status ValidateTask(const ClusterSpec& spec, absl::string_view type, int index,
                           absl::string_view source) {
   if (!IsValidTaskType(type)) {
-    return absl::InvalidArgumentError(absl::StrCat(source, " task.type \"", type,
-                                                   "\" is not a task type: use ",
-                                                   TaskTypeList()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " task.type \"", type, "\" is not a task type: use ", TaskTypeList()));
   }
   if (index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, " task.index ", index, " is negative: task indices count from 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " task.index ", index, " is negative: task indices count from 0"));
   }
   if (!spec.HasJob(type)) {
     // TensorFlow lets an evaluator stay outside the cluster it evaluates.
     if (type == kEvaluator) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
-        source, " task.type \"", type, "\" is not a job of the cluster (jobs: ",
-        absl::StrJoin(spec.job_names(), ", "), "): add a \"", type,
-        "\" job to cluster or fix task.type"));
+        source, " task.type \"", type,
+        "\" is not a job of the cluster (jobs: ", absl::StrJoin(spec.job_names(), ", "),
+        "): add a \"", type, "\" job to cluster or fix task.type"));
   }
   if (!spec.HasTask(type, index)) {
     const int count = spec.num_tasks(type);
@@ -286,16 +288,16 @@ absl::StatusOr<int> IdInCluster(const ClusterSpec& spec, absl::string_view type,
   if (type == kChief) return 0;
   if (type == kWorker) return index + (spec.HasJob(kChief) ? 1 : 0);
   if (type == kEvaluator) return index;
-  return absl::InvalidArgumentError(
-      absl::StrCat("a task of type \"", type, "\" has no id in the cluster: only chief, "
-                   "worker and evaluator tasks do"));
+  return absl::InvalidArgumentError(absl::StrCat("a task of type \"", type,
+                                                 "\" has no id in the cluster: only chief, "
+                                                 "worker and evaluator tasks do"));
 }
 
 absl::StatusOr<int> WorkerCount(const ClusterSpec& spec, absl::string_view type) {
   if (type == kEvaluator) return spec.num_tasks(kEvaluator);
   if (type == kChief || type == kWorker) return spec.num_tasks(kChief) + spec.num_tasks(kWorker);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "worker count asked for task type \"", type, "\": ask for chief, worker or evaluator"));
+  return absl::InvalidArgumentError(absl::StrCat("worker count asked for task type \"", type,
+                                                 "\": ask for chief, worker or evaluator"));
 }
 
 }  // namespace stratum

@@ -38,8 +38,8 @@ bool CanBind(const in_addr& address, int port) {
 absl::StatusOr<int> PickFreePort(const std::string& host) {
   in_addr address;
   if (inet_pton(AF_INET, host.c_str(), &address) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot pick a port on \"", host, "\": give an IPv4 address such as 127.0.0.1"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot pick a port on \"", host,
+                                                   "\": give an IPv4 address such as 127.0.0.1"));
   }
   std::random_device seed;
   std::mt19937 engine(seed());

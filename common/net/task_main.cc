@@ -72,15 +72,16 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   const std::string& type = resolver->task_type();
   if (std::find(options.task_types.begin(), options.task_types.end(), type) ==
       options.task_types.end()) {
-    ExitWithUsageError(options.binary,
-                       absl::StrCat("TF_CONFIG task.type \"", type, "\" is not a task ",
-                                    options.binary, " runs: it runs ",
-                                    absl::StrJoin(options.task_types, " or "),
-                                    " (chief: stratum-coordinator, worker and evaluator: "
-                                    "stratum-worker, ps: stratum-ps)"));
+    ExitWithUsageError(
+        options.binary,
+        absl::StrCat("TF_CONFIG task.type \"", type, "\" is not a task ", options.binary,
+                     " runs: it runs ", absl::StrJoin(options.task_types, " or "),
+                     " (chief: stratum-coordinator, worker and evaluator: "
+                     "stratum-worker, ps: stratum-ps)"));
   }
 
-  TaskContext context{options.binary, *std::move(resolver), {}, "", absl::GetFlag(FLAGS_shutdown_grace)};
+  TaskContext context{
+      options.binary, *std::move(resolver), {}, "", absl::GetFlag(FLAGS_shutdown_grace)};
   context.task = context.resolver.task();
   context.listen_address = absl::GetFlag(FLAGS_listen_address);
   if (context.listen_address.empty()) {

@@ -1,11 +1,11 @@
 #include "stratum/util/flags.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "absl/flags/parse.h"
@@ -27,8 +27,8 @@ void ExitWithUsageCode() {
 }
 
 bool IsHelpFlag(const char* arg) {
-  for (const char* help : {"--help", "-help", "--helpfull", "--helpshort", "--helppackage",
-                           "--version", "-h"}) {
+  for (const char* help :
+       {"--help", "-help", "--helpfull", "--helpshort", "--helppackage", "--version", "-h"}) {
     if (std::strcmp(arg, help) == 0) return true;
   }
   return false;

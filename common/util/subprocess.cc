@@ -125,8 +125,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
     close(output_pipe[0]);
     waitpid(pid, nullptr, 0);
     process->pid_ = -1;
-    return absl::NotFoundError(absl::StrCat("cannot run ", opts.argv[0], ": ",
-                                            strerror(exec_errno),
+    return absl::NotFoundError(absl::StrCat("cannot run ", opts.argv[0], ": ", strerror(exec_errno),
                                             "; build it (deploy/setup.sh) or fix the path"));
   }
   const int read_fd = output_pipe[0];
@@ -199,9 +198,9 @@ absl::StatusOr<ExitInfo> Subprocess::Wait(absl::Duration timeout) {
       return *info;
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          options_.argv[0], " (pid ", pid_, ") still running after ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(options_.argv[0], " (pid ", pid_,
+                                                      ") still running after ",
+                                                      absl::FormatDuration(timeout)));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(20));

@@ -36,18 +36,17 @@ std::string BinaryFor(const std::string& task_type) {
 
 absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   if (options.num_workers < 0 || options.num_ps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--workers ", options.num_workers, " and --ps ", options.num_ps,
-        " must not be negative"));
+    return absl::InvalidArgumentError(absl::StrCat("--workers ", options.num_workers, " and --ps ",
+                                                   options.num_ps, " must not be negative"));
   }
   if (options.num_workers == 0 && !options.chief) {
     return absl::InvalidArgumentError(
         "a cluster needs a chief or at least one worker: pass --workers 1 (or more) or --chief");
   }
   if (options.num_ps > 0 && options.num_workers == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ps ", options.num_ps,
-        " with --workers 0: a parameter-server cluster needs at least one worker"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ps ", options.num_ps,
+                     " with --workers 0: a parameter-server cluster needs at least one worker"));
   }
   LaunchPlan plan;
   std::vector<TaskKey> order;
@@ -84,8 +83,8 @@ std::string FormatDryRun(const LaunchPlan& plan) {
   for (const PlannedTask& task : plan.tasks) {
     std::vector<std::string> words;
     for (const std::string& arg : task.argv) words.push_back(ShellQuote(arg));
-    absl::StrAppend(&text, "# ", task.task.ToString(), " on ", task.address, "\n", "TF_CONFIG=",
-                    ShellQuote(task.tf_config), " ", absl::StrJoin(words, " "), "\n");
+    absl::StrAppend(&text, "# ", task.task.ToString(), " on ", task.address, "\n",
+                    "TF_CONFIG=", ShellQuote(task.tf_config), " ", absl::StrJoin(words, " "), "\n");
   }
   return text;
 }

@@ -55,12 +55,12 @@ LaunchOptions OptionsFromFlags() {
   options.chief = absl::GetFlag(FLAGS_chief);
   options.evaluator = absl::GetFlag(FLAGS_evaluator);
   options.host = absl::GetFlag(FLAGS_host);
-  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
+  options.bin_dir =
+      absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
   options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
-  options.args_by_type = {
-      {kChief,
-       {absl::StrCat("--cluster_timeout=",
-                     absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)))}}};
+  options.args_by_type = {{kChief,
+                           {absl::StrCat("--cluster_timeout=", absl::FormatDuration(absl::GetFlag(
+                                                                   FLAGS_cluster_timeout)))}}};
   return options;
 }
 
@@ -118,8 +118,7 @@ int main(int argc, char** argv) {
       "  stratum-launch --chief --workers 2 --ps 2 [--evaluator] [--dry-run]\n"
       "Each task gets a free port on --host and its own TF_CONFIG. Exit code: the chief's "
       "(worker:0's without a chief); 2 for a usage error.");
-  absl::StatusOr<stratum::LaunchPlan> plan =
-      stratum::PlanLocalCluster(stratum::OptionsFromFlags());
+  absl::StatusOr<stratum::LaunchPlan> plan = stratum::PlanLocalCluster(stratum::OptionsFromFlags());
   if (!plan.ok()) {
     std::fprintf(stderr, "stratum-launch: %s\n", std::string(plan.status().message()).c_str());
     return stratum::ExitCodeFor(plan.status());

@@ -174,14 +174,16 @@ TEST(TFConfigValidationTest, UnknownTaskKey) {
 }
 
 TEST(TFConfigValidationTest, TwoChiefs) {
-  EXPECT_THAT(ErrorOf(R"({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}})"),
-              StartsWith("TF_CONFIG cluster.chief has 2 tasks, but a cluster has at most one "
-                         "chief"));
+  EXPECT_THAT(
+      ErrorOf(R"({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}})"),
+      StartsWith("TF_CONFIG cluster.chief has 2 tasks, but a cluster has at most one "
+                 "chief"));
 }
 
 TEST(TFConfigValidationTest, BadAddress) {
-  EXPECT_THAT(ErrorOf(R"({"cluster": {"worker": ["w:99999"]}, "task": {"type": "worker", "index": 0}})"),
-              StartsWith("TF_CONFIG cluster address \"w:99999\" of worker:0 is not valid"));
+  EXPECT_THAT(
+      ErrorOf(R"({"cluster": {"worker": ["w:99999"]}, "task": {"type": "worker", "index": 0}})"),
+      StartsWith("TF_CONFIG cluster address \"w:99999\" of worker:0 is not valid"));
 }
 
 TEST(TFConfigValidationTest, RpcLayer) {

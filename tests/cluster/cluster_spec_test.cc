@@ -27,9 +27,8 @@ TEST(ClusterSpecTest, ParsesDenseForm) {
   EXPECT_EQ(*spec->TaskAddress("worker", 1), "w1:2");
   EXPECT_EQ(*spec->TaskAddress("ps", 0), "p0:3");
   EXPECT_THAT(spec->job_names(), ElementsAre("chief", "worker", "ps"));
-  EXPECT_THAT(spec->AllTasks(),
-              ElementsAre(TaskKey{"chief", 0}, TaskKey{"worker", 0}, TaskKey{"worker", 1},
-                          TaskKey{"ps", 0}));
+  EXPECT_THAT(spec->AllTasks(), ElementsAre(TaskKey{"chief", 0}, TaskKey{"worker", 0},
+                                            TaskKey{"worker", 1}, TaskKey{"ps", 0}));
 }
 
 TEST(ClusterSpecTest, ParsesSparseFormThatKubeflowWrites) {

@@ -59,8 +59,10 @@ TEST(LaunchPlanTest, AddsArgumentsByType) {
 TEST(LaunchPlanTest, RefusesCountsThatMakeNoCluster) {
   EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 0, .num_ps = 0}).status().message()),
               HasSubstr("a cluster needs a chief or at least one worker"));
-  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 0, .num_ps = 1, .chief = true}).status().message()),
-              HasSubstr("a parameter-server cluster needs at least one worker"));
+  EXPECT_THAT(
+      std::string(
+          PlanLocalCluster({.num_workers = 0, .num_ps = 1, .chief = true}).status().message()),
+      HasSubstr("a parameter-server cluster needs at least one worker"));
   EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = -1}).status().message()),
               HasSubstr("must not be negative"));
 }

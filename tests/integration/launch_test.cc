@@ -177,7 +177,8 @@ TEST_F(LaunchExitCodeTest, ExitCodeIsTheChiefsAndTheRestAreStopped) {
 }
 
 TEST_F(LaunchExitCodeTest, WithoutAChiefTheExitCodeIsWorkerZeros) {
-  WriteScript("stratum-worker", "case \"$TF_CONFIG\" in *'\"index\":0}'*) exit 3;; esac; exec sleep 60");
+  WriteScript("stratum-worker",
+              "case \"$TF_CONFIG\" in *'\"index\":0}'*) exit 3;; esac; exec sleep 60");
   WriteScript("stratum-ps", "exec sleep 60");
   auto launcher = Launch({"--workers=2", "--ps=1", "--bin_dir=" + dir_});
   auto exit = launcher->Wait(absl::Seconds(20));

@@ -15,8 +15,8 @@ namespace stratum {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::LocalCluster;
+using ::testing::StartsWith;
 
 struct BinaryRun {
   ExitInfo exit;
@@ -25,7 +25,7 @@ struct BinaryRun {
 };
 
 BinaryRun RunBinary(const std::string& binary, std::vector<std::string> args,
-              std::vector<std::pair<std::string, std::string>> env) {
+                    std::vector<std::pair<std::string, std::string>> env) {
   SubprocessOptions options;
   options.argv = {std::string(STRATUM_BIN_DIR) + "/" + binary};
   for (std::string& arg : args) options.argv.push_back(std::move(arg));
@@ -51,7 +51,8 @@ struct BrokenConfig {
 void PrintTo(const BrokenConfig& config, std::ostream* out) { *out << config.name; }
 
 std::vector<BrokenConfig> BrokenConfigs() {
-  const std::string cluster = R"("cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]})";
+  const std::string cluster =
+      R"("cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]})";
   return {
       {"NotJson", "{\"cluster\": ", "TF_CONFIG is not valid JSON (error at byte 13)"},
       {"UnknownTaskType", "{" + cluster + R"(, "task": {"type": "master", "index": 0}})",
@@ -72,8 +73,8 @@ std::vector<BrokenConfig> BrokenConfigs() {
   };
 }
 
-class BrokenTfConfigTest
-    : public ::testing::TestWithParam<std::tuple<BrokenConfig, std::string>> {};
+class BrokenTfConfigTest : public ::testing::TestWithParam<std::tuple<BrokenConfig, std::string>> {
+};
 
 TEST_P(BrokenTfConfigTest, ExitsTwoWithOneSentence) {
   const auto& [config, binary] = GetParam();
@@ -86,15 +87,16 @@ TEST_P(BrokenTfConfigTest, ExitsTwoWithOneSentence) {
   EXPECT_LT(run.took, absl::Seconds(5));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllBinaries, BrokenTfConfigTest,
-    ::testing::Combine(::testing::ValuesIn(BrokenConfigs()),
-                       ::testing::Values("stratum-coordinator", "stratum-worker", "stratum-ps")),
-    [](const auto& info) {
-      std::string binary = std::get<1>(info.param);
-      binary.erase(std::remove(binary.begin(), binary.end(), '-'), binary.end());
-      return std::get<0>(info.param).name + "_" + binary;
-    });
+INSTANTIATE_TEST_SUITE_P(AllBinaries, BrokenTfConfigTest,
+                         ::testing::Combine(::testing::ValuesIn(BrokenConfigs()),
+                                            ::testing::Values("stratum-coordinator",
+                                                              "stratum-worker", "stratum-ps")),
+                         [](const auto& info) {
+                           std::string binary = std::get<1>(info.param);
+                           binary.erase(std::remove(binary.begin(), binary.end(), '-'),
+                                        binary.end());
+                           return std::get<0>(info.param).name + "_" + binary;
+                         });
 
 TEST(RoleBinariesTest, MissingTfConfigIsAUsageError) {
   BinaryRun run = RunBinary("stratum-worker", {}, {{"TF_CONFIG", ""}});
@@ -105,15 +107,18 @@ TEST(RoleBinariesTest, MissingTfConfigIsAUsageError) {
 TEST(RoleBinariesTest, WrongRoleForTheBinaryIsAUsageError) {
   BinaryRun run = RunBinary(
       "stratum-ps", {},
-      {{"TF_CONFIG", R"({"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"}});
+      {{"TF_CONFIG",
+        R"({"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"}});
   EXPECT_EQ(run.exit.exit_code, 2);
-  EXPECT_THAT(run.output, HasSubstr("TF_CONFIG task.type \"worker\" is not a task stratum-ps runs"));
+  EXPECT_THAT(run.output,
+              HasSubstr("TF_CONFIG task.type \"worker\" is not a task stratum-ps runs"));
 }
 
 TEST(RoleBinariesTest, CoordinatorNeedsPsAndWorkers) {
   BinaryRun run = RunBinary(
       "stratum-coordinator", {},
-      {{"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})"}});
+      {{"TF_CONFIG",
+        R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})"}});
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("TF_CONFIG cluster has no \"ps\" job, but a parameter-server "
                                     "cluster needs at least one ps and one worker"));
@@ -134,9 +139,9 @@ TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   ASSERT_TRUE(port.ok());
   const std::string address = "127.0.0.1:" + std::to_string(*port);
   // TF_CONFIG says worker:0, the flag says worker:5, which does not exist.
-  BinaryRun run = RunBinary(
-      "stratum-worker", {"--task_index=5"},
-      {{"TF_CONFIG", R"({"cluster": {"worker": [")" + address + R"("]}, "task": {"type": "worker", "index": 0}})"}});
+  BinaryRun run = RunBinary("stratum-worker", {"--task_index=5"},
+                            {{"TF_CONFIG", R"({"cluster": {"worker": [")" + address +
+                                               R"("]}, "task": {"type": "worker", "index": 0}})"}});
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("task.index 5 is out of range"));
 }
@@ -146,8 +151,8 @@ TEST(RoleBinariesTest, PortInUseExitsOneNamingTheAddress) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string taken = (*cluster)->Address({"worker", 0});
   BinaryRun run = RunBinary("stratum-ps", {},
-                      {{"TF_CONFIG", R"({"cluster": {"ps": [")" + taken +
-                                         R"("]}, "task": {"type": "ps", "index": 0}})"}});
+                            {{"TF_CONFIG", R"({"cluster": {"ps": [")" + taken +
+                                               R"("]}, "task": {"type": "ps", "index": 0}})"}});
   EXPECT_EQ(run.exit.exit_code, 1);
   EXPECT_THAT(run.output, HasSubstr("ps:0 cannot listen on " + taken));
 }

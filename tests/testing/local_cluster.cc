@@ -57,8 +57,7 @@ absl::Status LocalCluster::StartTask(const PlannedTask& task) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks,
-                                        absl::Duration timeout) {
+absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks, absl::Duration timeout) {
   ClusterSpec running;
   for (const TaskKey& task : tasks) running.SetTask(task.type, task.index, Address(task));
   if (running.empty()) return absl::OkStatus();

@@ -20,9 +20,10 @@
 namespace stratum {
 
 struct TaskMainOptions {
-  std::string binary;                     // "stratum-worker"
-  std::vector<std::string> task_types;    // types this binary may run as
-  std::optional<std::string> forced_type = std::nullopt;  // e.g. "evaluator" for stratum-worker --evaluator
+  std::string binary;                   // "stratum-worker"
+  std::vector<std::string> task_types;  // types this binary may run as
+  std::optional<std::string> forced_type =
+      std::nullopt;  // e.g. "evaluator" for stratum-worker --evaluator
 };
 
 struct TaskContext {

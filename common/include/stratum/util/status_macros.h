@@ -9,10 +9,10 @@
 #define STRATUM_STATUS_CONCAT_(a, b) STRATUM_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status) and returns it from the calling function if not OK.
-#define STRATUM_RETURN_IF_ERROR(expr)                          \
-  do {                                                         \
-    ::absl::Status stratum_status_ = (expr);                   \
-    if (!stratum_status_.ok()) return stratum_status_;         \
+#define STRATUM_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status stratum_status_ = (expr);           \
+    if (!stratum_status_.ok()) return stratum_status_; \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); returns its status if not OK, else moves the
