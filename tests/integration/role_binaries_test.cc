@@ -157,18 +157,40 @@ TEST(RoleBinariesTest, PortInUseExitsOneNamingTheAddress) {
   EXPECT_THAT(run.output, HasSubstr("ps:0 cannot listen on " + taken));
 }
 
-TEST(RoleBinariesTest, SigtermStopsEveryServerWithinFiveSeconds) {
+TEST(RoleBinariesTest, SigtermAndSigintStopEveryServerWithinFiveSeconds) {
   auto cluster = LocalCluster::Start({.num_workers = 1, .num_ps = 1, .evaluator = true});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  for (const TaskKey& task : {TaskKey{"worker", 0}, TaskKey{"ps", 0}, TaskKey{"evaluator", 0}}) {
+  const std::vector<std::pair<TaskKey, int>> stops = {
+      {{"worker", 0}, SIGTERM}, {{"ps", 0}, SIGINT}, {{"evaluator", 0}, SIGTERM}};
+  for (const auto& [task, signal] : stops) {
     const absl::Time start = absl::Now();
-    ASSERT_TRUE((*cluster)->Signal(task, SIGTERM).ok());
+    ASSERT_TRUE((*cluster)->Signal(task, signal).ok());
     auto exit = (*cluster)->WaitForExit(task, absl::Seconds(5));
     ASSERT_TRUE(exit.ok()) << task.ToString() << ": " << exit.status();
     EXPECT_TRUE(exit->success()) << task.ToString() << " " << exit->ToString();
     EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-    EXPECT_THAT((*cluster)->Output(task), HasSubstr("signal 15 received: shutting down"));
+    EXPECT_THAT((*cluster)->Output(task),
+                HasSubstr("signal " + std::to_string(signal) + " received: shutting down"));
+    EXPECT_THAT((*cluster)->Output(task), HasSubstr("stopped"));
   }
+}
+
+TEST(RoleBinariesTest, SigtermStopsACoordinatorThatIsStillWaiting) {
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .chief = true,
+                                      .not_started = {{"ps", 0}},
+                                      .args_by_type = {{"chief", {"--cluster_timeout=10m"}}}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::SleepFor(absl::Milliseconds(500));  // let it start waiting
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("stopped while waiting for the cluster to become healthy"));
 }
 
 TEST(RoleBinariesTest, LogLinesCarryTheTask) {
