@@ -1,0 +1,154 @@
+#include "stratum/tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stratum {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+std::shared_ptr<void> AllocateAligned(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  void* memory = std::aligned_alloc(kAlignment, rounded);
+  if (memory == nullptr) throw std::bad_alloc();
+  std::memset(memory, 0, rounded);
+  return std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+}
+
+}  // namespace
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kUInt8:
+      return "uint8";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
+  for (DType dtype : {DType::kFloat32, DType::kInt32, DType::kInt64, DType::kUInt8}) {
+    if (name == DTypeName(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype \"", name, "\" is not supported: use float32, int32, int64 or uint8"));
+}
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kUInt8:
+      return 1;
+  }
+  return 0;
+}
+
+int64_t Shape::num_elements() const {
+  int64_t count = 1;
+  for (int64_t dim : dims_) count *= dim;
+  return count;
+}
+
+Shape Shape::WithFirstDim(int64_t first) const {
+  std::vector<int64_t> dims = dims_;
+  if (dims.empty()) return Shape({first});
+  dims[0] = first;
+  return Shape(std::move(dims));
+}
+
+std::string Shape::ToString() const { return absl::StrCat("[", absl::StrJoin(dims_, ", "), "]"); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  buffer_ = AllocateAligned(byte_size());
+  raw_ = buffer_.get();
+}
+
+Tensor Tensor::Scalar(float value) {
+  Tensor tensor(DType::kFloat32, Shape());
+  *tensor.data<float>() = value;
+  return tensor;
+}
+
+int64_t Tensor::row_size() const {
+  if (shape_.rank() == 0) return 1;
+  return shape_.dim(0) == 0 ? 0 : num_elements() / shape_.dim(0);
+}
+
+MatrixMap Tensor::Matrix() { return MatrixMap(data<float>(), rows(), row_size()); }
+
+ConstMatrixMap Tensor::Matrix() const { return ConstMatrixMap(data<float>(), rows(), row_size()); }
+
+absl::StatusOr<Tensor> Tensor::Reshape(Shape shape) const {
+  if (shape.num_elements() != num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", DebugString(), " to ",
+                                                   shape.ToString(), ": element counts differ"));
+  }
+  Tensor reshaped = *this;
+  reshaped.shape_ = std::move(shape);
+  return reshaped;
+}
+
+Tensor Tensor::SliceRows(int64_t begin, int64_t end) const {
+  Tensor slice = *this;
+  slice.shape_ = shape_.WithFirstDim(end - begin);
+  slice.raw_ =
+      static_cast<char*>(raw_) + static_cast<size_t>(begin * row_size()) * DTypeSize(dtype_);
+  return slice;
+}
+
+Tensor Tensor::Clone() const {
+  Tensor copy(dtype_, shape_);
+  if (byte_size() > 0) std::memcpy(copy.raw_, raw_, byte_size());
+  return copy;
+}
+
+void Tensor::CopyFrom(const Tensor& other) {
+  if (byte_size() > 0) std::memcpy(raw_, other.raw_, std::min(byte_size(), other.byte_size()));
+}
+
+void Tensor::SetZero() {
+  if (byte_size() > 0) std::memset(raw_, 0, byte_size());
+}
+
+bool Tensor::BitwiseEqual(const Tensor& other) const {
+  return dtype_ == other.dtype_ && shape_ == other.shape_ &&
+         (byte_size() == 0 || std::memcmp(raw_, other.raw_, byte_size()) == 0);
+}
+
+std::string Tensor::DebugString() const {
+  return absl::StrCat(DTypeName(dtype_), shape_.ToString());
+}
+
+absl::StatusOr<Tensor> ConcatRows(const std::vector<Tensor>& parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("nothing to concatenate");
+  int64_t rows = 0;
+  for (const Tensor& part : parts) {
+    if (part.dtype() != parts[0].dtype() || part.row_size() != parts[0].row_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot concatenate ", part.DebugString(), " to ", parts[0].DebugString()));
+    }
+    rows += part.rows();
+  }
+  Tensor result(parts[0].dtype(), parts[0].shape().WithFirstDim(rows));
+  char* out = static_cast<char*>(result.raw_data());
+  for (const Tensor& part : parts) {
+    std::memcpy(out, part.raw_data(), part.byte_size());
+    out += part.byte_size();
+  }
+  return result;
+}
+
+}  // namespace stratum

@@ -1,0 +1,64 @@
+#include "stratum/tensor/tensor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+TEST(TensorTest, ZeroFilledAlignedAndShaped) {
+  Tensor t(DType::kFloat32, {3, 4});
+  EXPECT_EQ(t.num_elements(), 12);
+  EXPECT_EQ(t.byte_size(), 48u);
+  EXPECT_EQ(t.rows(), 3);
+  EXPECT_EQ(t.row_size(), 4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % 64, 0u);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(t.data<float>()[i], 0.0f);
+  EXPECT_EQ(t.DebugString(), "float32[3, 4]");
+}
+
+TEST(TensorTest, CopiesShareAndCloneDoesNot) {
+  Tensor a = Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4});
+  Tensor shared = a;
+  Tensor clone = a.Clone();
+  a.data<float>()[0] = 9;
+  EXPECT_EQ(shared.data<float>()[0], 9);
+  EXPECT_EQ(clone.data<float>()[0], 1);
+}
+
+TEST(TensorTest, SliceRowsAndReshapeShareTheBuffer) {
+  Tensor a = Tensor::FromVector<int32_t>({3, 2}, {1, 2, 3, 4, 5, 6});
+  Tensor middle = a.SliceRows(1, 3);
+  EXPECT_EQ(middle.shape(), Shape({2, 2}));
+  EXPECT_EQ(middle.data<int32_t>()[0], 3);
+  auto flat = a.Reshape({6});
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->data<int32_t>()[5], 6);
+  EXPECT_FALSE(a.Reshape({4}).ok());
+}
+
+TEST(TensorTest, MatrixViewMapsRowMajor) {
+  Tensor a = Tensor::FromVector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(a.Matrix()(1, 0), 4);
+  a.Matrix()(0, 2) = 7;
+  EXPECT_EQ(a.data<float>()[2], 7);
+}
+
+TEST(TensorTest, ConcatRowsAndEquality) {
+  Tensor a = Tensor::FromVector<uint8_t>({1, 2}, {1, 2});
+  Tensor b = Tensor::FromVector<uint8_t>({2, 2}, {3, 4, 5, 6});
+  auto c = ConcatRows({a, b});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->BitwiseEqual(Tensor::FromVector<uint8_t>({3, 2}, {1, 2, 3, 4, 5, 6})));
+  EXPECT_FALSE(ConcatRows({a, Tensor(DType::kFloat32, {1, 2})}).ok());
+}
+
+TEST(TensorTest, DTypeNames) {
+  EXPECT_EQ(*DTypeFromName("int64"), DType::kInt64);
+  EXPECT_EQ(DTypeSize(DType::kUInt8), 1u);
+  EXPECT_THAT(std::string(DTypeFromName("float16").status().message()),
+              ::testing::HasSubstr("dtype \"float16\" is not supported"));
+}
+
+}  // namespace
+}  // namespace stratum
