@@ -1,0 +1,165 @@
+#include "stratum/strategy/strategy.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "common/strategy/replica_pool.h"
+#include "stratum/util/devices.h"
+
+namespace stratum {
+namespace {
+
+thread_local std::vector<Strategy*> scope_stack;
+
+}  // namespace
+
+int ReplicaContext::num_replicas_in_sync() const { return strategy_.NumReplicasInSync(); }
+
+absl::StatusOr<Tensor> ReplicaContext::AllReduce(ReduceOp op, const Tensor& value) {
+  std::vector<Tensor> values = {value.Clone()};
+  if (absl::Status status = AllReduce(op, values); !status.ok()) return status;
+  return values[0];
+}
+
+absl::Status ReplicaContext::AllReduce(ReduceOp op, std::vector<Tensor>& values) {
+  return strategy_.CollectiveAllReduce(replica_id_, op, values);
+}
+
+Strategy::ScopeGuard::ScopeGuard(Strategy* strategy) { scope_stack.push_back(strategy); }
+
+Strategy::ScopeGuard::~ScopeGuard() { scope_stack.pop_back(); }
+
+Strategy::Strategy(std::vector<std::string> devices,
+                   std::unique_ptr<CrossDeviceOps> cross_device_ops, StrategyOptions options)
+    : devices_(std::move(devices)),
+      cross_device_ops_(std::move(cross_device_ops)),
+      options_(options) {
+  if (devices_.size() > 1) {
+    pool_ = std::make_unique<ReplicaPool>(static_cast<int>(devices_.size()),
+                                          options_.collective_timeout);
+  }
+}
+
+Strategy::~Strategy() = default;
+
+absl::Status Strategy::RunEach(const std::function<absl::Status(ReplicaContext&)>& fn) {
+  if (pool_ == nullptr) {
+    ReplicaContext context(*this, 0);
+    return fn(context);
+  }
+  return pool_->RunAll([&](int replica) {
+    ReplicaContext context(*this, replica);
+    return fn(context);
+  });
+}
+
+absl::Status Strategy::CollectiveAllReduce(int replica, ReduceOp op, std::vector<Tensor>& values) {
+  if (pool_ == nullptr) return absl::OkStatus();  // one replica: its value is the result
+  return pool_->Meet(replica, &values, [&](std::vector<void*>& all) {
+    std::vector<std::vector<Tensor>*> per_replica;
+    for (void* value : all) per_replica.push_back(static_cast<std::vector<Tensor>*>(value));
+    return cross_device_ops_->BatchAllReduce(op, per_replica);
+  });
+}
+
+absl::StatusOr<Tensor> Strategy::Reduce(ReduceOp op, const PerReplica<Tensor>& value,
+                                        std::optional<int> axis) const {
+  if (!axis.has_value()) return cross_device_ops_->Reduce(op, value.values());
+  std::vector<Tensor> sums;
+  int64_t count = 0;
+  for (const Tensor& replica_value : value.values()) {
+    absl::StatusOr<Tensor> sum = ReduceAlongAxis(ReduceOp::kSum, replica_value, *axis);
+    if (!sum.ok()) return sum.status();
+    sums.push_back(*std::move(sum));
+    count += *axis == -1 ? replica_value.num_elements() : replica_value.rows();
+  }
+  absl::StatusOr<Tensor> total = cross_device_ops_->Reduce(ReduceOp::kSum, sums);
+  if (!total.ok() || op == ReduceOp::kSum) return total;
+  total->Flat() /= static_cast<float>(std::max<int64_t>(count, 1));
+  return total;
+}
+
+DistributedVariables Strategy::CreateVariables(const std::vector<Tensor>& initial) const {
+  std::vector<Tensor> copy;
+  for (const Tensor& value : initial) copy.push_back(value.Clone());
+  return DistributedVariables({std::move(copy)}, /*mirrored=*/false);
+}
+
+absl::Status Strategy::ApplyGradients(PerReplica<std::vector<Tensor>>& gradients,
+                                      DistributedVariables& variables, const UpdateFn& update) {
+  if (gradients.size() != NumReplicasInSync()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradients from ", gradients.size(),
+                                                   " replicas, but ", NumReplicasInSync(),
+                                                   " replicas are in sync"));
+  }
+  if (variables.mirrored()) {
+    // Every replica all-reduces and applies the same update to its own copy.
+    return RunEach([&](ReplicaContext& context) -> absl::Status {
+      const int replica = context.replica_id_in_sync_group();
+      std::vector<Tensor>& grads = gradients[replica];
+      if (absl::Status status = context.AllReduce(ReduceOp::kSum, grads); !status.ok()) {
+        return status;
+      }
+      return update(replica, variables.MutableCopy(replica), grads);
+    });
+  }
+  // One copy: reduce onto replica 0's gradients, update once.
+  std::vector<Tensor>& total = gradients[0];
+  for (int replica = 1; replica < gradients.size(); ++replica) {
+    for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[replica][i].Flat();
+  }
+  return update(0, variables.MutableCopy(0), total);
+}
+
+Strategy& GetStrategy() {
+  if (!scope_stack.empty()) return *scope_stack.back();
+  static DefaultStrategy default_strategy;
+  return default_strategy;
+}
+
+bool HasStrategy() { return !scope_stack.empty(); }
+
+DefaultStrategy::DefaultStrategy()
+    : Strategy({"CPU:0"}, std::make_unique<ReductionToOneDevice>()) {}
+
+OneDeviceStrategy::OneDeviceStrategy(std::string device)
+    : Strategy({std::move(device)}, std::make_unique<ReductionToOneDevice>()) {}
+
+absl::StatusOr<std::unique_ptr<OneDeviceStrategy>> OneDeviceStrategy::Create(
+    const std::string& device) {
+  absl::StatusOr<std::string> canonical = CanonicalDevice(device);
+  if (!canonical.ok()) return canonical.status();
+  return std::unique_ptr<OneDeviceStrategy>(new OneDeviceStrategy(*canonical));
+}
+
+absl::StatusOr<std::string> CanonicalDevice(const std::string& device) {
+  std::string name = device;
+  if (size_t at = name.rfind("device:"); at != std::string::npos) name = name.substr(at + 7);
+  if (!name.empty() && name.front() == '/') name = name.substr(1);
+  const size_t colon = name.find(':');
+  std::string type = name.substr(0, colon);
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  int index = -1;
+  if (colon != std::string::npos) {
+    const std::string digits = name.substr(colon + 1);
+    auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (error != std::errc() || end != digits.data() + digits.size()) index = -1;
+  }
+  if ((type != "CPU" && type != "GPU") || index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", device,
+                     "\" is not a device name: write \"CPU:0\" (or \"CPU:1\", ... for "
+                     "more logical CPU replicas) or \"GPU:0\""));
+  }
+  if (type == "GPU" && index >= VisibleGpuCount()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device \"", device, "\" is not available: this process sees ", VisibleGpuCount(),
+        " GPUs; use CPU devices (\"CPU:0\", \"CPU:1\") or run where the GPU is"));
+  }
+  return absl::StrCat(type, ":", index);
+}
+
+}  // namespace stratum

@@ -1,0 +1,170 @@
+#include "stratum/worker/mirrored_strategy.h"
+
+#include <set>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/mutex.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<MirroredStrategy> Mirrored(int replicas, const std::string& ops = "",
+                                           absl::Duration timeout = absl::Minutes(1)) {
+  MirroredOptions options;
+  for (int r = 0; r < replicas; ++r) options.devices.push_back("CPU:" + std::to_string(r));
+  options.cross_device_ops = ops;
+  options.strategy.collective_timeout = timeout;
+  auto strategy = MirroredStrategy::Create(options);
+  EXPECT_TRUE(strategy.ok()) << strategy.status();
+  return strategy.ok() ? *std::move(strategy) : nullptr;
+}
+
+TEST(MirroredStrategyTest, DefaultsToOneCpuReplicaWithoutGpus) {
+  auto strategy = MirroredStrategy::Create({});
+  ASSERT_TRUE(strategy.ok());
+  EXPECT_GE((*strategy)->NumReplicasInSync(), 1);
+}
+
+TEST(MirroredStrategyTest, RefusesDuplicateDevices) {
+  MirroredOptions options;
+  options.devices = {"CPU:0", "cpu:0"};
+  EXPECT_THAT(std::string(MirroredStrategy::Create(options).status().message()),
+              HasSubstr("is listed twice"));
+}
+
+TEST(MirroredStrategyTest, EachReplicaRunsOnItsOwnThread) {
+  auto strategy = Mirrored(4);
+  absl::Mutex mutex;
+  std::set<std::thread::id> threads;
+  auto ids = strategy->Run<int>([&](ReplicaContext& context) -> absl::StatusOr<int> {
+    absl::MutexLock lock(&mutex);
+    threads.insert(std::this_thread::get_id());
+    return context.replica_id_in_sync_group();
+  });
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(strategy->ExperimentalLocalResults(*ids), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(threads.size(), 4u);
+}
+
+TEST(MirroredStrategyTest, AllReduceSumsOverReplicasWithBothAlgorithms) {
+  for (const char* ops : {"ReductionToOneDevice", "HierarchicalCopyAllReduce"}) {
+    auto strategy = Mirrored(3, ops);
+    for (int step = 0; step < 50; ++step) {  // repeated meetings reuse the rendezvous
+      auto sums = strategy->Run<Tensor>([&](ReplicaContext& context) -> absl::StatusOr<Tensor> {
+        const float r = static_cast<float>(context.replica_id_in_sync_group());
+        return context.AllReduce(ReduceOp::kSum, Tensor::FromVector<float>({2}, {r, float(step)}));
+      });
+      ASSERT_TRUE(sums.ok()) << sums.status();
+      for (const Tensor& sum : sums->values()) {
+        EXPECT_TRUE(sum.BitwiseEqual(Tensor::FromVector<float>({2}, {3, 3.0f * step}))) << ops;
+      }
+    }
+  }
+}
+
+TEST(MirroredStrategyTest, AFailingReplicaReleasesTheOthers) {
+  auto strategy = Mirrored(3);
+  const absl::Time start = absl::Now();
+  absl::Status status = strategy->RunEach([](ReplicaContext& context) -> absl::Status {
+    if (context.replica_id_in_sync_group() == 1) return absl::InternalError("replica 1 broke");
+    std::vector<Tensor> values = {Tensor(DType::kFloat32, {4})};
+    return context.AllReduce(ReduceOp::kSum, values);
+  });
+  EXPECT_THAT(std::string(status.message()), HasSubstr("replica 1 broke"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The strategy still works afterwards.
+  auto ok = strategy->Run<Tensor>([](ReplicaContext& context) {
+    return context.AllReduce(ReduceOp::kMean, Tensor::Scalar(2));
+  });
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*(*ok)[2].data<float>(), 2);
+}
+
+TEST(MirroredStrategyTest, AReplicaThatSkipsTheAllReduceIsNamedAfterTheTimeout) {
+  auto strategy = Mirrored(3, "", absl::Milliseconds(300));
+  absl::Status status = strategy->RunEach([](ReplicaContext& context) -> absl::Status {
+    if (context.replica_id_in_sync_group() == 2) {
+      absl::SleepFor(absl::Seconds(1));
+      return absl::OkStatus();  // never joins the collective
+    }
+    std::vector<Tensor> values = {Tensor(DType::kFloat32, {1})};
+    return context.AllReduce(ReduceOp::kSum, values);
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("for replicas 2, which never arrived"));
+}
+
+TEST(MirroredStrategyTest, ReduceWithAxisOverReplicas) {
+  auto strategy = Mirrored(2);
+  PerReplica<Tensor> values(
+      {Tensor::FromVector<float>({2}, {1, 2}), Tensor::FromVector<float>({1}, {6})});
+  auto mean = strategy->Reduce(ReduceOp::kMean, values, 0);
+  ASSERT_TRUE(mean.ok());
+  EXPECT_EQ(*mean->data<float>(), 3);  // (1 + 2 + 6) / 3 examples
+}
+
+TEST(MirroredStrategyTest, ApplyGradientsKeepsMirroredCopiesIdentical) {
+  auto strategy = Mirrored(4);
+  DistributedVariables variables = strategy->CreateVariables(
+      {Tensor::FromVector<float>({3}, {0.1f, 0.2f, 0.3f}), Tensor::Scalar(1)});
+  EXPECT_EQ(variables.num_copies(), 4);
+  for (int step = 0; step < 20; ++step) {
+    PerReplica<std::vector<Tensor>> gradients;
+    for (int r = 0; r < 4; ++r) {
+      gradients.values().push_back(
+          {Tensor::FromVector<float>({3}, {0.37f * r + step, 1.0f / (r + 1), -0.11f * step}),
+           Tensor::Scalar(0.013f * r)});
+    }
+    ASSERT_TRUE(
+        strategy
+            ->ApplyGradients(gradients, variables,
+                             [](int, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
+                               for (size_t i = 0; i < vars.size(); ++i) {
+                                 vars[i].Flat() -= 0.01f * grads[i].Flat();
+                               }
+                               return absl::OkStatus();
+                             })
+            .ok());
+    for (int r = 1; r < 4; ++r) {
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_TRUE(variables.ReplicaValues(r)[i].BitwiseEqual(variables.ReplicaValues(0)[i]))
+            << "step " << step << " replica " << r;
+      }
+    }
+  }
+  // 20 steps of lr 0.01 on the summed gradient of element 1: sum_r 1/(r+1) = 25/12.
+  EXPECT_NEAR(variables.primary()[0].data<float>()[1], 0.2f - 20 * 0.01f * 25.0f / 12, 1e-5);
+}
+
+TEST(CentralStorageStrategyTest, OneCopyReadByEveryReplica) {
+  MirroredOptions options;
+  options.devices = {"CPU:0", "CPU:1"};
+  auto strategy = CentralStorageStrategy::Create(options);
+  ASSERT_TRUE(strategy.ok());
+  EXPECT_EQ((*strategy)->NumReplicasInSync(), 2);
+  DistributedVariables variables = (*strategy)->CreateVariables({Tensor::Scalar(5)});
+  EXPECT_EQ(variables.num_copies(), 1);
+  EXPECT_EQ(&variables.ReplicaValues(0), &variables.ReplicaValues(1));
+  PerReplica<std::vector<Tensor>> gradients({{Tensor::Scalar(1)}, {Tensor::Scalar(2)}});
+  int updates = 0;
+  ASSERT_TRUE((*strategy)
+                  ->ApplyGradients(
+                      gradients, variables,
+                      [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
+                        ++updates;
+                        EXPECT_EQ(copy, 0);
+                        vars[0].Flat() -= grads[0].Flat();
+                        return absl::OkStatus();
+                      })
+                  .ok());
+  EXPECT_EQ(updates, 1);
+  EXPECT_EQ(*variables.primary()[0].data<float>(), 2);
+}
+
+}  // namespace
+}  // namespace stratum

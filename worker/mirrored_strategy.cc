@@ -1,0 +1,62 @@
+#include "stratum/worker/mirrored_strategy.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/util/devices.h"
+
+namespace stratum {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> ResolveDevices(const std::vector<std::string>& devices) {
+  std::vector<std::string> resolved;
+  if (devices.empty()) {
+    for (int gpu = 0; gpu < VisibleGpuCount(); ++gpu) resolved.push_back(absl::StrCat("GPU:", gpu));
+    if (resolved.empty()) resolved.push_back("CPU:0");
+    return resolved;
+  }
+  std::set<std::string> seen;
+  for (const std::string& device : devices) {
+    absl::StatusOr<std::string> canonical = CanonicalDevice(device);
+    if (!canonical.ok()) return canonical.status();
+    if (!seen.insert(*canonical).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device \"", device, "\" is listed twice: list each device once"));
+    }
+    resolved.push_back(*canonical);
+  }
+  return resolved;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
+    const MirroredOptions& options) {
+  absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(options.devices);
+  if (!devices.ok()) return devices.status();
+  absl::StatusOr<std::unique_ptr<CrossDeviceOps>> ops = MakeCrossDeviceOps(
+      options.cross_device_ops.empty() ? "ReductionToOneDevice" : options.cross_device_ops);
+  if (!ops.ok()) return ops.status();
+  return std::unique_ptr<MirroredStrategy>(
+      new MirroredStrategy(*std::move(devices), *std::move(ops), options.strategy));
+}
+
+DistributedVariables MirroredStrategy::CreateVariables(const std::vector<Tensor>& initial) const {
+  std::vector<std::vector<Tensor>> copies;
+  for (int replica = 0; replica < NumReplicasInSync(); ++replica) {
+    std::vector<Tensor> copy;
+    for (const Tensor& value : initial) copy.push_back(value.Clone());
+    copies.push_back(std::move(copy));
+  }
+  return DistributedVariables(std::move(copies), /*mirrored=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<CentralStorageStrategy>> CentralStorageStrategy::Create(
+    const MirroredOptions& options) {
+  absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(options.devices);
+  if (!devices.ok()) return devices.status();
+  return std::unique_ptr<CentralStorageStrategy>(new CentralStorageStrategy(
+      *std::move(devices), std::make_unique<ReductionToOneDevice>(), options.strategy));
+}
+
+}  // namespace stratum
