@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "stratum/strategy/cross_device_ops.h"
+#include "stratum/strategy/distributed_dataset.h"
 #include "stratum/strategy/per_replica.h"
 #include "stratum/strategy/reduce.h"
 #include "stratum/tensor/tensor.h"
@@ -128,6 +129,19 @@ class Strategy {
   template <typename T>
   absl::StatusOr<PerReplica<T>> ExperimentalDistributeValuesFromFunction(
       const std::function<absl::StatusOr<T>(const ValueContext&)>& fn) const;
+
+  // tf.distribute's experimental_distribute_dataset: `dataset` yields global batches, each
+  // split over this strategy's replicas (auto-sharded over workers first).
+  absl::StatusOr<DistributedDataset> ExperimentalDistributeDataset(
+      const Dataset& dataset, const DistributeOptions& options = {}) const {
+    return DistributedDataset::FromGlobalBatches(dataset, NumReplicasInSync(), options);
+  }
+  // tf.distribute's distribute_datasets_from_function: `fn` builds the dataset of each input
+  // pipeline from an InputContext; it yields per-replica batches.
+  absl::StatusOr<DistributedDataset> DistributeDatasetsFromFunction(
+      const DistributedDataset::DatasetFn& fn, const DistributeOptions& options = {}) const {
+    return DistributedDataset::FromFunction(fn, NumReplicasInSync(), options);
+  }
 
   // Places `initial` (one tensor per variable) as this strategy does.
   virtual DistributedVariables CreateVariables(const std::vector<Tensor>& initial) const;

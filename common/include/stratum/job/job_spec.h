@@ -1,0 +1,73 @@
+// JobSpec: one training job as a JSON file (README "The job spec"). The same file drives
+// stratum-train, the coordinator, MultiWorkerMirrored workers and stratum-launch. The
+// model and compile parts are Keras' own formats and are parsed by stratum/model; this
+// file checks the rest and fills in defaults. Plain data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace stratum {
+
+struct StrategySpec {
+  // default, one_device, mirrored, central_storage, parameter_server, multi_worker_mirrored
+  std::string type = "default";
+  std::vector<std::string> devices;     // one_device (first), mirrored, central_storage
+  std::string cross_device_ops;         // mirrored: ReductionToOneDevice, HierarchicalCopyAllReduce
+  nlohmann::json variable_partitioner;  // parameter_server (later)
+};
+
+struct DataSourceSpec {
+  std::string format = "idx";
+  std::string images;  // absolute, or relative to the job file's folder
+  std::string labels;
+};
+
+struct DataSpec {
+  DataSourceSpec train;
+  DataSourceSpec test;
+  // Multiplies the raw uint8 pixels (Keras' Rescaling(1/255)).
+  double rescale = 1.0 / 255.0;
+  std::string auto_shard_policy = "AUTO";
+};
+
+struct FitSpec {
+  int epochs = 1;
+  int64_t steps_per_epoch = 0;  // 0: one pass over the training data
+  int64_t batch_size_per_replica = 64;
+  int64_t shuffle_buffer = 10000;
+  uint64_t seed = 1;
+  bool validate = true;  // evaluate on the test set after each epoch
+};
+
+struct CheckpointSpec {
+  std::string dir;  // empty: no checkpoints
+  int64_t every_steps = 0;
+  int max_to_keep = 3;
+};
+
+struct JobSpec {
+  StrategySpec strategy;
+  nlohmann::json model;      // Keras model.to_json() (object, or the JSON string Keras writes)
+  nlohmann::json optimizer;  // compile.optimizer
+  nlohmann::json loss;       // compile.loss
+  std::vector<std::string> metrics;
+  DataSpec data;
+  FitSpec fit;
+  CheckpointSpec checkpoint;
+};
+
+// Parses a job. `source` names it in errors (the file path); relative data paths are
+// resolved against `base_dir`. Each error is one sentence naming the field and the fix.
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
+                                     absl::string_view base_dir = "");
+
+// Reads and parses a job file.
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+}  // namespace stratum

@@ -1,0 +1,276 @@
+#include "stratum/job/job_spec.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stratum {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads the fields of one JSON object, refusing unknown keys by name.
+class Fields {
+ public:
+  Fields(const json& object, std::string path, absl::string_view source)
+      : object_(object), path_(std::move(path)), source_(source) {}
+
+  absl::Status CheckObject() const {
+    if (object_.is_object()) return absl::OkStatus();
+    return Error(path_, absl::StrCat("is ", object_.dump(), ", not an object"),
+                 "write it as {...}");
+  }
+
+  absl::Status CheckKnown(const std::set<std::string>& known) const {
+    for (const auto& [key, value] : object_.items()) {
+      if (known.count(key) == 0) {
+        return Error(Path(key), "is not a field Stratum knows",
+                     absl::StrCat("use ", absl::StrJoin(known, ", ")));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status Get(const std::string& key, T& out) const {
+    if (!object_.contains(key)) return absl::OkStatus();
+    const json& value = object_.at(key);
+    bool fits = false;
+    if constexpr (std::is_same_v<T, std::string>) {
+      fits = value.is_string();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      fits = value.is_boolean();
+    } else if constexpr (std::is_integral_v<T>) {
+      fits = value.is_number_integer() && (std::is_signed_v<T> || value.get<int64_t>() >= 0);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      fits = value.is_number();
+    } else {
+      fits = value.is_array();
+      if (fits) {
+        for (const json& item : value) fits = fits && item.is_string();
+      }
+    }
+    if (!fits) {
+      return Error(Path(key), absl::StrCat("is ", value.dump(), ", which has the wrong type"),
+                   absl::StrCat("write a ", TypeName<T>()));
+    }
+    out = value.get<T>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Error(const std::string& path, const std::string& problem,
+                     const std::string& fix) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": job field ", path, " ", problem, ": ", fix));
+  }
+  std::string Path(const std::string& key) const {
+    return path_.empty() ? key : absl::StrCat(path_, ".", key);
+  }
+
+ private:
+  template <typename T>
+  static const char* TypeName() {
+    if constexpr (std::is_same_v<T, std::string>) return "string";
+    if constexpr (std::is_same_v<T, bool>) return "boolean (true or false)";
+    if constexpr (std::is_integral_v<T>) return "non-negative integer";
+    if constexpr (std::is_floating_point_v<T>) return "number";
+    return "list of strings";
+  }
+
+  const json& object_;
+  std::string path_;
+  absl::string_view source_;
+};
+
+std::string Resolve(const std::string& path, absl::string_view base_dir) {
+  if (path.empty() || path.front() == '/' || base_dir.empty()) return path;
+  return absl::StrCat(base_dir, "/", path);
+}
+
+absl::Status ParseSource(const json& object, const std::string& path, absl::string_view source,
+                         absl::string_view base_dir, DataSourceSpec& out) {
+  Fields fields(object, path, source);
+  if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = fields.CheckKnown({"format", "images", "labels"}); !s.ok()) return s;
+  for (absl::Status s : {fields.Get("format", out.format), fields.Get("images", out.images),
+                         fields.Get("labels", out.labels)}) {
+    if (!s.ok()) return s;
+  }
+  if (out.format != "idx") {
+    return fields.Error(fields.Path("format"), absl::StrCat("is \"", out.format, "\""),
+                        "Stratum reads \"idx\" files (gzipped or not)");
+  }
+  if (out.images.empty() || out.labels.empty()) {
+    return fields.Error(path, "needs \"images\" and \"labels\"",
+                        "give the paths of the IDX image and label files");
+  }
+  out.images = Resolve(out.images, base_dir);
+  out.labels = Resolve(out.labels, base_dir);
+  return absl::OkStatus();
+}
+
+absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
+  Fields fields(object, "strategy", source);
+  if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
+  if (absl::Status s =
+          fields.CheckKnown({"type", "devices", "cross_device_ops", "variable_partitioner"});
+      !s.ok()) {
+    return s;
+  }
+  for (absl::Status s : {fields.Get("type", out.type), fields.Get("devices", out.devices),
+                         fields.Get("cross_device_ops", out.cross_device_ops)}) {
+    if (!s.ok()) return s;
+  }
+  if (object.contains("variable_partitioner")) {
+    out.variable_partitioner = object.at("variable_partitioner");
+  }
+  static const std::set<std::string> kTypes = {"default",          "one_device",
+                                               "mirrored",         "central_storage",
+                                               "parameter_server", "multi_worker_mirrored"};
+  if (kTypes.count(out.type) == 0) {
+    return fields.Error("strategy.type", absl::StrCat("is \"", out.type, "\""),
+                        absl::StrCat("use ", absl::StrJoin(kTypes, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
+                                     absl::string_view base_dir) {
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& error) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": the job is not valid JSON (error at byte ", error.byte, "): fix the file"));
+  }
+  JobSpec job;
+  Fields top(root, "", source);
+  if (absl::Status s = top.CheckObject(); !s.ok()) return s;
+  if (absl::Status s =
+          top.CheckKnown({"strategy", "model", "compile", "data", "fit", "checkpoint"});
+      !s.ok()) {
+    return s;
+  }
+  if (root.contains("strategy")) {
+    if (absl::Status s = ParseStrategy(root["strategy"], source, job.strategy); !s.ok()) return s;
+  }
+  if (!root.contains("model")) {
+    return top.Error("model", "is missing",
+                     "add the Keras model.to_json() of a Sequential model under \"model\"");
+  }
+  job.model = root["model"];
+
+  if (!root.contains("compile")) {
+    return top.Error("compile", "is missing",
+                     "add \"compile\": {\"optimizer\": \"adam\", \"loss\": "
+                     "\"sparse_categorical_crossentropy\", \"metrics\": [\"accuracy\"]}");
+  }
+  Fields compile(root["compile"], "compile", source);
+  if (absl::Status s = compile.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = compile.CheckKnown({"optimizer", "loss", "metrics"}); !s.ok()) return s;
+  job.optimizer = root["compile"].value("optimizer", json("rmsprop"));
+  if (!root["compile"].contains("loss")) {
+    return compile.Error("compile.loss", "is missing",
+                         "name a loss, e.g. \"sparse_categorical_crossentropy\"");
+  }
+  job.loss = root["compile"]["loss"];
+  if (absl::Status s = compile.Get("metrics", job.metrics); !s.ok()) return s;
+  for (const std::string& metric : job.metrics) {
+    static const std::set<std::string> kMetrics = {"accuracy", "acc",
+                                                   "sparse_categorical_accuracy"};
+    if (kMetrics.count(metric) == 0) {
+      return compile.Error("compile.metrics", absl::StrCat("has \"", metric, "\""),
+                           "Stratum reports accuracy (\"accuracy\", "
+                           "\"sparse_categorical_accuracy\") and the loss");
+    }
+  }
+
+  if (!root.contains("data")) {
+    return top.Error(
+        "data", "is missing",
+        "add \"data\": {\"train\": {\"images\": ..., \"labels\": ...}, \"test\": {...}}");
+  }
+  Fields data(root["data"], "data", source);
+  if (absl::Status s = data.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = data.CheckKnown({"train", "test", "rescale", "auto_shard_policy"});
+      !s.ok()) {
+    return s;
+  }
+  if (!root["data"].contains("train")) {
+    return data.Error("data.train", "is missing", "give the training images and labels");
+  }
+  if (absl::Status s =
+          ParseSource(root["data"]["train"], "data.train", source, base_dir, job.data.train);
+      !s.ok()) {
+    return s;
+  }
+  if (root["data"].contains("test")) {
+    if (absl::Status s =
+            ParseSource(root["data"]["test"], "data.test", source, base_dir, job.data.test);
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (absl::Status s : {data.Get("rescale", job.data.rescale),
+                         data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
+    if (!s.ok()) return s;
+  }
+
+  if (root.contains("fit")) {
+    Fields fit(root["fit"], "fit", source);
+    if (absl::Status s = fit.CheckObject(); !s.ok()) return s;
+    if (absl::Status s = fit.CheckKnown({"epochs", "steps_per_epoch", "batch_size_per_replica",
+                                         "shuffle_buffer", "seed", "validate"});
+        !s.ok()) {
+      return s;
+    }
+    for (absl::Status s :
+         {fit.Get("epochs", job.fit.epochs), fit.Get("steps_per_epoch", job.fit.steps_per_epoch),
+          fit.Get("batch_size_per_replica", job.fit.batch_size_per_replica),
+          fit.Get("shuffle_buffer", job.fit.shuffle_buffer), fit.Get("seed", job.fit.seed),
+          fit.Get("validate", job.fit.validate)}) {
+      if (!s.ok()) return s;
+    }
+    if (job.fit.epochs < 1) {
+      return fit.Error("fit.epochs", absl::StrCat("is ", job.fit.epochs), "train at least 1 epoch");
+    }
+    if (job.fit.batch_size_per_replica < 1) {
+      return fit.Error("fit.batch_size_per_replica",
+                       absl::StrCat("is ", job.fit.batch_size_per_replica), "use 1 or more");
+    }
+  }
+  if (root.contains("checkpoint")) {
+    Fields checkpoint(root["checkpoint"], "checkpoint", source);
+    if (absl::Status s = checkpoint.CheckObject(); !s.ok()) return s;
+    if (absl::Status s = checkpoint.CheckKnown({"dir", "every_steps", "max_to_keep"}); !s.ok()) {
+      return s;
+    }
+    for (absl::Status s : {checkpoint.Get("dir", job.checkpoint.dir),
+                           checkpoint.Get("every_steps", job.checkpoint.every_steps),
+                           checkpoint.Get("max_to_keep", job.checkpoint.max_to_keep)}) {
+      if (!s.ok()) return s;
+    }
+    job.checkpoint.dir = Resolve(job.checkpoint.dir, base_dir);
+  }
+  return job;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat("job file ", path, " cannot be read: check the path passed to --job"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  const size_t slash = path.rfind('/');
+  const std::string base_dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  return ParseJobSpec(text.str(), path, base_dir);
+}
+
+}  // namespace stratum

@@ -1,0 +1,106 @@
+#include "stratum/strategy/distributed_dataset.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace stratum {
+namespace {
+
+class SplittingIterator : public DistributedIterator {
+ public:
+  SplittingIterator(std::unique_ptr<Iterator> input, int num_replicas)
+      : input_(std::move(input)), num_replicas_(num_replicas) {}
+
+  absl::StatusOr<std::optional<PerReplica<Element>>> GetNext() override {
+    absl::StatusOr<std::optional<Element>> batch = input_->GetNext();
+    if (!batch.ok()) return batch.status();
+    if (!batch->has_value()) return std::nullopt;
+    return PerReplica<Element>(SplitRowsOverReplicas(**batch, num_replicas_));
+  }
+
+ private:
+  std::unique_ptr<Iterator> input_;
+  int num_replicas_;
+};
+
+class GroupingIterator : public DistributedIterator {
+ public:
+  GroupingIterator(std::unique_ptr<Iterator> input, int num_replicas)
+      : input_(std::move(input)), num_replicas_(num_replicas) {}
+
+  absl::StatusOr<std::optional<PerReplica<Element>>> GetNext() override {
+    std::vector<Element> batches;
+    for (int replica = 0; replica < num_replicas_; ++replica) {
+      absl::StatusOr<std::optional<Element>> batch = input_->GetNext();
+      if (!batch.ok()) return batch.status();
+      if (!batch->has_value()) break;
+      batches.push_back(**std::move(batch));
+    }
+    if (batches.empty()) return std::nullopt;
+    // The data ran out mid-step: the remaining replicas get empty batches.
+    while (static_cast<int>(batches.size()) < num_replicas_) {
+      Element empty;
+      for (const Tensor& component : batches.front()) empty.push_back(component.SliceRows(0, 0));
+      batches.push_back(std::move(empty));
+    }
+    return PerReplica<Element>(std::move(batches));
+  }
+
+ private:
+  std::unique_ptr<Iterator> input_;
+  int num_replicas_;
+};
+
+absl::Status CheckReplicas(int num_replicas) {
+  if (num_replicas >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot distribute a dataset over ", num_replicas, " replicas"));
+}
+
+}  // namespace
+
+std::vector<Element> SplitRowsOverReplicas(const Element& batch, int num_replicas) {
+  if (!batch.empty() && batch.front().rows() % num_replicas == 0) {
+    absl::StatusOr<std::vector<Element>> even = SplitBatch(batch, num_replicas);
+    if (even.ok()) return *std::move(even);
+  }
+  const int64_t rows = batch.empty() ? 0 : batch.front().rows();
+  std::vector<Element> parts(static_cast<size_t>(num_replicas));
+  int64_t begin = 0;
+  for (int replica = 0; replica < num_replicas; ++replica) {
+    const int64_t count = rows / num_replicas + (replica < rows % num_replicas ? 1 : 0);
+    for (const Tensor& component : batch) {
+      parts[static_cast<size_t>(replica)].push_back(component.SliceRows(begin, begin + count));
+    }
+    begin += count;
+  }
+  return parts;
+}
+
+absl::StatusOr<DistributedDataset> DistributedDataset::FromGlobalBatches(
+    const Dataset& dataset, int num_replicas, const DistributeOptions& options) {
+  if (absl::Status status = CheckReplicas(num_replicas); !status.ok()) return status;
+  absl::StatusOr<Dataset> sharded =
+      AutoShard(dataset, options.auto_shard_policy, options.num_workers, options.worker_index);
+  if (!sharded.ok()) return sharded.status();
+  return DistributedDataset(*std::move(sharded), num_replicas, /*split=*/true);
+}
+
+absl::StatusOr<DistributedDataset> DistributedDataset::FromFunction(
+    const DatasetFn& fn, int num_replicas, const DistributeOptions& options) {
+  if (absl::Status status = CheckReplicas(num_replicas); !status.ok()) return status;
+  InputContext context;
+  context.num_input_pipelines = options.num_workers;
+  context.input_pipeline_id = options.worker_index;
+  context.num_replicas_in_sync = num_replicas * options.num_workers;
+  absl::StatusOr<Dataset> dataset = fn(context);
+  if (!dataset.ok()) return dataset.status();
+  if (!dataset->status().ok()) return dataset->status();
+  return DistributedDataset(*std::move(dataset), num_replicas, /*split=*/false);
+}
+
+std::unique_ptr<DistributedIterator> DistributedDataset::MakeIterator() const {
+  if (split_) return std::make_unique<SplittingIterator>(dataset_.MakeIterator(), num_replicas_);
+  return std::make_unique<GroupingIterator>(dataset_.MakeIterator(), num_replicas_);
+}
+
+}  // namespace stratum

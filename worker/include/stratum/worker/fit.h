@@ -1,0 +1,86 @@
+// Fit: Keras' model.fit for the strategies that run in one process (Default, OneDevice,
+// Mirrored, CentralStorage): epochs over the training data, one training step per global
+// batch on every replica, validation on the test set after each epoch, progress output,
+// and a summary. Single-threaded API (the strategy runs the replicas).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "stratum/data/dataset.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
+#include "stratum/strategy/strategy.h"
+
+namespace stratum {
+
+struct FitData {
+  // Unbatched (x, y) elements; x is raw (uint8 pixels) and `rescale` turns it to float32.
+  Dataset train;
+  Dataset test;  // may be empty (no validation)
+  bool has_test = false;
+  int64_t train_examples = 0;
+  int64_t test_examples = 0;
+  double rescale = 1.0;
+};
+
+enum class ProgressStyle { kAuto, kBar, kLines, kNone };
+
+struct FitOptions {
+  int epochs = 1;
+  int64_t steps_per_epoch = 0;  // 0: one pass over the data per epoch
+  int64_t batch_size_per_replica = 64;
+  int64_t shuffle_buffer = 10000;
+  uint64_t seed = 1;
+  bool validate = true;
+  ProgressStyle progress = ProgressStyle::kAuto;  // kAuto: a bar on a terminal, else lines
+  FILE* out = stdout;
+};
+
+struct EpochLog {
+  int epoch = 0;
+  int64_t steps = 0;
+  double loss = 0;
+  double accuracy = 0;
+  double val_loss = 0;
+  double val_accuracy = 0;
+  double examples_per_sec = 0;
+  double seconds = 0;
+};
+
+struct FitSummary {
+  std::vector<EpochLog> history;
+  double test_loss = 0;
+  double test_accuracy = 0;
+  int64_t steps = 0;
+  double examples_per_sec = 0;  // training examples over training time (validation excluded)
+  double wall_s = 0;
+  std::string strategy;
+  int num_replicas_in_sync = 1;
+  // The trained variables (the primary copy).
+  std::vector<Tensor> variables;
+
+  // DESIGN.md's summary: test_accuracy, test_loss, steps, examples_per_sec, wall_s,
+  // strategy, num_replicas_in_sync, num_workers, num_ps, and the per-epoch history.
+  nlohmann::json ToJson() const;
+};
+
+absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Loss& loss,
+                               const Optimizer& optimizer, const FitData& data,
+                               const FitOptions& options);
+
+// The test-set loss and accuracy of `variables`, computed over the strategy's replicas.
+absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
+                                         const std::vector<Tensor>& variables, const Dataset& data,
+                                         double rescale, int64_t global_batch);
+
+// The batch pipeline Fit uses: rescaled float32 features, reshaped to the model's input.
+Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
+                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat);
+
+}  // namespace stratum

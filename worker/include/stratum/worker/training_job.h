@@ -1,0 +1,28 @@
+// A training job of stratum-train, from its JobSpec: the strategy, the data, the model,
+// the loss and the optimizer, ready for Fit.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stratum/job/job_spec.h"
+#include "stratum/strategy/strategy.h"
+#include "stratum/worker/fit.h"
+
+namespace stratum {
+
+// default, one_device, mirrored or central_storage; the cluster strategies
+// (parameter_server, multi_worker_mirrored) are refused with how to run them.
+absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec);
+
+// Reads the job's IDX files into unbatched (image, label) datasets.
+absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
+
+FitOptions FitOptionsFrom(const FitSpec& spec);
+
+// Writes `text` to `path` atomically (a temporary file, fsync, rename), so a reader never
+// sees half a file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
+}  // namespace stratum

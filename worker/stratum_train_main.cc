@@ -1,0 +1,93 @@
+// stratum-train: trains a job in one process with the Default, OneDevice, Mirrored or
+// CentralStorage strategy, the way Keras' model.fit does, and can write a summary JSON.
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
+#include "stratum/util/exit_codes.h"
+#include "stratum/util/flags.h"
+#include "stratum/worker/training_job.h"
+
+ABSL_FLAG(std::string, job, "", "The job file (JSON), e.g. examples/fashion_mnist.json");
+ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
+ABSL_FLAG(int, epochs, 0, "Override the job's fit.epochs");
+ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal), bar, lines or none");
+
+namespace stratum {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "stratum-train: %s\n", std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+int Run() {
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (job_path.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "no job given: pass --job=FILE, e.g. --job=examples/fashion_mnist.json"));
+  }
+  absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
+  if (!job.ok()) return Fail(job.status());
+  if (absl::GetFlag(FLAGS_epochs) > 0) job->fit.epochs = absl::GetFlag(FLAGS_epochs);
+
+  absl::StatusOr<Model> model = Model::FromKerasJson(job->model);
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<Loss> loss = Loss::FromKeras(job->loss);
+  if (!loss.ok()) return Fail(loss.status());
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::FromKeras(job->optimizer);
+  if (!optimizer.ok()) return Fail(optimizer.status());
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(job->strategy);
+  if (!strategy.ok()) return Fail(strategy.status());
+  absl::StatusOr<FitData> data = LoadFitData(job->data);
+  if (!data.ok()) return Fail(data.status());
+
+  FitOptions options = FitOptionsFrom(job->fit);
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  if (progress == "bar") options.progress = ProgressStyle::kBar;
+  if (progress == "lines") options.progress = ProgressStyle::kLines;
+  if (progress == "none") options.progress = ProgressStyle::kNone;
+  if (progress != "auto" && progress != "bar" && progress != "lines" && progress != "none") {
+    return Fail(absl::InvalidArgumentError("--progress \"" + progress +
+                                           "\" is not a style: use auto, bar, lines or none"));
+  }
+
+  const std::string devices = absl::StrJoin((*strategy)->devices(), ", ");
+  std::printf(
+      "%s\n%s on %d replica(s) (%s), global batch %lld, %lld training examples\n",
+      model->Summary().c_str(), (*strategy)->name().c_str(), (*strategy)->NumReplicasInSync(),
+      devices.c_str(),
+      static_cast<long long>(options.batch_size_per_replica * (*strategy)->NumReplicasInSync()),
+      static_cast<long long>(data->train_examples));
+  std::fflush(stdout);
+  auto scope = (*strategy)->Scope();
+  absl::StatusOr<FitSummary> summary = Fit(**strategy, *model, *loss, **optimizer, *data, options);
+  if (!summary.ok()) return Fail(summary.status());
+  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
+              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
+              summary->wall_s);
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  if (!summary_path.empty()) {
+    if (absl::Status status = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
+        !status.ok()) {
+      return Fail(status);
+    }
+  }
+  return kExitSuccess;
+}
+
+}  // namespace
+}  // namespace stratum
+
+int main(int argc, char** argv) {
+  stratum::ParseFlagsOrExit(argc, argv,
+                            "stratum-train: trains a job in one process, like Keras' fit.\n"
+                            "  stratum-train --job=examples/fashion_mnist.json "
+                            "[--summary-json=PATH] [--epochs=N]\nExit codes: 0 success, 1 "
+                            "failure, 2 configuration error (a bad job file, missing data).");
+  return stratum::Run();
+}

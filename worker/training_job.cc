@@ -1,0 +1,113 @@
+#include "stratum/worker/training_job.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/data/idx.h"
+#include "stratum/worker/mirrored_strategy.h"
+
+namespace stratum {
+namespace {
+
+absl::StatusOr<Dataset> LoadSource(const DataSourceSpec& source, int64_t& examples) {
+  absl::StatusOr<Tensor> images = ReadIdxFile(source.images);
+  if (!images.ok()) return images.status();
+  absl::StatusOr<Tensor> labels = ReadIdxFile(source.labels);
+  if (!labels.ok()) return labels.status();
+  if (images->rows() != labels->rows()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source.images, " has ", images->rows(), " images but ", source.labels, " has ",
+                     labels->rows(), " labels: give the label file that belongs to these images"));
+  }
+  examples = images->rows();
+  return Dataset::FromTensorSlices({*std::move(images), *std::move(labels)});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec) {
+  MirroredOptions options;
+  options.devices = spec.devices;
+  options.cross_device_ops = spec.cross_device_ops;
+  if (spec.type == "default") return std::unique_ptr<Strategy>(new DefaultStrategy());
+  if (spec.type == "one_device") {
+    auto strategy = OneDeviceStrategy::Create(spec.devices.empty() ? "CPU:0" : spec.devices[0]);
+    if (!strategy.ok()) return strategy.status();
+    return std::unique_ptr<Strategy>(std::move(*strategy));
+  }
+  if (spec.type == "mirrored") {
+    auto strategy = MirroredStrategy::Create(options);
+    if (!strategy.ok()) return strategy.status();
+    return std::unique_ptr<Strategy>(std::move(*strategy));
+  }
+  if (spec.type == "central_storage") {
+    auto strategy = CentralStorageStrategy::Create(options);
+    if (!strategy.ok()) return strategy.status();
+    return std::unique_ptr<Strategy>(std::move(*strategy));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "strategy.type \"", spec.type,
+      "\" trains on a cluster, not in one process: run the job with stratum-launch --job, or "
+      "use default, one_device, mirrored or central_storage with stratum-train"));
+}
+
+absl::StatusOr<FitData> LoadFitData(const DataSpec& spec) {
+  FitData data;
+  data.rescale = spec.rescale;
+  absl::StatusOr<Dataset> train = LoadSource(spec.train, data.train_examples);
+  if (!train.ok()) return train.status();
+  data.train = *std::move(train);
+  if (!spec.test.images.empty()) {
+    absl::StatusOr<Dataset> test = LoadSource(spec.test, data.test_examples);
+    if (!test.ok()) return test.status();
+    data.test = *std::move(test);
+    data.has_test = true;
+  }
+  return data;
+}
+
+FitOptions FitOptionsFrom(const FitSpec& spec) {
+  FitOptions options;
+  options.epochs = spec.epochs;
+  options.steps_per_epoch = spec.steps_per_epoch;
+  options.batch_size_per_replica = spec.batch_size_per_replica;
+  options.shuffle_buffer = spec.shuffle_buffer;
+  options.seed = spec.seed;
+  options.validate = spec.validate;
+  return options;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno),
+                     "; check that its folder exists and is writable"));
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      unlink(temporary.c_str());
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    unlink(temporary.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stratum
