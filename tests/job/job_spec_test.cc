@@ -1,0 +1,98 @@
+#include "stratum/job/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kMinimal[] = R"({
+  "model": {"class_name": "Sequential", "config": {"layers": []}},
+  "compile": {"optimizer": "adam", "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]},
+  "data": {"train": {"images": "train-images.gz", "labels": "/abs/train-labels.gz"}}
+})";
+
+std::string ErrorOf(const std::string& text) {
+  auto job = ParseJobSpec(text, "job.json", "/jobs");
+  EXPECT_FALSE(job.ok());
+  return std::string(job.status().message());
+}
+
+TEST(JobSpecTest, DefaultsAndRelativePaths) {
+  auto job = ParseJobSpec(kMinimal, "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->strategy.type, "default");
+  EXPECT_EQ(job->fit.epochs, 1);
+  EXPECT_EQ(job->fit.batch_size_per_replica, 64);
+  EXPECT_EQ(job->data.train.images, "/jobs/train-images.gz");
+  EXPECT_EQ(job->data.train.labels, "/abs/train-labels.gz");
+  EXPECT_TRUE(job->data.test.images.empty());
+  EXPECT_EQ(job->optimizer, "adam");
+}
+
+TEST(JobSpecTest, ReadsEverySection) {
+  auto job = ParseJobSpec(R"({
+    "strategy": {"type": "mirrored", "devices": ["CPU:0", "CPU:1"], "cross_device_ops": "HierarchicalCopyAllReduce"},
+    "model": {}, "compile": {"loss": "mse"},
+    "data": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"}, "rescale": 1.0},
+    "fit": {"epochs": 3, "steps_per_epoch": 10, "batch_size_per_replica": 32, "shuffle_buffer": 0, "seed": 7, "validate": false},
+    "checkpoint": {"dir": "ckpt", "every_steps": 100, "max_to_keep": 2}})",
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->strategy.devices.size(), 2u);
+  EXPECT_EQ(job->strategy.cross_device_ops, "HierarchicalCopyAllReduce");
+  EXPECT_EQ(job->fit.steps_per_epoch, 10);
+  EXPECT_FALSE(job->fit.validate);
+  EXPECT_EQ(job->checkpoint.dir, "/jobs/ckpt");
+  EXPECT_EQ(job->data.rescale, 1.0);
+  EXPECT_EQ(job->optimizer, "rmsprop");  // Keras' compile() default
+}
+
+TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
+  EXPECT_THAT(ErrorOf("{"), HasSubstr("job.json: the job is not valid JSON"));
+  EXPECT_THAT(ErrorOf(R"({"modle": {}})"),
+              HasSubstr("job.json: job field modle is not a field Stratum knows: use "));
+  EXPECT_THAT(ErrorOf(R"({"compile": {"loss": "mse"}, "data": {}})"),
+              HasSubstr("job field model is missing"));
+  EXPECT_THAT(ErrorOf(R"({"model": {}, "data": {}})"), HasSubstr("job field compile is missing"));
+  EXPECT_THAT(
+      ErrorOf(R"({"model": {}, "compile": {"loss": "mse", "metrics": ["auc"]}, "data": {}})"),
+      HasSubstr("compile.metrics has \"auc\""));
+  EXPECT_THAT(
+      ErrorOf(R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a"}}})"),
+      HasSubstr("data.train needs \"images\" and \"labels\""));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b", "format": "csv"}}})"),
+      HasSubstr("data.train.format is \"csv\""));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"strategy": {"type": "tpu"}, "model": {}, "compile": {"loss": "mse"}, "data": {}})"),
+      HasSubstr("strategy.type is \"tpu\""));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b"}}, "fit": {"epochs": "ten"}})"),
+      HasSubstr("fit.epochs is \"ten\", which has the wrong type: write a non-negative integer"));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b"}}, "fit": {"epochs": 0}})"),
+      HasSubstr("fit.epochs is 0"));
+}
+
+TEST(JobSpecTest, MissingFileIsNotFound) {
+  auto job = LoadJobSpec("/nonexistent/job.json");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("--job"));
+}
+
+TEST(JobSpecTest, TheShippedExampleParses) {
+  auto job = LoadJobSpec(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist.json");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->fit.epochs, 10);
+  EXPECT_EQ(job->fit.batch_size_per_replica, 64);
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,226 @@
+#include "stratum/worker/fit.h"
+
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/worker/mirrored_strategy.h"
+
+namespace stratum {
+namespace {
+
+constexpr char kModel[] = R"({"class_name": "Sequential", "config": {"layers": [
+  {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+  {"class_name": "Dense", "config": {"name": "hidden", "units": 16, "activation": "relu"}},
+  {"class_name": "Dense", "config": {"name": "out", "units": 4, "activation": "softmax"}}]}})";
+
+// Examples whose class is the argmax of a fixed linear map: learnable by the model.
+Element SyntheticData(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  Tensor x(DType::kFloat32, {n, 8});
+  Tensor y(DType::kInt32, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    float best = -1e9f;
+    for (int c = 0; c < 4; ++c) {
+      float score = 0;
+      for (int j = 0; j < 8; ++j) {
+        if (c == 0) x.data<float>()[i * 8 + j] = normal(rng);
+        score += x.data<float>()[i * 8 + j] * static_cast<float>(((c * 8 + j) * 7919 % 13) - 6);
+      }
+      if (score > best) {
+        best = score;
+        y.data<int32_t>()[i] = c;
+      }
+    }
+  }
+  return {x, y};
+}
+
+Model TestModel() {
+  auto model = Model::FromKerasJson(absl::string_view(kModel));
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
+}
+
+std::unique_ptr<MirroredStrategy> Mirrored(int replicas) {
+  MirroredOptions options;
+  for (int r = 0; r < replicas; ++r) options.devices.push_back("CPU:" + std::to_string(r));
+  return *MirroredStrategy::Create(options);
+}
+
+// One training step of `strategy` on `batch` (a global batch), SGD without momentum.
+std::vector<Tensor> OneStep(Strategy& strategy, const Model& model, const Element& batch) {
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras(
+      nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})"));
+  DistributedVariables variables = strategy.CreateVariables(model.InitialVariables(3));
+  const int replicas = strategy.NumReplicasInSync();
+  std::vector<std::vector<std::vector<Tensor>>> slots(static_cast<size_t>(variables.num_copies()));
+  std::vector<std::unique_ptr<Workspace>> workspaces;
+  for (int r = 0; r < replicas; ++r) workspaces.push_back(model.NewWorkspace(r));
+  const std::vector<Element> parts = SplitRowsOverReplicas(batch, replicas);
+  PerReplica<std::vector<Tensor>> gradients{std::vector<std::vector<Tensor>>(replicas)};
+  EXPECT_TRUE(strategy
+                  .RunEach([&](ReplicaContext& context) {
+                    const int r = context.replica_id_in_sync_group();
+                    return model
+                        .TrainStep(variables.ReplicaValues(r), parts[r][0], parts[r][1], loss,
+                                   1.0f / static_cast<float>(batch[0].rows()), *workspaces[r],
+                                   gradients[r])
+                        .status();
+                  })
+                  .ok());
+  EXPECT_TRUE(strategy
+                  .ApplyGradients(
+                      gradients, variables,
+                      [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
+                        optimizer->Apply(vars, grads, slots[copy], 0);
+                        return absl::OkStatus();
+                      })
+                  .ok());
+  return variables.primary();
+}
+
+TEST(FitTest, LossOverGlobalBatchMakesReplicasAgreeWithOneBigStep) {
+  const Model model = TestModel();
+  const Element batch = SyntheticData(48, 1);
+  DefaultStrategy single;
+  const std::vector<Tensor> expected = OneStep(single, model, batch);
+  for (int replicas : {2, 3, 4}) {
+    auto mirrored = Mirrored(replicas);
+    const std::vector<Tensor> got = OneStep(*mirrored, model, batch);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float diff = (got[i].Flat() - expected[i].Flat()).abs().maxCoeff();
+      EXPECT_LT(diff, 1e-5f) << replicas << " replicas, variable " << i;
+    }
+  }
+}
+
+TEST(FitTest, MirroredCopiesStayIdenticalAfterEveryStep) {
+  const Model model = TestModel();
+  auto strategy = Mirrored(3);
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  DistributedVariables variables = strategy->CreateVariables(model.InitialVariables(5));
+  std::vector<std::vector<std::vector<Tensor>>> slots(3);
+  std::vector<std::unique_ptr<Workspace>> workspaces;
+  for (int r = 0; r < 3; ++r) workspaces.push_back(model.NewWorkspace(r));
+  PerReplica<std::vector<Tensor>> gradients{std::vector<std::vector<Tensor>>(3)};
+  for (int step = 0; step < 30; ++step) {
+    const Element batch = SyntheticData(30, 100 + step);
+    const std::vector<Element> parts = SplitRowsOverReplicas(batch, 3);
+    ASSERT_TRUE(strategy
+                    ->RunEach([&](ReplicaContext& context) {
+                      const int r = context.replica_id_in_sync_group();
+                      return model
+                          .TrainStep(variables.ReplicaValues(r), parts[r][0], parts[r][1], loss,
+                                     1.0f / 30, *workspaces[r], gradients[r])
+                          .status();
+                    })
+                    .ok());
+    ASSERT_TRUE(strategy
+                    ->ApplyGradients(
+                        gradients, variables,
+                        [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
+                          optimizer->Apply(vars, grads, slots[copy], step);
+                          return absl::OkStatus();
+                        })
+                    .ok());
+    for (int r = 1; r < 3; ++r) {
+      for (size_t i = 0; i < variables.primary().size(); ++i) {
+        ASSERT_TRUE(variables.ReplicaValues(r)[i].BitwiseEqual(variables.ReplicaValues(0)[i]))
+            << "step " << step << ", replica " << r << ", variable " << i;
+      }
+    }
+  }
+}
+
+FitData Data(int64_t train, int64_t test) {
+  FitData data;
+  data.train = Dataset::FromTensorSlices(SyntheticData(train, 11));
+  data.test = Dataset::FromTensorSlices(SyntheticData(test, 12));
+  data.has_test = true;
+  data.train_examples = train;
+  data.test_examples = test;
+  data.rescale = 1.0;
+  return data;
+}
+
+TEST(FitTest, EverySingleProcessStrategyLearns) {
+  const Model model = TestModel();
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  std::vector<std::unique_ptr<Strategy>> strategies;
+  strategies.push_back(std::make_unique<DefaultStrategy>());
+  strategies.push_back(*OneDeviceStrategy::Create("CPU:0"));
+  strategies.push_back(Mirrored(2));
+  MirroredOptions central;
+  central.devices = {"CPU:0", "CPU:1"};
+  strategies.push_back(*CentralStorageStrategy::Create(central));
+  for (auto& strategy : strategies) {
+    FitOptions options;
+    options.epochs = 8;
+    options.batch_size_per_replica = 16;
+    options.progress = ProgressStyle::kNone;
+    auto summary = Fit(*strategy, model, loss, *optimizer, Data(2000, 500), options);
+    ASSERT_TRUE(summary.ok()) << strategy->name() << ": " << summary.status();
+    EXPECT_GT(summary->test_accuracy, 0.85) << strategy->name();
+    EXPECT_LT(summary->history.back().loss, summary->history.front().loss) << strategy->name();
+    EXPECT_EQ(summary->num_replicas_in_sync, strategy->NumReplicasInSync());
+  }
+}
+
+TEST(FitTest, PartialLastBatchIsSplitAndEveryExampleCounted) {
+  const Model model = TestModel();
+  auto strategy = Mirrored(3);
+  FitOptions options;
+  options.batch_size_per_replica = 4;  // global 12; 25 examples leave a last batch of 1
+  options.progress = ProgressStyle::kNone;
+  options.shuffle_buffer = 0;
+  auto summary = Fit(*strategy, model, Loss::SparseCategoricalCrossentropy(),
+                     **Optimizer::FromKeras("sgd"), Data(25, 7), options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, 3);
+  EXPECT_EQ(summary->history[0].steps, 3);
+  const auto json = summary->ToJson();
+  for (const char* key : {"test_accuracy", "test_loss", "steps", "examples_per_sec", "wall_s",
+                          "strategy", "num_replicas_in_sync", "num_workers", "num_ps"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  EXPECT_EQ(json["strategy"], "MirroredStrategy");
+}
+
+TEST(FitTest, StepsPerEpochRepeatsTheData) {
+  const Model model = TestModel();
+  DefaultStrategy strategy;
+  FitOptions options;
+  options.epochs = 2;
+  options.steps_per_epoch = 10;  // 10 x 16 = 160 examples per epoch from 50
+  options.batch_size_per_replica = 16;
+  options.progress = ProgressStyle::kNone;
+  auto summary = Fit(strategy, model, Loss::SparseCategoricalCrossentropy(),
+                     **Optimizer::FromKeras("adam"), Data(50, 10), options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->steps, 20);
+}
+
+TEST(FitTest, WrongInputShapeIsAClearError) {
+  const Model model = TestModel();
+  DefaultStrategy strategy;
+  FitData data = Data(20, 5);
+  data.train =
+      Dataset::FromTensorSlices({Tensor(DType::kFloat32, {20, 9}), Tensor(DType::kInt32, {20})});
+  FitOptions options;
+  options.progress = ProgressStyle::kNone;
+  auto summary = Fit(strategy, model, Loss::SparseCategoricalCrossentropy(),
+                     **Optimizer::FromKeras("adam"), data, options);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_THAT(
+      std::string(summary.status().message()),
+      ::testing::HasSubstr("the data's examples are float32[20, 9] but the model takes [8]"));
+}
+
+}  // namespace
+}  // namespace stratum
