@@ -1,0 +1,111 @@
+// stratum-train as a user runs it: a real (short) Fashion-MNIST job, its summary, and the
+// errors a broken job gets.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct TrainRun {
+  ExitInfo exit;
+  std::string output;
+};
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+}
+
+TrainRun RunTrain(const std::vector<std::string>& args) {
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-train"};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  auto exit = (*process)->Wait(absl::Seconds(100));
+  EXPECT_TRUE(exit.ok()) << exit.status();
+  return {exit.ok() ? *exit : ExitInfo{}, (*process)->output()};
+}
+
+nlohmann::json ExampleJob() {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist.json");
+  return nlohmann::json::parse(file);
+}
+
+std::string WriteJob(const nlohmann::json& job, const std::string& name) {
+  const std::string path = TempPath(name + ".json");
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+TEST(StratumTrainTest, MirroredShortRunOnFashionMnistWritesItsSummary) {
+  nlohmann::json job = ExampleJob();
+  job["strategy"] = {{"type", "mirrored"}, {"devices", {"CPU:0", "CPU:1"}}};
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 150;
+  const std::string summary_path = TempPath("summary.json");
+  TrainRun run = RunTrain(
+      {"--job=" + WriteJob(job, "mirrored"), "--summary-json=" + summary_path, "--progress=lines"});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("MirroredStrategy on 2 replica(s) (CPU:0, CPU:1), global batch 128"));
+  EXPECT_THAT(run.output, HasSubstr("Epoch 2/2 - 150 steps - loss "));
+  std::ifstream file(summary_path);
+  const nlohmann::json summary = nlohmann::json::parse(file);
+  EXPECT_EQ(summary["strategy"], "MirroredStrategy");
+  EXPECT_EQ(summary["num_replicas_in_sync"], 2);
+  EXPECT_EQ(summary["steps"], 300);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.78);  // 300 steps of 128 examples
+  EXPECT_GT(summary["examples_per_sec"].get<double>(), 0);
+  std::remove(summary_path.c_str());
+}
+
+TEST(StratumTrainTest, UnsupportedLayerIsRefusedByName) {
+  nlohmann::json job = ExampleJob();
+  job["model"]["config"]["layers"][2]["class_name"] = "Conv2D";
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "conv")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, StartsWith("stratum-train: "));
+  EXPECT_THAT(run.output, HasSubstr("Conv2D"));
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+}
+
+TEST(StratumTrainTest, MissingDataNamesThePackage) {
+  nlohmann::json job = ExampleJob();
+  job["data"]["train"]["images"] = "/nonexistent/train-images-idx3-ubyte.gz";
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "missing")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("/nonexistent/train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(run.output, HasSubstr("dataset-fashion-mnist"));
+}
+
+TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
+  nlohmann::json job = ExampleJob();
+  job["strategy"] = {{"type", "parameter_server"}};
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "ps")});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("run the job with stratum-launch --job"));
+}
+
+TEST(StratumTrainTest, NoJobIsAUsageError) {
+  TrainRun run = RunTrain({});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("no job given: pass --job=FILE"));
+  run = RunTrain({"--job=/nonexistent/job.json"});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("job file /nonexistent/job.json cannot be read"));
+}
+
+}  // namespace
+}  // namespace stratum
