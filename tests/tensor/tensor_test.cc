@@ -1,5 +1,7 @@
 #include "stratum/tensor/tensor.h"
 
+#include "stratum/tensor/tensor_proto.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -58,6 +60,35 @@ TEST(TensorTest, DTypeNames) {
   EXPECT_EQ(DTypeSize(DType::kUInt8), 1u);
   EXPECT_THAT(std::string(DTypeFromName("float16").status().message()),
               ::testing::HasSubstr("dtype \"float16\" is not supported"));
+}
+
+TEST(TensorProtoTest, RoundTripsEveryDtype) {
+  for (const Tensor& tensor :
+       {Tensor::FromVector<float>({2, 3}, {1, 2, 3, 4, 5, 6}),
+        Tensor::FromVector<int32_t>({2}, {-1, 7}), Tensor::FromVector<int64_t>({1, 1}, {1LL << 40}),
+        Tensor::FromVector<uint8_t>({3}, {0, 128, 255}), Tensor(DType::kFloat32, {0, 4}),
+        Tensor::Scalar(2.5f)}) {
+    proto::TensorProto message;
+    TensorToProto(tensor, &message);
+    auto back = TensorFromProto(message);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(back->BitwiseEqual(tensor)) << tensor.DebugString();
+  }
+}
+
+TEST(TensorProtoTest, RefusesMalformedMessages) {
+  proto::TensorProto message;
+  TensorToProto(Tensor::FromVector<float>({2}, {1, 2}), &message);
+  message.set_content("abc");
+  EXPECT_THAT(std::string(TensorFromProto(message).status().message()),
+              ::testing::HasSubstr("tensor float32[2] needs 8 bytes but carries 3"));
+  message.set_dtype(static_cast<proto::DataType>(42));
+  EXPECT_THAT(std::string(TensorFromProto(message).status().message()),
+              ::testing::HasSubstr("dtype 42"));
+  message.set_dtype(proto::DT_FLOAT);
+  message.set_dims(0, -2);
+  EXPECT_THAT(std::string(TensorFromProto(message).status().message()),
+              ::testing::HasSubstr("dimension -2"));
 }
 
 }  // namespace
