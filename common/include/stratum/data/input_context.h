@@ -1,0 +1,53 @@
+// Input distribution as in tf.distribute: the InputContext a dataset function receives,
+// auto-sharding of a dataset over workers (policies OFF, AUTO, FILE, DATA), and the split
+// of a global batch into per-replica batches that ExperimentalDistributeDataset does.
+//
+// Auto-sharding rewrites the pipeline at its source, as TensorFlow's rewrite does: FILE
+// hands each worker a subset of the source files, DATA inserts Shard(num_workers, index)
+// right after the source. Sharding before Shuffle and Batch keeps the shards disjoint and
+// every worker's batches full.
+//
+// Thread safety: plain values and functions without state; use from any thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stratum/data/dataset.h"
+
+namespace stratum {
+
+struct InputContext {
+  int num_input_pipelines = 1;
+  int input_pipeline_id = 0;
+  int num_replicas_in_sync = 1;
+
+  // global_batch_size / num_replicas_in_sync; INVALID_ARGUMENT when it does not divide.
+  absl::StatusOr<int64_t> GetPerReplicaBatchSize(int64_t global_batch_size) const;
+};
+
+enum class AutoShardPolicy { kOff, kAuto, kFile, kData };
+
+// "OFF", "AUTO", "FILE", "DATA" (as tf.data.experimental.AutoShardPolicy spells them).
+absl::StatusOr<AutoShardPolicy> AutoShardPolicyFromName(absl::string_view name);
+const char* AutoShardPolicyName(AutoShardPolicy policy);
+
+// Worker `worker_index`'s part of `dataset`:
+//   OFF:  the dataset unchanged (every worker sees all of it);
+//   DATA: every num_workers-th element of the source, starting at worker_index;
+//   FILE: every num_workers-th source file (unit) starting at worker_index; an error when
+//         the dataset reads no files or fewer files than there are workers;
+//   AUTO: FILE when the dataset reads at least num_workers files, else DATA.
+// With one worker every policy returns the dataset unchanged. INVALID_ARGUMENT for a bad
+// worker count or index, or a dataset in an error state (its error).
+absl::StatusOr<Dataset> AutoShard(const Dataset& dataset, AutoShardPolicy policy, int num_workers,
+                                  int worker_index);
+
+// Splits every component of `global_batch` along axis 0 into num_replicas equal parts that
+// share its buffers; element r of the result is replica r's batch. INVALID_ARGUMENT when a
+// component is a scalar or its rows do not divide by num_replicas.
+absl::StatusOr<std::vector<Element>> SplitBatch(const Element& global_batch, int num_replicas);
+
+}  // namespace stratum
