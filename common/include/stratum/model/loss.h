@@ -1,0 +1,72 @@
+// Loss: the Keras losses Stratum trains with (sparse categorical cross-entropy, categorical
+// cross-entropy, mean squared error), their values and gradients on a batch of model
+// outputs, and the accuracy metric Keras pairs with each. The arithmetic follows Keras'
+// TensorFlow backend: a cross-entropy on the output of a softmax uses the softmax's logits
+// (log-sum-exp minus the label's logit, whatever from_logits says, as Keras does with the
+// logits it caches on a softmax output), and one on other probabilities clips them to
+// [1e-7, 1 - 1e-7].
+//
+// Thread safety: a Loss is an immutable value; every method is const and safe to call from
+// several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+// What one step (or evaluation batch) measured.
+struct StepStats {
+  double loss_sum = 0;   // sum of the per-example losses, not scaled
+  int64_t correct = 0;   // examples whose prediction matches the label (Keras' "accuracy")
+  int64_t examples = 0;  // examples in the batch
+};
+
+class Loss {
+ public:
+  enum class Kind { kSparseCategoricalCrossentropy, kCategoricalCrossentropy, kMeanSquaredError };
+
+  // A Keras loss as it appears in compile(): a name ("sparse_categorical_crossentropy",
+  // "categorical_crossentropy", "mean_squared_error", "mse", or a class name), or a
+  // serialized object {"class_name": "SparseCategoricalCrossentropy", "config": {...}}.
+  static absl::StatusOr<Loss> FromKeras(const nlohmann::json& spec);
+  static Loss SparseCategoricalCrossentropy(bool from_logits = false);
+  static Loss CategoricalCrossentropy(bool from_logits = false);
+  static Loss MeanSquaredError();
+
+  Kind kind() const { return kind_; }
+  bool from_logits() const { return from_logits_; }
+  bool is_crossentropy() const { return kind_ != Kind::kMeanSquaredError; }
+  // Whether targets are class ids ([B] integers) rather than [B, C] floats.
+  bool sparse_targets() const { return kind_ == Kind::kSparseCategoricalCrossentropy; }
+  // Keras' name: "sparse_categorical_crossentropy", ...
+  std::string name() const;
+  // The Keras object form: {"class_name": ..., "config": {"name", "from_logits"}}.
+  nlohmann::json ToKeras() const;
+
+  // Checks the targets of a batch of `batch` examples against a model with `classes` outputs:
+  // dtype, shape, and (for class ids) the range 0..classes-1.
+  absl::Status ValidateTargets(const Tensor& y, int64_t batch, int64_t classes) const;
+
+  // Loss and accuracy of a batch, and optionally its gradient. `predictions` is the model's
+  // [B, C] output. `logits`, when not null, holds the [B, C] pre-softmax values of a softmax
+  // output: cross-entropies then use them (fused softmax + cross-entropy). `grad`, when not
+  // null, receives scale * d(sum of per-example losses) / d(predictions), or / d(logits) when
+  // logits are used, as a row-major [B, C] array. `y` must have passed ValidateTargets.
+  StepStats Compute(ConstMatrixMap predictions, const float* logits, const Tensor& y, float scale,
+                    float* grad) const;
+
+ private:
+  Loss(Kind kind, bool from_logits) : kind_(kind), from_logits_(from_logits) {}
+
+  Kind kind_;
+  bool from_logits_;
+};
+
+}  // namespace stratum

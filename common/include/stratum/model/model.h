@@ -1,0 +1,116 @@
+// Model: a Keras Sequential model (InputLayer, Flatten, Dense, Activation, Dropout) built
+// from Keras' own model.to_json() text, with the forward pass, loss and backward pass that
+// one replica runs per step.
+//
+// The model holds the architecture only. Variables live outside it, in tensors the caller
+// owns (one copy per replica, or shards on parameter servers), and per-thread scratch lives
+// in a Workspace, so that many replicas can share one Model.
+//
+// Thread safety: a Model is immutable after creation; its const methods may run from many
+// threads at once, each with its own Workspace, variables and gradients. A Workspace is used
+// by one thread at a time. Ownership: NewWorkspace returns a unique_ptr the caller owns.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stratum/model/loss.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+// One trainable variable of a model, in the order the model's methods take them.
+struct VariableSpec {
+  std::string name;         // "dense/kernel", "dense/bias", "dense_1/kernel", ...
+  Shape shape;              // kernel [inputs, units]; bias [units]
+  std::string initializer;  // "glorot_uniform", "zeros", ...
+};
+
+// Per-thread scratch for a Model's steps: activations, dropout masks, the dropout random
+// stream and gradient buffers. Buffers are sized for the largest batch seen so far, so a
+// step allocates nothing once a workspace has seen its batch size.
+class Workspace {
+ public:
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  // The largest batch the buffers hold now.
+  int64_t capacity() const;
+
+  // Opaque; defined next to the Model's implementation.
+  struct State;
+  explicit Workspace(std::unique_ptr<State> state);
+  State& state() { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+class Model {
+ public:
+  // Keras' model.to_json() output for a Sequential model, in the tf.keras (Keras 2) or the
+  // Keras 3 form; also the file Keras writes with json.dump(model.to_json()), where the
+  // whole text is a JSON string. Unsupported layers and options are refused by name.
+  static absl::StatusOr<Model> FromKerasJson(absl::string_view text);
+  // The same for std::string and C strings (which would otherwise be ambiguous between the
+  // text and the JSON-value overloads).
+  static absl::StatusOr<Model> FromKerasJson(const std::string& text);
+  static absl::StatusOr<Model> FromKerasJson(const char* text);
+  // The same, already parsed (a JSON string holding the model text is unwrapped).
+  static absl::StatusOr<Model> FromKerasJson(const nlohmann::json& json);
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  Model(const Model&);
+  Model& operator=(const Model&);
+  ~Model();
+
+  const std::string& name() const;
+  const std::vector<VariableSpec>& variables() const;
+  // The shape of one example, without the batch dimension ([28, 28]).
+  Shape input_shape() const;
+  // Outputs per example (classes for a classifier).
+  int64_t output_size() const;
+  int64_t num_parameters() const;
+  // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
+  std::string Summary() const;
+
+  // Variables initialized as the layers' initializers say; the same seed gives the same
+  // values, bit for bit.
+  std::vector<Tensor> InitialVariables(uint64_t seed) const;
+  // Scratch for one thread; `seed` drives its dropout masks.
+  std::unique_ptr<Workspace> NewWorkspace(uint64_t seed) const;
+
+  // One training step of one replica: forward pass in training mode (dropout active), loss,
+  // backward pass. x is float32 [B, ...input_shape] (or [B, input elements]); y holds class
+  // ids [B] (int32, int64 or uint8) for a sparse loss, float32 [B, C] otherwise. The
+  // minimised objective is loss_scale * (sum over the batch of per-example losses): pass
+  // 1 / global batch size, as tf.distribute does, and summed replica gradients are right.
+  // `gradients` receives d(objective)/d(variable) for every variable (overwritten, not
+  // accumulated); tensors of the wrong shape, or missing, are allocated.
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
+                                      const Tensor& y, const Loss& loss, float loss_scale,
+                                      Workspace& ws, std::vector<Tensor>& gradients) const;
+  // Loss and accuracy in inference mode (dropout off).
+  absl::StatusOr<StepStats> Evaluate(const std::vector<Tensor>& variables, const Tensor& x,
+                                     const Tensor& y, const Loss& loss, Workspace& ws) const;
+  // The model's outputs, float32 [B, output_size()], in inference mode.
+  absl::StatusOr<Tensor> Predict(const std::vector<Tensor>& variables, const Tensor& x,
+                                 Workspace& ws) const;
+
+  // Opaque; defined in model.cc.
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stratum

@@ -1,0 +1,319 @@
+#include "stratum/model/loss.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace stratum {
+namespace {
+
+// Keras' backend.epsilon(): the clip bound for probabilities.
+constexpr float kEpsilon = 1e-7f;
+
+const char kSupported[] =
+    "use sparse_categorical_crossentropy, categorical_crossentropy or mean_squared_error";
+
+// "Sparse_Categorical_CrossEntropy" -> "sparsecategoricalcrossentropy".
+std::string Canonical(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (c != '_') out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  return out;
+}
+
+absl::StatusOr<Loss> FromName(const std::string& name, bool from_logits) {
+  const std::string canonical = Canonical(name);
+  if (canonical == "sparsecategoricalcrossentropy") {
+    return Loss::SparseCategoricalCrossentropy(from_logits);
+  }
+  if (canonical == "categoricalcrossentropy") return Loss::CategoricalCrossentropy(from_logits);
+  if (canonical == "meansquarederror" || canonical == "mse") return Loss::MeanSquaredError();
+  return absl::InvalidArgumentError(
+      absl::StrCat("loss \"", name, "\" is not supported by Stratum: ", kSupported));
+}
+
+// Refuses a config key whose value is not the harmless default.
+absl::Status CheckConfig(const std::string& class_name, const nlohmann::json& config) {
+  auto has = [&](const char* key) { return config.contains(key) && !config[key].is_null(); };
+  if (has("label_smoothing") &&
+      !(config["label_smoothing"].is_number() && config["label_smoothing"].get<double>() == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss ", class_name, " sets label_smoothing ", config["label_smoothing"].dump(),
+        ", which Stratum does not support: remove label_smoothing (or set it to 0)"));
+  }
+  if (has("ignore_class")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss ", class_name, " sets ignore_class ", config["ignore_class"].dump(),
+                     ", which Stratum does not support: remove ignore_class (or set it to None)"));
+  }
+  if (has("axis") && !(config["axis"].is_number_integer() && config["axis"].get<int64_t>() == -1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss ", class_name, " sets axis ", config["axis"].dump(),
+                     ", which Stratum does not support: use the default axis -1"));
+  }
+  if (has("reduction")) {
+    const nlohmann::json& reduction = config["reduction"];
+    if (!reduction.is_string() || (reduction != "auto" && reduction != "sum_over_batch_size")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loss ", class_name, " has reduction ", reduction.dump(),
+          ", which Stratum does not support: Stratum sums per-example losses and divides by the "
+          "global batch size, so use \"sum_over_batch_size\""));
+    }
+  }
+  if (has("from_logits") && !config["from_logits"].is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat("loss ", class_name, " has from_logits ",
+                                                   config["from_logits"].dump(),
+                                                   ", which is not a boolean: use true or false"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t LabelAt(const Tensor& y, int64_t i) {
+  switch (y.dtype()) {
+    case DType::kInt32:
+      return y.data<int32_t>()[i];
+    case DType::kInt64:
+      return y.data<int64_t>()[i];
+    case DType::kUInt8:
+      return y.data<uint8_t>()[i];
+    case DType::kFloat32:
+      break;
+  }
+  return -1;
+}
+
+// The first index of the largest value, as argmax does.
+int64_t ArgMax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
+
+// log(sum(exp(z))), computed stably.
+double LogSumExp(const float* z, int64_t n) {
+  const float max = *std::max_element(z, z + n);
+  double sum = 0;
+  for (int64_t c = 0; c < n; ++c) sum += std::exp(static_cast<double>(z[c] - max));
+  return max + std::log(sum);
+}
+
+// softmax(z) into out.
+void Softmax(const float* z, int64_t n, float* out) {
+  const float max = *std::max_element(z, z + n);
+  float sum = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    out[c] = std::exp(z[c] - max);
+    sum += out[c];
+  }
+  for (int64_t c = 0; c < n; ++c) out[c] /= sum;
+}
+
+}  // namespace
+
+Loss Loss::SparseCategoricalCrossentropy(bool from_logits) {
+  return Loss(Kind::kSparseCategoricalCrossentropy, from_logits);
+}
+Loss Loss::CategoricalCrossentropy(bool from_logits) {
+  return Loss(Kind::kCategoricalCrossentropy, from_logits);
+}
+Loss Loss::MeanSquaredError() { return Loss(Kind::kMeanSquaredError, false); }
+
+absl::StatusOr<Loss> Loss::FromKeras(const nlohmann::json& spec) {
+  if (spec.is_string()) return FromName(spec.get<std::string>(), false);
+  if (!spec.is_object() || !spec.contains("class_name") || !spec["class_name"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss ", spec.dump(), " is neither a loss name nor a Keras loss object: ", kSupported,
+        ", as a string or as {\"class_name\": ..., \"config\": {...}}"));
+  }
+  const std::string class_name = spec["class_name"].get<std::string>();
+  const nlohmann::json config =
+      spec.contains("config") && !spec["config"].is_null() ? spec["config"] : nlohmann::json{};
+  // Keras 3 serializes a loss function (not a Loss object) as {"class_name": "function",
+  // "config": "mean_squared_error"}.
+  if (class_name == "function" && config.is_string()) return FromName(config, false);
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss ", class_name, " has config ", config.dump(),
+                     ", which is not an object: ", "write it as {\"from_logits\": false, ...}"));
+  }
+  const absl::Status checked = CheckConfig(class_name, config);
+  if (!checked.ok()) return checked;
+  const bool from_logits = config.contains("from_logits") && config["from_logits"].is_boolean() &&
+                           config["from_logits"].get<bool>();
+  return FromName(class_name, from_logits);
+}
+
+std::string Loss::name() const {
+  switch (kind_) {
+    case Kind::kSparseCategoricalCrossentropy:
+      return "sparse_categorical_crossentropy";
+    case Kind::kCategoricalCrossentropy:
+      return "categorical_crossentropy";
+    case Kind::kMeanSquaredError:
+      return "mean_squared_error";
+  }
+  return "";
+}
+
+nlohmann::json Loss::ToKeras() const {
+  static const char* const kClassNames[] = {"SparseCategoricalCrossentropy",
+                                            "CategoricalCrossentropy", "MeanSquaredError"};
+  nlohmann::json config = {{"name", name()}, {"reduction", "sum_over_batch_size"}};
+  if (is_crossentropy()) config["from_logits"] = from_logits_;
+  return {{"class_name", kClassNames[static_cast<int>(kind_)]}, {"config", config}};
+}
+
+absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t classes) const {
+  if (!y.valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("y is empty, but loss ", name(), " needs targets: pass the batch's labels"));
+  }
+  const std::string expected_shape = sparse_targets()
+                                         ? absl::StrCat("[", batch, "]")
+                                         : absl::StrCat("[", batch, ", ", classes, "]");
+  if (sparse_targets()) {
+    if (y.dtype() == DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "y is ", y.DebugString(), ", but ", name(),
+          " takes integer class ids (int32, int64 or uint8) of shape ", expected_shape,
+          ": cast the labels to integers, or use categorical_crossentropy for one-hot labels"));
+    }
+    const bool shape_ok =
+        (y.shape().rank() == 1 && y.shape().dim(0) == batch) ||
+        (y.shape().rank() == 2 && y.shape().dim(0) == batch && y.shape().dim(1) == 1);
+    if (!shape_ok) {
+      return absl::InvalidArgumentError(absl::StrCat("y is ", y.DebugString(), ", but ", name(),
+                                                     " takes one class id per example: pass y of "
+                                                     "shape ",
+                                                     expected_shape));
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+      const int64_t label = LabelAt(y, i);
+      if (label < 0 || label >= classes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("y[", i, "] is ", label, ", outside the ", classes,
+                         " classes of the model's output (0..", classes - 1,
+                         "): check the labels, or the units of the model's last Dense layer"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  const bool shape_ok =
+      (y.shape().rank() == 2 && y.shape().dim(0) == batch && y.shape().dim(1) == classes) ||
+      (kind_ == Kind::kMeanSquaredError && classes == 1 && y.shape().rank() == 1 &&
+       y.shape().dim(0) == batch);
+  if (y.dtype() != DType::kFloat32 || !shape_ok) {
+    const std::string hint = kind_ == Kind::kCategoricalCrossentropy
+                                 ? " (one-hot rows; for class ids use "
+                                   "sparse_categorical_crossentropy)"
+                                 : "";
+    return absl::InvalidArgumentError(
+        absl::StrCat("y is ", y.DebugString(), ", but ", name(), " takes float32 targets of shape ",
+                     expected_shape, hint, ": pass one target row per example"));
+  }
+  return absl::OkStatus();
+}
+
+StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const Tensor& y,
+                        float scale, float* grad) const {
+  const int64_t batch = predictions.rows();
+  const int64_t classes = predictions.cols();
+  StepStats stats;
+  stats.examples = batch;
+  const float* targets = sparse_targets() ? nullptr : y.data<float>();
+  for (int64_t i = 0; i < batch; ++i) {
+    const float* p = predictions.data() + i * classes;
+    float* g = grad == nullptr ? nullptr : grad + i * classes;
+    const float* t = targets == nullptr ? nullptr : targets + i * classes;
+    // With fused logits, or from_logits, the cross-entropy works on logits z.
+    const float* z = logits != nullptr ? logits + i * classes : (from_logits_ ? p : nullptr);
+    switch (kind_) {
+      case Kind::kSparseCategoricalCrossentropy: {
+        const int64_t label = LabelAt(y, i);
+        stats.correct += ArgMax(p, classes) == label;
+        if (z != nullptr) {
+          stats.loss_sum += LogSumExp(z, classes) - z[label];
+          if (g == nullptr) break;
+          if (logits == nullptr) {
+            Softmax(z, classes, g);
+          } else {
+            std::copy(p, p + classes, g);  // the predictions are softmax(logits)
+          }
+          g[label] -= 1;
+          for (int64_t c = 0; c < classes; ++c) g[c] *= scale;
+          break;
+        }
+        // log(clip(p)) as logits: loss = log(sum q) - log(q[label]).
+        float sum = 0;
+        for (int64_t c = 0; c < classes; ++c) sum += std::clamp(p[c], kEpsilon, 1 - kEpsilon);
+        const float q_label = std::clamp(p[label], kEpsilon, 1 - kEpsilon);
+        stats.loss_sum +=
+            std::log(static_cast<double>(sum)) - std::log(static_cast<double>(q_label));
+        if (g == nullptr) break;
+        for (int64_t c = 0; c < classes; ++c) {
+          const bool inside = p[c] >= kEpsilon && p[c] <= 1 - kEpsilon;
+          const float d = 1 / sum - (c == label ? 1 / q_label : 0.0f);
+          g[c] = inside ? scale * d : 0.0f;
+        }
+        break;
+      }
+      case Kind::kCategoricalCrossentropy: {
+        stats.correct += ArgMax(p, classes) == ArgMax(t, classes);
+        if (z != nullptr) {
+          const double lse = LogSumExp(z, classes);
+          double loss = 0;
+          float t_sum = 0;
+          for (int64_t c = 0; c < classes; ++c) {
+            loss += t[c] * (lse - z[c]);
+            t_sum += t[c];
+          }
+          stats.loss_sum += loss;
+          if (g == nullptr) break;
+          if (logits == nullptr) {
+            Softmax(z, classes, g);
+          } else {
+            std::copy(p, p + classes, g);
+          }
+          for (int64_t c = 0; c < classes; ++c) g[c] = scale * (g[c] * t_sum - t[c]);
+          break;
+        }
+        // Keras normalizes the probabilities, clips them, and takes -sum(t * log(q)).
+        float sum = 0;
+        for (int64_t c = 0; c < classes; ++c) sum += p[c];
+        double loss = 0;
+        float dot = 0;  // sum over c of dL/dp_hat[c] * p_hat[c]
+        for (int64_t c = 0; c < classes; ++c) {
+          const float p_hat = p[c] / sum;
+          const float q = std::clamp(p_hat, kEpsilon, 1 - kEpsilon);
+          loss -= t[c] * std::log(static_cast<double>(q));
+          const bool inside = p_hat >= kEpsilon && p_hat <= 1 - kEpsilon;
+          const float d = inside ? -t[c] / q : 0.0f;
+          if (g != nullptr) g[c] = d;
+          dot += d * p_hat;
+        }
+        stats.loss_sum += loss;
+        if (g == nullptr) break;
+        for (int64_t c = 0; c < classes; ++c) g[c] = scale * (g[c] - dot) / sum;
+        break;
+      }
+      case Kind::kMeanSquaredError: {
+        if (classes == 1) {
+          stats.correct += static_cast<float>(p[0] > 0.5f) == t[0];
+        } else {
+          stats.correct += ArgMax(p, classes) == ArgMax(t, classes);
+        }
+        double loss = 0;
+        for (int64_t c = 0; c < classes; ++c) {
+          const float d = p[c] - t[c];
+          loss += static_cast<double>(d) * d;
+          if (g != nullptr) g[c] = scale * 2 * d / static_cast<float>(classes);
+        }
+        stats.loss_sum += loss / static_cast<double>(classes);
+        break;
+      }
+    }
+  }
+  return stats;
+}
+
+}  // namespace stratum

@@ -1,0 +1,371 @@
+#include "stratum/model/optimizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+const char kSupported[] = "use SGD, Adam, Adagrad or RMSprop";
+
+std::string Lower(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Programmer errors: a PS or a training loop that pairs the wrong tensors.
+void CheckSameShape(const Tensor& variable, const Tensor& gradient,
+                    const std::vector<Tensor>& slots, size_t num_slots) {
+  bool ok = variable.dtype() == DType::kFloat32 && gradient.dtype() == DType::kFloat32 &&
+            variable.shape() == gradient.shape() && slots.size() == num_slots;
+  for (const Tensor& slot : slots) ok = ok && slot.shape() == variable.shape();
+  if (!ok) {
+    std::fprintf(stderr,
+                 "Optimizer::ApplyDense: variable %s, gradient %s and %zu slots (expected %zu of "
+                 "the variable's shape) do not match\n",
+                 variable.DebugString().c_str(), gradient.DebugString().c_str(), slots.size(),
+                 num_slots);
+    std::abort();
+  }
+}
+
+// The config of one optimizer, read with checks; errors name the optimizer and the key.
+class ConfigReader {
+ public:
+  ConfigReader(std::string optimizer, const nlohmann::json& config)
+      : optimizer_(std::move(optimizer)), config_(config) {}
+
+  absl::StatusOr<float> Number(const char* key, float default_value, float min, float max) const {
+    if (!config_.contains(key) || config_[key].is_null()) return default_value;
+    const nlohmann::json& value = config_[key];
+    if (!value.is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", optimizer_, " has ", key, " ", value.dump(),
+          ", which is not a number: set ", key, " to a number in [", min, ", ", max, "]"));
+    }
+    const double number = value.get<double>();
+    if (!(number >= min && number <= max)) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer ", optimizer_, " has ", key, " ",
+                                                     value.dump(), ", outside [", min, ", ", max,
+                                                     "]: set ", key, " to a value in that range"));
+    }
+    return static_cast<float>(number);
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool default_value) const {
+    if (!config_.contains(key) || config_[key].is_null()) return default_value;
+    if (!config_[key].is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", optimizer_, " has ", key, " ", config_[key].dump(),
+                       ", which is not a boolean: use true or false"));
+    }
+    return config_[key].get<bool>();
+  }
+
+  absl::StatusOr<float> LearningRate(float default_value) const {
+    const char* key = config_.contains("learning_rate") ? "learning_rate" : "lr";
+    if (config_.contains(key) && config_[key].is_object()) {
+      const nlohmann::json& schedule = config_[key];
+      const std::string kind = schedule.contains("class_name") && schedule["class_name"].is_string()
+                                   ? schedule["class_name"].get<std::string>()
+                                   : std::string("object");
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", optimizer_, " has a learning-rate schedule (", kind, ") as ",
+                       key, ", which Stratum does not support: use a constant learning_rate"));
+    }
+    return Number(key, default_value, 0.0f, 1e6f);
+  }
+
+  // Keras options Stratum does not implement: refused unless null / false / 0.
+  absl::Status RefuseUnsupported() const {
+    for (const char* key : {"clipnorm", "clipvalue", "global_clipnorm", "weight_decay",
+                            "loss_scale_factor", "gradient_accumulation_steps"}) {
+      if (!config_.contains(key) || config_[key].is_null()) continue;
+      // tf.keras 2.11 writes weight_decay 0 (or null) when it is off.
+      if (std::string(key) == "weight_decay" && config_[key].is_number() &&
+          config_[key].get<double>() == 0) {
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", optimizer_, " sets ", key, " to ", config_[key].dump(),
+                       ", which Stratum does not support: remove ", key, " (or set it to None)"));
+    }
+    for (const char* key : {"use_ema", "amsgrad"}) {
+      if (config_.contains(key) && config_[key].is_boolean() && config_[key].get<bool>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer ", optimizer_, " sets ", key,
+                         " to true, which Stratum does not support: set ", key, " to false"));
+      }
+    }
+    if (config_.contains("decay") && config_["decay"].is_number() &&
+        config_["decay"].get<double>() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", optimizer_, " sets the legacy decay to ", config_["decay"].dump(),
+          ", which Stratum does not support: remove decay (or set it to 0)"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string optimizer_;
+  const nlohmann::json& config_;
+};
+
+Tensor Filled(const Tensor& variable, float value) {
+  Tensor slot(DType::kFloat32, variable.shape());
+  if (value != 0) slot.Flat().setConstant(value);
+  return slot;
+}
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(float learning_rate, float momentum, bool nesterov)
+      : Optimizer(learning_rate), momentum_(momentum), nesterov_(nesterov) {}
+
+  std::string name() const override { return "SGD"; }
+  nlohmann::json config() const override {
+    return {{"name", "SGD"},
+            {"learning_rate", learning_rate()},
+            {"momentum", momentum_},
+            {"nesterov", nesterov_}};
+  }
+  std::vector<std::string> SlotNames() const override {
+    if (momentum_ == 0) return {};
+    return {"momentum"};
+  }
+  std::vector<Tensor> NewSlots(const Tensor& variable) const override {
+    if (momentum_ == 0) return {};
+    return {Filled(variable, 0)};
+  }
+  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                  int64_t /*iteration*/) const override {
+    CheckSameShape(variable, gradient, slots, momentum_ == 0 ? 0 : 1);
+    auto var = variable.Flat();
+    const auto g = gradient.Flat();
+    const float lr = learning_rate();
+    if (momentum_ == 0) {
+      var -= lr * g;
+      return;
+    }
+    auto m = slots[0].Flat();
+    m = momentum_ * m - lr * g;
+    if (nesterov_) {
+      var += momentum_ * m - lr * g;
+    } else {
+      var += m;
+    }
+  }
+
+ private:
+  float momentum_;
+  bool nesterov_;
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(float learning_rate, float beta_1, float beta_2, float epsilon)
+      : Optimizer(learning_rate), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {}
+
+  std::string name() const override { return "Adam"; }
+  nlohmann::json config() const override {
+    return {{"name", "Adam"},      {"learning_rate", learning_rate()},
+            {"beta_1", beta_1_},   {"beta_2", beta_2_},
+            {"epsilon", epsilon_}, {"amsgrad", false}};
+  }
+  std::vector<std::string> SlotNames() const override { return {"m", "v"}; }
+  std::vector<Tensor> NewSlots(const Tensor& variable) const override {
+    return {Filled(variable, 0), Filled(variable, 0)};
+  }
+  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                  int64_t iteration) const override {
+    CheckSameShape(variable, gradient, slots, 2);
+    const double step = static_cast<double>(iteration + 1);
+    const float alpha = static_cast<float>(
+        learning_rate() * std::sqrt(1 - std::pow(beta_2_, step)) / (1 - std::pow(beta_1_, step)));
+    auto var = variable.Flat();
+    const auto g = gradient.Flat();
+    auto m = slots[0].Flat();
+    auto v = slots[1].Flat();
+    m += (g - m) * (1 - beta_1_);
+    v += (g.square() - v) * (1 - beta_2_);
+    var -= alpha * m / (v.sqrt() + epsilon_);
+  }
+
+ private:
+  float beta_1_, beta_2_, epsilon_;
+};
+
+class Adagrad final : public Optimizer {
+ public:
+  Adagrad(float learning_rate, float initial_accumulator_value, float epsilon)
+      : Optimizer(learning_rate), initial_(initial_accumulator_value), epsilon_(epsilon) {}
+
+  std::string name() const override { return "Adagrad"; }
+  nlohmann::json config() const override {
+    return {{"name", "Adagrad"},
+            {"learning_rate", learning_rate()},
+            {"initial_accumulator_value", initial_},
+            {"epsilon", epsilon_}};
+  }
+  std::vector<std::string> SlotNames() const override { return {"accumulator"}; }
+  std::vector<Tensor> NewSlots(const Tensor& variable) const override {
+    return {Filled(variable, initial_)};
+  }
+  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                  int64_t /*iteration*/) const override {
+    CheckSameShape(variable, gradient, slots, 1);
+    auto var = variable.Flat();
+    const auto g = gradient.Flat();
+    auto accumulator = slots[0].Flat();
+    // Keras 3: epsilon inside the square root.
+    accumulator += g.square();
+    var -= learning_rate() * g / (accumulator + epsilon_).sqrt();
+  }
+
+ private:
+  float initial_, epsilon_;
+};
+
+class RmsProp final : public Optimizer {
+ public:
+  RmsProp(float learning_rate, float rho, float momentum, float epsilon, bool centered)
+      : Optimizer(learning_rate),
+        rho_(rho),
+        momentum_(momentum),
+        epsilon_(epsilon),
+        centered_(centered) {}
+
+  std::string name() const override { return "RMSprop"; }
+  nlohmann::json config() const override {
+    return {{"name", "RMSprop"},   {"learning_rate", learning_rate()},
+            {"rho", rho_},         {"momentum", momentum_},
+            {"epsilon", epsilon_}, {"centered", centered_}};
+  }
+  std::vector<std::string> SlotNames() const override {
+    std::vector<std::string> names = {"velocity"};
+    if (momentum_ > 0) names.push_back("momentum");
+    if (centered_) names.push_back("average_gradient");
+    return names;
+  }
+  std::vector<Tensor> NewSlots(const Tensor& variable) const override {
+    std::vector<Tensor> slots;
+    for (size_t i = 0; i < SlotNames().size(); ++i) slots.push_back(Filled(variable, 0));
+    return slots;
+  }
+  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                  int64_t /*iteration*/) const override {
+    const size_t num_slots = 1 + (momentum_ > 0 ? 1 : 0) + (centered_ ? 1 : 0);
+    CheckSameShape(variable, gradient, slots, num_slots);
+    auto var = variable.Flat();
+    const auto g = gradient.Flat();
+    auto velocity = slots[0].Flat();
+    const float lr = learning_rate();
+    velocity = rho_ * velocity + (1 - rho_) * g.square();
+    // Keras 3: increment = lr * g / sqrt(denominator), epsilon inside the root.
+    auto apply = [&](const auto& denominator) {
+      if (momentum_ > 0) {
+        auto momentum = slots[1].Flat();
+        momentum = momentum_ * momentum + lr * g / denominator.sqrt();
+        var -= momentum;
+      } else {
+        var -= lr * g / denominator.sqrt();
+      }
+    };
+    if (centered_) {
+      auto average = slots[num_slots - 1].Flat();
+      average = rho_ * average + (1 - rho_) * g;
+      apply(velocity - average.square() + epsilon_);
+    } else {
+      apply(velocity + epsilon_);
+    }
+  }
+
+ private:
+  float rho_, momentum_, epsilon_;
+  bool centered_;
+};
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
+                                                 const nlohmann::json& config) {
+  const std::string kind = Lower(class_name);
+  std::string display = class_name;
+  if (kind == "sgd") display = "SGD";
+  if (kind == "adam") display = "Adam";
+  if (kind == "adagrad") display = "Adagrad";
+  if (kind == "rmsprop") display = "RMSprop";
+  const ConfigReader reader(display, config);
+  if (kind == "sgd") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.01f));
+    STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
+    STRATUM_ASSIGN_OR_RETURN(bool nesterov, reader.Bool("nesterov", false));
+    return std::unique_ptr<Optimizer>(new Sgd(lr, momentum, nesterov));
+  }
+  if (kind == "adam") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(float beta_1, reader.Number("beta_1", 0.9f, 0.0f, 1.0f));
+    STRATUM_ASSIGN_OR_RETURN(float beta_2, reader.Number("beta_2", 0.999f, 0.0f, 1.0f));
+    STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    return std::unique_ptr<Optimizer>(new Adam(lr, beta_1, beta_2, epsilon));
+  }
+  if (kind == "adagrad") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(float initial,
+                             reader.Number("initial_accumulator_value", 0.1f, 0.0f, 1e30f));
+    STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    return std::unique_ptr<Optimizer>(new Adagrad(lr, initial, epsilon));
+  }
+  if (kind == "rmsprop") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));
+    STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
+    STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    STRATUM_ASSIGN_OR_RETURN(bool centered, reader.Bool("centered", false));
+    return std::unique_ptr<Optimizer>(new RmsProp(lr, rho, momentum, epsilon, centered));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer \"", class_name, "\" is not supported by Stratum: ", kSupported));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::FromKeras(const nlohmann::json& spec) {
+  if (spec.is_string()) return Build(spec.get<std::string>(), nlohmann::json::object());
+  if (!spec.is_object() || !spec.contains("class_name") || !spec["class_name"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", spec.dump(), " is neither a name nor a Keras optimizer object: ", kSupported,
+        ", as \"adam\" or {\"class_name\": \"Adam\", \"config\": {...}}"));
+  }
+  const std::string class_name = spec["class_name"].get<std::string>();
+  const nlohmann::json config = spec.contains("config") && !spec["config"].is_null()
+                                    ? spec["config"]
+                                    : nlohmann::json::object();
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer ", class_name, " has config ", config.dump(),
+                     ", which is not an object: write it as {\"learning_rate\": 0.001, ...}"));
+  }
+  return Build(class_name, config);
+}
+
+void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
+                      std::vector<std::vector<Tensor>>& slots, int64_t iteration) const {
+  if (slots.size() != vars.size()) slots.resize(vars.size());
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (slots[i].empty()) slots[i] = NewSlots(vars[i]);
+    ApplyDense(vars[i], grads[i], slots[i], iteration);
+  }
+}
+
+}  // namespace stratum

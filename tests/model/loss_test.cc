@@ -1,0 +1,187 @@
+// Loss: Keras names and objects, values against hand computation, the fused softmax
+// cross-entropy on huge logits, accuracy, and target validation.
+#include "stratum/model/loss.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/model/model.h"
+
+namespace stratum {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+Loss MustParse(const json& spec) {
+  auto loss = Loss::FromKeras(spec);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  return loss.ok() ? *loss : Loss::MeanSquaredError();
+}
+
+std::string Refusal(const json& spec) {
+  auto loss = Loss::FromKeras(spec);
+  EXPECT_FALSE(loss.ok()) << spec.dump();
+  return loss.ok() ? "" : std::string(loss.status().message());
+}
+
+TEST(LossTest, ParsesKerasNamesAndObjects) {
+  EXPECT_EQ(MustParse("sparse_categorical_crossentropy").kind(),
+            Loss::Kind::kSparseCategoricalCrossentropy);
+  EXPECT_EQ(MustParse("categorical_crossentropy").kind(), Loss::Kind::kCategoricalCrossentropy);
+  EXPECT_EQ(MustParse("mse").kind(), Loss::Kind::kMeanSquaredError);
+  EXPECT_EQ(MustParse("mean_squared_error").kind(), Loss::Kind::kMeanSquaredError);
+  const Loss keras2 = MustParse(json::parse(R"({"class_name": "SparseCategoricalCrossentropy",
+      "config": {"reduction": "auto", "name": "sparse_categorical_crossentropy",
+      "from_logits": true, "ignore_class": null}})"));
+  EXPECT_EQ(keras2.kind(), Loss::Kind::kSparseCategoricalCrossentropy);
+  EXPECT_TRUE(keras2.from_logits());
+  const Loss keras3 = MustParse(json::parse(R"({"module": "keras.losses",
+      "class_name": "CategoricalCrossentropy", "config": {"name": "categorical_crossentropy",
+      "reduction": "sum_over_batch_size", "from_logits": false, "label_smoothing": 0.0,
+      "axis": -1}, "registered_name": null})"));
+  EXPECT_EQ(keras3.kind(), Loss::Kind::kCategoricalCrossentropy);
+  EXPECT_FALSE(keras3.from_logits());
+  EXPECT_EQ(MustParse(json::parse(R"({"module": "keras.losses", "class_name": "function",
+      "config": "mean_squared_error", "registered_name": "mean_squared_error"})"))
+                .kind(),
+            Loss::Kind::kMeanSquaredError);
+  EXPECT_EQ(MustParse(MustParse("sparse_categorical_crossentropy").ToKeras()).name(),
+            "sparse_categorical_crossentropy");
+}
+
+TEST(LossTest, RefusesUnsupportedLossesByName) {
+  EXPECT_EQ(Refusal("binary_crossentropy"),
+            "loss \"binary_crossentropy\" is not supported by Stratum: use "
+            "sparse_categorical_crossentropy, categorical_crossentropy or mean_squared_error");
+  EXPECT_THAT(Refusal(json{{"class_name", "CategoricalCrossentropy"},
+                           {"config", {{"label_smoothing", 0.1}}}}),
+              HasSubstr("sets label_smoothing 0.1"));
+  EXPECT_THAT(Refusal(json{{"class_name", "SparseCategoricalCrossentropy"},
+                           {"config", {{"ignore_class", 0}}}}),
+              HasSubstr("sets ignore_class 0"));
+  EXPECT_THAT(Refusal(json{{"class_name", "MeanSquaredError"}, {"config", {{"reduction", "sum"}}}}),
+              HasSubstr("has reduction \"sum\", which Stratum does not support"));
+  EXPECT_THAT(Refusal(json{{"class_name", "SparseCategoricalCrossentropy"},
+                           {"config", {{"from_logits", "yes"}}}}),
+              HasSubstr("which is not a boolean"));
+  EXPECT_THAT(Refusal(json{{"class_name", "Huber"}, {"config", json::object()}}),
+              HasSubstr("loss \"Huber\" is not supported by Stratum"));
+  EXPECT_THAT(Refusal(7), HasSubstr("neither a loss name nor a Keras loss object"));
+}
+
+TEST(LossTest, SparseProbabilitiesAreClippedLikeKeras) {
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  const Tensor p = Tensor::FromVector<float>(Shape({2, 3}), {0.2f, 0.7f, 0.1f, 1.0f, 0.0f, 0.0f});
+  const Tensor y = Tensor::FromVector<int64_t>(Shape({2}), {1, 1});
+  ASSERT_TRUE(loss.ValidateTargets(y, 2, 3).ok());
+  std::vector<float> grad(6);
+  const StepStats stats = loss.Compute(p.Matrix(), nullptr, y, 0.5f, grad.data());
+  // Example 1: the label's probability 0 is clipped to 1e-7: -log(1e-7 / (1 - 1e-7 + 2e-7)).
+  const double expected = -std::log(0.7) + -std::log(1e-7 / (1 - 1e-7 + 2e-7));
+  EXPECT_NEAR(stats.loss_sum, expected, 1e-4);
+  EXPECT_TRUE(std::isfinite(stats.loss_sum));
+  EXPECT_EQ(stats.correct, 1);
+  EXPECT_EQ(stats.examples, 2);
+  for (float g : grad) EXPECT_TRUE(std::isfinite(g));
+}
+
+TEST(LossTest, CategoricalOnProbabilitiesNormalizesLikeKeras) {
+  const Loss loss = Loss::CategoricalCrossentropy();
+  // Keras' docstring example: [0.10536, 0.11653, 0.06188].
+  const Tensor t = Tensor::FromVector<float>(Shape({3, 3}), {1, 0, 0, 0, 1, 0, 0, 0, 1});
+  const Tensor p = Tensor::FromVector<float>(
+      Shape({3, 3}), {0.9f, 0.05f, 0.05f, 0.05f, 0.89f, 0.06f, 0.05f, 0.01f, 0.94f});
+  const StepStats stats = loss.Compute(p.Matrix(), nullptr, t, 1, nullptr);
+  EXPECT_NEAR(stats.loss_sum, 0.10536 + 0.11653 + 0.06188, 1e-4);
+  EXPECT_EQ(stats.correct, 3);
+}
+
+TEST(LossTest, MeanSquaredErrorAndBinaryAccuracy) {
+  const Loss loss = Loss::MeanSquaredError();
+  const Tensor p = Tensor::FromVector<float>(Shape({2, 1}), {0.8f, 0.4f});
+  const Tensor t = Tensor::FromVector<float>(Shape({2}), {1.0f, 1.0f});
+  ASSERT_TRUE(loss.ValidateTargets(t, 2, 1).ok());
+  std::vector<float> grad(2);
+  const StepStats stats = loss.Compute(p.Matrix(), nullptr, t, 0.5f, grad.data());
+  EXPECT_NEAR(stats.loss_sum, 0.04 + 0.36, 1e-6);
+  EXPECT_EQ(stats.correct, 1);  // 0.8 > 0.5 matches 1; 0.4 does not
+  EXPECT_NEAR(grad[0], 0.5f * 2 * -0.2f, 1e-6);
+  EXPECT_NEAR(grad[1], 0.5f * 2 * -0.6f, 1e-6);
+}
+
+// Dense(3, softmax) on a 2-wide input whose kernel makes huge logits.
+Model SoftmaxModel() {
+  auto model = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 2]}},
+      {"class_name": "Dense", "config": {"name": "out", "units": 3, "activation": "softmax"}}]}})");
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
+}
+
+TEST(LossTest, FusedSoftmaxCrossEntropyStaysFiniteOnHugeLogits) {
+  const Model model = SoftmaxModel();
+  std::vector<Tensor> vars = {Tensor::FromVector<float>(Shape({2, 3}), {1000, -1000, 0, 0, 0, 500}),
+                              Tensor::FromVector<float>(Shape({3}), {0, 0, 0})};
+  const Tensor x = Tensor::FromVector<float>(Shape({2, 2}), {1, 0, 0, 1});
+  auto ws = model.NewWorkspace(0);
+  std::vector<Tensor> grads;
+  // Example 0: logits [1000, -1000, 0], label 1 (probability exp(-2000): 0 in float32).
+  // Example 1: logits [0, 0, 500], label 2.
+  const Tensor y = Tensor::FromVector<int32_t>(Shape({2}), {1, 2});
+  auto sparse =
+      model.TrainStep(vars, x, y, Loss::SparseCategoricalCrossentropy(), 0.5f, *ws, grads);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_NEAR(sparse->loss_sum, 2000.0, 1e-2);  // logsumexp - logit, as tf.keras computes
+  for (const Tensor& g : grads) EXPECT_TRUE(g.Flat().isFinite().all()) << g.DebugString();
+  // d/d(kernel[0][1]) = 0.5 * x[0][0] * (softmax - onehot)[1] = 0.5 * (0 - 1).
+  EXPECT_NEAR(grads[0].data<float>()[1], -0.5f, 1e-6);
+  EXPECT_NEAR(grads[0].data<float>()[0], 0.5f, 1e-6);
+  // from_logits=true on a softmax output: Keras' TensorFlow backend still uses the cached
+  // logits (with a warning), so the values are the same.
+  auto from_logits =
+      model.TrainStep(vars, x, y, Loss::SparseCategoricalCrossentropy(true), 0.5f, *ws, grads);
+  ASSERT_TRUE(from_logits.ok());
+  EXPECT_EQ(from_logits->loss_sum, sparse->loss_sum);
+  const Tensor onehot = Tensor::FromVector<float>(Shape({2, 3}), {0, 1, 0, 0, 0, 1});
+  auto categorical =
+      model.TrainStep(vars, x, onehot, Loss::CategoricalCrossentropy(), 0.5f, *ws, grads);
+  ASSERT_TRUE(categorical.ok());
+  EXPECT_NEAR(categorical->loss_sum, 2000.0, 1e-2);
+  for (const Tensor& g : grads) EXPECT_TRUE(g.Flat().isFinite().all());
+  auto evaluated = model.Evaluate(vars, x, y, Loss::SparseCategoricalCrossentropy(), *ws);
+  ASSERT_TRUE(evaluated.ok());
+  EXPECT_NEAR(evaluated->loss_sum, 2000.0, 1e-2);
+  EXPECT_EQ(evaluated->correct, 1);
+}
+
+TEST(LossTest, ValidatesTargets) {
+  const Loss sparse = Loss::SparseCategoricalCrossentropy();
+  EXPECT_TRUE(sparse.ValidateTargets(Tensor(DType::kUInt8, Shape({4})), 4, 10).ok());
+  EXPECT_TRUE(sparse.ValidateTargets(Tensor(DType::kInt32, Shape({4, 1})), 4, 10).ok());
+  EXPECT_EQ(std::string(sparse.ValidateTargets(Tensor(DType::kInt32, Shape({3})), 4, 10).message()),
+            "y is int32[3], but sparse_categorical_crossentropy takes one class id per example: "
+            "pass y of shape [4]");
+  EXPECT_THAT(
+      std::string(
+          sparse.ValidateTargets(Tensor::FromVector<int32_t>(Shape({1}), {-1}), 1, 10).message()),
+      HasSubstr("y[0] is -1, outside the 10 classes"));
+  const Loss categorical = Loss::CategoricalCrossentropy();
+  EXPECT_TRUE(categorical.ValidateTargets(Tensor(DType::kFloat32, Shape({4, 10})), 4, 10).ok());
+  EXPECT_EQ(
+      std::string(categorical.ValidateTargets(Tensor(DType::kInt64, Shape({4})), 4, 10).message()),
+      "y is int64[4], but categorical_crossentropy takes float32 targets of shape [4, 10] "
+      "(one-hot rows; for class ids use sparse_categorical_crossentropy): pass one target "
+      "row per example");
+  EXPECT_THAT(std::string(Loss::MeanSquaredError()
+                              .ValidateTargets(Tensor(DType::kFloat32, Shape({4, 3})), 4, 10)
+                              .message()),
+              HasSubstr("takes float32 targets of shape [4, 10]"));
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,183 @@
+// Finite-difference checks of Model::TrainStep's gradients, for every layer, activation and
+// loss combination Stratum supports.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+
+namespace stratum {
+namespace {
+
+using nlohmann::json;
+
+struct GradientCase {
+  std::string label;
+  std::vector<int64_t> input_shape;
+  json layers;
+  json loss;
+};
+
+json Dense(int units, const char* activation, bool use_bias = true) {
+  return {{"class_name", "Dense"},
+          {"config", {{"units", units}, {"activation", activation}, {"use_bias", use_bias}}}};
+}
+json Act(const char* activation) {
+  return {{"class_name", "Activation"}, {"config", {{"activation", activation}}}};
+}
+json Dropout(double rate) { return {{"class_name", "Dropout"}, {"config", {{"rate", rate}}}}; }
+json Flatten() { return {{"class_name", "Flatten"}, {"config", json::object()}}; }
+
+Model Build(const GradientCase& c) {
+  json input_shape = json::array({nullptr});
+  for (int64_t dim : c.input_shape) input_shape.push_back(dim);
+  json layers = json::array(
+      {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", input_shape}}}}});
+  for (const json& layer : c.layers) layers.push_back(layer);
+  auto model = Model::FromKerasJson(
+      json{{"class_name", "Sequential"}, {"config", {{"name", "m"}, {"layers", layers}}}});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
+}
+
+class GradientTest : public ::testing::TestWithParam<GradientCase> {};
+
+TEST_P(GradientTest, MatchesFiniteDifferences) {
+  const GradientCase& c = GetParam();
+  const Model model = Build(c);
+  auto loss_or = Loss::FromKeras(c.loss);
+  ASSERT_TRUE(loss_or.ok()) << loss_or.status();
+  const Loss loss = *loss_or;
+  constexpr int64_t kBatch = 4;
+  const int64_t classes = model.output_size();
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<int64_t> x_dims = {kBatch};
+  for (int64_t dim : c.input_shape) x_dims.push_back(dim);
+  Tensor x(DType::kFloat32, Shape(x_dims));
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.data<float>()[i] = normal(rng);
+  Tensor y;
+  if (loss.sparse_targets()) {
+    y = Tensor(DType::kInt64, Shape({kBatch}));
+    for (int64_t i = 0; i < kBatch; ++i) y.data<int64_t>()[i] = (i * 2 + 1) % classes;
+  } else {
+    y = Tensor(DType::kFloat32, Shape({kBatch, classes}));
+    for (int64_t i = 0; i < kBatch; ++i) {
+      for (int64_t k = 0; k < classes; ++k) {
+        y.data<float>()[i * classes + k] =
+            loss.is_crossentropy() ? (k == i % classes ? 1.0f : 0.0f) : 0.3f * normal(rng);
+      }
+    }
+  }
+  std::vector<Tensor> vars = model.InitialVariables(11);
+  // Non-zero biases, so that every path is exercised.
+  for (size_t v = 0; v < vars.size(); ++v) {
+    if (model.variables()[v].name.find("bias") != std::string::npos) {
+      for (int64_t i = 0; i < vars[v].num_elements(); ++i) {
+        vars[v].data<float>()[i] = 0.1f * normal(rng);
+      }
+    }
+  }
+  const float scale = 1.0f / 8;  // as if the global batch had 8 examples
+  // The same workspace seed gives the same dropout masks on every call.
+  auto objective = [&](const std::vector<Tensor>& at) {
+    auto ws = model.NewWorkspace(5);
+    std::vector<Tensor> unused;
+    auto stats = model.TrainStep(at, x, y, loss, scale, *ws, unused);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats->loss_sum * scale;
+  };
+  auto ws = model.NewWorkspace(5);
+  std::vector<Tensor> grads;
+  ASSERT_TRUE(model.TrainStep(vars, x, y, loss, scale, *ws, grads).ok());
+
+  constexpr float kStep = 2e-3f;
+  int checked = 0;
+  for (size_t v = 0; v < vars.size(); ++v) {
+    for (int64_t i = 0; i < vars[v].num_elements(); ++i) {
+      std::vector<Tensor> plus, minus;
+      for (const Tensor& t : vars) {
+        plus.push_back(t.Clone());
+        minus.push_back(t.Clone());
+      }
+      plus[v].data<float>()[i] += kStep;
+      minus[v].data<float>()[i] -= kStep;
+      const double numeric = (objective(plus) - objective(minus)) / (2.0 * kStep);
+      const double analytic = grads[v].data<float>()[i];
+      EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric))
+          << c.label << ": " << model.variables()[v].name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, model.num_parameters());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllLayers, GradientTest,
+    ::testing::Values(
+        GradientCase{"ReluSoftmaxSparse",
+                     {6},
+                     {Dense(5, "relu"), Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"TanhSoftmaxCategorical",
+                     {6},
+                     {Dense(5, "tanh"), Dense(3, "softmax")},
+                     "categorical_crossentropy"},
+        GradientCase{
+            "SigmoidLogitsSparse",
+            {6},
+            {Dense(5, "sigmoid"), Dense(3, "linear")},
+            {{"class_name", "SparseCategoricalCrossentropy"}, {"config", {{"from_logits", true}}}}},
+        GradientCase{
+            "LinearLogitsCategorical",
+            {6},
+            {Dense(5, "linear"), Dense(3, "linear")},
+            {{"class_name", "CategoricalCrossentropy"}, {"config", {{"from_logits", true}}}}},
+        GradientCase{"ActivationSoftmaxFused",
+                     {6},
+                     {Dense(5, "linear"), Dense(3, "linear"), Act("softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"DropoutHidden",
+                     {6},
+                     {Dense(5, "relu"), Dropout(0.3), Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"SigmoidMse", {6}, {Dense(5, "relu"), Dense(3, "sigmoid")}, "mse"},
+        GradientCase{"SigmoidProbabilitiesSparse",
+                     {6},
+                     {Dense(5, "tanh"), Dense(3, "sigmoid")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"SigmoidProbabilitiesCategorical",
+                     {6},
+                     {Dense(3, "sigmoid")},
+                     "categorical_crossentropy"},
+        GradientCase{"SoftmaxThenDropoutCategorical",
+                     {6},
+                     {Dense(5, "relu"), Dense(3, "softmax"), Dropout(0.5)},
+                     "categorical_crossentropy"},
+        GradientCase{"HiddenSoftmaxNoBiasMse",
+                     {6},
+                     {Dense(4, "softmax"), Dense(3, "linear", false)},
+                     "mean_squared_error"},
+        GradientCase{
+            "ActivationLayers",
+            {6},
+            {Dense(5, "linear"), Act("relu"), Act("tanh"), Dense(3, "linear"), Act("sigmoid")},
+            "mse"},
+        GradientCase{"DenseOnRank2InputThenFlatten",
+                     {2, 3},
+                     {Dense(4, "tanh"), Flatten(), Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"DropoutFirst",
+                     {2, 3},
+                     {Flatten(), Dropout(0.25), Dense(4, "relu"), Dense(3, "softmax")},
+                     {{"class_name", "SparseCategoricalCrossentropy"},
+                      {"config", {{"from_logits", true}}}}}),
+    [](const ::testing::TestParamInfo<GradientCase>& info) { return info.param.label; });
+
+}  // namespace
+}  // namespace stratum

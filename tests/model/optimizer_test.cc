@@ -1,0 +1,247 @@
+// Optimizer updates against Keras' formulas evaluated by hand (in double), defaults, and the
+// refusal of options Stratum does not implement.
+#include "stratum/model/optimizer.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using nlohmann::json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Optimizer> Make(const json& spec) {
+  auto optimizer = Optimizer::FromKeras(spec);
+  EXPECT_TRUE(optimizer.ok()) << optimizer.status();
+  return optimizer.ok() ? *std::move(optimizer) : nullptr;
+}
+
+std::string Refusal(const json& spec) {
+  auto optimizer = Optimizer::FromKeras(spec);
+  EXPECT_FALSE(optimizer.ok()) << spec.dump();
+  return optimizer.ok() ? "" : std::string(optimizer.status().message());
+}
+
+const std::vector<double> kStart = {0.5, -1.25, 2.0, 0.0};
+// Gradients of three steps.
+const std::vector<std::vector<double>> kGrads = {
+    {0.1, -0.2, 0.3, 0.0}, {-0.4, 0.05, 0.2, 1.0}, {0.3, 0.3, -0.1, -2.0}};
+
+// Runs three ApplyDense steps and compares with `reference`, which updates one element
+// (var, grad, state[], step) in double.
+void ExpectMatches(const Optimizer& optimizer,
+                   const std::function<void(double&, double, std::vector<double>&, int)>& reference,
+                   int num_state, double initial_state = 0) {
+  Tensor var = Tensor::FromVector<float>(Shape({4}), {0.5f, -1.25f, 2.0f, 0.0f});
+  std::vector<Tensor> slots = optimizer.NewSlots(var);
+  std::vector<double> expected = kStart;
+  std::vector<std::vector<double>> state(4, std::vector<double>(num_state, initial_state));
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g(kGrads[step].begin(), kGrads[step].end());
+    optimizer.ApplyDense(var, Tensor::FromVector<float>(Shape({4}), g), slots, step);
+    for (int i = 0; i < 4; ++i) reference(expected[i], kGrads[step][i], state[i], step);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(var.data<float>()[i], expected[i], 1e-5 + 1e-5 * std::abs(expected[i]))
+          << optimizer.name() << " step " << step << " element " << i;
+    }
+  }
+}
+
+TEST(OptimizerTest, DefaultsFollowKeras) {
+  auto adam = Make("adam");
+  EXPECT_EQ(adam->name(), "Adam");
+  EXPECT_FLOAT_EQ(adam->learning_rate(), 0.001f);
+  EXPECT_FLOAT_EQ(adam->config()["beta_1"].get<float>(), 0.9f);
+  EXPECT_FLOAT_EQ(adam->config()["beta_2"].get<float>(), 0.999f);
+  EXPECT_FLOAT_EQ(adam->config()["epsilon"].get<float>(), 1e-7f);
+  EXPECT_THAT(adam->SlotNames(), ElementsAre("m", "v"));
+  auto sgd = Make("sgd");
+  EXPECT_EQ(sgd->name(), "SGD");
+  EXPECT_FLOAT_EQ(sgd->learning_rate(), 0.01f);
+  EXPECT_TRUE(sgd->SlotNames().empty());
+  auto adagrad = Make("Adagrad");
+  EXPECT_FLOAT_EQ(adagrad->learning_rate(), 0.001f);
+  EXPECT_FLOAT_EQ(adagrad->config()["initial_accumulator_value"].get<float>(), 0.1f);
+  auto rmsprop = Make("rmsprop");
+  EXPECT_EQ(rmsprop->name(), "RMSprop");
+  EXPECT_FLOAT_EQ(rmsprop->config()["rho"].get<float>(), 0.9f);
+  EXPECT_THAT(rmsprop->SlotNames(), ElementsAre("velocity"));
+  EXPECT_THAT(
+      Make(json{{"class_name", "RMSprop"}, {"config", {{"momentum", 0.5}, {"centered", true}}}})
+          ->SlotNames(),
+      ElementsAre("velocity", "momentum", "average_gradient"));
+}
+
+TEST(OptimizerTest, ParsesKeras3AndTfKerasConfigs) {
+  const char* keras3 = R"({"module": "keras.optimizers", "class_name": "Adam", "config": {
+      "name": "adam", "learning_rate": 0.0020000000949949026, "weight_decay": null,
+      "clipnorm": null, "global_clipnorm": null, "clipvalue": null, "use_ema": false,
+      "ema_momentum": 0.99, "ema_overwrite_frequency": null, "loss_scale_factor": null,
+      "gradient_accumulation_steps": null, "beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-07,
+      "amsgrad": false}, "registered_name": null})";
+  auto adam = Make(json::parse(keras3));
+  EXPECT_FLOAT_EQ(adam->learning_rate(), 0.002f);
+  EXPECT_FLOAT_EQ(adam->config()["beta_1"].get<float>(), 0.8f);
+  const char* tf_keras = R"({"class_name": "SGD", "config": {"name": "SGD",
+      "weight_decay": null, "clipnorm": null, "global_clipnorm": null, "clipvalue": null,
+      "use_ema": false, "ema_momentum": 0.99, "ema_overwrite_frequency": null,
+      "jit_compile": true, "is_legacy_optimizer": false, "learning_rate": 0.05,
+      "momentum": 0.9, "nesterov": true}})";
+  auto sgd = Make(json::parse(tf_keras));
+  EXPECT_FLOAT_EQ(sgd->learning_rate(), 0.05f);
+  EXPECT_TRUE(sgd->config()["nesterov"].get<bool>());
+  EXPECT_THAT(sgd->SlotNames(), ElementsAre("momentum"));
+}
+
+TEST(OptimizerTest, AdamMatchesKerasFormula) {
+  auto adam = Make(json{{"class_name", "Adam"}, {"config", {{"learning_rate", 0.01}}}});
+  ExpectMatches(
+      *adam,
+      [](double& var, double g, std::vector<double>& s, int step) {
+        const double t = step + 1;
+        s[0] += (g - s[0]) * (1 - 0.9);
+        s[1] += (g * g - s[1]) * (1 - 0.999);
+        const double alpha = 0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+        var -= alpha * s[0] / (std::sqrt(s[1]) + 1e-7);
+      },
+      2);
+}
+
+TEST(OptimizerTest, SgdPlainMatchesKerasFormula) {
+  auto sgd = Make(json{{"class_name", "SGD"}, {"config", {{"learning_rate", 0.1}}}});
+  ExpectMatches(
+      *sgd, [](double& var, double g, std::vector<double>&, int) { var -= 0.1 * g; }, 0);
+}
+
+TEST(OptimizerTest, SgdMomentumMatchesKerasFormula) {
+  auto sgd =
+      Make(json{{"class_name", "SGD"}, {"config", {{"learning_rate", 0.1}, {"momentum", 0.9}}}});
+  ExpectMatches(
+      *sgd,
+      [](double& var, double g, std::vector<double>& s, int) {
+        s[0] = 0.9 * s[0] - 0.1 * g;
+        var += s[0];
+      },
+      1);
+}
+
+TEST(OptimizerTest, SgdNesterovMatchesKerasFormula) {
+  auto sgd =
+      Make(json{{"class_name", "SGD"},
+                {"config", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"nesterov", true}}}});
+  ExpectMatches(
+      *sgd,
+      [](double& var, double g, std::vector<double>& s, int) {
+        s[0] = 0.9 * s[0] - 0.1 * g;
+        var += 0.9 * s[0] - 0.1 * g;
+      },
+      1);
+}
+
+TEST(OptimizerTest, AdagradMatchesKeras3Formula) {
+  auto adagrad = Make(json{{"class_name", "Adagrad"}, {"config", {{"learning_rate", 0.1}}}});
+  ExpectMatches(
+      *adagrad,
+      [](double& var, double g, std::vector<double>& s, int) {
+        s[0] += g * g;
+        var -= 0.1 * g / std::sqrt(s[0] + 1e-7);
+      },
+      1, 0.1);
+}
+
+TEST(OptimizerTest, RmspropMatchesKeras3Formula) {
+  auto rmsprop = Make(json{{"class_name", "RMSprop"}, {"config", {{"learning_rate", 0.01}}}});
+  ExpectMatches(
+      *rmsprop,
+      [](double& var, double g, std::vector<double>& s, int) {
+        s[0] = 0.9 * s[0] + 0.1 * g * g;
+        var -= 0.01 * g / std::sqrt(s[0] + 1e-7);
+      },
+      1);
+}
+
+TEST(OptimizerTest, RmspropCenteredMomentumMatchesKeras3Formula) {
+  auto rmsprop = Make(json{
+      {"class_name", "RMSprop"},
+      {"config", {{"learning_rate", 0.01}, {"momentum", 0.5}, {"centered", true}, {"rho", 0.8}}}});
+  ExpectMatches(
+      *rmsprop,
+      [](double& var, double g, std::vector<double>& s, int) {
+        // s: velocity, momentum, average_gradient
+        s[0] = 0.8 * s[0] + 0.2 * g * g;
+        s[2] = 0.8 * s[2] + 0.2 * g;
+        const double increment = 0.01 * g / std::sqrt(s[0] - s[2] * s[2] + 1e-7);
+        s[1] = 0.5 * s[1] + increment;
+        var -= s[1];
+      },
+      3);
+}
+
+// The example in Keras' RMSprop docstring: var 10, loss var^2 / 2, one step: 9.683772.
+TEST(OptimizerTest, RmspropDocstringExample) {
+  auto rmsprop = Make(json{{"class_name", "RMSprop"}, {"config", {{"learning_rate", 0.1}}}});
+  Tensor var = Tensor::FromVector<float>(Shape({1}), {10.0f});
+  std::vector<Tensor> slots = rmsprop->NewSlots(var);
+  rmsprop->ApplyDense(var, var.Clone(), slots, 0);
+  EXPECT_NEAR(var.data<float>()[0], 9.683772f, 1e-5);
+}
+
+TEST(OptimizerTest, ApplyCreatesSlotsAndUpdatesEveryVariable) {
+  auto adam = Make("adam");
+  std::vector<Tensor> vars = {Tensor::FromVector<float>(Shape({2}), {1.0f, 2.0f}),
+                              Tensor::FromVector<float>(Shape({1, 1}), {3.0f})};
+  const std::vector<Tensor> grads = {Tensor::FromVector<float>(Shape({2}), {1.0f, -1.0f}),
+                                     Tensor::FromVector<float>(Shape({1, 1}), {0.5f})};
+  std::vector<std::vector<Tensor>> slots;
+  adam->Apply(vars, grads, slots, 0);
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[1].size(), 2u);
+  // Adam's first step moves every element by lr * sign(g) (up to epsilon).
+  EXPECT_NEAR(vars[0].data<float>()[0], 0.999f, 1e-6);
+  EXPECT_NEAR(vars[0].data<float>()[1], 2.001f, 1e-6);
+  EXPECT_NEAR(vars[1].data<float>()[0], 2.999f, 1e-6);
+}
+
+TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
+  auto with = [](const char* name, json config) {
+    return json{{"class_name", name}, {"config", std::move(config)}};
+  };
+  EXPECT_THAT(Refusal(with("Adam", {{"clipnorm", 1.0}})), HasSubstr("clipnorm"));
+  EXPECT_THAT(Refusal(with("SGD", {{"clipvalue", 0.5}})), HasSubstr("clipvalue"));
+  EXPECT_THAT(Refusal(with("Adam", {{"global_clipnorm", 1.0}})), HasSubstr("global_clipnorm"));
+  EXPECT_THAT(Refusal(with("Adam", {{"weight_decay", 0.004}})), HasSubstr("weight_decay"));
+  EXPECT_THAT(Refusal(with("RMSprop", {{"use_ema", true}})), HasSubstr("use_ema"));
+  EXPECT_THAT(Refusal(with("Adam", {{"loss_scale_factor", 128}})), HasSubstr("loss_scale_factor"));
+  EXPECT_THAT(Refusal(with("Adam", {{"gradient_accumulation_steps", 4}})),
+              HasSubstr("gradient_accumulation_steps"));
+  EXPECT_EQ(Refusal(with("Adam", {{"amsgrad", true}})),
+            "optimizer Adam sets amsgrad to true, which Stratum does not support: set amsgrad "
+            "to false");
+  EXPECT_THAT(Refusal(with("SGD", {{"decay", 0.01}})), HasSubstr("decay"));
+  EXPECT_EQ(Refusal(with("Adam", {{"learning_rate",
+                                   {{"module", "keras.optimizers.schedules"},
+                                    {"class_name", "ExponentialDecay"},
+                                    {"config", {{"initial_learning_rate", 0.1}}}}}})),
+            "optimizer Adam has a learning-rate schedule (ExponentialDecay) as learning_rate, "
+            "which Stratum does not support: use a constant learning_rate");
+  EXPECT_EQ(Refusal("nadam"),
+            "optimizer \"nadam\" is not supported by Stratum: use SGD, Adam, Adagrad or RMSprop");
+  EXPECT_THAT(Refusal(with("SGD", {{"momentum", "high"}})),
+              HasSubstr("optimizer SGD has momentum \"high\", which is not a number"));
+  EXPECT_THAT(Refusal(with("SGD", {{"momentum", 1.5}})), HasSubstr("outside [0, 1]"));
+  EXPECT_THAT(Refusal(with("RMSprop", {{"centered", 1}})), HasSubstr("not a boolean"));
+  EXPECT_THAT(Refusal(42), HasSubstr("neither a name nor a Keras optimizer object"));
+  // Harmless settings are accepted.
+  EXPECT_NE(Make(with("Adam", {{"weight_decay", 0}, {"use_ema", false}, {"jit_compile", true}})),
+            nullptr);
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,104 @@
+#include "stratum/strategy/distributed_dataset.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/strategy/strategy.h"
+
+namespace stratum {
+namespace {
+
+Tensor Range(int64_t n) {
+  Tensor t(DType::kInt32, {n});
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(i);
+  return t;
+}
+
+std::vector<int32_t> Values(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.num_elements());
+}
+
+TEST(DistributedDatasetTest, SplitsEachGlobalBatchOverTheReplicas) {
+  const Dataset batches = Dataset::FromTensorSlices({Range(13)}).Batch(8);
+  auto distributed = DistributedDataset::FromGlobalBatches(batches, 2);
+  ASSERT_TRUE(distributed.ok()) << distributed.status();
+  auto iterator = distributed->MakeIterator();
+  auto first = iterator->GetNext();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_EQ(Values((**first)[0][0]), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(Values((**first)[1][0]), (std::vector<int32_t>{4, 5, 6, 7}));
+  auto last = iterator->GetNext();  // 5 rows: 3 + 2
+  ASSERT_TRUE(last.ok() && last->has_value());
+  EXPECT_EQ(Values((**last)[0][0]), (std::vector<int32_t>{8, 9, 10}));
+  EXPECT_EQ(Values((**last)[1][0]), (std::vector<int32_t>{11, 12}));
+  auto end = iterator->GetNext();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+}
+
+TEST(DistributedDatasetTest, AutoShardsOverWorkersBeforeSplitting) {
+  const Dataset examples = Dataset::FromTensorSlices({Range(8)});
+  std::vector<int32_t> seen;
+  for (int worker = 0; worker < 2; ++worker) {
+    auto distributed = DistributedDataset::FromGlobalBatches(
+        examples.Batch(2), 1,
+        {.auto_shard_policy = AutoShardPolicy::kData, .num_workers = 2, .worker_index = worker});
+    ASSERT_TRUE(distributed.ok()) << distributed.status();
+    auto iterator = distributed->MakeIterator();
+    while (true) {
+      auto batch = iterator->GetNext();
+      ASSERT_TRUE(batch.ok());
+      if (!batch->has_value()) break;
+      for (int32_t v : Values((**batch)[0][0])) seen.push_back(v);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // disjoint and complete
+}
+
+TEST(DistributedDatasetTest, FromFunctionGetsTheInputContextAndGroupsPerReplicaBatches) {
+  InputContext received;
+  auto distributed = DistributedDataset::FromFunction(
+      [&](const InputContext& context) -> absl::StatusOr<Dataset> {
+        received = context;
+        auto per_replica = context.GetPerReplicaBatchSize(6);
+        if (!per_replica.ok()) return per_replica.status();
+        return Dataset::FromTensorSlices({Range(9)}).Batch(*per_replica);
+      },
+      2);
+  ASSERT_TRUE(distributed.ok()) << distributed.status();
+  EXPECT_EQ(received.num_replicas_in_sync, 2);
+  EXPECT_EQ(received.num_input_pipelines, 1);
+  auto iterator = distributed->MakeIterator();
+  auto first = iterator->GetNext();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_EQ(Values((**first)[0][0]), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(Values((**first)[1][0]), (std::vector<int32_t>{3, 4, 5}));
+  auto second = iterator->GetNext();  // one batch left: the second replica gets none
+  ASSERT_TRUE(second.ok() && second->has_value());
+  EXPECT_EQ(Values((**second)[0][0]), (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ((**second)[1][0].rows(), 0);
+}
+
+TEST(DistributedDatasetTest, FromFunctionErrorsReachTheCaller) {
+  auto distributed = DistributedDataset::FromFunction(
+      [](const InputContext& context) -> absl::StatusOr<Dataset> {
+        auto per_replica = context.GetPerReplicaBatchSize(5);
+        if (!per_replica.ok()) return per_replica.status();
+        return Dataset::FromTensorSlices({Range(4)});
+      },
+      2);
+  ASSERT_FALSE(distributed.ok());
+  EXPECT_THAT(std::string(distributed.status().message()), ::testing::HasSubstr("5"));
+}
+
+TEST(DistributedDatasetTest, StrategyMethodsUseItsReplicaCount) {
+  DefaultStrategy strategy;
+  auto distributed =
+      strategy.ExperimentalDistributeDataset(Dataset::FromTensorSlices({Range(4)}).Batch(4));
+  ASSERT_TRUE(distributed.ok());
+  EXPECT_EQ(distributed->num_replicas(), 1);
+}
+
+}  // namespace
+}  // namespace stratum
