@@ -1,0 +1,103 @@
+// VariableStore: the variables a parameter server holds, with their optimizer state, and
+// the updates workers push. Plain C++ (no gRPC): the PS service adapts it.
+//
+// Every request is validated before anything changes: an unknown variable, a dtype or
+// shape that does not match, row indices out of range, or a gradient with NaN or Inf is
+// refused (INVALID_ARGUMENT / NOT_FOUND naming the variable and the problem) and leaves
+// the variable as it was. Refused non-finite gradients are counted.
+//
+// Thread safety: all methods are thread-safe. Each variable has its own lock, so pushes
+// to different variables proceed in parallel; the table of variables has a reader/writer
+// lock taken only briefly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+#include "stratum/model/optimizer.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+struct VariableInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::string optimizer;  // Keras class name, "" for none
+  int64_t updates = 0;    // updates applied so far
+};
+
+// A copy of a variable and its optimizer slots, for checkpoints.
+struct VariableSnapshot {
+  VariableInfo info;
+  Tensor value;
+  std::vector<std::string> slot_names;
+  std::vector<Tensor> slots;
+  nlohmann::json optimizer_config;
+};
+
+class VariableStore {
+ public:
+  VariableStore() = default;
+  VariableStore(const VariableStore&) = delete;
+  VariableStore& operator=(const VariableStore&) = delete;
+
+  // Creates `name` with `initial` (float32) and the Keras optimizer `optimizer` (null: no
+  // optimizer; ApplyGradient is then refused). Creating an existing variable again with
+  // the same dtype, shape and optimizer is a no-op that returns false (workers and
+  // restarted coordinators may repeat it); a different spec is ALREADY_EXISTS naming the
+  // difference. Returns true when the variable was created.
+  absl::StatusOr<bool> Create(const std::string& name, const Tensor& initial,
+                              const nlohmann::json& optimizer);
+
+  absl::StatusOr<Tensor> Read(const std::string& name) const;
+  // Rows `indices` of axis 0, in order (duplicates allowed).
+  absl::StatusOr<Tensor> ReadRows(const std::string& name,
+                                  const std::vector<int64_t>& indices) const;
+  absl::Status Assign(const std::string& name, const Tensor& value);
+
+  // One optimizer update with a dense gradient; returns the variable's update count.
+  absl::StatusOr<int64_t> ApplyGradient(const std::string& name, const Tensor& gradient);
+  // One optimizer update of rows `indices` with `row_gradients` ([indices, row...]);
+  // repeated indices are summed first, as TensorFlow does for IndexedSlices.
+  absl::StatusOr<int64_t> ApplyRowGradients(const std::string& name,
+                                            const std::vector<int64_t>& indices,
+                                            const Tensor& row_gradients);
+
+  std::vector<VariableInfo> List() const;
+  absl::StatusOr<VariableInfo> Info(const std::string& name) const;
+  absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name) const;
+  // Replaces (or creates) a variable from a snapshot (checkpoint restore).
+  absl::Status Restore(const VariableSnapshot& snapshot);
+
+  int64_t refused_non_finite() const;
+  int64_t total_bytes() const;
+
+ private:
+  struct Variable {
+    mutable absl::Mutex mutex;
+    VariableInfo info ABSL_GUARDED_BY(mutex);
+    Tensor value ABSL_GUARDED_BY(mutex);
+    std::vector<Tensor> slots ABSL_GUARDED_BY(mutex);
+    std::unique_ptr<Optimizer> optimizer;  // immutable after creation
+    nlohmann::json optimizer_config;       // immutable after creation
+  };
+
+  absl::StatusOr<std::shared_ptr<Variable>> Find(const std::string& name) const;
+  absl::Status CheckFinite(const std::string& name, const Tensor& gradient);
+
+  mutable absl::Mutex table_mutex_;
+  std::map<std::string, std::shared_ptr<Variable>> variables_ ABSL_GUARDED_BY(table_mutex_);
+  // A leaf lock: taken with a variable's lock held, never the other way round.
+  mutable absl::Mutex stats_mutex_;
+  int64_t refused_non_finite_ ABSL_GUARDED_BY(stats_mutex_) = 0;
+};
+
+}  // namespace stratum

@@ -1,0 +1,284 @@
+#include "stratum/ps/variable_store.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace stratum {
+namespace {
+
+absl::Status CheckMatches(const std::string& name, const char* what, const Tensor& given,
+                          const VariableInfo& info) {
+  if (given.dtype() == info.dtype && given.shape() == info.shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " for variable \"", name, "\" is ", given.DebugString(), " but the variable is ",
+      DTypeName(info.dtype), info.shape.ToString(), ": send a tensor of the variable's shape"));
+}
+
+std::string OptimizerName(const nlohmann::json& config) {
+  if (config.is_null()) return "";
+  if (config.is_string()) return config.get<std::string>();
+  return config.value("class_name", "");
+}
+
+}  // namespace
+
+absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor& initial,
+                                           const nlohmann::json& optimizer_config) {
+  if (name.empty()) return absl::InvalidArgumentError("a variable needs a name");
+  if (initial.dtype() != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat("variable \"", name, "\" is ",
+                                                   initial.DebugString(),
+                                                   ": parameter servers hold float32 variables"));
+  }
+  std::unique_ptr<Optimizer> optimizer;
+  if (!optimizer_config.is_null()) {
+    absl::StatusOr<std::unique_ptr<Optimizer>> made = Optimizer::FromKeras(optimizer_config);
+    if (!made.ok()) return made.status();
+    optimizer = *std::move(made);
+  }
+  absl::MutexLock lock(&table_mutex_);
+  if (auto existing = variables_.find(name); existing != variables_.end()) {
+    const Variable& variable = *existing->second;
+    absl::MutexLock variable_lock(&variable.mutex);
+    const bool same_optimizer =
+        (optimizer == nullptr) == (variable.optimizer == nullptr) &&
+        (optimizer == nullptr || (optimizer->name() == variable.optimizer->name() &&
+                                  optimizer->config() == variable.optimizer->config()));
+    if (variable.info.shape == initial.shape() && same_optimizer) return false;
+    return absl::AlreadyExistsError(absl::StrCat(
+        "variable \"", name, "\" exists as float32", variable.info.shape.ToString(), " with ",
+        variable.info.optimizer.empty() ? "no optimizer" : variable.info.optimizer,
+        ", and cannot be created again as ", initial.DebugString(), " with ",
+        optimizer == nullptr ? "no optimizer" : optimizer->name(),
+        ": use another name, or the same shape and optimizer"));
+  }
+  auto variable = std::make_shared<Variable>();
+  {
+    absl::MutexLock variable_lock(&variable->mutex);
+    variable->info = {name, DType::kFloat32, initial.shape(), OptimizerName(optimizer_config), 0};
+    if (optimizer != nullptr) variable->info.optimizer = optimizer->name();
+    variable->value = initial.Clone();
+    if (optimizer != nullptr) variable->slots = optimizer->NewSlots(variable->value);
+  }
+  variable->optimizer = std::move(optimizer);
+  variable->optimizer_config = optimizer_config;
+  variables_.emplace(name, std::move(variable));
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<VariableStore::Variable>> VariableStore::Find(
+    const std::string& name) const {
+  absl::ReaderMutexLock lock(&table_mutex_);
+  auto it = variables_.find(name);
+  if (it == variables_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("variable \"", name,
+                     "\" does not exist on this parameter server: create it first "
+                     "(the coordinator creates every variable before training)"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<Tensor> VariableStore::Read(const std::string& name) const {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  absl::MutexLock lock(&(*variable)->mutex);
+  return (*variable)->value.Clone();
+}
+
+absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
+                                               const std::vector<int64_t>& indices) const {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  const Variable& v = **variable;
+  absl::MutexLock lock(&v.mutex);
+  const int64_t rows = v.value.rows(), row_size = v.value.row_size();
+  for (int64_t index : indices) {
+    if (index < 0 || index >= rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row ", index, " of variable \"", name, "\" is out of range: it has rows 0..", rows - 1));
+    }
+  }
+  Tensor out(DType::kFloat32, v.value.shape().WithFirstDim(static_cast<int64_t>(indices.size())));
+  for (size_t i = 0; i < indices.size(); ++i) {
+    std::memcpy(out.data<float>() + static_cast<int64_t>(i) * row_size,
+                v.value.data<float>() + indices[i] * row_size,
+                static_cast<size_t>(row_size) * sizeof(float));
+  }
+  return out;
+}
+
+absl::Status VariableStore::Assign(const std::string& name, const Tensor& value) {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  Variable& v = **variable;
+  absl::MutexLock lock(&v.mutex);
+  if (absl::Status status = CheckMatches(name, "value", value, v.info); !status.ok()) return status;
+  v.value.CopyFrom(value);
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::CheckFinite(const std::string& name, const Tensor& gradient) {
+  if (gradient.Flat().isFinite().all()) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&stats_mutex_);
+    ++refused_non_finite_;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("gradient for variable \"", name,
+                   "\" contains NaN or Inf and was refused (the variable "
+                   "is unchanged): lower the learning rate or check the "
+                   "loss and the input data"));
+}
+
+absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,
+                                                     const Tensor& gradient) {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  Variable& v = **variable;
+  if (v.optimizer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable \"", name,
+                     "\" has no optimizer, so gradients cannot be applied: create it "
+                     "with one, or Assign new values"));
+  }
+  absl::MutexLock lock(&v.mutex);
+  if (absl::Status status = CheckMatches(name, "gradient", gradient, v.info); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckFinite(name, gradient); !status.ok()) return status;
+  v.optimizer->ApplyDense(v.value, gradient, v.slots, v.info.updates);
+  return ++v.info.updates;
+}
+
+absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name,
+                                                         const std::vector<int64_t>& indices,
+                                                         const Tensor& row_gradients) {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  Variable& v = **variable;
+  if (v.optimizer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable \"", name, "\" has no optimizer, so gradients cannot be applied"));
+  }
+  absl::MutexLock lock(&v.mutex);
+  const int64_t rows = v.value.rows(), row_size = v.value.row_size();
+  const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(indices.size()));
+  if (row_gradients.dtype() != DType::kFloat32 || !(row_gradients.shape() == expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row gradients for variable \"", name, "\" are ", row_gradients.DebugString(),
+                     " for ", indices.size(), " rows: send float32", expected.ToString()));
+  }
+  for (int64_t index : indices) {
+    if (index < 0 || index >= rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row ", index, " of variable \"", name, "\" is out of range: it has rows 0..", rows - 1));
+    }
+  }
+  if (absl::Status status = CheckFinite(name, row_gradients); !status.ok()) return status;
+  // Sum duplicate rows, then update the touched rows (and their slots) only.
+  std::map<int64_t, std::vector<int64_t>> positions;
+  for (size_t i = 0; i < indices.size(); ++i)
+    positions[indices[i]].push_back(static_cast<int64_t>(i));
+  const Shape row_shape = v.info.shape.WithFirstDim(1);
+  Tensor row_value(DType::kFloat32, row_shape), row_gradient(DType::kFloat32, row_shape);
+  std::vector<Tensor> row_slots;
+  for (const Tensor& slot : v.slots) row_slots.emplace_back(slot.dtype(), row_shape);
+  const size_t row_bytes = static_cast<size_t>(row_size) * sizeof(float);
+  for (const auto& [row, at] : positions) {
+    row_gradient.SetZero();
+    for (int64_t position : at) {
+      row_gradient.Flat() += row_gradients.SliceRows(position, position + 1).Flat();
+    }
+    std::memcpy(row_value.raw_data(), v.value.data<float>() + row * row_size, row_bytes);
+    for (size_t s = 0; s < v.slots.size(); ++s) {
+      std::memcpy(row_slots[s].raw_data(), v.slots[s].data<float>() + row * row_size, row_bytes);
+    }
+    v.optimizer->ApplyDense(row_value, row_gradient, row_slots, v.info.updates);
+    std::memcpy(v.value.data<float>() + row * row_size, row_value.raw_data(), row_bytes);
+    for (size_t s = 0; s < v.slots.size(); ++s) {
+      std::memcpy(v.slots[s].data<float>() + row * row_size, row_slots[s].raw_data(), row_bytes);
+    }
+  }
+  return ++v.info.updates;
+}
+
+std::vector<VariableInfo> VariableStore::List() const {
+  std::vector<VariableInfo> infos;
+  absl::ReaderMutexLock lock(&table_mutex_);
+  for (const auto& [name, variable] : variables_) {
+    absl::MutexLock variable_lock(&variable->mutex);
+    infos.push_back(variable->info);
+  }
+  return infos;
+}
+
+absl::StatusOr<VariableInfo> VariableStore::Info(const std::string& name) const {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  absl::MutexLock lock(&(*variable)->mutex);
+  return (*variable)->info;
+}
+
+absl::StatusOr<VariableSnapshot> VariableStore::Snapshot(const std::string& name) const {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  const Variable& v = **variable;
+  absl::MutexLock lock(&v.mutex);
+  VariableSnapshot snapshot;
+  snapshot.info = v.info;
+  snapshot.value = v.value.Clone();
+  if (v.optimizer != nullptr) snapshot.slot_names = v.optimizer->SlotNames();
+  for (const Tensor& slot : v.slots) snapshot.slots.push_back(slot.Clone());
+  snapshot.optimizer_config = v.optimizer_config;
+  return snapshot;
+}
+
+absl::Status VariableStore::Restore(const VariableSnapshot& snapshot) {
+  const std::string& name = snapshot.info.name;
+  {
+    absl::MutexLock lock(&table_mutex_);
+    variables_.erase(name);
+  }
+  absl::StatusOr<bool> created = Create(name, snapshot.value, snapshot.optimizer_config);
+  if (!created.ok()) return created.status();
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  Variable& v = **variable;
+  absl::MutexLock lock(&v.mutex);
+  if (snapshot.slots.size() != v.slots.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint of variable \"", name, "\" has ", snapshot.slots.size(),
+                     " optimizer slots but its optimizer needs ", v.slots.size(),
+                     ": restore with the optimizer the checkpoint was written with"));
+  }
+  for (size_t s = 0; s < v.slots.size(); ++s) {
+    if (!(snapshot.slots[s].shape() == v.slots[s].shape())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint slot ", s, " of variable \"", name, "\" is ", snapshot.slots[s].DebugString(),
+          " but the variable needs ", v.slots[s].DebugString()));
+    }
+    v.slots[s].CopyFrom(snapshot.slots[s]);
+  }
+  v.info.updates = snapshot.info.updates;
+  return absl::OkStatus();
+}
+
+int64_t VariableStore::refused_non_finite() const {
+  absl::MutexLock lock(&stats_mutex_);
+  return refused_non_finite_;
+}
+
+int64_t VariableStore::total_bytes() const {
+  int64_t bytes = 0;
+  absl::ReaderMutexLock lock(&table_mutex_);
+  for (const auto& [name, variable] : variables_) {
+    absl::MutexLock variable_lock(&variable->mutex);
+    bytes += static_cast<int64_t>(variable->value.byte_size());
+  }
+  return bytes;
+}
+
+}  // namespace stratum

@@ -1,0 +1,139 @@
+#include "stratum/ps/variable_store.h"
+
+#include <limits>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+const nlohmann::json kSgd =
+    nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+TEST(VariableStoreTest, CreateReadAssign) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4}), kSgd));
+  auto value = store.Read("w");
+  ASSERT_TRUE(value.ok());
+  EXPECT_TRUE(value->BitwiseEqual(Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4})));
+  ASSERT_TRUE(store.Assign("w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})).ok());
+  auto rows = store.ReadRows("w", {1, 1, 0});
+  ASSERT_TRUE(rows.ok());
+  EXPECT_TRUE(rows->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {7, 8, 7, 8, 5, 6})));
+  EXPECT_EQ(store.total_bytes(), 16);
+}
+
+TEST(VariableStoreTest, CreateIsIdempotentAndConflictsAreNamed) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("w", Tensor(DType::kFloat32, {3}), kSgd));
+  auto again = store.Create("w", Tensor(DType::kFloat32, {3}), kSgd);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+  auto conflict = store.Create("w", Tensor(DType::kFloat32, {4}), kSgd);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(Message(conflict.status()),
+              HasSubstr("variable \"w\" exists as float32[3] with SGD, and cannot be created "
+                        "again as float32[4] with SGD"));
+  EXPECT_FALSE(store.Create("w", Tensor(DType::kFloat32, {3}), "adam").ok());
+}
+
+TEST(VariableStoreTest, ApplyGradientUsesTheOptimizerAndCounts) {
+  VariableStore store;
+  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {1, 1}), kSgd).ok());
+  auto count = store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, -2}));
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(*count, 1);
+  EXPECT_TRUE(store.Read("w")->BitwiseEqual(Tensor::FromVector<float>({2}, {0.5f, 2})));
+  EXPECT_EQ(store.Info("w")->updates, 1);
+}
+
+TEST(VariableStoreTest, BadRequestsAreRefusedAndChangeNothing) {
+  VariableStore store;
+  const Tensor initial = Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4});
+  ASSERT_TRUE(store.Create("w", initial, kSgd).ok());
+  EXPECT_EQ(store.Read("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(store.ApplyGradient("nope", initial).status()),
+              HasSubstr("variable \"nope\" does not exist on this parameter server"));
+  EXPECT_THAT(Message(store.ApplyGradient("w", Tensor(DType::kFloat32, {4})).status()),
+              HasSubstr("gradient for variable \"w\" is float32[4] but the variable is "
+                        "float32[2, 2]"));
+  EXPECT_THAT(Message(store.Assign("w", Tensor(DType::kInt32, {2, 2}))),
+              HasSubstr("value for variable \"w\" is int32[2, 2]"));
+  Tensor nan =
+      Tensor::FromVector<float>({2, 2}, {0, std::numeric_limits<float>::quiet_NaN(), 0, 0});
+  EXPECT_THAT(Message(store.ApplyGradient("w", nan).status()),
+              HasSubstr("contains NaN or Inf and was refused"));
+  Tensor inf = Tensor::FromVector<float>({1, 2}, {std::numeric_limits<float>::infinity(), 0});
+  EXPECT_FALSE(store.ApplyRowGradients("w", {0}, inf).ok());
+  EXPECT_EQ(store.refused_non_finite(), 2);
+  EXPECT_THAT(Message(store.ReadRows("w", {2}).status()),
+              HasSubstr("row 2 of variable \"w\" is out of range"));
+  EXPECT_FALSE(store.ApplyRowGradients("w", {5}, Tensor(DType::kFloat32, {1, 2})).ok());
+  EXPECT_FALSE(store.ApplyRowGradients("w", {0, 1}, Tensor(DType::kFloat32, {1, 2})).ok());
+  EXPECT_TRUE(store.Read("w")->BitwiseEqual(initial));
+  EXPECT_EQ(store.Info("w")->updates, 0);
+}
+
+TEST(VariableStoreTest, RowGradientsSumDuplicatesAndTouchOnlyTheirRows) {
+  VariableStore store;
+  ASSERT_TRUE(
+      store.Create("emb", Tensor::FromVector<float>({3, 2}, {1, 1, 1, 1, 1, 1}), kSgd).ok());
+  ASSERT_TRUE(store
+                  .ApplyRowGradients("emb", {2, 0, 2},
+                                     Tensor::FromVector<float>({3, 2}, {1, 0, 2, 2, 1, 0}))
+                  .ok());
+  // Row 2 gets (1,0)+(1,0) = (2,0) -> 1 - 0.5*2 = 0; row 0 gets (2,2) -> 0; row 1 untouched.
+  EXPECT_TRUE(
+      store.Read("emb")->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {0, 0, 1, 1, 0, 1})));
+}
+
+TEST(VariableStoreTest, WithoutAnOptimizerGradientsAreRefused) {
+  VariableStore store;
+  ASSERT_TRUE(store.Create("step", Tensor::Scalar(0), nullptr).ok());
+  EXPECT_EQ(store.ApplyGradient("step", Tensor::Scalar(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store.Assign("step", Tensor::Scalar(7)).ok());
+}
+
+TEST(VariableStoreTest, SnapshotAndRestoreKeepSlotsAndCounts) {
+  VariableStore store;
+  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {1, 2}), "adam").ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.1f, -0.2f})).ok());
+  auto snapshot = store.Snapshot("w");
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->slot_names, (std::vector<std::string>{"m", "v"}));
+  VariableStore other;
+  ASSERT_TRUE(other.Restore(*snapshot).ok());
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})).ok());
+  ASSERT_TRUE(other.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})).ok());
+  EXPECT_TRUE(other.Read("w")->BitwiseEqual(*store.Read("w")));
+  EXPECT_EQ(other.Info("w")->updates, 4);
+}
+
+TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {
+  VariableStore store;
+  ASSERT_TRUE(store.Create("a", Tensor(DType::kFloat32, {64}), kSgd).ok());
+  ASSERT_TRUE(store.Create("b", Tensor(DType::kFloat32, {64}), kSgd).ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&store, t] {
+      Tensor gradient(DType::kFloat32, {64});
+      gradient.Flat().setConstant(-1);
+      for (int i = 0; i < 250; ++i)
+        ASSERT_TRUE(store.ApplyGradient(t % 2 ? "a" : "b", gradient).ok());
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(store.Info("a")->updates, 500);
+  EXPECT_EQ(store.Read("b")->data<float>()[63], 250.0f);  // 500 x 0.5
+}
+
+}  // namespace
+}  // namespace stratum
