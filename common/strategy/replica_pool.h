@@ -28,10 +28,14 @@ class ReplicaPool {
 
   // Called by every replica of the current RunAll with its `value`; the last arrival runs
   // `combine` on all values (indexed by replica) while the others wait.
-  absl::Status Meet(int replica, void* value,
+  // `key` says what is being reduced (op and tensor count): every replica of one meeting
+  // must pass the same key, or the meeting fails naming the replicas that disagree.
+  absl::Status Meet(int replica, const std::string& key, void* value,
                     const std::function<absl::Status(std::vector<void*>&)>& combine);
 
   int size() const { return num_replicas_; }
+  // Whether the calling thread is running a replica function of this pool.
+  bool InReplica() const;
 
  private:
   void WorkerLoop(int replica);
@@ -52,6 +56,9 @@ class ReplicaPool {
   std::vector<void*> meet_values_ ABSL_GUARDED_BY(mutex_);
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mutex_);
   int meet_arrivals_ ABSL_GUARDED_BY(mutex_) = 0;
+  int meet_first_replica_ ABSL_GUARDED_BY(mutex_) = -1;
+  std::string meet_key_ ABSL_GUARDED_BY(mutex_);  // what the first arrival all-reduces
+  std::vector<bool> finished_ ABSL_GUARDED_BY(mutex_);
   uint64_t meet_generation_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status meet_status_ ABSL_GUARDED_BY(mutex_);
 };

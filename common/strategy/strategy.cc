@@ -45,11 +45,14 @@ Strategy::Strategy(std::vector<std::string> devices,
 Strategy::~Strategy() = default;
 
 absl::Status Strategy::RunEach(const std::function<absl::Status(ReplicaContext&)>& fn) {
+  // Every replica thread sees this strategy as GetStrategy(), as the caller's does.
   if (pool_ == nullptr) {
+    ScopeGuard scope(this);
     ReplicaContext context(*this, 0);
     return fn(context);
   }
   return pool_->RunAll([&](int replica) {
+    ScopeGuard scope(this);
     ReplicaContext context(*this, replica);
     return fn(context);
   });
@@ -57,7 +60,8 @@ absl::Status Strategy::RunEach(const std::function<absl::Status(ReplicaContext&)
 
 absl::Status Strategy::CollectiveAllReduce(int replica, ReduceOp op, std::vector<Tensor>& values) {
   if (pool_ == nullptr) return absl::OkStatus();  // one replica: its value is the result
-  return pool_->Meet(replica, &values, [&](std::vector<void*>& all) {
+  const std::string key = absl::StrCat(ReduceOpName(op), " of ", values.size(), " tensors");
+  return pool_->Meet(replica, key, &values, [&](std::vector<void*>& all) {
     std::vector<std::vector<Tensor>*> per_replica;
     for (void* value : all) per_replica.push_back(static_cast<std::vector<Tensor>*>(value));
     return cross_device_ops_->BatchAllReduce(op, per_replica);

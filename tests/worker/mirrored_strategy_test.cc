@@ -99,6 +99,48 @@ TEST(MirroredStrategyTest, AReplicaThatSkipsTheAllReduceIsNamedAfterTheTimeout) 
   EXPECT_THAT(std::string(status.message()), HasSubstr("for replicas 2, which never arrived"));
 }
 
+TEST(MirroredStrategyTest, AReplicaThatFinishesWithoutTheAllReduceReleasesTheOthersAtOnce) {
+  auto strategy = Mirrored(3);  // a 1-minute collective timeout
+  const absl::Time start = absl::Now();
+  absl::Status status = strategy->RunEach([](ReplicaContext& context) -> absl::Status {
+    if (context.replica_id_in_sync_group() == 0) return absl::OkStatus();
+    std::vector<Tensor> values = {Tensor(DType::kFloat32, {1})};
+    return context.AllReduce(ReduceOp::kSum, values);
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("replica 0"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(MirroredStrategyTest, MismatchedCollectivesAreNamedNotMixed) {
+  auto strategy = Mirrored(2);
+  absl::Status status = strategy->RunEach([](ReplicaContext& context) -> absl::Status {
+    std::vector<Tensor> values = {Tensor(DType::kFloat32, {1})};
+    const ReduceOp op = context.replica_id_in_sync_group() == 0 ? ReduceOp::kSum : ReduceOp::kMean;
+    return context.AllReduce(op, values);
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("all-reduces MEAN of 1 tensors while replica"));
+}
+
+TEST(MirroredStrategyTest, RunInsideAReplicaIsRefusedNotHung) {
+  auto strategy = Mirrored(2);
+  absl::Status status = strategy->RunEach([&](ReplicaContext&) -> absl::Status {
+    return strategy->RunEach([](ReplicaContext&) { return absl::OkStatus(); });
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("use its ReplicaContext"));
+}
+
+TEST(MirroredStrategyTest, EveryReplicaThreadSeesTheStrategy) {
+  auto strategy = Mirrored(3);
+  auto counts = strategy->Run<int>(
+      [](ReplicaContext&) -> absl::StatusOr<int> { return GetStrategy().NumReplicasInSync(); });
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->values(), (std::vector<int>{3, 3, 3}));
+}
+
 TEST(MirroredStrategyTest, ReduceWithAxisOverReplicas) {
   auto strategy = Mirrored(2);
   PerReplica<Tensor> values(
