@@ -180,6 +180,14 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
                                const FitOptions& options) {
   const double fit_start = Now();
   const int replicas = strategy.NumReplicasInSync();
+  if (options.epochs < 1 || options.batch_size_per_replica < 1 ||
+      options.batch_size_per_replica > (int64_t{1} << 30) / replicas ||
+      options.steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fit needs epochs >= 1, 1 <= batch_size_per_replica <= ", (int64_t{1} << 30) / replicas,
+        " and steps_per_epoch >= 0; got epochs ", options.epochs, ", batch_size_per_replica ",
+        options.batch_size_per_replica, ", steps_per_epoch ", options.steps_per_epoch));
+  }
   const int64_t global_batch = options.batch_size_per_replica * replicas;
   const bool fixed_steps = options.steps_per_epoch > 0;
   const int64_t steps_per_epoch = fixed_steps

@@ -35,7 +35,9 @@ std::string JsonForMessage(const nlohmann::json& value) {
 absl::StatusOr<int> ParseSparseIndex(absl::string_view key) {
   int index = -1;
   auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), index);
-  if (error != std::errc() || end != key.data() + key.size() || index < 0) {
+  // Canonical decimal only: "01" would silently alias task 1.
+  if (error != std::errc() || end != key.data() + key.size() || index < 0 ||
+      (key.size() > 1 && key.front() == '0')) {
     return absl::InvalidArgumentError("not a task index");
   }
   return index;

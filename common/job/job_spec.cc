@@ -239,9 +239,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
     if (job.fit.epochs < 1) {
       return fit.Error("fit.epochs", absl::StrCat("is ", job.fit.epochs), "train at least 1 epoch");
     }
-    if (job.fit.batch_size_per_replica < 1) {
+    if (job.fit.batch_size_per_replica < 1 || job.fit.batch_size_per_replica > (1 << 20)) {
       return fit.Error("fit.batch_size_per_replica",
-                       absl::StrCat("is ", job.fit.batch_size_per_replica), "use 1 or more");
+                       absl::StrCat("is ", job.fit.batch_size_per_replica), "use 1 to 1048576");
     }
   }
   if (root.contains("checkpoint")) {

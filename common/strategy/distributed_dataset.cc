@@ -14,7 +14,9 @@ class SplittingIterator : public DistributedIterator {
     absl::StatusOr<std::optional<Element>> batch = input_->GetNext();
     if (!batch.ok()) return batch.status();
     if (!batch->has_value()) return std::nullopt;
-    return PerReplica<Element>(SplitRowsOverReplicas(**batch, num_replicas_));
+    absl::StatusOr<std::vector<Element>> parts = SplitRowsOverReplicas(**batch, num_replicas_);
+    if (!parts.ok()) return parts.status();
+    return PerReplica<Element>(*std::move(parts));
   }
 
  private:
@@ -58,12 +60,20 @@ absl::Status CheckReplicas(int num_replicas) {
 
 }  // namespace
 
-std::vector<Element> SplitRowsOverReplicas(const Element& batch, int num_replicas) {
-  if (!batch.empty() && batch.front().rows() % num_replicas == 0) {
-    absl::StatusOr<std::vector<Element>> even = SplitBatch(batch, num_replicas);
-    if (even.ok()) return *std::move(even);
+absl::StatusOr<std::vector<Element>> SplitRowsOverReplicas(const Element& batch, int num_replicas) {
+  if (batch.empty())
+    return absl::InvalidArgumentError("cannot split an element with no components");
+  const int64_t rows = batch.front().rows();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].shape().rank() == 0 || batch[i].rows() != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot split the batch over ", num_replicas, " replicas: component ", i, " is ",
+          batch[i].DebugString(), " and component 0 is ", batch.front().DebugString(),
+          "; batch the dataset (every component with the same number of rows) before "
+          "distributing it"));
+    }
   }
-  const int64_t rows = batch.empty() ? 0 : batch.front().rows();
+  if (rows % num_replicas == 0) return SplitBatch(batch, num_replicas);
   std::vector<Element> parts(static_cast<size_t>(num_replicas));
   int64_t begin = 0;
   for (int replica = 0; replica < num_replicas; ++replica) {

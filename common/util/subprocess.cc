@@ -90,7 +90,11 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
 
   const pid_t pid = fork();
   if (pid < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+    const int error = errno;
+    for (int fd : {output_pipe[0], output_pipe[1], exec_error_pipe[0], exec_error_pipe[1]})
+      close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start ", opts.argv[0], ": fork: ", strerror(error)));
   }
   if (pid == 0) {
     // Child: only async-signal-safe calls from here to exec.

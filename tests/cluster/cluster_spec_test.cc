@@ -90,6 +90,8 @@ TEST(ClusterSpecValidationTest, RejectsSparseKeyThatIsNotAnIndex) {
   EXPECT_THAT(ErrorOf(R"({"worker": {"one": "w:1"}})"),
               HasSubstr("TF_CONFIG cluster.worker has key \"one\", which is not a task index"));
   EXPECT_THAT(ErrorOf(R"({"worker": {"-1": "w:1"}})"), HasSubstr("key \"-1\""));
+  // "01" would alias task 1 and silently replace its address.
+  EXPECT_THAT(ErrorOf(R"({"worker": {"1": "a:1", "01": "b:2"}})"), HasSubstr("key \"01\""));
 }
 
 TEST(ClusterSpecValidationTest, RejectsTwoChiefs) {

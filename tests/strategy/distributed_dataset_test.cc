@@ -92,6 +92,15 @@ TEST(DistributedDatasetTest, FromFunctionErrorsReachTheCaller) {
   EXPECT_THAT(std::string(distributed.status().message()), ::testing::HasSubstr("5"));
 }
 
+TEST(DistributedDatasetTest, UnbatchedDataIsRefusedWithTheFix) {
+  auto parts = SplitRowsOverReplicas({Range(4), Tensor::Scalar(1)}, 2);
+  ASSERT_FALSE(parts.ok());
+  EXPECT_THAT(std::string(parts.status().message()),
+              ::testing::HasSubstr("batch the dataset (every component with the same number of "
+                                   "rows) before distributing it"));
+  EXPECT_FALSE(SplitRowsOverReplicas({Range(4), Range(3)}, 2).ok());
+}
+
 TEST(DistributedDatasetTest, StrategyMethodsUseItsReplicaCount) {
   DefaultStrategy strategy;
   auto distributed =

@@ -60,7 +60,7 @@ std::vector<Tensor> OneStep(Strategy& strategy, const Model& model, const Elemen
   std::vector<std::vector<std::vector<Tensor>>> slots(static_cast<size_t>(variables.num_copies()));
   std::vector<std::unique_ptr<Workspace>> workspaces;
   for (int r = 0; r < replicas; ++r) workspaces.push_back(model.NewWorkspace(r));
-  const std::vector<Element> parts = SplitRowsOverReplicas(batch, replicas);
+  const std::vector<Element> parts = *SplitRowsOverReplicas(batch, replicas);
   PerReplica<std::vector<Tensor>> gradients{std::vector<std::vector<Tensor>>(replicas)};
   EXPECT_TRUE(strategy
                   .RunEach([&](ReplicaContext& context) {
@@ -110,7 +110,7 @@ TEST(FitTest, MirroredCopiesStayIdenticalAfterEveryStep) {
   PerReplica<std::vector<Tensor>> gradients{std::vector<std::vector<Tensor>>(3)};
   for (int step = 0; step < 30; ++step) {
     const Element batch = SyntheticData(30, 100 + step);
-    const std::vector<Element> parts = SplitRowsOverReplicas(batch, 3);
+    const std::vector<Element> parts = *SplitRowsOverReplicas(batch, 3);
     ASSERT_TRUE(strategy
                     ->RunEach([&](ReplicaContext& context) {
                       const int r = context.replica_id_in_sync_group();

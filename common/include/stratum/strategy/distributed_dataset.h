@@ -62,6 +62,8 @@ class DistributedDataset {
 
 // Splits every component along axis 0 over `num_replicas` as evenly as possible (the
 // first rows % num_replicas replicas get one row more), sharing the buffers.
-std::vector<Element> SplitRowsOverReplicas(const Element& batch, int num_replicas);
+// INVALID_ARGUMENT when a component is a scalar or the components' row counts differ
+// (a dataset that was not batched before it was distributed).
+absl::StatusOr<std::vector<Element>> SplitRowsOverReplicas(const Element& batch, int num_replicas);
 
 }  // namespace stratum
