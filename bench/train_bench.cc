@@ -204,21 +204,55 @@ int Run() {
 
   const int accuracy_epochs = absl::GetFlag(FLAGS_accuracy_epochs);
   if (accuracy_epochs > 0) {
+    // Test accuracy after N epochs moves by +-0.005 from seed to seed: report the mean over
+    // three seeds, and the lowest.
     for (const bool mirrored : {false, true}) {
-      nlohmann::json accuracy_job = job;
-      if (mirrored)
-        accuracy_job["strategy"] = {{"type", "mirrored"}, {"devices", {"CPU:0", "CPU:1"}}};
-      const std::string path = "/tmp/train_bench_job.json";
-      std::ofstream(path) << accuracy_job.dump();
-      auto run = RunProgram({bin + "/stratum-train", "--job=" + path,
-                             absl::StrCat("--epochs=", accuracy_epochs), "--progress=none",
-                             "--summary-json=" + summary_path});
-      if (!run.ok()) return 1;
-      const double accuracy = nlohmann::json::parse(ReadFile(summary_path))["test_accuracy"];
-      Print(mirrored ? "test_accuracy_mirrored_2_cpu_replicas" : "test_accuracy_default", accuracy,
-            "fraction", mirrored ? 0.875 : 0.88, true,
-            absl::StrCat(accuracy_epochs, " epochs, batch 64 per replica",
-                         mirrored ? ", global batch 128" : ""));
+      std::vector<double> accuracies;
+      for (int seed = 1; seed <= 3; ++seed) {
+        nlohmann::json accuracy_job = job;
+        accuracy_job["fit"]["seed"] = seed;
+        if (mirrored) {
+          accuracy_job["strategy"] = {{"type", "mirrored"}, {"devices", {"CPU:0", "CPU:1"}}};
+        }
+        const std::string path = "/tmp/train_bench_job.json";
+        std::ofstream(path) << accuracy_job.dump();
+        auto run = RunProgram({bin + "/stratum-train", "--job=" + path,
+                               absl::StrCat("--epochs=", accuracy_epochs), "--progress=none",
+                               "--summary-json=" + summary_path});
+        if (!run.ok()) return 1;
+        accuracies.push_back(nlohmann::json::parse(ReadFile(summary_path))["test_accuracy"]);
+      }
+      const double mean = std::accumulate(accuracies.begin(), accuracies.end(), 0.0) / 3;
+      const std::string name =
+          mirrored ? "test_accuracy_mirrored_2_cpu_replicas" : "test_accuracy_default";
+      const std::string setup = absl::StrCat(
+          accuracy_epochs, " epochs, batch 64 per replica", mirrored ? " (global 128)" : "",
+          ", seeds 1-3: ", accuracies[0], ", ", accuracies[1], ", ", accuracies[2]);
+      Print(name + "_mean", mean, "fraction", mirrored ? 0.875 : 0.88, true, setup);
+      Print(name + "_min", *std::min_element(accuracies.begin(), accuracies.end()), "fraction",
+            mirrored ? 0.875 : 0.88, true, setup);
+    }
+    auto torch_accuracy =
+        RunProgram({"/usr/bin/python3", absl::GetFlag(FLAGS_peers_dir) + "/fmnist_torch.py",
+                    std::to_string(accuracy_epochs), "1"});
+    if (torch_accuracy.ok()) {
+      static const std::regex kAccuracy(R"(test_acc ([0-9.]+))");
+      double last = -1;
+      for (std::sregex_iterator it(torch_accuracy->begin(), torch_accuracy->end(), kAccuracy), end;
+           it != end; ++it) {
+        last = std::stod((*it)[1]);
+      }
+      std::printf(
+          "%s\n",
+          nlohmann::json(
+              {{"benchmark", "pytorch_test_accuracy"},
+               {"value", last},
+               {"unit", "fraction"},
+               {"goal", nullptr},
+               {"goal_is", "anchor (0.883 seen before)"},
+               {"setup", absl::StrCat(accuracy_epochs, " epochs, same model and batch, one run")}})
+              .dump()
+              .c_str());
     }
   }
   return 0;
