@@ -71,6 +71,29 @@ TEST(StratumTrainTest, MirroredShortRunOnFashionMnistWritesItsSummary) {
   std::remove(summary_path.c_str());
 }
 
+TEST(StratumTrainTest, DrawsAProgressBarOnATerminal) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 40;
+  job["fit"]["validate"] = false;
+  // script(1) gives the program a pseudo-terminal, as a user's shell would.
+  const std::string command =
+      std::string(STRATUM_BIN_DIR) + "/stratum-train --job=" + WriteJob(job, "bar");
+  SubprocessOptions options;
+  options.argv = {"/usr/bin/script", "-qec", command, "/dev/null"};
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_TRUE(process.ok()) << process.status();
+  auto exit = (*process)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = (*process)->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 1/1"));
+  EXPECT_THAT(output, HasSubstr("    40/40 [==============================] - loss: "));
+  EXPECT_THAT(output, HasSubstr("\r"));
+}
+
 TEST(StratumTrainTest, UnsupportedLayerIsRefusedByName) {
   nlohmann::json job = ExampleJob();
   job["model"]["config"]["layers"][2]["class_name"] = "Conv2D";
