@@ -133,19 +133,53 @@ absl::Status VariableStore::CheckFinite(const std::string& name, const Tensor& g
                    "loss and the input data"));
 }
 
+absl::Status VariableStore::CheckGradientLocked(const std::string& name, const Variable& v,
+                                                const Tensor& gradient,
+                                                const std::vector<int64_t>* rows) {
+  if (v.optimizer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable \"", name,
+                     "\" has no optimizer, so gradients cannot be applied: create it "
+                     "with one, or assign new values"));
+  }
+  if (rows == nullptr) return CheckMatches(name, "gradient", gradient, v.info);
+  const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(rows->size()));
+  if (gradient.dtype() != DType::kFloat32 || !(gradient.shape() == expected)) {
+    return absl::InvalidArgumentError(absl::StrCat("row gradients for variable \"", name, "\" are ",
+                                                   gradient.DebugString(), " for ", rows->size(),
+                                                   " rows: send float32", expected.ToString()));
+  }
+  const int64_t num_rows = v.value.rows();
+  for (int64_t index : *rows) {
+    if (index < 0 || index >= num_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", index, " of variable \"", name,
+                                                     "\" is out of range: it has rows 0..",
+                                                     num_rows - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::CheckGradient(const std::string& name, const Tensor& gradient,
+                                          const std::vector<int64_t>* rows) {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  {
+    absl::MutexLock lock(&(*variable)->mutex);
+    if (absl::Status status = CheckGradientLocked(name, **variable, gradient, rows); !status.ok()) {
+      return status;
+    }
+  }
+  return CheckFinite(name, gradient);
+}
+
 absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,
                                                      const Tensor& gradient) {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   Variable& v = **variable;
-  if (v.optimizer == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("variable \"", name,
-                     "\" has no optimizer, so gradients cannot be applied: create it "
-                     "with one, or Assign new values"));
-  }
   absl::MutexLock lock(&v.mutex);
-  if (absl::Status status = CheckMatches(name, "gradient", gradient, v.info); !status.ok()) {
+  if (absl::Status status = CheckGradientLocked(name, v, gradient, nullptr); !status.ok()) {
     return status;
   }
   if (absl::Status status = CheckFinite(name, gradient); !status.ok()) return status;
@@ -159,29 +193,17 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   Variable& v = **variable;
-  if (v.optimizer == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("variable \"", name, "\" has no optimizer, so gradients cannot be applied"));
-  }
   absl::MutexLock lock(&v.mutex);
-  const int64_t rows = v.value.rows(), row_size = v.value.row_size();
-  const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(indices.size()));
-  if (row_gradients.dtype() != DType::kFloat32 || !(row_gradients.shape() == expected)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row gradients for variable \"", name, "\" are ", row_gradients.DebugString(),
-                     " for ", indices.size(), " rows: send float32", expected.ToString()));
-  }
-  for (int64_t index : indices) {
-    if (index < 0 || index >= rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row ", index, " of variable \"", name, "\" is out of range: it has rows 0..", rows - 1));
-    }
+  if (absl::Status status = CheckGradientLocked(name, v, row_gradients, &indices); !status.ok()) {
+    return status;
   }
   if (absl::Status status = CheckFinite(name, row_gradients); !status.ok()) return status;
+  const int64_t row_size = v.value.row_size();
   // Sum duplicate rows, then update the touched rows (and their slots) only.
   std::map<int64_t, std::vector<int64_t>> positions;
-  for (size_t i = 0; i < indices.size(); ++i)
+  for (size_t i = 0; i < indices.size(); ++i) {
     positions[indices[i]].push_back(static_cast<int64_t>(i));
+  }
   const Shape row_shape = v.info.shape.WithFirstDim(1);
   Tensor row_value(DType::kFloat32, row_shape), row_gradient(DType::kFloat32, row_shape);
   std::vector<Tensor> row_slots;

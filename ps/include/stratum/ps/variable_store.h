@@ -71,6 +71,12 @@ class VariableStore {
                                             const std::vector<int64_t>& indices,
                                             const Tensor& row_gradients);
 
+  // The checks ApplyGradient (rows == nullptr) or ApplyRowGradients would make, without
+  // applying anything: a service checks every gradient of a request before it applies
+  // the first, so a bad request changes nothing.
+  absl::Status CheckGradient(const std::string& name, const Tensor& gradient,
+                             const std::vector<int64_t>* rows);
+
   std::vector<VariableInfo> List() const;
   absl::StatusOr<VariableInfo> Info(const std::string& name) const;
   absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name) const;
@@ -92,6 +98,9 @@ class VariableStore {
 
   absl::StatusOr<std::shared_ptr<Variable>> Find(const std::string& name) const;
   absl::Status CheckFinite(const std::string& name, const Tensor& gradient);
+  // Shape, dtype, optimizer and row checks; the variable's lock must be held.
+  static absl::Status CheckGradientLocked(const std::string& name, const Variable& variable,
+                                          const Tensor& gradient, const std::vector<int64_t>* rows);
 
   mutable absl::Mutex table_mutex_;
   std::map<std::string, std::shared_ptr<Variable>> variables_ ABSL_GUARDED_BY(table_mutex_);

@@ -1,0 +1,138 @@
+#include "stratum/ps/ps_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "stratum/net/status.h"
+#include "stratum/tensor/tensor_proto.h"
+
+namespace stratum {
+namespace {
+
+struct Gradient {
+  const std::string* name;
+  Tensor tensor;
+  std::vector<int64_t> rows;
+  bool sparse;
+};
+
+absl::StatusOr<std::vector<Gradient>> DecodeGradients(
+    const google::protobuf::RepeatedPtrField<proto::NamedTensor>& messages) {
+  std::vector<Gradient> gradients;
+  for (const proto::NamedTensor& message : messages) {
+    absl::StatusOr<Tensor> tensor = TensorFromProto(message.tensor());
+    if (!tensor.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient for variable \"", message.name(),
+                                                     "\": ", tensor.status().message()));
+    }
+    gradients.push_back({&message.name(), *std::move(tensor),
+                         std::vector<int64_t>(message.rows().begin(), message.rows().end()),
+                         message.rows_size() > 0});
+  }
+  return gradients;
+}
+
+absl::Status AppendValue(const VariableStore& store, const std::string& name,
+                         google::protobuf::RepeatedPtrField<proto::NamedTensor>* values) {
+  absl::StatusOr<Tensor> value = store.Read(name);
+  if (!value.ok()) return value.status();
+  proto::NamedTensor* out = values->Add();
+  out->set_name(name);
+  TensorToProto(*value, out->mutable_tensor());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status PsService::CreateVariables(grpc::ServerContext*,
+                                        const proto::CreateVariablesRequest* request,
+                                        proto::CreateVariablesResponse* response) {
+  for (const proto::VariableDef& def : request->variables()) {
+    absl::StatusOr<Tensor> initial = TensorFromProto(def.initial_value());
+    if (!initial.ok()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "initial value of variable \"", def.name(), "\": ", initial.status().message())));
+    }
+    nlohmann::json optimizer = nullptr;
+    if (!def.optimizer_json().empty()) {
+      optimizer = nlohmann::json::parse(def.optimizer_json(), nullptr, /*allow_exceptions=*/false);
+      if (optimizer.is_discarded()) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            absl::StrCat("optimizer of variable \"", def.name(), "\" is not valid JSON")));
+      }
+    }
+    absl::StatusOr<bool> created = store_.Create(def.name(), *initial, optimizer);
+    if (!created.ok()) return ToGrpcStatus(created.status());
+    response->add_created(*created);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* request,
+                             proto::PullResponse* response) {
+  for (const std::string& name : request->names()) {
+    if (absl::Status status = AppendValue(store_, name, response->mutable_values()); !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    absl::StatusOr<VariableInfo> info = store_.Info(name);
+    response->add_updates(info.ok() ? info->updates : 0);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* request,
+                             proto::PushResponse* response) {
+  absl::StatusOr<std::vector<Gradient>> gradients = DecodeGradients(request->gradients());
+  if (!gradients.ok()) return ToGrpcStatus(gradients.status());
+  if (gradients->size() > 1) {
+    // All or nothing: check every gradient before the first is applied.
+    for (const Gradient& gradient : *gradients) {
+      absl::Status status = store_.CheckGradient(*gradient.name, gradient.tensor,
+                                                 gradient.sparse ? &gradient.rows : nullptr);
+      if (!status.ok()) return ToGrpcStatus(status);
+    }
+  }
+  for (const Gradient& gradient : *gradients) {
+    absl::StatusOr<int64_t> updates =
+        gradient.sparse ? store_.ApplyRowGradients(*gradient.name, gradient.rows, gradient.tensor)
+                        : store_.ApplyGradient(*gradient.name, gradient.tensor);
+    if (!updates.ok()) return ToGrpcStatus(updates.status());
+    response->add_updates(*updates);
+    if (request->pull_after()) {
+      if (absl::Status status = AppendValue(store_, *gradient.name, response->mutable_values());
+          !status.ok()) {
+        return ToGrpcStatus(status);
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest* request,
+                               proto::AssignResponse*) {
+  for (const proto::NamedTensor& message : request->values()) {
+    absl::StatusOr<Tensor> value = TensorFromProto(message.tensor());
+    if (!value.ok()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("value for variable \"", message.name(), "\": ", value.status().message())));
+    }
+    if (absl::Status status = store_.Assign(message.name(), *value); !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVariablesRequest*,
+                                      proto::ListVariablesResponse* response) {
+  for (const VariableInfo& info : store_.List()) {
+    proto::VariableStatus* variable = response->add_variables();
+    variable->set_name(info.name);
+    for (int64_t dim : info.shape.dims()) variable->add_dims(dim);
+    variable->set_optimizer(info.optimizer);
+    variable->set_updates(info.updates);
+  }
+  response->set_refused_non_finite(store_.refused_non_finite());
+  response->set_total_bytes(store_.total_bytes());
+  return grpc::Status::OK;
+}
+
+}  // namespace stratum

@@ -1,0 +1,129 @@
+// The parameter-server service over real gRPC against a real stratum-ps process: the
+// calls workers make, and every bad request refused without harm.
+#include <grpcpp/client_context.h>
+
+#include <limits>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/net/channel.h"
+#include "stratum/ps/ps_client.h"
+#include "stratum/tensor/tensor_proto.h"
+#include "stratum/testing/local_cluster.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LocalCluster;
+
+const nlohmann::json kSgd =
+    nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
+
+class PsServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = LocalCluster::Start(
+        {.num_workers = 1, .num_ps = 1, .not_started = {{"worker", 0}}, .forward_output = false});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    client_ = std::make_unique<PsClient>("ps:0", cluster_->Address({"ps", 0}),
+                                         PsClientOptions{.timeout = absl::Seconds(5)});
+    auto created = client_->CreateVariables(
+        {{"w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4})}, {"b", Tensor::Scalar(1)}}, kSgd);
+    ASSERT_TRUE(created.ok()) << created.status();
+  }
+
+  Tensor Value(const std::string& name) { return (*client_->Pull({name}))[0]; }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<PsClient> client_;
+};
+
+TEST_F(PsServiceTest, PushThenPullInOneCall) {
+  std::vector<Tensor> pulled;
+  ASSERT_TRUE(
+      client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}, &pulled).ok());
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_TRUE(pulled[0].BitwiseEqual(Tensor::FromVector<float>({2, 2}, {0, 1, 2, 3})));
+  EXPECT_TRUE(Value("w").BitwiseEqual(pulled[0]));
+  auto list = client_->ListVariables();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->variables_size(), 2);
+  EXPECT_EQ(list->total_bytes(), 20);
+}
+
+TEST_F(PsServiceTest, CreateIsIdempotentAndConflictsAreNamed) {
+  auto again = client_->CreateVariables({{"w", Tensor(DType::kFloat32, {2, 2})}}, kSgd);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)[0]);
+  auto conflict = client_->CreateVariables({{"w", Tensor(DType::kFloat32, {3})}}, kSgd);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(conflict.status().message()),
+              HasSubstr("ps:0 at " + cluster_->Address({"ps", 0}) + ": variable \"w\" exists"));
+}
+
+TEST_F(PsServiceTest, BadRequestsAreRefusedAndChangeNothing) {
+  const Tensor before = Value("w");
+  auto expect_refused = [&](absl::Status status, absl::StatusCode code, const std::string& text) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(text));
+  };
+  expect_refused(client_->Push({{"nope", Tensor::Scalar(1)}}), absl::StatusCode::kNotFound,
+                 "variable \"nope\" does not exist");
+  expect_refused(client_->Push({{"w", Tensor(DType::kFloat32, {4})}}),
+                 absl::StatusCode::kInvalidArgument,
+                 "is float32[4] but the variable is float32[2, 2]");
+  Tensor nan =
+      Tensor::FromVector<float>({2, 2}, {0, std::numeric_limits<float>::quiet_NaN(), 0, 0});
+  expect_refused(client_->Push({{"w", nan}}), absl::StatusCode::kInvalidArgument, "NaN or Inf");
+  // One bad gradient in a request: the good one before it is not applied either.
+  expect_refused(client_->Push({{"b", Tensor::Scalar(1)}, {"w", Tensor(DType::kInt32, {2, 2})}}),
+                 absl::StatusCode::kInvalidArgument, "gradient for variable \"w\" is int32[2, 2]");
+  EXPECT_TRUE(Value("b").BitwiseEqual(Tensor::Scalar(1)));
+
+  // A malformed tensor: content that does not match its shape.
+  auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
+  proto::PushRequest request;
+  proto::NamedTensor* gradient = request.add_gradients();
+  gradient->set_name("w");
+  TensorToProto(Tensor(DType::kFloat32, {2, 2}), gradient->mutable_tensor());
+  gradient->mutable_tensor()->set_content("short");
+  grpc::ClientContext context;
+  proto::PushResponse response;
+  grpc::Status status = stub->Push(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("needs 16 bytes but carries 5"));
+
+  EXPECT_TRUE(Value("w").BitwiseEqual(before));
+  EXPECT_EQ(client_->ListVariables()->refused_non_finite(), 1);
+}
+
+TEST_F(PsServiceTest, OversizedMessagesAreRefusedAndThePsLivesOn) {
+  // 300 MiB is over the 256 MiB limit Stratum sets on both ends.
+  auto stub = proto::ParameterServer::NewStub(
+      MakeChannel(cluster_->Address({"ps", 0}), {.max_message_bytes = 512 * 1024 * 1024}));
+  proto::PushRequest request;
+  proto::NamedTensor* gradient = request.add_gradients();
+  gradient->set_name("w");
+  gradient->mutable_tensor()->set_content(std::string(300 << 20, '\0'));
+  grpc::ClientContext context;
+  proto::PushResponse response;
+  grpc::Status status = stub->Push(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(client_->Pull({"w"}).ok());
+}
+
+TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadline) {
+  ASSERT_TRUE(cluster_->Kill({"ps", 0}).ok());
+  const absl::Time start = absl::Now();
+  auto pulled = client_->Pull({"w"});
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(pulled.status().message()),
+              HasSubstr("ps:0 at " + cluster_->Address({"ps", 0})));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+}
+
+}  // namespace
+}  // namespace stratum
