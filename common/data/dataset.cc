@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -456,7 +457,8 @@ class BatchNode : public DatasetNode {
   int64_t Cardinality() const override {
     const int64_t in = input()->Cardinality();
     if (in < 0) return in;
-    return drop_remainder_ ? in / batch_size_ : (in + batch_size_ - 1) / batch_size_;
+    // Not (in + batch_size - 1) / batch_size, which overflows for a huge batch_size.
+    return in / batch_size_ + (!drop_remainder_ && in % batch_size_ != 0 ? 1 : 0);
   }
   std::string Name() const override {
     return absl::StrCat("Batch(", batch_size_, drop_remainder_ ? ", drop_remainder" : "", ")");
@@ -480,42 +482,63 @@ class BatchIterator : public Iterator {
  protected:
   NextResult GetNextInternal() override {
     const int64_t batch_size = node_->batch_size();
-    Element batch;
-    Element first;  // shapes and dtypes every element of this batch must match
-    int64_t n = 0;
-    while (n < batch_size) {
+    // Gather first and allocate for the rows that came, not for batch_size: a batch_size
+    // far above the data (a common way to take "everything") must not allocate for it.
+    std::vector<Element> elements;
+    uint64_t element_bytes = 0;
+    while (static_cast<int64_t>(elements.size()) < batch_size) {
       STRATUM_ASSIGN_OR_RETURN(std::optional<Element> next, input_->GetNext());
       if (!next) break;
+      const int64_t n = static_cast<int64_t>(elements.size());
       if (n == 0) {
         STRATUM_RETURN_IF_ERROR(CheckComponents("Batch", *next));
-        first = *next;
-        batch.reserve(first.size());
-        for (const Tensor& c : first) {
-          std::vector<int64_t> dims;
-          dims.reserve(c.shape().dims().size() + 1);
-          dims.push_back(batch_size);
-          dims.insert(dims.end(), c.shape().dims().begin(), c.shape().dims().end());
-          batch.emplace_back(c.dtype(), Shape(std::move(dims)));
-        }
+        for (const Tensor& c : *next) element_bytes += c.byte_size();
       } else {
-        STRATUM_RETURN_IF_ERROR(CheckMatches(first, *next, n));
+        STRATUM_RETURN_IF_ERROR(CheckMatches(elements.front(), *next, n));
       }
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const size_t bytes = (*next)[i].byte_size();
-        std::memcpy(static_cast<char*>(batch[i].raw_data()) + static_cast<size_t>(n) * bytes,
-                    (*next)[i].raw_data(), bytes);
+      if (element_bytes > 0 && static_cast<uint64_t>(n + 1) > kMaxBatchBytes / element_bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("Dataset.Batch: batch ", batches_, " with batch_size ", batch_size, " of ",
+                         element_bytes,
+                         "-byte elements would exceed the 8 GiB Stratum allows per batch: use "
+                         "a smaller batch_size (at most ",
+                         kMaxBatchBytes / element_bytes, " here)"));
       }
-      ++n;
+      elements.push_back(*std::move(next));
     }
     ++batches_;
+    const int64_t n = static_cast<int64_t>(elements.size());
     if (n == 0 || (n < batch_size && node_->drop_remainder())) return std::nullopt;
-    if (n < batch_size) {
-      for (Tensor& c : batch) c = c.SliceRows(0, n);
+    return Stack(elements);
+  }
+
+ private:
+  // Most bytes one batch may hold: far above any training batch, far below a size whose
+  // allocation would take a machine down.
+  static constexpr uint64_t kMaxBatchBytes = uint64_t{8} << 30;
+
+  // The elements stacked along a new axis 0; they match in dtypes and shapes.
+  static Element Stack(const std::vector<Element>& elements) {
+    const Element& first = elements.front();
+    Element batch;
+    batch.reserve(first.size());
+    for (size_t i = 0; i < first.size(); ++i) {
+      const Tensor& c = first[i];
+      std::vector<int64_t> dims;
+      dims.reserve(c.shape().dims().size() + 1);
+      dims.push_back(static_cast<int64_t>(elements.size()));
+      dims.insert(dims.end(), c.shape().dims().begin(), c.shape().dims().end());
+      Tensor stacked(c.dtype(), Shape(std::move(dims)));
+      const size_t bytes = c.byte_size();
+      auto* out = static_cast<char*>(stacked.raw_data());
+      for (size_t row = 0; row < elements.size(); ++row) {
+        std::memcpy(out + row * bytes, elements[row][i].raw_data(), bytes);
+      }
+      batch.push_back(std::move(stacked));
     }
     return batch;
   }
 
- private:
   absl::Status CheckMatches(const Element& first, const Element& element, int64_t n) const {
     if (element.size() != first.size()) {
       return absl::InvalidArgumentError(
@@ -701,7 +724,7 @@ class PrefetchIterator : public Iterator {
         while (!cancelled_ && queue_.size() >= capacity_) space_.Wait(&mu_);
         if (cancelled_) return;
       }
-      NextResult next = input_->GetNext();
+      NextResult next = GetNextFromInput();
       const bool last = !next.ok() || !next->has_value();
       {
         absl::MutexLock lock(&mu_);
@@ -709,6 +732,22 @@ class PrefetchIterator : public Iterator {
       }
       ready_.Signal();
       if (last) return;
+    }
+  }
+
+  // The upstream's next element; an exception thrown upstream (a Map function, an
+  // allocation) becomes an INTERNAL error, since nothing could catch it on this thread.
+  NextResult GetNextFromInput() {
+    try {
+      return input_->GetNext();
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("Dataset.Prefetch: the pipeline before Prefetch threw an exception (",
+                       e.what(), "): return errors as absl::Status from Map functions"));
+    } catch (...) {
+      return absl::InternalError(
+          "Dataset.Prefetch: the pipeline before Prefetch threw a non-standard exception: "
+          "return errors as absl::Status from Map functions");
     }
   }
 

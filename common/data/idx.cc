@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -35,51 +36,6 @@ class GzFile {
  private:
   gzFile file_;
 };
-
-// The whole (decompressed, when gzipped) content. gzread passes plain files through.
-absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  errno = 0;
-  GzFile file(gzopen(path.c_str(), "rb"));
-  if (file.get() == nullptr) {
-    const int error = errno;
-    if (error == ENOENT || error == ENOTDIR) {
-      return absl::NotFoundError(
-          absl::StrCat("IDX file \"", path, "\" not found: check the path; ", kFashionMnistHint));
-    }
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot open IDX file \"", path,
-                                                   "\": check that it is a readable file"));
-  }
-  gzbuffer(file.get(), 1 << 20);
-  std::string content;
-  constexpr size_t kChunk = 4 << 20;
-  while (true) {
-    const size_t old_size = content.size();
-    content.resize(old_size + kChunk);
-    const int n = gzread(file.get(), content.data() + old_size, static_cast<unsigned>(kChunk));
-    if (n < 0) {
-      int zerr = Z_OK;
-      const char* message = gzerror(file.get(), &zerr);
-      if (zerr == Z_ERRNO) {
-        return absl::ErrnoToStatus(
-            errno, absl::StrCat("cannot read IDX file \"", path, "\": ", std::strerror(errno)));
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "IDX file \"", path, "\" is a corrupt gzip stream after ", old_size,
-          " decompressed bytes (zlib: ", message, "): download or reinstall the file"));
-    }
-    content.resize(old_size + static_cast<size_t>(n));
-    if (static_cast<size_t>(n) < kChunk) break;
-  }
-  // A gzip stream cut short reads as a short read with a pending error.
-  int zerr = Z_OK;
-  const char* message = gzerror(file.get(), &zerr);
-  if (zerr != Z_OK && zerr != Z_STREAM_END) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "IDX file \"", path, "\" is a truncated or corrupt gzip stream after ", content.size(),
-        " decompressed bytes (zlib: ", message, "): download or reinstall the file"));
-  }
-  return content;
-}
 
 struct ElementType {
   const char* name;
@@ -122,7 +78,25 @@ std::string FirstBytes(const std::string& content) {
   return hex.empty() ? "(none: the file is empty)" : hex;
 }
 
-absl::StatusOr<Tensor> ParseIdx(const std::string& path, const std::string& content) {
+// Most data bytes an IDX file may declare: far above MNIST-like sets, far below what a
+// corrupt header or a gzip bomb would make Stratum allocate.
+constexpr uint64_t kMaxDataBytes = uint64_t{16} << 30;
+// Data bytes read past the declared size before a file is refused as too long: enough to
+// report the exact length of a slightly-too-long file, little enough to stop a bomb early.
+constexpr size_t kProbeBytes = 64 << 10;
+
+// What the header declares. `bytes` holds at least the 4-byte prefix and the dimensions.
+struct Header {
+  ElementType type;
+  size_t size = 0;  // bytes
+  Shape shape;
+  uint64_t count = 0;       // elements
+  bool overflow = false;    // the element count exceeds 2^48
+  uint64_t data_bytes = 0;  // count * element size, when !overflow
+};
+
+// The magic and the type byte; `content` holds what has been read so far.
+absl::Status CheckPrefix(const std::string& path, const std::string& content) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(content.data());
   if (content.size() < 4 || bytes[0] != 0 || bytes[1] != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -131,49 +105,146 @@ absl::StatusOr<Tensor> ParseIdx(const std::string& path, const std::string& cont
         " bytes in all) but IDX starts with 00 00, a type byte and a dimension count; check "
         "that the path names an IDX file"));
   }
-  STRATUM_ASSIGN_OR_RETURN(ElementType type, TypeOf(path, bytes[2]));
+  return TypeOf(path, bytes[2]).status();
+}
+
+size_t HeaderSize(const std::string& content) {
+  return 4 + 4 * static_cast<size_t>(static_cast<unsigned char>(content[3]));
+}
+
+absl::StatusOr<Header> ParseHeader(const std::string& path, const std::string& content) {
+  STRATUM_RETURN_IF_ERROR(CheckPrefix(path, content));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(content.data());
+  Header header;
+  STRATUM_ASSIGN_OR_RETURN(header.type, TypeOf(path, bytes[2]));
   const size_t ndims = bytes[3];
-  const size_t header_size = 4 + 4 * ndims;
-  if (content.size() < header_size) {
+  header.size = HeaderSize(content);
+  if (content.size() < header.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("IDX file \"", path, "\" is truncated: its header declares ", ndims,
-                     " dimensions, which take ", header_size, " bytes, but the file has only ",
+                     " dimensions, which take ", header.size, " bytes, but the file has only ",
                      content.size(), " bytes; download or reinstall the file"));
   }
   std::vector<int64_t> dims;
   uint64_t count = 1;
-  bool overflow = false;
   for (size_t i = 0; i < ndims; ++i) {
     const uint32_t dim = BigEndian32(bytes + 4 + 4 * i);
     dims.push_back(dim);
-    if (dim != 0 && count > (uint64_t{1} << 48) / dim) overflow = true;
+    if (dim != 0 && count > (uint64_t{1} << 48) / dim) header.overflow = true;
     count *= dim;
   }
-  Shape shape(std::move(dims));
-  const uint64_t available = content.size() - header_size;
-  if (overflow || count * static_cast<uint64_t>(type.size) != available) {
-    const std::string expected = overflow ? std::string("more than 2^48")
-                                          : absl::StrCat(count * static_cast<uint64_t>(type.size));
+  header.shape = Shape(std::move(dims));
+  header.count = count;
+  header.data_bytes = header.overflow ? 0 : count * static_cast<uint64_t>(header.type.size);
+  return header;
+}
+
+std::string DeclaredBytes(const Header& header) {
+  return header.overflow ? std::string("more than 2^48") : absl::StrCat(header.data_bytes);
+}
+
+// Appends up to `limit` more decompressed bytes to `content`, growing it as data arrives
+// so that memory follows the real data, not a size the file claims.
+absl::Status ReadUpTo(const std::string& path, gzFile file, size_t limit, std::string& content) {
+  constexpr size_t kChunk = 4 << 20;
+  while (limit > 0) {
+    const size_t old_size = content.size();
+    const size_t want = std::min(limit, kChunk);
+    content.resize(old_size + want);
+    const int n = gzread(file, content.data() + old_size, static_cast<unsigned>(want));
+    if (n < 0) {
+      content.resize(old_size);
+      int zerr = Z_OK;
+      const char* message = gzerror(file, &zerr);
+      if (zerr == Z_ERRNO) {
+        return absl::ErrnoToStatus(
+            errno, absl::StrCat("cannot read IDX file \"", path, "\": ", std::strerror(errno)));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "IDX file \"", path, "\" is a corrupt gzip stream after ", old_size,
+          " decompressed bytes (zlib: ", message, "): download or reinstall the file"));
+    }
+    content.resize(old_size + static_cast<size_t>(n));
+    limit -= static_cast<size_t>(n);
+    if (static_cast<size_t>(n) < want) break;
+  }
+  // A gzip stream cut short reads as a short read with a pending error.
+  int zerr = Z_OK;
+  const char* message = gzerror(file, &zerr);
+  if (zerr != Z_OK && zerr != Z_STREAM_END) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX file \"", path, "\" is a truncated or corrupt gzip stream after ", content.size(),
+        " decompressed bytes (zlib: ", message, "): download or reinstall the file"));
+  }
+  return absl::OkStatus();
+}
+
+// The decompressed (when gzipped; gzread passes plain files through) header and data. Reads
+// the header first and stops soon after the data outgrows what the header declares, so a
+// small gzip bomb is refused without inflating it.
+absl::StatusOr<std::string> ReadContent(const std::string& path) {
+  errno = 0;
+  GzFile file(gzopen(path.c_str(), "rb"));
+  if (file.get() == nullptr) {
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) {
+      return absl::NotFoundError(
+          absl::StrCat("IDX file \"", path, "\" not found: check the path; ", kFashionMnistHint));
+    }
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot open IDX file \"", path,
+                                                   "\": check that it is a readable file"));
+  }
+  gzbuffer(file.get(), 1 << 20);
+  std::string content;
+  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), 4, content));
+  STRATUM_RETURN_IF_ERROR(CheckPrefix(path, content));
+  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), HeaderSize(content) - 4, content));
+  STRATUM_ASSIGN_OR_RETURN(const Header header, ParseHeader(path, content));
+  if (header.overflow || header.data_bytes > kMaxDataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX file \"", path, "\" is corrupt: its header declares shape ", header.shape.ToString(),
+        " of ", header.type.name, ", which takes ", DeclaredBytes(header),
+        " data bytes, more than the 16 GiB Stratum reads from one file; download or reinstall "
+        "the file, or split the data set into smaller files"));
+  }
+  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), header.data_bytes + kProbeBytes, content));
+  const uint64_t available = content.size() - header.size;
+  if (available > header.data_bytes + kProbeBytes - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IDX file \"", path, "\" is corrupt: its header declares shape ", header.shape.ToString(),
+        " of ", header.type.name, ", which takes ", header.data_bytes,
+        " data bytes, but the file has more than ", available - 1, " data bytes after its ",
+        header.size, "-byte header (reading stopped there); download or reinstall the file"));
+  }
+  return content;
+}
+
+absl::StatusOr<Tensor> ParseIdx(const std::string& path, const std::string& content) {
+  STRATUM_ASSIGN_OR_RETURN(const Header header, ParseHeader(path, content));
+  const ElementType& type = header.type;
+  const uint64_t available = content.size() - header.size;
+  if (header.overflow || header.data_bytes != available) {
     return absl::InvalidArgumentError(absl::StrCat(
         "IDX file \"", path, "\" is ",
-        !overflow && count * type.size > available ? "truncated" : "corrupt",
-        ": its header declares shape ", shape.ToString(), " of ", type.name, ", which takes ",
-        expected, " data bytes, but the file has ", available, " data bytes after its ",
-        header_size, "-byte header; download or reinstall the file"));
+        !header.overflow && header.data_bytes > available ? "truncated" : "corrupt",
+        ": its header declares shape ", header.shape.ToString(), " of ", type.name,
+        ", which takes ", DeclaredBytes(header), " data bytes, but the file has ", available,
+        " data bytes after its ", header.size, "-byte header; download or reinstall the file"));
   }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(content.data());
   if (!type.supported) {
     return absl::UnimplementedError(absl::StrFormat(
         "IDX file \"%s\" holds %s elements (type byte 0x%02X), which Stratum does not read: "
         "convert it to ubyte (0x08), int32 (0x0C) or float32 (0x0D)",
         path, type.name, bytes[2]));
   }
-  Tensor tensor(type.dtype, std::move(shape));
-  const unsigned char* data = bytes + header_size;
+  Tensor tensor(type.dtype, header.shape);
+  const unsigned char* data = bytes + header.size;
   if (type.size == 1) {
     std::memcpy(tensor.raw_data(), data, available);
   } else {
     auto* out = static_cast<uint32_t*>(tensor.raw_data());
-    for (uint64_t i = 0; i < count; ++i) out[i] = BigEndian32(data + 4 * i);
+    for (uint64_t i = 0; i < header.count; ++i) out[i] = BigEndian32(data + 4 * i);
   }
   return tensor;
 }
@@ -203,7 +274,7 @@ absl::Status CheckPair(const std::string& dir, const char* images_name, const Te
 }  // namespace
 
 absl::StatusOr<Tensor> ReadIdxFile(const std::string& path) {
-  STRATUM_ASSIGN_OR_RETURN(std::string content, ReadAll(path));
+  STRATUM_ASSIGN_OR_RETURN(std::string content, ReadContent(path));
   return ParseIdx(path, content);
 }
 

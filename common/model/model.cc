@@ -88,54 +88,130 @@ absl::StatusOr<json> ParseText(absl::string_view text) {
 }
 
 // Keras writes the file with json.dump(model.to_json()): the model text inside a string.
-absl::StatusOr<json> Unwrap(json value) {
-  for (int depth = 0; depth < 3 && value.is_string(); ++depth) {
-    STRATUM_ASSIGN_OR_RETURN(value, ParseText(value.get<std::string>()));
+// Returns `input` itself, or the parsed text kept in `storage`; never copies the document.
+absl::StatusOr<const json*> Unwrap(const json& input, json& storage) {
+  const json* value = &input;
+  for (int depth = 0; depth < 3 && value->is_string(); ++depth) {
+    STRATUM_ASSIGN_OR_RETURN(json parsed, ParseText(value->get_ref<const std::string&>()));
+    storage = std::move(parsed);
+    value = &storage;
   }
   return value;
+}
+
+// The value of `key` when `object` is an object that has it set to non-null; else nullptr.
+// Unlike const operator[] and value(), safe on any JSON value.
+const json* Find(const json& object, const char* key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// A string member, or nullopt when it is absent, null or not a string.
+std::optional<std::string> FindString(const json& object, const char* key) {
+  const json* value = Find(object, key);
+  if (value == nullptr || !value->is_string()) return std::nullopt;
+  return value->get<std::string>();
+}
+
+// Compact JSON text for messages, like dump(), but with bounded recursion and length so a
+// deeply nested or huge value cannot exhaust the stack or flood the message.
+void DumpTo(const json& value, int depth, std::string& out) {
+  constexpr size_t kMaxChars = 200;
+  constexpr int kMaxDepth = 8;
+  if (out.size() > kMaxChars) return;
+  if (!value.is_structured()) {
+    out += value.dump();
+  } else if (depth >= kMaxDepth) {
+    out += value.is_array() ? "[...]" : "{...}";
+  } else if (value.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < value.size() && out.size() <= kMaxChars; ++i) {
+      if (i > 0) out += ',';
+      DumpTo(value[i], depth + 1, out);
+    }
+    out += ']';
+  } else {
+    out += '{';
+    bool first = true;
+    for (auto it = value.begin(); it != value.end() && out.size() <= kMaxChars; ++it) {
+      if (!first) out += ',';
+      first = false;
+      out += json(it.key()).dump();
+      out += ':';
+      DumpTo(it.value(), depth + 1, out);
+    }
+    out += '}';
+  }
+  if (out.size() > kMaxChars) {
+    out.resize(kMaxChars);
+    out += "...";
+  }
+}
+
+std::string Dump(const json& value) {
+  std::string out;
+  DumpTo(value, 0, out);
+  return out;
+}
+
+// Most elements one variable, one example's activations, or all parameters may hold: a
+// float32 tensor of 2^31 elements is 8 GiB, far beyond what Stratum's models need, and the
+// limit keeps every element count and byte size well inside int64.
+constexpr int64_t kMaxElements = int64_t{1} << 31;
+
+// a * b, or nullopt when it exceeds kMaxElements (a, b >= 0).
+std::optional<int64_t> CheckedProduct(int64_t a, int64_t b) {
+  if (a != 0 && b > kMaxElements / a) return std::nullopt;
+  return a * b;
 }
 
 // A shape from Keras' config; `with_batch` drops the leading (batch) dimension.
 absl::StatusOr<Shape> ParseShape(const json& dims, bool with_batch, const std::string& where) {
   if (!dims.is_array() || (with_batch && dims.empty())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " is ", dims.dump(),
+        absl::StrCat(where, " is ", Dump(dims),
                      ", which is not a list of dimensions: write it as [null, 28, 28]"));
   }
   std::vector<int64_t> out;
+  int64_t elements = 1;
   for (size_t i = with_batch ? 1 : 0; i < dims.size(); ++i) {
     if (!dims[i].is_number_integer() || dims[i].get<int64_t>() <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, " is ", dims.dump(), ", whose dimension ", i, " is ", dims[i].dump(),
+          absl::StrCat(where, " is ", Dump(dims), ", whose dimension ", i, " is ", Dump(dims[i]),
                        ": Stratum needs a fixed, positive size for every dimension but the "
                        "batch"));
     }
     out.push_back(dims[i].get<int64_t>());
+    const std::optional<int64_t> product = CheckedProduct(elements, out.back());
+    if (!product) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is ", Dump(dims),
+                       ", more than 2^31 elements per example: use a smaller input shape"));
+    }
+    elements = *product;
   }
   if (out.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " is ", dims.dump(),
+        absl::StrCat(where, " is ", Dump(dims),
                      ", a scalar per example: give each example at least one "
                      "dimension, such as [null, 784]"));
   }
   return Shape(std::move(out));
 }
 
-bool IsSet(const json& config, const char* key) {
-  return config.contains(key) && !config[key].is_null();
-}
-
 absl::Status CheckDtype(const std::string& where, const json& config) {
-  if (!IsSet(config, "dtype")) return absl::OkStatus();
-  const json& dtype = config["dtype"];
+  const json* dtype = Find(config, "dtype");
+  if (dtype == nullptr) return absl::OkStatus();
   std::string name;
-  if (dtype.is_string()) {
-    name = dtype.get<std::string>();
-  } else if (dtype.is_object() && dtype.contains("config") && dtype["config"].is_object() &&
-             dtype["config"].contains("name") && dtype["config"]["name"].is_string()) {
-    name = dtype["config"]["name"].get<std::string>();  // a DTypePolicy / Policy object
+  const json* policy_config = Find(*dtype, "config");  // a DTypePolicy / Policy object
+  if (dtype->is_string()) {
+    name = dtype->get<std::string>();
+  } else if (policy_config != nullptr && FindString(*policy_config, "name")) {
+    name = *FindString(*policy_config, "name");
   } else {
-    name = dtype.dump();
+    name = Dump(*dtype);
   }
   if (name == "float32") return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -147,10 +223,10 @@ absl::StatusOr<Activation> ParseActivation(const std::string& where, const json&
   std::string name;
   if (value.is_string()) {
     name = value.get<std::string>();
-  } else if (value.is_object() && value.contains("config") && value["config"].is_string()) {
-    name = value["config"].get<std::string>();  // Keras 3 {"class_name": "function", ...}
+  } else if (FindString(value, "config")) {
+    name = *FindString(value, "config");  // Keras 3 {"class_name": "function", ...}
   } else {
-    name = value.dump();
+    name = Dump(value);
   }
   static const std::pair<const char*, Activation> kNames[] = {{"linear", Activation::kLinear},
                                                               {"relu", Activation::kRelu},
@@ -167,15 +243,16 @@ absl::StatusOr<Activation> ParseActivation(const std::string& where, const json&
 
 absl::StatusOr<std::string> ParseInitializer(const std::string& where, const json& config,
                                              const char* key, const char* default_value) {
-  if (!IsSet(config, key)) return std::string(default_value);
-  const json& value = config[key];
+  const json* found = Find(config, key);
+  if (found == nullptr) return std::string(default_value);
+  const json& value = *found;
   std::string name;
   if (value.is_string()) {
     name = value.get<std::string>();
-  } else if (value.is_object() && value.contains("class_name") && value["class_name"].is_string()) {
-    name = value["class_name"].get<std::string>();
+  } else if (FindString(value, "class_name")) {
+    name = *FindString(value, "class_name");
   } else {
-    name = value.dump();
+    name = Dump(value);
   }
   static const std::pair<const char*, const char*> kNames[] = {{"glorotuniform", "glorot_uniform"},
                                                                {"zeros", "zeros"},
@@ -194,9 +271,9 @@ absl::StatusOr<std::string> ParseInitializer(const std::string& where, const jso
 absl::Status RefuseSet(const std::string& where, const json& config,
                        std::initializer_list<const char*> keys) {
   for (const char* key : keys) {
-    if (IsSet(config, key)) {
+    if (const json* value = Find(config, key)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, " sets ", key, " to ", config[key].dump(),
+          absl::StrCat(where, " sets ", key, " to ", Dump(*value),
                        ", which Stratum does not support: remove it (set it to None)"));
     }
   }
@@ -208,29 +285,29 @@ absl::StatusOr<Layer> ParseDense(Layer layer, const std::string& where, const js
       RefuseSet(where, config,
                 {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
                  "kernel_constraint", "bias_constraint", "lora_rank", "quantization_config"}));
-  if (config.contains("trainable") && config["trainable"] == false) {
+  if (const json* trainable = Find(config, "trainable"); trainable && *trainable != true) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where,
-                     " has trainable false, which Stratum does not support: Stratum trains every "
-                     "layer, so set trainable to true"));
+        absl::StrCat(where, " has trainable ", Dump(*trainable),
+                     ", which Stratum does not support: Stratum trains every layer, so set "
+                     "trainable to true"));
   }
-  if (!config.contains("units") || !config["units"].is_number_integer() ||
-      config["units"].get<int64_t>() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " has units ", config.contains("units") ? config["units"].dump() : "",
-        config.contains("units") ? "" : "missing", ": set units to a positive integer"));
+  const json* units = Find(config, "units");
+  if (units == nullptr || !units->is_number_integer() || units->get<int64_t>() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has units ",
+                                                   units ? Dump(*units) : std::string("missing"),
+                                                   ": set units to a positive integer"));
   }
   layer.kind = LayerKind::kDense;
-  layer.units = config["units"].get<int64_t>();
+  layer.units = units->get<int64_t>();
+  const json* activation = Find(config, "activation");
   STRATUM_ASSIGN_OR_RETURN(layer.activation,
-                           ParseActivation(where, config.value("activation", json())));
-  if (IsSet(config, "use_bias")) {
-    if (!config["use_bias"].is_boolean()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " has use_bias ", config["use_bias"].dump(),
-                       ", which is not a boolean: use true or false"));
+                           ParseActivation(where, activation ? *activation : json()));
+  if (const json* use_bias = Find(config, "use_bias")) {
+    if (!use_bias->is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " has use_bias ", Dump(*use_bias), ", which is not a boolean: use true or false"));
     }
-    layer.use_bias = config["use_bias"].get<bool>();
+    layer.use_bias = use_bias->get<bool>();
   }
   STRATUM_ASSIGN_OR_RETURN(layer.kernel_initializer,
                            ParseInitializer(where, config, "kernel_initializer", "glorot_uniform"));
@@ -241,16 +318,25 @@ absl::StatusOr<Layer> ParseDense(Layer layer, const std::string& where, const js
 
 absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
                                  std::map<std::string, int>& default_names) {
-  if (!spec.is_object() || !spec.contains("class_name") || !spec["class_name"].is_string()) {
+  const std::optional<std::string> class_name = FindString(spec, "class_name");
+  if (!class_name) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model layer ", index, " is ", spec.dump().substr(0, 80),
+        absl::StrCat("model layer ", index, " is ", Dump(spec),
                      ", which is not a Keras layer object: give it \"class_name\" and \"config\""));
   }
   Layer layer;
-  layer.class_name = spec["class_name"].get<std::string>();
-  const json config = IsSet(spec, "config") ? spec["config"] : json::object();
-  if (config.contains("name") && config["name"].is_string()) {
-    layer.name = config["name"].get<std::string>();
+  layer.class_name = *class_name;
+  static const json* const kEmptyConfig = new json(json::object());
+  const json* found_config = Find(spec, "config");
+  const json& config = found_config ? *found_config : *kEmptyConfig;
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model layer ", index, " (", layer.class_name, ") has config ", Dump(config),
+                     ", which is not an object: give the layer a config object such as {\"name\": "
+                     "\"dense\", ...}"));
+  }
+  if (const std::optional<std::string> name = FindString(config, "name")) {
+    layer.name = *name;
   } else {
     const std::string base = SnakeCase(layer.class_name);
     const int count = default_names[base]++;
@@ -262,29 +348,38 @@ absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
   STRATUM_RETURN_IF_ERROR(RefuseSet(where, config, {"activity_regularizer"}));
   if (layer.class_name == "Flatten") {
     layer.kind = LayerKind::kFlatten;
-    layer.channels_first = config.value("data_format", json()) == "channels_first";
+    if (const json* format = Find(config, "data_format")) {
+      if (*format != "channels_first" && *format != "channels_last") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " has data_format ", Dump(*format), ": use \"channels_last\""));
+      }
+      layer.channels_first = *format == "channels_first";
+    }
     return layer;
   }
   if (layer.class_name == "Activation") {
     layer.kind = LayerKind::kActivation;
-    if (!config.contains("activation")) {
+    const auto activation = config.find("activation");
+    if (activation == config.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        " has no activation: set activation to relu, softmax, sigmoid, "
                        "tanh or linear"));
     }
-    STRATUM_ASSIGN_OR_RETURN(layer.activation, ParseActivation(where, config["activation"]));
+    STRATUM_ASSIGN_OR_RETURN(layer.activation, ParseActivation(where, *activation));
     return layer;
   }
   if (layer.class_name == "Dropout") {
     layer.kind = LayerKind::kDropout;
     STRATUM_RETURN_IF_ERROR(RefuseSet(where, config, {"noise_shape"}));
-    const json rate = config.value("rate", json());
-    if (!rate.is_number() || rate.get<double>() < 0 || rate.get<double>() >= 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " has rate ", rate.dump(), ": set rate to a number in [0, 1)"));
+    const json* rate = Find(config, "rate");
+    if (rate == nullptr || !rate->is_number() || !(rate->get<double>() >= 0) ||
+        rate->get<double>() >= 1) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has rate ",
+                                                     rate ? Dump(*rate) : std::string("missing"),
+                                                     ": set rate to a number in [0, 1)"));
     }
-    layer.rate = rate.get<float>();
+    layer.rate = rate->get<float>();
     return layer;
   }
   return absl::InvalidArgumentError(
@@ -296,15 +391,14 @@ absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
 absl::StatusOr<std::optional<Shape>> DeclaredInputShape(const std::string& where,
                                                         const json& config) {
   for (const char* key : {"batch_input_shape", "batch_shape"}) {
-    if (IsSet(config, key)) {
-      STRATUM_ASSIGN_OR_RETURN(Shape shape,
-                               ParseShape(config[key], true, absl::StrCat(where, " ", key)));
+    if (const json* dims = Find(config, key)) {
+      STRATUM_ASSIGN_OR_RETURN(Shape shape, ParseShape(*dims, true, absl::StrCat(where, " ", key)));
       return std::optional<Shape>(shape);
     }
   }
-  if (IsSet(config, "input_shape")) {
-    STRATUM_ASSIGN_OR_RETURN(
-        Shape shape, ParseShape(config["input_shape"], false, absl::StrCat(where, " input_shape")));
+  if (const json* dims = Find(config, "input_shape")) {
+    STRATUM_ASSIGN_OR_RETURN(Shape shape,
+                             ParseShape(*dims, false, absl::StrCat(where, " input_shape")));
     return std::optional<Shape>(shape);
   }
   return std::optional<Shape>();
@@ -566,8 +660,9 @@ Model& Model::operator=(const Model& other) {
 Model::~Model() = default;
 
 absl::StatusOr<Model> Model::FromKerasJson(absl::string_view text) {
-  STRATUM_ASSIGN_OR_RETURN(json parsed, ParseText(text));
-  return FromKerasJson(parsed);
+  absl::StatusOr<json> parsed = ParseText(text);
+  if (!parsed.ok()) return parsed.status();
+  return FromKerasJson(*parsed);
 }
 
 absl::StatusOr<Model> Model::FromKerasJson(const std::string& text) {
@@ -578,73 +673,136 @@ absl::StatusOr<Model> Model::FromKerasJson(const char* text) {
   return FromKerasJson(absl::string_view(text));
 }
 
-absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
-  STRATUM_ASSIGN_OR_RETURN(json spec, Unwrap(input));
-  if (!spec.is_object() || !spec.contains("class_name") || !spec["class_name"].is_string()) {
+namespace {
+
+// The layers of a Sequential config: the "layers" list, or (old tf.keras) the whole config.
+absl::StatusOr<const json*> LayerList(const json& config) {
+  if (config.is_array()) return &config;
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config is ", Dump(config),
+                     ", which is not an object: pass the text of Keras' model.to_json() for a "
+                     "Sequential model"));
+  }
+  const json* layers = Find(config, "layers");
+  if (layers == nullptr || !layers->is_array() || layers->empty()) {
+    return absl::InvalidArgumentError(
+        "model config has no layers: pass a Sequential model with at least one layer");
+  }
+  return layers;
+}
+
+// A boolean InputLayer option; absent or null is false.
+absl::StatusOr<bool> InputFlag(const json& config, const char* key) {
+  const json* value = Find(config, key);
+  if (value == nullptr) return false;
+  if (!value->is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat("model InputLayer has ", key, " ", Dump(*value),
+                                                   ", which is not a boolean: use false"));
+  }
+  return value->get<bool>();
+}
+
+// The InputLayer's dtype, sparse and ragged options.
+absl::Status CheckInputLayer(const json& config) {
+  STRATUM_RETURN_IF_ERROR(
+      CheckDtype(Where(FindString(config, "name").value_or("input_layer"), "InputLayer"), config));
+  STRATUM_ASSIGN_OR_RETURN(const bool sparse, InputFlag(config, "sparse"));
+  STRATUM_ASSIGN_OR_RETURN(const bool ragged, InputFlag(config, "ragged"));
+  if (sparse || ragged) {
+    return absl::InvalidArgumentError(
+        "model InputLayer is sparse or ragged, which Stratum does not support: use a dense "
+        "input");
+  }
+  return absl::OkStatus();
+}
+
+// Refuses a variable, an activation row or a parameter total over kMaxElements, which
+// would take more memory than any machine Stratum runs on (or overflow int64 counts).
+absl::Status CheckLayerSize(const std::string& where, const Layer& layer, int64_t in_width,
+                            int64_t& total_parameters) {
+  if (layer.kind != LayerKind::kDense) return absl::OkStatus();
+  const std::optional<int64_t> kernel = CheckedProduct(in_width, layer.units);
+  if (!kernel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has a kernel of ", in_width, " x ", layer.units,
+                     " elements, more than the 2^31 Stratum allows per variable: use fewer units"));
+  }
+  const int64_t parameters = *kernel + (layer.use_bias ? layer.units : 0);
+  if (total_parameters + parameters > kMaxElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " brings the model to ", total_parameters + parameters,
+                     " parameters, more than the 2^31 Stratum allows: use fewer or smaller "
+                     "layers"));
+  }
+  total_parameters += parameters;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Model> BuildModel(const json& input) {
+  json storage;
+  STRATUM_ASSIGN_OR_RETURN(const json* unwrapped, Unwrap(input, storage));
+  const json& spec = *unwrapped;
+  const std::optional<std::string> model_class = FindString(spec, "class_name");
+  if (!model_class) {
     return absl::InvalidArgumentError(
         "model JSON has no \"class_name\": pass the text of Keras' model.to_json() for a "
         "Sequential model");
   }
-  const std::string class_name = spec["class_name"].get<std::string>();
+  const std::string& class_name = *model_class;
   if (class_name != "Sequential") {
     return absl::InvalidArgumentError(absl::StrCat(
         "model has class \"", class_name,
         "\", which Stratum does not support: build the model as keras.Sequential([...]) and "
         "save its to_json()"));
   }
-  const json config = IsSet(spec, "config") ? spec["config"] : json::object();
-  // Old tf.keras wrote the layer list as the whole config.
-  const json layers_json = config.is_array() ? config : config.value("layers", json());
-  if (!layers_json.is_array() || layers_json.empty()) {
+  const json* found_config = Find(spec, "config");
+  if (found_config == nullptr) {
     return absl::InvalidArgumentError(
         "model config has no layers: pass a Sequential model with at least one layer");
   }
-  auto impl = std::make_unique<Impl>();
-  impl->name = config.is_object() && config.contains("name") && config["name"].is_string()
-                   ? config["name"].get<std::string>()
-                   : "sequential";
+  const json& config = *found_config;
+  STRATUM_ASSIGN_OR_RETURN(const json* layer_list, LayerList(config));
+  const json& layers_json = *layer_list;
+  if (layers_json.empty()) {
+    return absl::InvalidArgumentError(
+        "model config has no layers: pass a Sequential model with at least one layer");
+  }
+  auto impl = std::make_unique<Model::Impl>();
+  impl->name = FindString(config, "name").value_or("sequential");
 
   std::optional<Shape> input_shape;
   std::map<std::string, int> default_names;
   for (size_t i = 0; i < layers_json.size(); ++i) {
     const json& layer_json = layers_json[i];
-    const bool is_input =
-        layer_json.is_object() && layer_json.value("class_name", json()) == "InputLayer";
+    const std::optional<std::string> layer_class = FindString(layer_json, "class_name");
+    const bool is_input = layer_class == "InputLayer";
     if (!impl->layers.empty() && is_input) {
       return absl::InvalidArgumentError(
           absl::StrCat("model layer ", i, " is an InputLayer after other layers: put it first"));
     }
-    if ((is_input || impl->layers.empty()) && !input_shape && layer_json.is_object()) {
-      const json layer_config = IsSet(layer_json, "config") ? layer_json["config"] : json();
-      if (layer_config.is_object()) {
-        const std::string name = layer_config.value("name", json()).is_string()
-                                     ? layer_config["name"].get<std::string>()
-                                     : absl::StrCat("#", i);
-        STRATUM_ASSIGN_OR_RETURN(
-            input_shape,
-            DeclaredInputShape(Where(name, layer_json["class_name"].dump()), layer_config));
-      }
+    const json* layer_config = Find(layer_json, "config");
+    if (is_input && layer_config != nullptr && !layer_config->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model layer ", i, " (InputLayer) has config ", Dump(*layer_config),
+                       ", which is not an object: give it {\"batch_shape\": [null, ...]}"));
+    }
+    if ((is_input || impl->layers.empty()) && !input_shape && layer_class &&
+        layer_config != nullptr && layer_config->is_object()) {
+      const std::string name = FindString(*layer_config, "name").value_or(absl::StrCat("#", i));
+      STRATUM_ASSIGN_OR_RETURN(input_shape,
+                               DeclaredInputShape(Where(name, *layer_class), *layer_config));
     }
     if (is_input) {
-      const json layer_config = IsSet(layer_json, "config") ? layer_json["config"] : json();
-      if (layer_config.is_object()) {
-        STRATUM_RETURN_IF_ERROR(CheckDtype(
-            Where(layer_config.value("name", "input_layer"), "InputLayer"), layer_config));
-        if (layer_config.value("sparse", false) == true ||
-            layer_config.value("ragged", false) == true) {
-          return absl::InvalidArgumentError(
-              "model InputLayer is sparse or ragged, which Stratum does not support: use a "
-              "dense input");
-        }
-      }
+      if (layer_config != nullptr) STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config));
       continue;
     }
     STRATUM_ASSIGN_OR_RETURN(Layer layer, ParseLayer(layer_json, i, default_names));
     impl->layers.push_back(std::move(layer));
   }
-  if (!input_shape && config.is_object() && IsSet(config, "build_input_shape")) {
-    STRATUM_ASSIGN_OR_RETURN(
-        Shape shape, ParseShape(config["build_input_shape"], true, "model build_input_shape"));
+  if (const json* build_shape = Find(config, "build_input_shape"); !input_shape && build_shape) {
+    STRATUM_ASSIGN_OR_RETURN(Shape shape,
+                             ParseShape(*build_shape, true, "model build_input_shape"));
     input_shape = shape;
   }
   if (!input_shape) {
@@ -662,6 +820,7 @@ absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
   Shape shape = *input_shape;
   std::set<std::string> names;
   int64_t max_width = shape.num_elements();
+  int64_t total_parameters = 0;
   impl->first_trainable = -1;
   for (size_t i = 0; i < impl->layers.size(); ++i) {
     Layer& layer = impl->layers[i];
@@ -672,6 +831,7 @@ absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
     }
     layer.in_size = shape.num_elements();
     layer.in_width = shape.dim(shape.rank() - 1);
+    STRATUM_RETURN_IF_ERROR(CheckLayerSize(where, layer, layer.in_width, total_parameters));
     switch (layer.kind) {
       case LayerKind::kFlatten:
         if (layer.channels_first && shape.rank() >= 2) {
@@ -683,6 +843,12 @@ absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
         shape = Shape({shape.num_elements()});
         break;
       case LayerKind::kDense: {
+        // The output row is in_size / in_width * units; refuse it before Shape counts it.
+        if (!CheckedProduct(layer.in_size / layer.in_width, layer.units)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " outputs ", layer.in_size / layer.in_width, " x ", layer.units,
+              " elements per example, more than the 2^31 Stratum allows: use fewer units"));
+        }
         std::vector<int64_t> dims = shape.dims();
         dims.back() = layer.units;
         shape = Shape(std::move(dims));
@@ -717,6 +883,23 @@ absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
   impl->output_size = shape.dim(0);
   impl->max_width = max_width;
   return Model(std::move(impl));
+}
+
+}  // namespace
+
+absl::StatusOr<Model> Model::FromKerasJson(const json& input) {
+  // Every access above is type-checked; this is the safety net that keeps a JSON
+  // exception (or an allocation failure) from crossing the component boundary.
+  try {
+    return BuildModel(input);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model JSON has an unexpected structure (", e.what(),
+                     "): pass the text of Keras' model.to_json() for a Sequential model"));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "model JSON needs more memory than is available to load: pass a smaller model");
+  }
 }
 
 const std::string& Model::name() const { return impl_->name; }

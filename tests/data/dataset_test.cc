@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
 #include "idx_writer.h"
@@ -157,6 +158,32 @@ TEST(DatasetTest, BatchRefusesDifferentShapes) {
                     HasSubstr("started with float32[2]"), HasSubstr("identical shapes")));
 }
 
+// A batch_size far above the data allocates only the rows it gathers.
+TEST(DatasetTest, HugeBatchSizeAllocatesOnlyTheRowsItGathers) {
+  Tensor images(DType::kUInt8, Shape({60000, 784}));
+  images.data<uint8_t>()[59999 * 784] = 7;
+  Dataset ds = Dataset::FromTensorSlices({images}).Batch(100000000).Prefetch(2);
+  std::vector<Element> batches = Collect(ds);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0][0].shape(), Shape({60000, 784}));
+  EXPECT_EQ(batches[0][0].data<uint8_t>()[59999 * 784], 7);
+  EXPECT_EQ(*Dataset::FromTensorSlices({images}).Batch(100000000).Cardinality(), 1);
+  EXPECT_EQ(*Dataset::FromTensorSlices({images}).Batch(INT64_MAX).Cardinality(), 1);
+  EXPECT_EQ(Collect(Dataset::FromTensorSlices({images}).Batch(INT64_MAX)).size(), 1u);
+}
+
+// A batch that would exceed the cap is an error naming the batch size, not bad_alloc.
+TEST(DatasetTest, BatchOverTheSizeCapIsAnError) {
+  Tensor big(DType::kUInt8, Shape({int64_t{1} << 28}));  // 256 MiB, shared by every element
+  Dataset ds = Dataset::FromTensors({big}).Repeat().Batch(40).Prefetch(1);
+  std::unique_ptr<Iterator> it = ds.MakeIterator();
+  absl::StatusOr<std::optional<Element>> next = it->GetNext();
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(next.status()),
+              AllOf(HasSubstr("batch_size 40"), HasSubstr("8 GiB"), HasSubstr("at most 32")));
+}
+
 TEST(DatasetTest, ShuffleIsAPermutationReproducibleFromTheSeed) {
   Dataset source = Dataset::FromTensorSlices({Range(100)});
   std::vector<int32_t> a = Values(source.Shuffle(100, 42));
@@ -272,6 +299,24 @@ TEST(DatasetTest, PrefetchKeepsOrderAndDeliversErrorsInOrder) {
   EXPECT_EQ(it->GetNext().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(it->GetNext().status().code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(ds.Prefetch(0).status().ok());
+}
+
+// An exception thrown upstream of Prefetch reaches the consumer as INTERNAL instead of
+// terminating the process from the background thread.
+TEST(DatasetTest, PrefetchDeliversUpstreamExceptionsAsInternal) {
+  Dataset ds = Dataset::FromTensorSlices({Range(10)})
+                   .Map([](Element e) -> absl::StatusOr<Element> {
+                     if (e[0].data<int32_t>()[0] == 3) throw std::runtime_error("boom at 3");
+                     return e;
+                   })
+                   .Prefetch(2);
+  std::unique_ptr<Iterator> it = ds.MakeIterator();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(it->GetNext().ok());
+  absl::StatusOr<std::optional<Element>> next = it->GetNext();
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(Message(next.status()), AllOf(HasSubstr("Prefetch"), HasSubstr("boom at 3")));
+  EXPECT_EQ(it->GetNext().status().code(), absl::StatusCode::kInternal);
 }
 
 TEST(DatasetTest, PrefetchStopsPromptlyWhenDestroyedEarly) {

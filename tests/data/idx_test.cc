@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -122,6 +123,49 @@ TEST(IdxTest, TruncatedGzipStreamIsInvalid) {
   absl::StatusOr<Tensor> whole = ReadIdxFile(full);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->data<uint8_t>()[4999], data[4999]);
+}
+
+// A small gzip file that inflates far beyond what its header declares must be refused
+// after reading little more than the declared size, not inflated whole.
+TEST(IdxTest, GzipBombIsRefusedWithoutInflatingItAll) {
+  TempDir dir;
+  const std::string path = dir.path() + "/bomb.gz";
+  gzFile gz = gzopen(path.c_str(), "wb1");
+  ASSERT_NE(gz, nullptr);
+  const std::string header = IdxBytes(0x08, {4}, "abcd");
+  ASSERT_EQ(gzwrite(gz, header.data(), static_cast<unsigned>(header.size())),
+            static_cast<int>(header.size()));
+  const std::string zeros(1 << 20, '\0');
+  for (int i = 0; i < 256; ++i) {  // 256 MiB of zeros from a few hundred KiB of gzip
+    ASSERT_EQ(gzwrite(gz, zeros.data(), static_cast<unsigned>(zeros.size())),
+              static_cast<int>(zeros.size()));
+  }
+  gzclose(gz);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Tensor> t = ReadIdxFile(path);
+  const auto seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(t.status()), AllOf(HasSubstr(path), HasSubstr("corrupt"),
+                                         HasSubstr("4 data bytes"), HasSubstr("more than")));
+  EXPECT_LT(seconds, 2.0) << "the whole stream was inflated";
+}
+
+TEST(IdxTest, DeclaredSizeOverTheCapIsRefusedBeforeReadingData) {
+  TempDir dir;
+  // 2^16 x 2^16 x 2^3 ubyte = 32 GiB, over the 16 GiB cap.
+  const std::string path = dir.Write("big.idx", IdxBytes(0x08, {65536, 65536, 8}, "xy"));
+  absl::StatusOr<Tensor> t = ReadIdxFile(path);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(t.status()), AllOf(HasSubstr(path), HasSubstr("[65536, 65536, 8]"),
+                                         HasSubstr("34359738368 data bytes"), HasSubstr("16 GiB")));
+  // Overflowing declarations are refused too.
+  absl::StatusOr<Tensor> huge = ReadIdxFile(
+      dir.Write("huge.idx", IdxBytes(0x0D, {0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, "")));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_THAT(Message(huge.status()), AllOf(HasSubstr("more than 2^48"), HasSubstr("16 GiB")));
 }
 
 TEST(IdxTest, UnsupportedAndUnknownTypes) {

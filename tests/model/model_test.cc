@@ -18,6 +18,7 @@ namespace stratum {
 namespace {
 
 using nlohmann::json;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // tf.keras 2.x: model.to_json() of Sequential([Flatten(input_shape=(28, 28)),
@@ -181,6 +182,104 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_THAT(Refusal("{not json"), HasSubstr("model JSON is not valid JSON"));
   EXPECT_THAT(Refusal(R"({"class_name": "Sequential", "config": {"layers": []}})"),
               HasSubstr("model config has no layers"));
+}
+
+// Malformed JSON of the right syntax must give INVALID_ARGUMENT, never an exception or a
+// read of a missing key.
+TEST(ModelJsonTest, MalformedFieldsAreInvalidArgumentNotExceptions) {
+  const std::string inputs[] = {
+      R"({"class_name": "Sequential", "config": 1})",
+      R"({"class_name": "Sequential", "config": "layers"})",
+      R"({"class_name": "Sequential", "config": {"layers": 7}})",
+      R"({"class_name": "Sequential", "config": {"name": 3, "layers": [1, null, "x"]}})",
+      WithLayer(R"({"class_name": "Flatten", "config": []})"),
+      WithLayer(R"({"class_name": "Flatten", "config": 5})"),
+      WithLayer(R"({"class_name": "Dropout", "config": []})"),
+      WithLayer(R"({"class_name": "Dropout", "config": {"rate": "0.5"}})"),
+      WithLayer(R"({"class_name": "Dense", "config": []})"),
+      WithLayer(R"({"class_name": "Dense", "config": {"units": 2, "activation": 7}})"),
+      WithLayer(R"({"class_name": "Dense", "config": {"units": 2.5}})"),
+      WithLayer(R"({"class_name": "Activation", "config": {"activation": []}})"),
+      WithLayer(R"({"class_name": "Dense", "config": {"units": 2, "trainable": "no"}})"),
+      WithLayer(R"({"class_name": "Flatten", "config": {"data_format": 1}})"),
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "ragged": "yes"}},
+          {"class_name": "Dense", "config": {"units": 2}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "dtype": 5}},
+          {"class_name": "Dense", "config": {"units": 2}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"config": {"batch_input_shape": [null, 784]}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": 5, "config": {"batch_input_shape": [null, 784]}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "Dense", "config": {"units": 2, "batch_shape": {"a": 1}}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "Dense", "config": {"units": 2}}], "build_input_shape": 3}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "Dense", "config": {"units": 2, "batch_shape": [null, 18446744073709551615]}}]}})",
+      R"({"class_name": "Sequential", "config": {"layers": [
+          {"class_name": "Dense", "config": {"units": 2, "input_shape": [-1.5]}}]}})",
+  };
+  for (const std::string& text : inputs) {
+    absl::StatusOr<Model> model = absl::InternalError("not run");
+    EXPECT_NO_THROW(model = Model::FromKerasJson(text)) << text;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument)
+        << text << " -> " << model.status();
+    EXPECT_NO_THROW(model = Model::FromKerasJson(json::parse(text))) << text;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument)
+        << text << " -> " << model.status();
+  }
+  EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Dropout", "config": []})")),
+              HasSubstr("model layer 1 (Dropout) has config [], which is not an object"));
+  // A name that is not a string falls back to Keras' default name; a null flag is false.
+  absl::StatusOr<Model> named = absl::InternalError("not run");
+  EXPECT_NO_THROW(named = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {
+      "layers": [{"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "name": 5,
+                  "sparse": null, "ragged": null}},
+                 {"class_name": "Dense", "config": {"units": 2, "name": 5}}]}})"));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->variables()[0].name, "dense/kernel");
+}
+
+TEST(ModelJsonTest, DeeplyNestedJsonIsRefusedWithoutCrashing) {
+  std::string text = R"({"class_name": "Sequential", "config": {"layers": [)";
+  const int depth = 5000;
+  for (int i = 0; i < depth; ++i) text += "[";
+  for (int i = 0; i < depth; ++i) text += "]";
+  text += "]}}";
+  EXPECT_EQ(Model::FromKerasJson(text).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Sizes that would allocate terabytes or overflow int64 element counts are refused at
+// parse time, naming the layer.
+TEST(ModelJsonTest, RefusesLayersTooLargeToAllocate) {
+  EXPECT_THAT(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+                {"class_name": "InputLayer", "config": {"batch_shape": [null, 784]}},
+                {"class_name": "Dense", "config": {"name": "huge", "units": 1000000000}}]}})"),
+              AllOf(HasSubstr("model layer \"huge\" (Dense)"), HasSubstr("784 x 1000000000"),
+                    HasSubstr("2^31")));
+  EXPECT_THAT(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+                {"class_name": "InputLayer", "config": {"batch_shape": [null, 4]}},
+                {"class_name": "Dense", "config": {"name": "wide", "units": 9223372036854775807}}]}})"),
+              HasSubstr("model layer \"wide\" (Dense)"));
+  EXPECT_THAT(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+                {"class_name": "InputLayer", "config": {"batch_shape": [null, 4294967296, 4294967296]}},
+                {"class_name": "Flatten", "config": {}}]}})"),
+              HasSubstr("2^31"));
+  EXPECT_THAT(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+                {"class_name": "InputLayer", "config": {"batch_shape": [null, 65536, 65536]}},
+                {"class_name": "Flatten", "config": {}}]}})"),
+              HasSubstr("2^31"));
+  // Each variable under the limit, but the total over it.
+  std::string many = R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 40000]}})";
+  for (int i = 0; i < 4; ++i) {
+    many += R"(, {"class_name": "Dense", "config": {"units": 40000}})";
+  }
+  many += "]}}";
+  EXPECT_THAT(Refusal(many), AllOf(HasSubstr("model layer \"dense_1\" (Dense)"),
+                                   HasSubstr("parameters"), HasSubstr("2^31")));
 }
 
 TEST(ModelInitTest, GlorotLimitsAndDeterminism) {

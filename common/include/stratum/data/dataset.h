@@ -90,7 +90,8 @@ class Dataset {
   // count -1 repeats forever; 0 gives an empty dataset.
   Dataset Repeat(int64_t count = -1) const;
   // Stacks batch_size elements along a new axis 0 (components must have identical dtypes
-  // and shapes). The last batch may be smaller unless drop_remainder.
+  // and shapes). The last batch may be smaller unless drop_remainder. Memory is allocated
+  // for the rows gathered, not for batch_size; a batch over 8 GiB is RESOURCE_EXHAUSTED.
   Dataset Batch(int64_t batch_size, bool drop_remainder = false) const;
   // Every num_shards-th element, starting with element `index`.
   Dataset Shard(int64_t num_shards, int64_t index) const;

@@ -19,7 +19,9 @@ inline constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-m
 
 // The whole file as one tensor whose shape is the header's dimensions.
 // NOT_FOUND when the file does not exist; INVALID_ARGUMENT when it is not IDX, is
-// truncated or longer than its header says, or is a corrupt gzip stream;
+// truncated or longer than its header says (reading stops soon after the declared size,
+// so a gzip bomb is not inflated), declares more than 16 GiB of data, or is a corrupt gzip
+// stream;
 // UNIMPLEMENTED for element types other than ubyte, int32 and float32; the errno's code
 // (e.g. PERMISSION_DENIED) when it cannot be opened or read.
 absl::StatusOr<Tensor> ReadIdxFile(const std::string& path);
