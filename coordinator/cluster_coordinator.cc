@@ -1,0 +1,159 @@
+#include "stratum/coordinator/cluster_coordinator.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace stratum {
+namespace {
+
+bool IsWorkerFailure(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsAborted(status);
+}
+
+}  // namespace
+
+RemoteValueStatus RemoteValue::status() const {
+  absl::MutexLock lock(&mutex_);
+  if (!result_.has_value()) return RemoteValueStatus::kNotReady;
+  return result_->ok() ? RemoteValueStatus::kReady : RemoteValueStatus::kAborted;
+}
+
+absl::StatusOr<ClosureOutputs> RemoteValue::Fetch(absl::Duration timeout) const {
+  absl::MutexLock lock(&mutex_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return result_.has_value(); };
+  if (!mutex_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the closure's result was not ready after ", absl::FormatDuration(timeout)));
+  }
+  return *result_;
+}
+
+void RemoteValue::Set(absl::StatusOr<ClosureOutputs> result) {
+  absl::MutexLock lock(&mutex_);
+  if (!result_.has_value()) result_ = std::move(result);
+}
+
+ClusterCoordinator::ClusterCoordinator(std::vector<std::unique_ptr<WorkerExecutor>> workers,
+                                       ClusterCoordinatorOptions options)
+    : options_(options), workers_(std::move(workers)) {
+  for (int slot = 0; slot < options_.closures_per_worker; ++slot) {
+    for (size_t worker = 0; worker < workers_.size(); ++worker) {
+      threads_.emplace_back([this, worker] { WorkerLoop(worker); });
+    }
+  }
+}
+
+ClusterCoordinator::~ClusterCoordinator() {
+  stop_ = true;
+  {
+    absl::MutexLock lock(&mutex_);
+    CancelQueued(absl::CancelledError("the coordinator shut down before the closure ran"));
+  }
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void ClusterCoordinator::CancelQueued(const absl::Status& why) {
+  for (Pending& pending : queue_) pending.value->Set(why);
+  queue_.clear();
+}
+
+absl::Status ClusterCoordinator::TakeError() {
+  absl::Status error = error_;
+  error_ = absl::OkStatus();
+  return error;
+}
+
+void ClusterCoordinator::WorkerLoop(size_t worker) {
+  WorkerExecutor& executor = *workers_[worker];
+  while (true) {
+    Pending pending;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto has_work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+        return stop_.load() || !queue_.empty();
+      };
+      mutex_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      pending = std::move(queue_.front());
+      queue_.pop_front();
+      ++in_flight_;
+    }
+    ++pending.closure.attempts;
+    absl::StatusOr<ClosureOutputs> result = executor.Execute(pending.closure);
+
+    bool wait_for_worker = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      --in_flight_;
+      if (result.ok()) {
+        pending.value->Set(*std::move(result));
+      } else if (IsWorkerFailure(result.status()) &&
+                 pending.closure.attempts < options_.max_attempts && !stop_) {
+        // At least once: another worker (or this one, once back) runs it again.
+        ++retried_;
+        queue_.push_front(std::move(pending));
+        wait_for_worker = true;
+      } else {
+        absl::Status error =
+            IsWorkerFailure(result.status())
+                ? absl::UnavailableError(
+                      absl::StrCat("closure \"", pending.closure.function, "\" failed on ",
+                                   pending.closure.attempts, " workers in a row, last on ",
+                                   executor.name(), ": ", result.status().message()))
+                : absl::Status(result.status().code(),
+                               absl::StrCat("closure \"", pending.closure.function, "\" on ",
+                                            executor.name(), ": ", result.status().message()));
+        pending.value->Set(error);
+        if (error_.ok()) {
+          error_ = error;
+          CancelQueued(absl::CancelledError(
+              absl::StrCat("cancelled because an earlier closure failed: ", error.message())));
+        }
+      }
+    }
+    if (wait_for_worker && !executor.WaitUntilAvailable(stop_).ok()) return;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
+    std::string function, std::vector<Tensor> args) {
+  absl::MutexLock lock(&mutex_);
+  if (!error_.ok()) return TakeError();
+  auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+    return static_cast<int>(queue_.size()) < options_.max_queue_size || !error_.ok();
+  };
+  mutex_.Await(absl::Condition(&room));
+  if (!error_.ok()) return TakeError();
+  Pending pending;
+  pending.closure.function = std::move(function);
+  pending.closure.args = std::move(args);
+  pending.closure.id = next_id_++;
+  pending.value = std::make_shared<RemoteValue>();
+  std::shared_ptr<RemoteValue> value = pending.value;
+  queue_.push_back(std::move(pending));
+  return value;
+}
+
+absl::Status ClusterCoordinator::Join(absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  auto idle = [this]()
+                  ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
+  if (!mutex_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "Join waited ", absl::FormatDuration(timeout), " with ", queue_.size(),
+        " closures queued and ", in_flight_, " in flight: check that the workers are up"));
+  }
+  return TakeError();
+}
+
+absl::StatusOr<bool> ClusterCoordinator::Done() {
+  absl::MutexLock lock(&mutex_);
+  if (!error_.ok()) return TakeError();
+  return queue_.empty() && in_flight_ == 0;
+}
+
+int64_t ClusterCoordinator::retried_closures() const {
+  absl::MutexLock lock(&mutex_);
+  return retried_;
+}
+
+}  // namespace stratum

@@ -1,0 +1,130 @@
+// ClusterCoordinator: tf.distribute.experimental.coordinator.ClusterCoordinator's
+// scheduling core. The training program Schedules closures (a registered step function's
+// name plus arguments: closures travel by name, never as code); each returns a
+// RemoteValue at once. One thread per worker slot takes closures from a bounded queue and
+// runs them through that worker's WorkerExecutor.
+//
+// Semantics kept from TensorFlow:
+// - Schedule never waits for the step, only for room in the queue.
+// - Closures run at least once: when a worker fails (UNAVAILABLE, or a new incarnation),
+//   its closure goes back on the queue for another worker, and the worker is used again
+//   once it answers (WorkerExecutor::WaitUntilAvailable).
+// - The first error a closure itself raises is returned once, from the next Schedule,
+//   Join or Done; every closure still queued is cancelled (its RemoteValue aborted).
+// - Join waits until nothing is queued or in flight.
+// Better than TensorFlow: every wait can have a deadline, and errors name the worker.
+//
+// Thread safety: Schedule, Join, Done and RemoteValue methods may be called from any
+// thread; executors are called from the coordinator's own threads.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+struct Closure {
+  std::string function;  // a step function registered on the workers, e.g. "train_step"
+  std::vector<Tensor> args;
+  int64_t id = 0;    // assigned by Schedule
+  int attempts = 0;  // workers it has been tried on
+};
+
+using ClosureOutputs = std::vector<Tensor>;
+
+enum class RemoteValueStatus { kNotReady, kReady, kAborted };
+
+// The eventual outputs of one scheduled closure.
+class RemoteValue {
+ public:
+  RemoteValueStatus status() const;
+  // Waits until the closure finished or was aborted (or `timeout` passes:
+  // DEADLINE_EXCEEDED). An aborted closure gives CANCELLED or the error that aborted it.
+  absl::StatusOr<ClosureOutputs> Fetch(absl::Duration timeout = absl::InfiniteDuration()) const;
+
+  // For the coordinator.
+  void Set(absl::StatusOr<ClosureOutputs> result);
+
+ private:
+  mutable absl::Mutex mutex_;
+  std::optional<absl::StatusOr<ClosureOutputs>> result_ ABSL_GUARDED_BY(mutex_);
+};
+
+// How the coordinator reaches one worker. Implemented over gRPC by the worker client, and
+// by fakes in tests.
+class WorkerExecutor {
+ public:
+  virtual ~WorkerExecutor() = default;
+  // "worker:1 at host:port", for messages.
+  virtual std::string name() const = 0;
+  // Runs the closure on the worker. UNAVAILABLE (and ABORTED for a restarted worker) mean
+  // the worker failed and the closure should run elsewhere; any other error is the
+  // closure's own and is raised to the program.
+  virtual absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) = 0;
+  // Blocks until the worker answers again (rebuilding what it lost), or `stop` is set.
+  // OK when it is back.
+  virtual absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) = 0;
+};
+
+struct ClusterCoordinatorOptions {
+  int max_queue_size = 128;     // Schedule blocks while this many closures are queued
+  int closures_per_worker = 1;  // closures in flight per worker
+  int max_attempts = 10;        // a closure that failed on this many workers is an error
+};
+
+class ClusterCoordinator {
+ public:
+  ClusterCoordinator(std::vector<std::unique_ptr<WorkerExecutor>> workers,
+                     ClusterCoordinatorOptions options = {});
+  ~ClusterCoordinator();  // cancels what is queued and stops the worker threads
+
+  // Queues a closure. Returns the first closure error not yet raised, if there is one.
+  absl::StatusOr<std::shared_ptr<RemoteValue>> Schedule(std::string function,
+                                                        std::vector<Tensor> args);
+  // Waits until nothing is queued or in flight; returns the first error not yet raised.
+  // DEADLINE_EXCEEDED after `timeout`, saying how many closures are still pending.
+  absl::Status Join(absl::Duration timeout = absl::InfiniteDuration());
+  // Whether nothing is queued or in flight; returns the error not yet raised.
+  absl::StatusOr<bool> Done();
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // Closures that were put back on the queue because their worker failed.
+  int64_t retried_closures() const;
+
+ private:
+  struct Pending {
+    Closure closure;
+    std::shared_ptr<RemoteValue> value;
+  };
+
+  void WorkerLoop(size_t worker);
+  // Takes the raised-once error, if any. Requires mutex_.
+  absl::Status TakeError() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CancelQueued(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const ClusterCoordinatorOptions options_;
+  std::vector<std::unique_ptr<WorkerExecutor>> workers_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+
+  mutable absl::Mutex mutex_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mutex_);
+  int in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t retried_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mutex_);  // raised once, then cleared
+};
+
+}  // namespace stratum

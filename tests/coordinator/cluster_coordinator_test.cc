@@ -1,0 +1,204 @@
+#include "stratum/coordinator/cluster_coordinator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A worker that adds 1 to its argument, and can be told to fail, to be slow, or to be
+// down until restarted.
+class FakeWorker : public WorkerExecutor {
+ public:
+  explicit FakeWorker(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+
+  absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override {
+    absl::SleepFor(delay_);
+    {
+      absl::MutexLock lock(&mutex_);
+      if (down_) return absl::UnavailableError(name_ + " is down");
+      if (fail_next_unavailable_ > 0) {
+        --fail_next_unavailable_;
+        down_ = true;
+        return absl::UnavailableError(name_ + " died");
+      }
+      ++executed_;
+    }
+    if (closure.function == "raise") return absl::InvalidArgumentError("the step raised");
+    Tensor out = closure.args[0].Clone();
+    out.Flat() += 1.0f;
+    return ClosureOutputs{out};
+  }
+
+  absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override {
+    while (!stop) {
+      {
+        absl::MutexLock lock(&mutex_);
+        if (!down_) return absl::OkStatus();
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return absl::CancelledError("stopping");
+  }
+
+  void Restart() {
+    absl::MutexLock lock(&mutex_);
+    down_ = false;
+  }
+  void DieOnNextCall() {
+    absl::MutexLock lock(&mutex_);
+    fail_next_unavailable_ = 1;
+  }
+  int executed() {
+    absl::MutexLock lock(&mutex_);
+    return executed_;
+  }
+  absl::Duration delay_ = absl::ZeroDuration();
+
+ private:
+  std::string name_;
+  absl::Mutex mutex_;
+  bool down_ = false;
+  int fail_next_unavailable_ = 0;
+  int executed_ = 0;
+};
+
+struct Fixture {
+  explicit Fixture(int workers, ClusterCoordinatorOptions options = {}) {
+    std::vector<std::unique_ptr<WorkerExecutor>> executors;
+    for (int i = 0; i < workers; ++i) {
+      auto worker = std::make_unique<FakeWorker>("worker:" + std::to_string(i));
+      fakes.push_back(worker.get());
+      executors.push_back(std::move(worker));
+    }
+    coordinator = std::make_unique<ClusterCoordinator>(std::move(executors), options);
+  }
+  std::vector<FakeWorker*> fakes;
+  std::unique_ptr<ClusterCoordinator> coordinator;
+};
+
+float Output(const std::shared_ptr<RemoteValue>& value) {
+  auto outputs = value->Fetch(absl::Seconds(10));
+  EXPECT_TRUE(outputs.ok()) << outputs.status();
+  return outputs.ok() ? *(*outputs)[0].data<float>() : -1;
+}
+
+TEST(ClusterCoordinatorTest, ScheduleReturnsRemoteValuesThatBecomeReady) {
+  Fixture f(2);
+  std::vector<std::shared_ptr<RemoteValue>> values;
+  for (int i = 0; i < 20; ++i) {
+    auto value = f.coordinator->Schedule("train_step", {Tensor::Scalar(float(i))});
+    ASSERT_TRUE(value.ok());
+    values.push_back(*value);
+  }
+  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  EXPECT_TRUE(*f.coordinator->Done());
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(values[i]->status(), RemoteValueStatus::kReady);
+    EXPECT_EQ(Output(values[i]), i + 1);
+  }
+  EXPECT_EQ(f.fakes[0]->executed() + f.fakes[1]->executed(), 20);
+}
+
+TEST(ClusterCoordinatorTest, AClosureOnAWorkerThatDiesRunsElsewhereAndTheWorkerComesBack) {
+  Fixture f(2);
+  f.fakes[0]->delay_ = f.fakes[1]->delay_ = absl::Milliseconds(2);
+  f.fakes[0]->DieOnNextCall();
+  std::vector<std::shared_ptr<RemoteValue>> values;
+  for (int i = 0; i < 30; ++i)
+    values.push_back(*f.coordinator->Schedule("step", {Tensor::Scalar(float(i))}));
+  // While worker:0 is down, worker:1 carries on.
+  absl::SleepFor(absl::Milliseconds(30));
+  f.fakes[0]->Restart();
+  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(Output(values[i]), i + 1);  // every closure ran
+  EXPECT_GE(f.coordinator->retried_closures(), 1);
+  // worker:0 took closures again after its restart.
+  const int before = f.fakes[0]->executed();
+  for (int i = 0; i < 30; ++i)
+    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  EXPECT_GT(f.fakes[0]->executed(), before);
+}
+
+TEST(ClusterCoordinatorTest, TheFirstErrorIsRaisedOnceAndTheQueueIsCancelled) {
+  Fixture f(1);
+  f.fakes[0]->delay_ = absl::Milliseconds(5);
+  auto bad = *f.coordinator->Schedule("raise", {Tensor::Scalar(0)});
+  std::vector<std::shared_ptr<RemoteValue>> later;
+  for (int i = 0; i < 10; ++i) {
+    auto value = f.coordinator->Schedule("step", {Tensor::Scalar(0)});
+    if (value.ok()) later.push_back(*value);
+  }
+  absl::Status joined = f.coordinator->Join(absl::Seconds(10));
+  EXPECT_EQ(joined.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(joined.message()),
+              HasSubstr("closure \"raise\" on worker:0: the step raised"));
+  EXPECT_EQ(bad->status(), RemoteValueStatus::kAborted);
+  int cancelled = 0;
+  for (auto& value : later) {
+    if (value->Fetch().status().code() == absl::StatusCode::kCancelled) ++cancelled;
+  }
+  EXPECT_GE(cancelled, 1);
+  // Raised once: the coordinator works again afterwards.
+  EXPECT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  auto value = f.coordinator->Schedule("step", {Tensor::Scalar(4)});
+  ASSERT_TRUE(value.ok());
+  EXPECT_EQ(Output(*value), 5);
+}
+
+TEST(ClusterCoordinatorTest, ScheduleBlocksOnlyWhenTheQueueIsFull) {
+  Fixture f(1, {.max_queue_size = 2});
+  f.fakes[0]->delay_ = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(150));  // room: no waiting for steps
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));  // full: waited for a slot
+  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+}
+
+TEST(ClusterCoordinatorTest, AClosureThatKillsEveryWorkerBecomesAnError) {
+  Fixture f(2, {.max_attempts = 3});
+  f.fakes[0]->DieOnNextCall();
+  f.fakes[1]->DieOnNextCall();
+  std::thread restarter([&] {
+    for (int i = 0; i < 4; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+      for (FakeWorker* fake : f.fakes) {
+        fake->Restart();
+        fake->DieOnNextCall();
+      }
+    }
+  });
+  auto value = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
+  absl::Status joined = f.coordinator->Join(absl::Seconds(10));
+  restarter.join();
+  EXPECT_EQ(joined.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("failed on 3 workers in a row"));
+  EXPECT_EQ(value->status(), RemoteValueStatus::kAborted);
+}
+
+TEST(ClusterCoordinatorTest, JoinHasADeadlineThatSaysWhatIsPending) {
+  Fixture f(1);
+  f.fakes[0]->DieOnNextCall();  // and never restarted
+  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  absl::Status joined = f.coordinator->Join(absl::Milliseconds(200));
+  EXPECT_EQ(joined.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("1 closures queued and 0 in flight"));
+  EXPECT_FALSE(*f.coordinator->Done());
+  auto value = f.coordinator->Schedule("step", {Tensor::Scalar(0)});
+  ASSERT_TRUE(value.ok());
+  EXPECT_EQ((*value)->Fetch(absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace stratum
