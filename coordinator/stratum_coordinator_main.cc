@@ -5,16 +5,27 @@
 
 #include <spdlog/spdlog.h>
 
+#include <fstream>
+#include <sstream>
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/coordinator/ps_training.h"
 #include "stratum/net/health.h"
 #include "stratum/net/task_main.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
+#include "stratum/worker/training_job.h"
 
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(10),
           "How long to wait for every task to answer its health check (pods may start slowly)");
+ABSL_FLAG(std::string, job, "",
+          "A parameter-server job file to train (e.g. examples/fashion_mnist_ps.json); without "
+          "it the coordinator checks the cluster and exits");
+ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
+ABSL_FLAG(std::string, placement, "balanced_bytes",
+          "How variables are placed over the ps tasks: balanced_bytes or round_robin");
 
 namespace stratum {
 namespace {
@@ -32,6 +43,34 @@ absl::Status ValidateParameterServerCluster(const ClusterSpec& spec) {
   return absl::OkStatus();
 }
 
+int Train(const TaskContext& context, const std::string& job_path, ShutdownWatcher& shutdown) {
+  absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
+  if (!job.ok()) return ReportFatal(context.binary, job.status());
+  std::ifstream file(job_path);
+  std::stringstream text;
+  text << file.rdbuf();
+  const size_t slash = job_path.rfind('/');
+  const std::string base_dir = slash == std::string::npos ? "." : job_path.substr(0, slash);
+  PsTrainingOptions options;
+  options.placement = absl::GetFlag(FLAGS_placement);
+  options.cancel = &shutdown.notification();
+  absl::StatusOr<FitSummary> summary =
+      RunParameterServerJob(*job, text.str(), base_dir, context.resolver.cluster_spec(), options);
+  if (!summary.ok()) return ReportFatal(context.binary, summary.status());
+  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
+              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
+              summary->wall_s);
+  std::fflush(stdout);
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  if (!summary_path.empty()) {
+    if (absl::Status status = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
+        !status.ok()) {
+      return ReportFatal(context.binary, status);
+    }
+  }
+  return kExitSuccess;
+}
+
 int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   const ClusterSpec& spec = context.resolver.cluster_spec();
   if (absl::Status status = ValidateParameterServerCluster(spec); !status.ok()) {
@@ -47,14 +86,15 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   wait.cancel = &shutdown.notification();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<TaskReport>> reports = WaitForClusterHealthy(spec, wait);
-  (*server)->Shutdown(context.shutdown_grace);
   if (!reports.ok()) return ReportFatal(context.binary, reports.status());
 
   std::printf("%s", FormatClusterTable(*reports).c_str());
   std::fflush(stdout);
   spdlog::info("cluster healthy: {} tasks answered in {}", reports->size(),
                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))));
-  return kExitSuccess;
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (job_path.empty()) return kExitSuccess;
+  return Train(context, job_path, shutdown);
 }
 
 }  // namespace

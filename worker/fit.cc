@@ -329,8 +329,8 @@ nlohmann::json FitSummary::ToJson() const {
           {"wall_s", wall_s},
           {"strategy", strategy},
           {"num_replicas_in_sync", num_replicas_in_sync},
-          {"num_workers", 1},
-          {"num_ps", 0},
+          {"num_workers", num_workers},
+          {"num_ps", num_ps},
           {"epochs", static_cast<int64_t>(history.size())},
           {"history", history_json}};
 }

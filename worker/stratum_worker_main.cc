@@ -5,6 +5,7 @@
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
 #include "stratum/util/flags.h"
+#include "stratum/worker/worker_service.h"
 
 ABSL_FLAG(bool, evaluator, false, "Run as the evaluator task (TF_CONFIG task type \"evaluator\")");
 
@@ -20,5 +21,6 @@ int main(int argc, char** argv) {
                                    .task_types = {stratum::kWorker, stratum::kEvaluator}};
   if (absl::GetFlag(FLAGS_evaluator)) options.forced_type = stratum::kEvaluator;
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
-  return stratum::ServeUntilShutdown(context, shutdown);
+  stratum::WorkerService service;
+  return stratum::ServeUntilShutdown(context, shutdown, {&service});
 }

@@ -31,6 +31,9 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
 ABSL_FLAG(std::string, log_level, "info", "Log level handed to every task");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "Handed to the chief: how long it waits for every task to answer");
+ABSL_FLAG(std::string, job, "",
+          "A parameter-server job file, handed to the chief (which trains it); implies --chief");
+ABSL_FLAG(std::string, summary_json, "", "Handed to the chief: where to write the summary");
 
 namespace stratum {
 namespace {
@@ -48,6 +51,15 @@ std::string OwnFolder() {
   return exe.substr(0, exe.rfind('/'));
 }
 
+// Children may run elsewhere (--dry-run output is copied to other machines): paths the
+// user gave relative to here are made absolute.
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  char cwd[PATH_MAX];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
 LaunchOptions OptionsFromFlags() {
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);
@@ -58,9 +70,16 @@ LaunchOptions OptionsFromFlags() {
   options.bin_dir =
       absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
   options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
-  options.args_by_type = {{kChief,
-                           {absl::StrCat("--cluster_timeout=", absl::FormatDuration(absl::GetFlag(
-                                                                   FLAGS_cluster_timeout)))}}};
+  std::vector<std::string> chief_args = {absl::StrCat(
+      "--cluster_timeout=", absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)))};
+  if (!absl::GetFlag(FLAGS_job).empty()) {
+    options.chief = true;
+    chief_args.push_back("--job=" + AbsolutePath(absl::GetFlag(FLAGS_job)));
+  }
+  if (!absl::GetFlag(FLAGS_summary_json).empty()) {
+    chief_args.push_back("--summary_json=" + AbsolutePath(absl::GetFlag(FLAGS_summary_json)));
+  }
+  options.args_by_type = {{kChief, chief_args}};
   return options;
 }
 
@@ -116,6 +135,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "stratum-launch: starts a Stratum cluster on this machine.\n"
       "  stratum-launch --chief --workers 2 --ps 2 [--evaluator] [--dry-run]\n"
+      "  stratum-launch --job examples/fashion_mnist_ps.json [--summary-json PATH]\n"
       "Each task gets a free port on --host and its own TF_CONFIG. Exit code: the chief's "
       "(worker:0's without a chief); 2 for a usage error.");
   absl::StatusOr<stratum::LaunchPlan> plan = stratum::PlanLocalCluster(stratum::OptionsFromFlags());

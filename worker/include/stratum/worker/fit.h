@@ -62,6 +62,8 @@ struct FitSummary {
   double wall_s = 0;
   std::string strategy;
   int num_replicas_in_sync = 1;
+  int num_workers = 1;
+  int num_ps = 0;
   // The trained variables (the primary copy).
   std::vector<Tensor> variables;
 

@@ -1,0 +1,35 @@
+// Parameter-server training on the coordinator (the chief): ParameterServerStrategy's
+// program. It places the model's variables over the PS tasks (balanced by bytes unless
+// the job says round_robin), creates them, hands every worker the job, schedules
+// train_step closures through a ClusterCoordinator (epochs x steps, as Keras' fit does),
+// evaluates the test set after each epoch from the PS's current variables, and returns
+// the summary. Workers that die are retried around; errors name the task.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_spec.h"
+#include "stratum/job/job_spec.h"
+#include "stratum/worker/fit.h"
+
+namespace stratum {
+
+struct PsTrainingOptions {
+  std::string placement = "balanced_bytes";  // or round_robin
+  int steps_per_closure = 1;
+  absl::Duration rpc_timeout = absl::Minutes(2);
+  FILE* out = stdout;
+  const absl::Notification* cancel = nullptr;  // stop early (SIGTERM)
+};
+
+// `job_json` is the job file's text and `job_base_dir` its folder, handed to the workers.
+absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
+                                                 const std::string& job_base_dir,
+                                                 const ClusterSpec& cluster,
+                                                 const PsTrainingOptions& options);
+
+}  // namespace stratum

@@ -1,0 +1,261 @@
+#include "stratum/coordinator/ps_training.h"
+
+#include <grpcpp/client_context.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "proto/worker.grpc.pb.h"
+#include "spdlog/spdlog.h"
+#include "stratum/coordinator/cluster_coordinator.h"
+#include "stratum/data/idx.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/net/channel.h"
+#include "stratum/net/health.h"
+#include "stratum/net/status.h"
+#include "stratum/ps/sharded_variables.h"
+#include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/process_info.h"
+#include "stratum/worker/training_job.h"
+
+namespace stratum {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One worker over gRPC: sets the job up on first use and again after the worker restarts.
+class GrpcWorkerExecutor : public WorkerExecutor {
+ public:
+  GrpcWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
+                     absl::Duration timeout)
+      : task_(std::move(task)),
+        address_(std::move(address)),
+        setup_(std::move(setup)),
+        timeout_(timeout),
+        stub_(proto::WorkerService::NewStub(MakeChannel(address_))) {}
+
+  std::string name() const override { return absl::StrCat(task_, " at ", address_); }
+
+  absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override {
+    if (!set_up_) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+      proto::SetupJobResponse response;
+      absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
+      if (!status.ok()) return Classify(status);
+      set_up_ = true;
+    }
+    proto::RunClosureRequest request;
+    request.set_function(closure.function);
+    request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+    for (const Tensor& arg : closure.args) TensorToProto(arg, request.add_args());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    proto::RunClosureResponse response;
+    absl::Status status = FromGrpcStatus(stub_->RunClosure(&context, request, &response), name());
+    if (!status.ok()) return Classify(status);
+    ClosureOutputs outputs;
+    for (const proto::TensorProto& output : response.outputs()) {
+      absl::StatusOr<Tensor> tensor = TensorFromProto(output);
+      if (!tensor.ok()) return tensor.status();
+      outputs.push_back(*std::move(tensor));
+    }
+    return outputs;
+  }
+
+  absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override {
+    bool said = false;
+    while (!stop) {
+      if (CheckHealth(address_, absl::Seconds(1)).ok()) {
+        spdlog::info("{} answers again; it will be set up anew", name());
+        return absl::OkStatus();
+      }
+      if (!said) spdlog::warn("{} is down; its closures run on the other workers", name());
+      said = true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return absl::CancelledError("stopping");
+  }
+
+ private:
+  // A worker that restarted lost its job ("not set up"), one that is unreachable is down:
+  // both mean "run the closure elsewhere"; anything else is the job's own error.
+  absl::Status Classify(const absl::Status& status) {
+    if (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up")) {
+      set_up_ = false;
+      return absl::AbortedError(status.message());
+    }
+    if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+        absl::IsCancelled(status)) {
+      set_up_ = false;
+      return absl::UnavailableError(status.message());
+    }
+    return status;
+  }
+
+  std::string task_;
+  std::string address_;
+  proto::SetupJobRequest setup_;
+  absl::Duration timeout_;
+  std::unique_ptr<proto::WorkerService::Stub> stub_;
+  bool set_up_ = false;  // used by this executor's threads; closures_per_worker is 1
+};
+
+}  // namespace
+
+absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
+                                                 const std::string& job_base_dir,
+                                                 const ClusterSpec& cluster,
+                                                 const PsTrainingOptions& options) {
+  const double start = Now();
+  absl::StatusOr<Model> model = Model::FromKerasJson(job.model);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<Loss> loss = Loss::FromKeras(job.loss);
+  if (!loss.ok()) return loss.status();
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::FromKeras(job.optimizer);
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<PartitionerSpec> partitioner =
+      PartitionerFromJson(job.strategy.variable_partitioner);
+  if (!partitioner.ok()) return partitioner.status();
+  absl::StatusOr<PlacementPolicy> policy = PlacementPolicyFromName(options.placement);
+  if (!policy.ok()) return policy.status();
+
+  // Place and create the variables.
+  const int num_ps = cluster.num_tasks(kPs);
+  const int num_workers = cluster.num_tasks(kWorker);
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<ShardSpec> shards;
+  for (const VariableSpec& variable : model->variables()) {
+    names.push_back(variable.name);
+    shapes.push_back(variable.shape);
+    for (ShardSpec& shard : ShardVariable(variable.name, variable.shape, *partitioner)) {
+      shards.push_back(std::move(shard));
+    }
+  }
+  if (absl::Status status = PlaceShards(shards, num_ps, *policy); !status.ok()) return status;
+  std::vector<std::string> ps_addresses;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int task = 0; task < num_ps; ++task) {
+    ps_addresses.push_back(*cluster.TaskAddress(kPs, task));
+    clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses.back(),
+                                                 PsClientOptions{.timeout = options.rpc_timeout}));
+  }
+  ShardedVariables variables(names, shapes, shards, std::move(clients));
+  if (absl::Status status = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
+      !status.ok()) {
+    return status;
+  }
+  for (const ShardSpec& shard : shards) {
+    spdlog::info("variable {} ({} bytes) on ps:{}", shard.name, shard.bytes, shard.ps_task);
+  }
+
+  // The workers.
+  std::vector<std::unique_ptr<WorkerExecutor>> executors;
+  for (int index : cluster.task_indices(kWorker)) {
+    proto::SetupJobRequest setup;
+    setup.set_job_json(job_json);
+    setup.set_job_base_dir(job_base_dir);
+    setup.set_coordinator_incarnation(ProcessIncarnation());
+    for (const std::string& address : ps_addresses) setup.add_ps_addresses(address);
+    for (const ShardSpec& shard : shards) {
+      proto::VariablePlacement* placement = setup.add_placements();
+      placement->set_variable(shard.variable);
+      placement->set_shard(shard.name);
+      placement->set_ps_task(shard.ps_task);
+      placement->set_first_row(shard.first_row);
+      placement->set_rows(shard.shape.rank() == 0 ? 1 : shard.shape.dim(0));
+    }
+    setup.set_num_workers(num_workers);
+    setup.set_worker_index(index);
+    executors.push_back(std::make_unique<GrpcWorkerExecutor>(
+        absl::StrCat("worker:", index), *cluster.TaskAddress(kWorker, index), std::move(setup),
+        options.rpc_timeout));
+  }
+  ClusterCoordinator coordinator(std::move(executors));
+
+  // Test data, evaluated here after each epoch.
+  DataSpec data_spec = job.data;
+  absl::StatusOr<FitData> data = LoadFitData(data_spec);
+  if (!data.ok()) return data.status();
+  const int replicas_per_worker = std::max<int>(1, static_cast<int>(job.strategy.devices.size()));
+  const int64_t worker_batch = job.fit.batch_size_per_replica * replicas_per_worker;
+  const int64_t steps_per_epoch = job.fit.steps_per_epoch > 0
+                                      ? job.fit.steps_per_epoch
+                                      : (data->train_examples + worker_batch - 1) / worker_batch;
+  const int steps_per_closure = std::max(1, options.steps_per_closure);
+
+  FitSummary summary;
+  summary.strategy = "ParameterServerStrategy";
+  summary.num_replicas_in_sync = replicas_per_worker;
+  summary.num_workers = num_workers;
+  summary.num_ps = num_ps;
+  DefaultStrategy evaluation;
+  double train_seconds = 0;
+  int64_t train_examples = 0;
+  for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
+    const double epoch_start = Now();
+    std::vector<std::shared_ptr<RemoteValue>> results;
+    for (int64_t scheduled = 0; scheduled < steps_per_epoch; scheduled += steps_per_closure) {
+      if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
+        return absl::CancelledError("stopped by a signal during training");
+      }
+      const int64_t steps = std::min<int64_t>(steps_per_closure, steps_per_epoch - scheduled);
+      absl::StatusOr<std::shared_ptr<RemoteValue>> value =
+          coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
+      if (!value.ok()) return value.status();
+      results.push_back(*std::move(value));
+    }
+    if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+    double loss_sum = 0, correct = 0, examples = 0;
+    for (const auto& result : results) {
+      absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
+      if (!outputs.ok()) return outputs.status();
+      loss_sum += *(*outputs)[0].data<float>();
+      correct += *(*outputs)[1].data<float>();
+      examples += *(*outputs)[2].data<float>();
+    }
+    EpochLog log;
+    log.epoch = epoch;
+    log.steps = steps_per_epoch;
+    log.seconds = Now() - epoch_start;
+    log.loss = loss_sum / std::max(examples, 1.0);
+    log.accuracy = correct / std::max(examples, 1.0);
+    log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
+    train_seconds += log.seconds;
+    train_examples += static_cast<int64_t>(examples);
+    summary.steps += steps_per_epoch;
+    if (data->has_test) {
+      absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
+      if (!current.ok()) return current.status();
+      absl::StatusOr<EpochLog> val =
+          EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
+      if (!val.ok()) return val.status();
+      log.val_loss = val->val_loss;
+      log.val_accuracy = val->val_accuracy;
+      summary.test_loss = val->val_loss;
+      summary.test_accuracy = val->val_accuracy;
+    }
+    std::fprintf(options.out,
+                 "Epoch %d/%d - %lld steps on %d workers - loss %.4f - accuracy %.4f - val_loss "
+                 "%.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
+                 epoch, job.fit.epochs, static_cast<long long>(steps_per_epoch), num_workers,
+                 log.loss, log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec,
+                 log.seconds);
+    std::fflush(options.out);
+    summary.history.push_back(log);
+  }
+  summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);
+  summary.wall_s = Now() - start;
+  if (coordinator.retried_closures() > 0) {
+    spdlog::info("{} closures were retried on other workers after a worker failed",
+                 coordinator.retried_closures());
+  }
+  return summary;
+}
+
+}  // namespace stratum

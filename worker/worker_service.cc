@@ -1,0 +1,192 @@
+#include "stratum/worker/worker_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "stratum/job/job_spec.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/net/status.h"
+#include "stratum/ps/sharded_variables.h"
+#include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/process_info.h"
+#include "stratum/worker/training_job.h"
+
+namespace stratum {
+
+// One job as set up on this worker.
+class WorkerJob {
+ public:
+  uint64_t incarnation = 0;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Loss> loss;
+  std::unique_ptr<Strategy> strategy;
+  std::unique_ptr<DistributedIterator> batches;
+  std::unique_ptr<ShardedVariables> variables;
+  std::vector<std::unique_ptr<Workspace>> workspaces;
+  PerReplica<std::vector<Tensor>> gradients;
+
+  absl::StatusOr<std::vector<Tensor>> TrainSteps(int64_t steps);
+};
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request) {
+  auto job = std::make_unique<WorkerJob>();
+  job->incarnation = request.coordinator_incarnation();
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(request.job_json(), "job from the coordinator", request.job_base_dir());
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<Model> model = Model::FromKerasJson(spec->model);
+  if (!model.ok()) return model.status();
+  job->model = std::make_unique<Model>(*std::move(model));
+  absl::StatusOr<Loss> loss = Loss::FromKeras(spec->loss);
+  if (!loss.ok()) return loss.status();
+  job->loss = std::make_unique<Loss>(*std::move(loss));
+
+  // The worker's local replicas: the job's devices, else one per GPU or CPU:0.
+  StrategySpec local;
+  local.type = "mirrored";
+  local.devices = spec->strategy.devices;
+  local.cross_device_ops = spec->strategy.cross_device_ops;
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(local);
+  if (!strategy.ok()) return strategy.status();
+  job->strategy = *std::move(strategy);
+
+  DataSpec data_spec = spec->data;
+  data_spec.test = {};  // the coordinator evaluates
+  absl::StatusOr<FitData> data = LoadFitData(data_spec);
+  if (!data.ok()) return data.status();
+  const int replicas = job->strategy->NumReplicasInSync();
+  // Every worker reads all the data in its own shuffled order (as TF's PS training does
+  // with a repeated, shuffled per-worker dataset).
+  const uint64_t seed = spec->fit.seed + 7919 * static_cast<uint64_t>(request.worker_index() + 1);
+  const Dataset batches =
+      MakeBatches(data->train, *job->model, spec->fit.batch_size_per_replica * replicas,
+                  data->rescale, spec->fit.shuffle_buffer, seed, /*repeat=*/true);
+  absl::StatusOr<DistributedDataset> distributed = job->strategy->ExperimentalDistributeDataset(
+      batches, {.auto_shard_policy = AutoShardPolicy::kOff});
+  if (!distributed.ok()) return distributed.status();
+  job->batches = distributed->MakeIterator();
+
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (const VariableSpec& variable : job->model->variables()) {
+    names.push_back(variable.name);
+    shapes.push_back(variable.shape);
+  }
+  std::vector<ShardSpec> shards;
+  for (const proto::VariablePlacement& placement : request.placements()) {
+    const auto it = std::find(names.begin(), names.end(), placement.variable());
+    if (it == names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("the coordinator placed variable \"",
+                                                     placement.variable(),
+                                                     "\", which the model does not have"));
+    }
+    ShardSpec shard;
+    shard.variable = placement.variable();
+    shard.name = placement.shard();
+    shard.ps_task = placement.ps_task();
+    shard.first_row = placement.first_row();
+    const Shape& shape = shapes[static_cast<size_t>(it - names.begin())];
+    shard.shape = shape.rank() == 0 ? shape : shape.WithFirstDim(placement.rows());
+    shards.push_back(std::move(shard));
+  }
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int task = 0; task < request.ps_addresses_size(); ++task) {
+    clients.push_back(
+        std::make_unique<PsClient>(absl::StrCat("ps:", task), request.ps_addresses(task)));
+  }
+  job->variables =
+      std::make_unique<ShardedVariables>(names, shapes, std::move(shards), std::move(clients));
+  for (int r = 0; r < replicas; ++r)
+    job->workspaces.push_back(job->model->NewWorkspace(seed + static_cast<uint64_t>(r)));
+  job->gradients = PerReplica<std::vector<Tensor>>{
+      std::vector<std::vector<Tensor>>(static_cast<size_t>(replicas))};
+  return job;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
+  double loss_sum = 0;
+  int64_t correct = 0, examples = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    absl::StatusOr<std::optional<PerReplica<Element>>> batch = batches->GetNext();
+    if (!batch.ok()) return batch.status();
+    if (!batch->has_value()) return absl::OutOfRangeError("the worker's dataset ended");
+    const PerReplica<Element>& parts = **batch;
+    int64_t rows = 0;
+    for (const Element& part : parts.values()) rows += part[0].rows();
+    absl::StatusOr<std::vector<Tensor>> values = variables->Pull();
+    if (!values.ok()) return values.status();
+    absl::StatusOr<PerReplica<StepStats>> stats =
+        strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
+          const int r = context.replica_id_in_sync_group();
+          return model->TrainStep(*values, parts[r][0], parts[r][1], *loss,
+                                  1.0f / static_cast<float>(rows),
+                                  *workspaces[static_cast<size_t>(r)], gradients[r]);
+        });
+    if (!stats.ok()) return stats.status();
+    std::vector<Tensor>& total = gradients[0];
+    for (int r = 1; r < gradients.size(); ++r) {
+      for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
+    }
+    if (absl::Status status = variables->Push(total); !status.ok()) return status;
+    for (const StepStats& s : stats->values()) {
+      loss_sum += s.loss_sum;
+      correct += s.correct;
+      examples += s.examples;
+    }
+  }
+  return std::vector<Tensor>{Tensor::Scalar(static_cast<float>(loss_sum)),
+                             Tensor::Scalar(static_cast<float>(correct)),
+                             Tensor::Scalar(static_cast<float>(examples))};
+}
+
+WorkerService::WorkerService() = default;
+WorkerService::~WorkerService() = default;
+
+grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
+                                     proto::SetupJobResponse* response) {
+  absl::StatusOr<std::unique_ptr<WorkerJob>> job = BuildJob(*request);
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  absl::MutexLock lock(&mutex_);
+  response->set_num_replicas((*job)->strategy->NumReplicasInSync());
+  response->set_worker_incarnation(ProcessIncarnation());
+  job_ = *std::move(job);
+  spdlog::info("job set up by coordinator incarnation {:016x}: {} local replica(s), {} PS tasks",
+               request->coordinator_incarnation(), response->num_replicas(),
+               request->ps_addresses_size());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
+                                       const proto::RunClosureRequest* request,
+                                       proto::RunClosureResponse* response) {
+  absl::MutexLock lock(&mutex_);
+  if (job_ == nullptr || job_->incarnation != request->coordinator_incarnation()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "not set up: this worker has no job from this coordinator (it may have restarted); "
+        "send SetupJob first"));
+  }
+  if (request->function() != "train_step") {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("step function \"", request->function(),
+                                                         "\" is not registered on this worker: the "
+                                                         "built-in one is train_step")));
+  }
+  int64_t steps = 1;
+  if (request->args_size() > 0) {
+    absl::StatusOr<Tensor> arg = TensorFromProto(request->args(0));
+    if (!arg.ok()) return ToGrpcStatus(arg.status());
+    if (arg->dtype() != DType::kFloat32 || arg->num_elements() != 1) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError("train_step takes one float32 scalar: the steps"));
+    }
+    steps = std::max<int64_t>(1, static_cast<int64_t>(*arg->data<float>()));
+  }
+  absl::StatusOr<std::vector<Tensor>> outputs = job_->TrainSteps(steps);
+  if (!outputs.ok()) return ToGrpcStatus(outputs.status());
+  for (const Tensor& output : *outputs) TensorToProto(output, response->add_outputs());
+  return grpc::Status::OK;
+}
+
+}  // namespace stratum
