@@ -33,7 +33,8 @@ namespace {
 absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request) {
   auto job = std::make_unique<WorkerJob>();
   job->incarnation = request.coordinator_incarnation();
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(request.job_json(), "job from the coordinator", request.job_base_dir());
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(request.job_json(), "job from the coordinator", request.job_base_dir());
   if (!spec.ok()) return spec.status();
   absl::StatusOr<Model> model = Model::FromKerasJson(spec->model);
   if (!model.ok()) return model.status();
@@ -106,6 +107,14 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
 
 }  // namespace
 
+// A parameter server that cannot be reached is the job's problem, not this worker's: it
+// must reach the program (naming the PS), not send the closure to another worker.
+absl::Status PsFailure(const absl::Status& status) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
+  return absl::FailedPreconditionError(
+      absl::StrCat("a parameter server is unavailable: ", status.message()));
+}
+
 absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
   double loss_sum = 0;
   int64_t correct = 0, examples = 0;
@@ -117,7 +126,7 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     int64_t rows = 0;
     for (const Element& part : parts.values()) rows += part[0].rows();
     absl::StatusOr<std::vector<Tensor>> values = variables->Pull();
-    if (!values.ok()) return values.status();
+    if (!values.ok()) return PsFailure(values.status());
     absl::StatusOr<PerReplica<StepStats>> stats =
         strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
           const int r = context.replica_id_in_sync_group();
@@ -130,7 +139,7 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     for (int r = 1; r < gradients.size(); ++r) {
       for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
     }
-    if (absl::Status status = variables->Push(total); !status.ok()) return status;
+    if (absl::Status status = variables->Push(total); !status.ok()) return PsFailure(status);
     for (const StepStats& s : stats->values()) {
       loss_sum += s.loss_sum;
       correct += s.correct;

@@ -1,0 +1,118 @@
+// Parameter-server training with real processes: a coordinator, workers and parameter
+// servers on loopback training Fashion-MNIST, and a worker killed in the middle of it.
+#include <signal.h>
+
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "stratum/testing/local_cluster.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LocalCluster;
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+}
+
+std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["fit"]["epochs"] = epochs;
+  job["fit"]["steps_per_epoch"] = steps_per_epoch;
+  const std::string path = TempPath(name + ".json");
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+bool WaitForOutput(LocalCluster& cluster, const TaskKey& task, const std::string& text,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cluster.Output(task).find(text) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
+  const std::string summary = TempPath("ps_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob(2, 100, "ps_job"), "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 2/2 - 100 steps on 2 workers"));
+  std::ifstream file(summary);
+  const nlohmann::json result = nlohmann::json::parse(file);
+  EXPECT_EQ(result["strategy"], "ParameterServerStrategy");
+  EXPECT_EQ(result["num_workers"], 2);
+  EXPECT_EQ(result["num_ps"], 2);
+  EXPECT_EQ(result["steps"], 200);
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.72);  // 200 steps of 64 examples
+  // Both workers were set up and trained.
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT((*cluster)->Output({"worker", w}), HasSubstr("job set up by coordinator"));
+  }
+}
+
+TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRestart) {
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(4, 150, "ps_fault_job")}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/4", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "worker:1 at", absl::Seconds(30)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  EXPECT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
+  EXPECT_THAT(output, HasSubstr("worker:1 at " + (*cluster)->Address({"worker", 1}) + " is down"));
+  EXPECT_THAT(output, HasSubstr("answers again; it will be set up anew"));
+  // The restarted worker (a new process) was set up again and ran closures.
+  EXPECT_THAT((*cluster)->Output({"worker", 1}), HasSubstr("job set up by coordinator"));
+}
+
+TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(50, 100, "ps_dies_job")}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
+  const absl::Time killed = absl::Now();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 1);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+  EXPECT_THAT(
+      (*cluster)->Output({"chief", 0}),
+      HasSubstr("a parameter server is unavailable: ps:1 at " + (*cluster)->Address({"ps", 1})));
+}
+
+}  // namespace
+}  // namespace stratum
