@@ -82,32 +82,4 @@ FitOptions FitOptionsFrom(const FitSpec& spec) {
   return options;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno),
-                     "; check that its folder exists and is writable"));
-  }
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      close(fd);
-      unlink(temporary.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace stratum

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "stratum/checkpoint/safetensors.h"
 #include "stratum/job/job_spec.h"
 #include "stratum/strategy/strategy.h"
 #include "stratum/worker/fit.h"
@@ -20,9 +21,5 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& 
 absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
 
 FitOptions FitOptionsFrom(const FitSpec& spec);
-
-// Writes `text` to `path` atomically (a temporary file, fsync, rename), so a reader never
-// sees half a file.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
 
 }  // namespace stratum

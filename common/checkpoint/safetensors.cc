@@ -1,0 +1,180 @@
+#include "stratum/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace stratum {
+namespace {
+
+const char* SafetensorsDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "F32";
+    case DType::kInt32:
+      return "I32";
+    case DType::kInt64:
+      return "I64";
+    case DType::kUInt8:
+      return "U8";
+  }
+  return "?";
+}
+
+std::optional<DType> FromSafetensorsDType(const std::string& name) {
+  for (DType dtype : {DType::kFloat32, DType::kInt32, DType::kInt64, DType::kUInt8}) {
+    if (name == SafetensorsDType(dtype)) return dtype;
+  }
+  return std::nullopt;
+}
+
+std::string Folder(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ",
+                                                      std::strerror(errno),
+                                                      "; check that its folder exists and is "
+                                                      "writable"));
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      unlink(temporary.c_str());
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    unlink(temporary.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+  }
+  // The rename itself is durable only once the folder is synced.
+  const int folder = open(Folder(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder >= 0) {
+    fsync(folder);
+    close(folder);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : file.tensors) {
+    header[name] = {{"dtype", SafetensorsDType(tensor.dtype())},
+                    {"shape", tensor.shape().dims()},
+                    {"data_offsets", {offset, offset + tensor.byte_size()}}};
+    offset += tensor.byte_size();
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // aligned data, as the spec allows
+  std::string bytes;
+  bytes.reserve(8 + header_text.size() + offset);
+  const uint64_t length = header_text.size();
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  bytes += header_text;
+  for (const auto& [name, tensor] : file.tensors) {
+    bytes.append(static_cast<const char*>(tensor.raw_data()), tensor.byte_size());
+  }
+  if (absl::Status status = WriteFileAtomically(path, bytes); !status.ok()) return status;
+  WrittenFile written;
+  written.crc32 = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  written.bytes = static_cast<int64_t>(bytes.size());
+  return written;
+}
+
+absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
+                                           std::optional<uint32_t> expected_crc32) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " is missing"));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto corrupt = [&](const std::string& problem) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: ", problem,
+                                            "; restore an older checkpoint"));
+  };
+  if (expected_crc32.has_value()) {
+    const uint32_t actual = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    if (actual != *expected_crc32) {
+      return corrupt(
+          absl::StrCat("its checksum is ", actual, " but the manifest says ", *expected_crc32));
+    }
+  }
+  if (bytes.size() < 8) return corrupt("it is shorter than its 8-byte header length");
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i)
+    length |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  if (length > bytes.size() - 8) return corrupt("its header runs past the end of the file");
+  const nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(length),
+                            nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) return corrupt("its header is not a JSON object");
+  const size_t data_start = 8 + length;
+  TensorFile file;
+  std::vector<std::pair<uint64_t, std::pair<std::string, Tensor>>> ordered;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return corrupt("__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (value.is_string()) file.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
+      return corrupt(absl::StrCat("tensor \"", name, "\" has no dtype, shape or data_offsets"));
+    }
+    const std::optional<DType> dtype = FromSafetensorsDType(entry["dtype"].get<std::string>());
+    if (!dtype) return corrupt(absl::StrCat("tensor \"", name, "\" has an unsupported dtype"));
+    std::vector<int64_t> dims;
+    for (const auto& dim : entry["shape"]) {
+      if (!dim.is_number_unsigned())
+        return corrupt(absl::StrCat("tensor \"", name, "\" has a bad shape"));
+      dims.push_back(dim.get<int64_t>());
+    }
+    const auto& offsets = entry["data_offsets"];
+    if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
+      return corrupt(absl::StrCat("tensor \"", name, "\" has bad data_offsets"));
+    }
+    const uint64_t begin = offsets[0], end = offsets[1];
+    Tensor tensor(*dtype, Shape(dims));
+    if (end < begin || end - begin != tensor.byte_size() || data_start + end > bytes.size()) {
+      return corrupt(absl::StrCat("tensor \"", name, "\" ", tensor.DebugString(),
+                                  " does not match its byte range"));
+    }
+    if (tensor.byte_size() > 0) {
+      std::memcpy(tensor.raw_data(), bytes.data() + data_start + begin, tensor.byte_size());
+    }
+    ordered.push_back({begin, {name, std::move(tensor)}});
+  }
+  std::sort(ordered.begin(), ordered.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [offset, entry] : ordered) file.tensors.push_back(std::move(entry));
+  return file;
+}
+
+}  // namespace stratum

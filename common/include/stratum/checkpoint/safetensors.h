@@ -1,0 +1,39 @@
+// Tensor files in the safetensors format (8-byte little-endian header length, a JSON
+// header naming each tensor's dtype, shape and byte range, then the data), so that
+// Python tools read Stratum's checkpoints. Files are written atomically: a temporary
+// file, fsync, rename; a crash never leaves half a file under the final name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+struct TensorFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in file order
+  std::map<std::string, std::string> metadata;          // "__metadata__"
+};
+
+struct WrittenFile {
+  uint32_t crc32 = 0;  // of the whole file
+  int64_t bytes = 0;
+};
+
+absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file);
+
+// Reads and checks a file: header JSON, dtypes, shapes against byte ranges, ranges inside
+// the file; with `expected_crc32`, the checksum too. Errors name the file and the problem.
+absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
+                                           std::optional<uint32_t> expected_crc32 = std::nullopt);
+
+// Writes `text` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
+}  // namespace stratum

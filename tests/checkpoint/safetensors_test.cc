@@ -1,0 +1,85 @@
+#include "stratum/checkpoint/safetensors.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+}
+
+TEST(SafetensorsTest, RoundTripsTensorsAndMetadata) {
+  TensorFile file;
+  file.tensors = {{"dense/kernel", Tensor::FromVector<float>({2, 3}, {1, 2, 3, 4, 5, 6})},
+                  {"labels", Tensor::FromVector<uint8_t>({3}, {7, 8, 9})},
+                  {"step", Tensor::FromVector<int64_t>({}, {42})}};
+  file.metadata = {{"format", "stratum"}, {"step", "42"}};
+  const std::string path = Path("round_trip.safetensors");
+  auto written = WriteSafetensors(path, file);
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto read = ReadSafetensors(path, written->crc32);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->tensors.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(read->tensors[i].first, file.tensors[i].first);
+    EXPECT_TRUE(read->tensors[i].second.BitwiseEqual(file.tensors[i].second));
+  }
+  EXPECT_EQ(read->metadata, file.metadata);
+}
+
+TEST(SafetensorsTest, TheLayoutIsTheSafetensorsFormat) {
+  const std::string path = Path("layout.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{{"x", Tensor::FromVector<float>({1}, {1.5f})}}, {}}).ok());
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  EXPECT_EQ(length % 8, 0u);
+  EXPECT_THAT(bytes.substr(8, length),
+              HasSubstr(R"("x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})"));
+  EXPECT_EQ(bytes.size(), 8 + length + 4);
+}
+
+TEST(SafetensorsTest, CorruptFilesAreNamedAndRefused) {
+  const std::string path = Path("corrupt.safetensors");
+  auto written = WriteSafetensors(path, {{{"x", Tensor(DType::kFloat32, {4})}}, {}});
+  ASSERT_TRUE(written.ok());
+  EXPECT_THAT(std::string(ReadSafetensors(path, written->crc32 + 1).status().message()),
+              HasSubstr("its checksum is"));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "garbage";
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss);
+  std::string bad_header(8, '\0');
+  bad_header[0] = 60;  // a header of 60 bytes in a file that is shorter
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bad_header << "{}";
+  EXPECT_THAT(std::string(ReadSafetensors(path).status().message()),
+              HasSubstr("runs past the end of the file"));
+  EXPECT_EQ(ReadSafetensors(Path("missing.safetensors")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
+  EXPECT_FALSE(WriteSafetensors("/nonexistent/folder/x.safetensors", {}).ok());
+  const std::string path = Path("keep.safetensors");
+  auto first = WriteSafetensors(path, {{{"x", Tensor::Scalar(1)}}, {}});
+  ASSERT_TRUE(first.ok());
+  // A write that cannot finish (the temporary file's name is taken by a folder) fails
+  // without touching the existing file.
+  const std::string blocker = path + ".tmp." + std::to_string(getpid());
+  ASSERT_EQ(mkdir(blocker.c_str(), 0755), 0);
+  EXPECT_FALSE(WriteSafetensors(path, {{{"x", Tensor::Scalar(2)}}, {}}).ok());
+  rmdir(blocker.c_str());
+  auto read = ReadSafetensors(path, first->crc32);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read->tensors[0].second.data<float>(), 1);
+}
+
+}  // namespace
+}  // namespace stratum
