@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/worker.grpc.pb.h"
 #include "spdlog/spdlog.h"
+#include "stratum/coordinator/checkpoint_manager.h"
 #include "stratum/coordinator/cluster_coordinator.h"
 #include "stratum/data/idx.h"
 #include "stratum/model/loss.h"
@@ -153,6 +154,20 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   for (const ShardSpec& shard : shards) {
     spdlog::info("variable {} ({} bytes) on ps:{}", shard.name, shard.bytes, shard.ps_task);
   }
+  // Resume from the latest checkpoint, step counter included.
+  std::optional<CheckpointManager> checkpoints;
+  int64_t global_step = 0;
+  if (!job.checkpoint.dir.empty()) {
+    checkpoints.emplace(job.checkpoint.dir, job.checkpoint.max_to_keep, variables);
+    absl::StatusOr<std::optional<int64_t>> restored = checkpoints->RestoreLatest();
+    if (!restored.ok()) return restored.status();
+    if (restored->has_value()) {
+      global_step = **restored;
+      std::fprintf(options.out, "resumed from the checkpoint at step %lld in %s\n",
+                   static_cast<long long>(global_step), job.checkpoint.dir.c_str());
+      std::fflush(options.out);
+    }
+  }
 
   // The workers.
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
@@ -197,18 +212,28 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   DefaultStrategy evaluation;
   double train_seconds = 0;
   int64_t train_examples = 0;
+  const int64_t every = job.checkpoint.every_steps;
   for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
+    const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch;
+    if (global_step >= epoch_end) continue;  // done before the restart
     const double epoch_start = Now();
+    const int64_t first_step = global_step;
     std::vector<std::shared_ptr<RemoteValue>> results;
-    for (int64_t scheduled = 0; scheduled < steps_per_epoch; scheduled += steps_per_closure) {
+    while (global_step < epoch_end) {
       if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
         return absl::CancelledError("stopped by a signal during training");
       }
-      const int64_t steps = std::min<int64_t>(steps_per_closure, steps_per_epoch - scheduled);
+      int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
+      if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
       absl::StatusOr<std::shared_ptr<RemoteValue>> value =
           coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
       if (!value.ok()) return value.status();
       results.push_back(*std::move(value));
+      global_step += steps;
+      if (checkpoints && every > 0 && global_step % every == 0) {
+        if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+        if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+      }
     }
     if (absl::Status status = coordinator.Join(); !status.ok()) return status;
     double loss_sum = 0, correct = 0, examples = 0;
@@ -221,14 +246,13 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
     EpochLog log;
     log.epoch = epoch;
-    log.steps = steps_per_epoch;
+    log.steps = epoch_end - first_step;
     log.seconds = Now() - epoch_start;
     log.loss = loss_sum / std::max(examples, 1.0);
     log.accuracy = correct / std::max(examples, 1.0);
     log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
     train_seconds += log.seconds;
     train_examples += static_cast<int64_t>(examples);
-    summary.steps += steps_per_epoch;
     if (data->has_test) {
       absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
       if (!current.ok()) return current.status();
@@ -243,12 +267,28 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     std::fprintf(options.out,
                  "Epoch %d/%d - %lld steps on %d workers - loss %.4f - accuracy %.4f - val_loss "
                  "%.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
-                 epoch, job.fit.epochs, static_cast<long long>(steps_per_epoch), num_workers,
-                 log.loss, log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec,
-                 log.seconds);
+                 epoch, job.fit.epochs, static_cast<long long>(log.steps), num_workers, log.loss,
+                 log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec, log.seconds);
     std::fflush(options.out);
     summary.history.push_back(log);
   }
+  if (summary.history.empty() && data->has_test) {
+    // The checkpoint already completes the job: report the model it holds.
+    std::fprintf(options.out,
+                 "the checkpoint at step %lld already completes this job's %d epochs: evaluating "
+                 "it (remove %s to train from scratch)\n",
+                 static_cast<long long>(global_step), job.fit.epochs, job.checkpoint.dir.c_str());
+    absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
+    if (!current.ok()) return current.status();
+    absl::StatusOr<EpochLog> test =
+        EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
+    if (!test.ok()) return test.status();
+    summary.test_loss = test->val_loss;
+    summary.test_accuracy = test->val_accuracy;
+  } else if (checkpoints && (every <= 0 || global_step % every != 0)) {
+    if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+  }
+  summary.steps = global_step;  // the job's step counter, across restarts
   summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);
   summary.wall_s = Now() - start;
   if (coordinator.retried_closures() > 0) {

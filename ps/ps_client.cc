@@ -119,4 +119,27 @@ absl::StatusOr<proto::ListVariablesResponse> PsClient::ListVariables() {
   return response;
 }
 
+absl::StatusOr<proto::SaveResponse> PsClient::Save(const std::string& path) {
+  proto::SaveRequest request;
+  request.set_path(path);
+  grpc::ClientContext context;
+  Prepare(context, options_.timeout);
+  proto::SaveResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->Save(&context, request, &response), Peer());
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
+  proto::RestoreRequest request;
+  request.set_path(path);
+  request.set_crc32(crc32);
+  grpc::ClientContext context;
+  Prepare(context, options_.timeout);
+  proto::RestoreResponse response;
+  return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
+}
+
 }  // namespace stratum

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
 
 namespace stratum {
@@ -132,6 +133,34 @@ grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVar
   }
   response->set_refused_non_finite(store_.refused_non_finite());
   response->set_total_bytes(store_.total_bytes());
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* request,
+                             proto::SaveResponse* response) {
+  absl::StatusOr<TensorFile> file = StoreToTensorFile(store_);
+  if (!file.ok()) return ToGrpcStatus(file.status());
+  absl::StatusOr<WrittenFile> written = WriteSafetensors(request->path(), *file);
+  if (!written.ok()) return ToGrpcStatus(written.status());
+  response->set_crc32(written->crc32);
+  response->set_bytes(written->bytes);
+  for (const VariableInfo& info : store_.List()) {
+    proto::VariableStatus* variable = response->add_variables();
+    variable->set_name(info.name);
+    for (int64_t dim : info.shape.dims()) variable->add_dims(dim);
+    variable->set_optimizer(info.optimizer);
+    variable->set_updates(info.updates);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreRequest* request,
+                                proto::RestoreResponse* response) {
+  absl::StatusOr<TensorFile> file = ReadSafetensors(request->path(), request->crc32());
+  if (!file.ok()) return ToGrpcStatus(file.status());
+  absl::StatusOr<int> restored = RestoreStoreFromTensorFile(store_, *file);
+  if (!restored.ok()) return ToGrpcStatus(restored.status());
+  response->set_variables(*restored);
   return grpc::Status::OK;
 }
 

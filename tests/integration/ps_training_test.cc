@@ -2,6 +2,7 @@
 // servers on loopback training Fashion-MNIST, and a worker killed in the middle of it.
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <gmock/gmock.h>
@@ -20,11 +21,16 @@ std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
 }
 
-std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name) {
+std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
+                     const std::string& checkpoint_dir = "", int every_steps = 0) {
   std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
   nlohmann::json job = nlohmann::json::parse(file);
   job["fit"]["epochs"] = epochs;
   job["fit"]["steps_per_epoch"] = steps_per_epoch;
+  job.erase("checkpoint");
+  if (!checkpoint_dir.empty()) {
+    job["checkpoint"] = {{"dir", checkpoint_dir}, {"every_steps", every_steps}, {"max_to_keep", 2}};
+  }
   const std::string path = TempPath(name + ".json");
   std::ofstream(path) << job.dump();
   return path;
@@ -113,6 +119,46 @@ TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
   EXPECT_THAT(
       (*cluster)->Output({"chief", 0}),
       HasSubstr("a parameter server is unavailable: ps:1 at " + (*cluster)->Address({"ps", 1})));
+}
+
+TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
+  const std::string checkpoints = TempPath("ckpt");
+  std::filesystem::remove_all(checkpoints);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "resume_job", checkpoints, 50)}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"chief", 0}).ok());
+  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  // Resumed at a checkpoint of the first run (every 50 steps, so at least step 100), not 0.
+  const size_t at = output.find("resumed from the checkpoint at step ");
+  ASSERT_NE(at, std::string::npos) << output;
+  EXPECT_GE(std::stoll(output.substr(at + 36)), 100);
+  EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
+  // The final checkpoint is complete, readable, and only max_to_keep are kept.
+  std::ifstream pointer(checkpoints + "/checkpoint");
+  const nlohmann::json latest = nlohmann::json::parse(pointer);
+  EXPECT_EQ(latest["step"], 300);
+  int folders = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    if (entry.is_directory()) ++folders;
+  }
+  EXPECT_EQ(folders, 2);
+  std::ifstream manifest(checkpoints + "/" + latest["latest"].get<std::string>() +
+                         "/manifest.json");
+  const nlohmann::json parsed = nlohmann::json::parse(manifest);
+  EXPECT_EQ(parsed["files"].size(), 2u);
+  std::filesystem::remove_all(checkpoints);
 }
 
 }  // namespace

@@ -42,6 +42,9 @@ class PsClient {
                     std::vector<Tensor>* pulled = nullptr);
   absl::Status Assign(const std::vector<NamedValue>& values);
   absl::StatusOr<proto::ListVariablesResponse> ListVariables();
+  // Checkpoints: the PS writes / reads `path` on its own file system.
+  absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
+  absl::Status Restore(const std::string& path, uint32_t crc32);
 
  private:
   std::string Peer() const;

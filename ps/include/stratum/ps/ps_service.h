@@ -22,6 +22,10 @@ class PsService final : public proto::ParameterServer::Service {
                       proto::AssignResponse* response) override;
   grpc::Status ListVariables(grpc::ServerContext*, const proto::ListVariablesRequest* request,
                              proto::ListVariablesResponse* response) override;
+  grpc::Status Save(grpc::ServerContext*, const proto::SaveRequest* request,
+                    proto::SaveResponse* response) override;
+  grpc::Status Restore(grpc::ServerContext*, const proto::RestoreRequest* request,
+                       proto::RestoreResponse* response) override;
 
  private:
   VariableStore& store_;

@@ -33,6 +33,7 @@ class ShardedVariables {
 
   const std::vector<ShardSpec>& shards() const { return shards_; }
   int num_ps() const { return static_cast<int>(clients_.size()); }
+  PsClient& client(int task) { return *clients_[static_cast<size_t>(task)]; }
 
  private:
   // Runs fn(task) for every PS task that holds shards, in parallel; the first error wins.

@@ -1,0 +1,162 @@
+#include "stratum/coordinator/checkpoint_manager.h"
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "stratum/checkpoint/safetensors.h"
+
+namespace stratum {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kLatestFile[] = "checkpoint";
+
+std::string FolderName(int64_t step) { return absl::StrFormat("ckpt-%012d", step); }
+
+nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
+  nlohmann::json map = nlohmann::json::array();
+  for (const ShardSpec& shard : shards) {
+    map.push_back({{"variable", shard.variable},
+                   {"shard", shard.name},
+                   {"ps_task", shard.ps_task},
+                   {"first_row", shard.first_row},
+                   {"shape", shard.shape.dims()}});
+  }
+  return map;
+}
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat(path, " is missing"));
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::DataLossError(absl::StrCat(path, " is not a JSON object: it is corrupt"));
+  }
+  return json;
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables)
+    : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
+
+absl::Status CheckpointManager::Save(int64_t step) {
+  const std::string folder = absl::StrCat(dir_, "/", FolderName(step));
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint folder ", folder,
+                                                      ": ", error.message(),
+                                                      "; fix checkpoint.dir in the job"));
+  }
+  std::vector<std::future<absl::StatusOr<proto::SaveResponse>>> saves;
+  for (int task = 0; task < variables_.num_ps(); ++task) {
+    saves.push_back(std::async(std::launch::async, [this, task, folder] {
+      return variables_.client(task).Save(absl::StrCat(folder, "/ps-", task, ".safetensors"));
+    }));
+  }
+  nlohmann::json files = nlohmann::json::array();
+  for (int task = 0; task < variables_.num_ps(); ++task) {
+    absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
+    if (!saved.ok()) return saved.status();
+    nlohmann::json held = nlohmann::json::array();
+    for (const proto::VariableStatus& variable : saved->variables()) {
+      held.push_back(
+          {{"name", variable.name()},
+           {"shape", std::vector<int64_t>(variable.dims().begin(), variable.dims().end())},
+           {"dtype", "float32"},
+           {"updates", variable.updates()}});
+    }
+    files.push_back({{"ps_task", task},
+                     {"file", absl::StrCat("ps-", task, ".safetensors")},
+                     {"crc32", saved->crc32()},
+                     {"bytes", saved->bytes()},
+                     {"variables", held}});
+  }
+  const nlohmann::json manifest = {{"format", "stratum-checkpoint-1"},
+                                   {"step", step},
+                                   {"files", files},
+                                   {"shards", ShardMap(variables_.shards())}};
+  if (absl::Status status = WriteFileAtomically(folder + "/manifest.json", manifest.dump(2));
+      !status.ok()) {
+    return status;
+  }
+  const nlohmann::json latest = {{"latest", FolderName(step)}, {"step", step}};
+  if (absl::Status status =
+          WriteFileAtomically(absl::StrCat(dir_, "/", kLatestFile), latest.dump());
+      !status.ok()) {
+    return status;
+  }
+  // Keep the newest max_to_keep complete checkpoints.
+  std::vector<std::string> folders;
+  for (const auto& entry : fs::directory_iterator(dir_, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("ckpt-", 0) == 0) folders.push_back(name);
+  }
+  std::sort(folders.begin(), folders.end());
+  for (size_t i = 0; i + static_cast<size_t>(max_to_keep_) < folders.size(); ++i) {
+    fs::remove_all(absl::StrCat(dir_, "/", folders[i]), error);
+  }
+  spdlog::info("checkpoint at step {} written to {}", step, folder);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {
+  const std::string pointer = absl::StrCat(dir_, "/", kLatestFile);
+  if (!fs::exists(pointer)) return std::optional<std::string>();
+  absl::StatusOr<nlohmann::json> latest = ReadJson(pointer);
+  if (!latest.ok()) return latest.status();
+  if (!latest->contains("latest") || !(*latest)["latest"].is_string()) {
+    return absl::DataLossError(absl::StrCat(pointer, " names no checkpoint: it is corrupt"));
+  }
+  return std::optional<std::string>(
+      absl::StrCat(dir_, "/", (*latest)["latest"].get<std::string>()));
+}
+
+absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
+  absl::StatusOr<std::optional<std::string>> folder = Latest();
+  if (!folder.ok()) return folder.status();
+  if (!folder->has_value()) return std::optional<int64_t>();
+  absl::StatusOr<nlohmann::json> manifest = ReadJson(**folder + "/manifest.json");
+  if (!manifest.ok()) return manifest.status();
+  if ((*manifest)["shards"] != ShardMap(variables_.shards())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", **folder,
+        " was written for another model or variable placement (its "
+        "shard map differs from this job's): use the same model, partitioner, placement and "
+        "number of ps tasks, or another checkpoint.dir"));
+  }
+  const nlohmann::json& files = (*manifest)["files"];
+  if (!files.is_array() || static_cast<int>(files.size()) != variables_.num_ps()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", **folder, " has files for ",
+                                                      files.size(), " ps tasks, but the job has ",
+                                                      variables_.num_ps()));
+  }
+  std::vector<std::future<absl::Status>> restores;
+  for (const nlohmann::json& file : files) {
+    const int task = file.value("ps_task", -1);
+    const std::string path = absl::StrCat(**folder, "/", file.value("file", ""));
+    const uint32_t crc = file.value("crc32", 0u);
+    if (task < 0 || task >= variables_.num_ps()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", **folder, " names ps task ", task));
+    }
+    restores.push_back(std::async(std::launch::async, [this, task, path, crc] {
+      return variables_.client(task).Restore(path, crc);
+    }));
+  }
+  for (auto& restore : restores) {
+    if (absl::Status status = restore.get(); !status.ok()) return status;
+  }
+  return std::optional<int64_t>((*manifest)["step"].get<int64_t>());
+}
+
+}  // namespace stratum

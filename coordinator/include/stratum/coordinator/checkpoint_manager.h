@@ -1,0 +1,38 @@
+// Checkpoints of a parameter-server job, driven by the coordinator. A checkpoint is a
+// folder ckpt-<step>/ holding one safetensors file per PS task (variables and optimizer
+// slots, written by the PS itself) and manifest.json (step, files, checksums, variables,
+// the shard map), written last and atomically. The file "checkpoint" in the checkpoint
+// folder names the latest complete one, and is replaced atomically after the manifest, so
+// a crash at any moment leaves the previous checkpoint whole and named. Older checkpoints
+// beyond max_to_keep are deleted after the new one is complete.
+//
+// Restore checks the manifest against the job's current variable placement and every
+// file's checksum, and says what does not match. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stratum/ps/sharded_variables.h"
+
+namespace stratum {
+
+class CheckpointManager {
+ public:
+  CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables);
+
+  absl::Status Save(int64_t step);
+  // Restores the latest checkpoint; its step, or nullopt when there is none.
+  absl::StatusOr<std::optional<int64_t>> RestoreLatest();
+  // The latest complete checkpoint's folder, if any.
+  absl::StatusOr<std::optional<std::string>> Latest() const;
+
+ private:
+  std::string dir_;
+  int max_to_keep_;
+  ShardedVariables& variables_;
+};
+
+}  // namespace stratum
