@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "proto/worker.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "stratum/coordinator/checkpoint_manager.h"
@@ -213,64 +214,107 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   double train_seconds = 0;
   int64_t train_examples = 0;
   const int64_t every = job.checkpoint.every_steps;
-  for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
-    const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch;
-    if (global_step >= epoch_end) continue;  // done before the restart
-    const double epoch_start = Now();
-    const int64_t first_step = global_step;
-    std::vector<std::shared_ptr<RemoteValue>> results;
-    while (global_step < epoch_end) {
-      if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
-        return absl::CancelledError("stopped by a signal during training");
+  // One pass over the remaining epochs; a PS failure ends it early (recovered below).
+  auto train_epochs = [&]() -> absl::Status {
+    for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
+      const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch;
+      if (global_step >= epoch_end) continue;  // done before the restart
+      const double epoch_start = Now();
+      const int64_t first_step = global_step;
+      std::vector<std::shared_ptr<RemoteValue>> results;
+      while (global_step < epoch_end) {
+        if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
+          return absl::CancelledError("stopped by a signal during training");
+        }
+        int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
+        if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
+        absl::StatusOr<std::shared_ptr<RemoteValue>> value =
+            coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
+        if (!value.ok()) return value.status();
+        results.push_back(*std::move(value));
+        global_step += steps;
+        if (checkpoints && every > 0 && global_step % every == 0) {
+          if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+          if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+        }
       }
-      int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
-      if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
-      absl::StatusOr<std::shared_ptr<RemoteValue>> value =
-          coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
-      if (!value.ok()) return value.status();
-      results.push_back(*std::move(value));
-      global_step += steps;
-      if (checkpoints && every > 0 && global_step % every == 0) {
-        if (absl::Status status = coordinator.Join(); !status.ok()) return status;
-        if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+      if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+      double loss_sum = 0, correct = 0, examples = 0;
+      for (const auto& result : results) {
+        absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
+        if (!outputs.ok()) return outputs.status();
+        loss_sum += *(*outputs)[0].data<float>();
+        correct += *(*outputs)[1].data<float>();
+        examples += *(*outputs)[2].data<float>();
       }
+      EpochLog log;
+      log.epoch = epoch;
+      log.steps = epoch_end - first_step;
+      log.seconds = Now() - epoch_start;
+      log.loss = loss_sum / std::max(examples, 1.0);
+      log.accuracy = correct / std::max(examples, 1.0);
+      log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
+      train_seconds += log.seconds;
+      train_examples += static_cast<int64_t>(examples);
+      if (data->has_test) {
+        absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
+        if (!current.ok()) return current.status();
+        absl::StatusOr<EpochLog> val =
+            EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
+        if (!val.ok()) return val.status();
+        log.val_loss = val->val_loss;
+        log.val_accuracy = val->val_accuracy;
+        summary.test_loss = val->val_loss;
+        summary.test_accuracy = val->val_accuracy;
+      }
+      std::fprintf(options.out,
+                   "Epoch %d/%d - %lld steps on %d workers - loss %.4f - accuracy %.4f - val_loss "
+                   "%.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
+                   epoch, job.fit.epochs, static_cast<long long>(log.steps), num_workers, log.loss,
+                   log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec, log.seconds);
+      std::fflush(options.out);
+      summary.history.push_back(log);
     }
-    if (absl::Status status = coordinator.Join(); !status.ok()) return status;
-    double loss_sum = 0, correct = 0, examples = 0;
-    for (const auto& result : results) {
-      absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
-      if (!outputs.ok()) return outputs.status();
-      loss_sum += *(*outputs)[0].data<float>();
-      correct += *(*outputs)[1].data<float>();
-      examples += *(*outputs)[2].data<float>();
+    return absl::OkStatus();
+  };
+  while (true) {
+    absl::Status trained = train_epochs();
+    if (trained.ok()) break;
+    // Better than TensorFlow: a parameter server that comes back is re-seeded from the last
+    // checkpoint and training goes on, without restarting the job.
+    const bool ps_failed =
+        absl::StrContains(trained.message(), "a parameter server is unavailable");
+    if (!ps_failed || !checkpoints || options.ps_recovery_timeout <= absl::ZeroDuration()) {
+      return trained;
     }
-    EpochLog log;
-    log.epoch = epoch;
-    log.steps = epoch_end - first_step;
-    log.seconds = Now() - epoch_start;
-    log.loss = loss_sum / std::max(examples, 1.0);
-    log.accuracy = correct / std::max(examples, 1.0);
-    log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
-    train_seconds += log.seconds;
-    train_examples += static_cast<int64_t>(examples);
-    if (data->has_test) {
-      absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
-      if (!current.ok()) return current.status();
-      absl::StatusOr<EpochLog> val =
-          EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
-      if (!val.ok()) return val.status();
-      log.val_loss = val->val_loss;
-      log.val_accuracy = val->val_accuracy;
-      summary.test_loss = val->val_loss;
-      summary.test_accuracy = val->val_accuracy;
-    }
-    std::fprintf(options.out,
-                 "Epoch %d/%d - %lld steps on %d workers - loss %.4f - accuracy %.4f - val_loss "
-                 "%.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
-                 epoch, job.fit.epochs, static_cast<long long>(log.steps), num_workers, log.loss,
-                 log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec, log.seconds);
+    std::fprintf(options.out, "%s; waiting up to %s for it to come back\n",
+                 std::string(trained.message()).c_str(),
+                 absl::FormatDuration(options.ps_recovery_timeout).c_str());
     std::fflush(options.out);
-    summary.history.push_back(log);
+    ClusterSpec ps_only;
+    for (int task = 0; task < num_ps; ++task)
+      ps_only.SetTask(kPs, task, ps_addresses[static_cast<size_t>(task)]);
+    ClusterWaitOptions wait;
+    wait.timeout = options.ps_recovery_timeout;
+    wait.cancel = options.cancel;
+    if (absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
+        !back.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(trained.message(), "; it did not come back: ", back.status().message()));
+    }
+    if (absl::Status status =
+            variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
+        !status.ok()) {
+      return status;
+    }
+    absl::StatusOr<std::optional<int64_t>> restored = checkpoints->RestoreLatest();
+    if (!restored.ok()) return restored.status();
+    global_step = restored->value_or(0);
+    std::fprintf(options.out,
+                 "the parameter servers are back: restored the checkpoint at step %lld and "
+                 "training goes on\n",
+                 static_cast<long long>(global_step));
+    std::fflush(options.out);
   }
   if (summary.history.empty() && data->has_test) {
     // The checkpoint already completes the job: report the model it holds.

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, job, "",
           "A parameter-server job file to train (e.g. examples/fashion_mnist_ps.json); without "
           "it the coordinator checks the cluster and exits");
 ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
+ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
+          "How long to wait for a parameter server that died to come back before giving up "
+          "(its variables are then restored from the last checkpoint); 0 fails at once");
 ABSL_FLAG(std::string, placement, "balanced_bytes",
           "How variables are placed over the ps tasks: balanced_bytes or round_robin");
 
@@ -53,6 +56,7 @@ int Train(const TaskContext& context, const std::string& job_path, ShutdownWatch
   const std::string base_dir = slash == std::string::npos ? "." : job_path.substr(0, slash);
   PsTrainingOptions options;
   options.placement = absl::GetFlag(FLAGS_placement);
+  options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
   options.cancel = &shutdown.notification();
   absl::StatusOr<FitSummary> summary =
       RunParameterServerJob(*job, text.str(), base_dir, context.resolver.cluster_spec(), options);

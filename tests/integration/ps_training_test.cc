@@ -161,5 +161,32 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   std::filesystem::remove_all(checkpoints);
 }
 
+TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesOn) {
+  const std::string checkpoints = TempPath("ckpt_ps");
+  std::filesystem::remove_all(checkpoints);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "ps_back_job", checkpoints, 50)}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
+  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Restart({"ps", 1}).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
+                                (*cluster)->Address({"ps", 1})));
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
+  std::filesystem::remove_all(checkpoints);
+}
+
 }  // namespace
 }  // namespace stratum

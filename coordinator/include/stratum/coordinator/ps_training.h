@@ -22,6 +22,9 @@ struct PsTrainingOptions {
   std::string placement = "balanced_bytes";  // or round_robin
   int steps_per_closure = 1;
   absl::Duration rpc_timeout = absl::Minutes(2);
+  // How long to wait for a PS that died to come back (then its variables are restored from
+  // the last checkpoint); zero: fail at once. Needs checkpoint.dir.
+  absl::Duration ps_recovery_timeout = absl::Minutes(5);
   FILE* out = stdout;
   const absl::Notification* cancel = nullptr;  // stop early (SIGTERM)
 };
