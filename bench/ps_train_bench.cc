@@ -1,0 +1,103 @@
+// Parameter-server training of the reference model on a local cluster (2 ps, 1 or 2
+// workers, asynchronous): examples/s and test accuracy after 10 epochs of data, beside
+// stratum-train in one process on the same machine. One JSON object per figure.
+//
+//   build/bin/ps_train_bench [--epochs=10]
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "stratum/util/flags.h"
+#include "stratum/util/subprocess.h"
+
+ABSL_FLAG(int, epochs, 10, "Epochs of data");
+
+namespace stratum {
+namespace {
+
+absl::StatusOr<nlohmann::json> RunForSummary(std::vector<std::string> argv,
+                                             const std::string& summary) {
+  SubprocessOptions options;
+  options.argv = std::move(argv);
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  if (!process.ok()) return process.status();
+  auto exit = (*process)->Wait(absl::Minutes(15));
+  if (!exit.ok()) return exit.status();
+  if (!exit->success()) return absl::InternalError((*process)->output());
+  std::ifstream file(summary);
+  return nlohmann::json::parse(file);
+}
+
+void Print(const std::string& name, double value, const std::string& unit, double goal,
+           const std::string& setup) {
+  std::printf("%s\n",
+              nlohmann::json({{"benchmark", name},
+                              {"value", value},
+                              {"unit", unit},
+                              {"goal", goal > 0 ? nlohmann::json(goal) : nlohmann::json()},
+                              {"goal_is", goal > 0 ? "at_least" : "reported"},
+                              {"met", goal > 0 ? nlohmann::json(value >= goal) : nlohmann::json()},
+                              {"setup", setup}})
+                  .dump()
+                  .c_str());
+  std::fflush(stdout);
+}
+
+int Run() {
+  const std::string bin = STRATUM_BIN_DIR;
+  const int epochs = absl::GetFlag(FLAGS_epochs);
+  std::ifstream in(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(in);
+  job.erase("checkpoint");  // measure training, from scratch
+  const std::string job_path = "/tmp/ps_train_bench_job.json";
+  std::ofstream(job_path) << job.dump();
+  const std::string summary = "/tmp/ps_train_bench_summary.json";
+
+  auto single =
+      RunForSummary({bin + "/stratum-train", "--job=" + job_path, absl::StrCat("--epochs=", epochs),
+                     "--progress=none", "--summary-json=" + summary},
+                    summary);
+  if (!single.ok()) {
+    std::fprintf(stderr, "ps_train_bench: %s\n", std::string(single.status().message()).c_str());
+    return 1;
+  }
+  // stratum-train reads the same job file (its strategy is the only difference).
+  const double single_rate = (*single)["examples_per_sec"];
+  Print("stratum_train_examples_per_sec", single_rate, "examples/s", 0,
+        "one process, Default strategy, same model, batch and data");
+  for (int workers : {1, 2}) {
+    job["fit"]["epochs"] = epochs;
+    std::ofstream(job_path) << job.dump();
+    auto result = RunForSummary(
+        {bin + "/stratum-launch", "--job=" + job_path, absl::StrCat("--workers=", workers),
+         "--ps=2", "--log_level=warn", "--summary-json=" + summary},
+        summary);
+    if (!result.ok()) {
+      std::fprintf(stderr, "ps_train_bench: %s\n", std::string(result.status().message()).c_str());
+      return 1;
+    }
+    const double rate = (*result)["examples_per_sec"];
+    const std::string setup = absl::StrCat(workers, " worker(s), 2 ps, async, ", epochs,
+                                           " epochs of data, batch 64, one step per closure");
+    Print(absl::StrCat("ps_training_examples_per_sec_", workers, "_workers"), rate, "examples/s", 0,
+          setup);
+    Print(absl::StrCat("ps_training_vs_stratum_train_", workers, "_workers"), rate / single_rate,
+          "x", 0, setup);
+    Print(absl::StrCat("ps_training_test_accuracy_", workers, "_workers"),
+          (*result)["test_accuracy"], "fraction", workers == 2 ? 0.875 : 0, setup);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace stratum
+
+int main(int argc, char** argv) {
+  stratum::ParseFlagsOrExit(argc, argv, "ps_train_bench: PS training speed and accuracy, as JSON");
+  return stratum::Run();
+}
