@@ -41,6 +41,17 @@ absl::Status AppendValue(const VariableStore& store, const std::string& name,
   return absl::OkStatus();
 }
 
+void AppendVariableStatuses(const VariableStore& store,
+                            google::protobuf::RepeatedPtrField<proto::VariableStatus>* out) {
+  for (const VariableInfo& info : store.List()) {
+    proto::VariableStatus* variable = out->Add();
+    variable->set_name(info.name);
+    for (int64_t dim : info.shape.dims()) variable->add_dims(dim);
+    variable->set_optimizer(info.optimizer);
+    variable->set_updates(info.updates);
+  }
+}
+
 }  // namespace
 
 grpc::Status PsService::CreateVariables(grpc::ServerContext*,
@@ -124,13 +135,7 @@ grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest*
 
 grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVariablesRequest*,
                                       proto::ListVariablesResponse* response) {
-  for (const VariableInfo& info : store_.List()) {
-    proto::VariableStatus* variable = response->add_variables();
-    variable->set_name(info.name);
-    for (int64_t dim : info.shape.dims()) variable->add_dims(dim);
-    variable->set_optimizer(info.optimizer);
-    variable->set_updates(info.updates);
-  }
+  AppendVariableStatuses(store_, response->mutable_variables());
   response->set_refused_non_finite(store_.refused_non_finite());
   response->set_total_bytes(store_.total_bytes());
   return grpc::Status::OK;
@@ -144,13 +149,7 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
   if (!written.ok()) return ToGrpcStatus(written.status());
   response->set_crc32(written->crc32);
   response->set_bytes(written->bytes);
-  for (const VariableInfo& info : store_.List()) {
-    proto::VariableStatus* variable = response->add_variables();
-    variable->set_name(info.name);
-    for (int64_t dim : info.shape.dims()) variable->add_dims(dim);
-    variable->set_optimizer(info.optimizer);
-    variable->set_updates(info.updates);
-  }
+  AppendVariableStatuses(store_, response->mutable_variables());
   return grpc::Status::OK;
 }
 
