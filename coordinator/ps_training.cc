@@ -203,7 +203,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   const int64_t steps_per_epoch = job.fit.steps_per_epoch > 0
                                       ? job.fit.steps_per_epoch
                                       : (data->train_examples + worker_batch - 1) / worker_batch;
-  const int steps_per_closure = std::max(1, options.steps_per_closure);
+  const int64_t steps_per_closure = std::max<int64_t>(
+      1, std::max<int64_t>(options.steps_per_closure, job.fit.steps_per_execution));
 
   FitSummary summary;
   summary.strategy = "ParameterServerStrategy";

@@ -116,6 +116,7 @@ absl::Status PsFailure(const absl::Status& status) {
 }
 
 absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
+  std::vector<Tensor> values;
   double loss_sum = 0;
   int64_t correct = 0, examples = 0;
   for (int64_t step = 0; step < steps; ++step) {
@@ -125,12 +126,18 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     const PerReplica<Element>& parts = **batch;
     int64_t rows = 0;
     for (const Element& part : parts.values()) rows += part[0].rows();
-    absl::StatusOr<std::vector<Tensor>> values = variables->Pull();
-    if (!values.ok()) return PsFailure(values.status());
+    // The first step of a closure pulls; later ones use the values each push returns (one
+    // round trip per step instead of two: the PS sends back its variables, other workers'
+    // updates included, as they are after applying ours).
+    if (step == 0 || values.empty()) {
+      absl::StatusOr<std::vector<Tensor>> pulled = variables->Pull();
+      if (!pulled.ok()) return PsFailure(pulled.status());
+      values = *std::move(pulled);
+    }
     absl::StatusOr<PerReplica<StepStats>> stats =
         strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
           const int r = context.replica_id_in_sync_group();
-          return model->TrainStep(*values, parts[r][0], parts[r][1], *loss,
+          return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
                                   1.0f / static_cast<float>(rows),
                                   *workspaces[static_cast<size_t>(r)], gradients[r]);
         });
@@ -139,7 +146,10 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     for (int r = 1; r < gradients.size(); ++r) {
       for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
     }
-    if (absl::Status status = variables->Push(total); !status.ok()) return PsFailure(status);
+    const bool last = step + 1 == steps;
+    if (absl::Status status = variables->Push(total, last ? nullptr : &values); !status.ok()) {
+      return PsFailure(status);
+    }
     for (const StepStats& s : stats->values()) {
       loss_sum += s.loss_sum;
       correct += s.correct;

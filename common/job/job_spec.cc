@@ -224,8 +224,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
   if (root.contains("fit")) {
     Fields fit(root["fit"], "fit", source);
     if (absl::Status s = fit.CheckObject(); !s.ok()) return s;
-    if (absl::Status s = fit.CheckKnown({"epochs", "steps_per_epoch", "batch_size_per_replica",
-                                         "shuffle_buffer", "seed", "validate"});
+    if (absl::Status s =
+            fit.CheckKnown({"epochs", "steps_per_epoch", "batch_size_per_replica", "shuffle_buffer",
+                            "seed", "validate", "steps_per_execution"});
         !s.ok()) {
       return s;
     }
@@ -233,7 +234,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
          {fit.Get("epochs", job.fit.epochs), fit.Get("steps_per_epoch", job.fit.steps_per_epoch),
           fit.Get("batch_size_per_replica", job.fit.batch_size_per_replica),
           fit.Get("shuffle_buffer", job.fit.shuffle_buffer), fit.Get("seed", job.fit.seed),
-          fit.Get("validate", job.fit.validate)}) {
+          fit.Get("validate", job.fit.validate),
+          fit.Get("steps_per_execution", job.fit.steps_per_execution)}) {
       if (!s.ok()) return s;
     }
     if (job.fit.epochs < 1) {

@@ -37,7 +37,7 @@ TEST(JobSpecTest, ReadsEverySection) {
     "strategy": {"type": "mirrored", "devices": ["CPU:0", "CPU:1"], "cross_device_ops": "HierarchicalCopyAllReduce"},
     "model": {}, "compile": {"loss": "mse"},
     "data": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"}, "rescale": 1.0},
-    "fit": {"epochs": 3, "steps_per_epoch": 10, "batch_size_per_replica": 32, "shuffle_buffer": 0, "seed": 7, "validate": false},
+    "fit": {"epochs": 3, "steps_per_epoch": 10, "batch_size_per_replica": 32, "shuffle_buffer": 0, "seed": 7, "validate": false, "steps_per_execution": 5},
     "checkpoint": {"dir": "ckpt", "every_steps": 100, "max_to_keep": 2}})",
                           "job.json", "/jobs");
   ASSERT_TRUE(job.ok()) << job.status();
@@ -45,6 +45,7 @@ TEST(JobSpecTest, ReadsEverySection) {
   EXPECT_EQ(job->strategy.cross_device_ops, "HierarchicalCopyAllReduce");
   EXPECT_EQ(job->fit.steps_per_epoch, 10);
   EXPECT_FALSE(job->fit.validate);
+  EXPECT_EQ(job->fit.steps_per_execution, 5);
   EXPECT_EQ(job->checkpoint.dir, "/jobs/ckpt");
   EXPECT_EQ(job->data.rescale, 1.0);
   EXPECT_EQ(job->optimizer, "rmsprop");  // Keras' compile() default

@@ -43,6 +43,8 @@ struct FitSpec {
   int64_t shuffle_buffer = 10000;
   uint64_t seed = 1;
   bool validate = true;  // evaluate on the test set after each epoch
+  // Parameter-server jobs: training steps per closure (Keras' steps_per_execution).
+  int64_t steps_per_execution = 1;
 };
 
 struct CheckpointSpec {
