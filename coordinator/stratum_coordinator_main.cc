@@ -49,6 +49,13 @@ absl::Status ValidateParameterServerCluster(const ClusterSpec& spec) {
 int Train(const TaskContext& context, const std::string& job_path, ShutdownWatcher& shutdown) {
   absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
   if (!job.ok()) return ReportFatal(context.binary, job.status());
+  if (job->strategy.type != "parameter_server") {
+    return ReportFatal(context.binary,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           job_path, ": strategy.type is \"", job->strategy.type,
+                           "\", but the coordinator trains parameter_server jobs: set it to "
+                           "\"parameter_server\", or train in one process with stratum-train")));
+  }
   std::ifstream file(job_path);
   std::stringstream text;
   text << file.rdbuf();

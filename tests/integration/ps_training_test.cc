@@ -75,6 +75,24 @@ TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
   }
 }
 
+TEST(PsTrainingTest, ASingleProcessJobIsRefusedWithTheFix) {
+  auto cluster =
+      LocalCluster::Start({.num_workers = 1,
+                           .num_ps = 1,
+                           .chief = true,
+                           .args_by_type = {{"chief",
+                                             {"--job=" + std::string(STRATUM_SOURCE_DIR) +
+                                              "/examples/fashion_mnist.json"}}},
+                           .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("strategy.type is \"default\", but the coordinator trains "
+                        "parameter_server jobs"));
+}
+
 TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRestart) {
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,
