@@ -23,7 +23,7 @@ TEST(PartitionerTest, MinSizeFollowsTensorFlow) {
   min_size.max_shards = 1;  // TF's default
   EXPECT_EQ(NumShards(min_size, {1000, 128}), 1);
   min_size.max_shards = 100;
-  min_size.min_shard_bytes = 100;  // 3,584 bytes want 36 shards
+  min_size.min_shard_bytes = 100;               // 3,584 bytes want 36 shards
   EXPECT_EQ(NumShards(min_size, {7, 128}), 7);  // never more shards than rows
 }
 
