@@ -206,5 +206,34 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   std::filesystem::remove_all(checkpoints);
 }
 
+TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {
+  const std::string checkpoints = TempPath("ckpt_eval");
+  std::filesystem::remove_all(checkpoints);
+  const std::string job = WriteJob(2, 100, "eval_job", checkpoints, 100);
+  const std::string summary = TempPath("eval_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 1,
+       .chief = true,
+       .evaluator = true,
+       .args_by_type = {{"chief", {"--job=" + job, "--summary_json=" + summary}},
+                        {"evaluator", {"--job=" + job, "--eval_interval=100ms"}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(WaitForOutput(**cluster, {"evaluator", 0}, "evaluated the checkpoint at step 200",
+                            absl::Seconds(30)))
+      << (*cluster)->Output({"evaluator", 0});
+  std::ifstream chief_summary(summary);
+  const double trained = nlohmann::json::parse(chief_summary)["test_accuracy"];
+  std::ifstream evaluation(checkpoints + "/evaluation.json");
+  const nlohmann::json evaluated = nlohmann::json::parse(evaluation);
+  EXPECT_EQ(evaluated["step"], 200);
+  // The final checkpoint holds exactly the variables the coordinator evaluated last.
+  EXPECT_NEAR(evaluated["val_accuracy"].get<double>(), trained, 1e-9);
+  std::filesystem::remove_all(checkpoints);
+}
+
 }  // namespace
 }  // namespace stratum

@@ -1,0 +1,29 @@
+// Reading a parameter-server job's checkpoints outside the parameter servers (the
+// evaluator side-car): the latest complete checkpoint of a folder, and its variables put
+// back together from their shards, with every file's checksum checked.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+struct CheckpointVariables {
+  int64_t step = 0;
+  std::string folder;
+  std::map<std::string, Tensor> variables;  // whole variables by model name
+};
+
+// The step of the latest complete checkpoint in `dir`, or nullopt when there is none yet.
+absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& dir);
+
+// Reads the latest complete checkpoint of `dir` (manifest, files, checksums) and joins
+// the shards into whole variables. NOT_FOUND when there is none.
+absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir);
+
+}  // namespace stratum

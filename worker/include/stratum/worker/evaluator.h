@@ -1,0 +1,20 @@
+// The evaluator side-car of a parameter-server job (`stratum-worker --evaluator --job`):
+// it watches the job's checkpoint folder and evaluates every new complete checkpoint on
+// the test set, logging the result and writing <checkpoint.dir>/evaluation.json
+// atomically. It never talks to the other tasks, so it can never hold a job up (unlike
+// TensorFlow's evaluator in TF_CONFIG, issue #46169).
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "stratum/job/job_spec.h"
+#include "stratum/util/shutdown.h"
+
+namespace stratum {
+
+// Runs until `shutdown` is requested. Errors in the job (no checkpoint.dir, a bad model,
+// missing test data) end it; a checkpoint it cannot read is logged and retried.
+absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
+                          absl::Duration poll_interval);
+
+}  // namespace stratum
