@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
 
 namespace stratum {
@@ -30,18 +31,6 @@ nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
                    {"shape", shard.shape.dims()}});
   }
   return map;
-}
-
-absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, " is missing"));
-  std::stringstream text;
-  text << file.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
-    return absl::DataLossError(absl::StrCat(path, " is not a JSON object: it is corrupt"));
-  }
-  return json;
 }
 
 }  // namespace
@@ -113,7 +102,7 @@ absl::Status CheckpointManager::Save(int64_t step) {
 absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {
   const std::string pointer = absl::StrCat(dir_, "/", kLatestFile);
   if (!fs::exists(pointer)) return std::optional<std::string>();
-  absl::StatusOr<nlohmann::json> latest = ReadJson(pointer);
+  absl::StatusOr<nlohmann::json> latest = ReadJsonObjectFile(pointer);
   if (!latest.ok()) return latest.status();
   if (!latest->contains("latest") || !(*latest)["latest"].is_string()) {
     return absl::DataLossError(absl::StrCat(pointer, " names no checkpoint: it is corrupt"));
@@ -126,7 +115,7 @@ absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
   absl::StatusOr<std::optional<std::string>> folder = Latest();
   if (!folder.ok()) return folder.status();
   if (!folder->has_value()) return std::optional<int64_t>();
-  absl::StatusOr<nlohmann::json> manifest = ReadJson(**folder + "/manifest.json");
+  absl::StatusOr<nlohmann::json> manifest = ReadJsonObjectFile(**folder + "/manifest.json");
   if (!manifest.ok()) return manifest.status();
   if ((*manifest)["shards"] != ShardMap(variables_.shards())) {
     return absl::FailedPreconditionError(absl::StrCat(

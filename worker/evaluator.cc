@@ -39,7 +39,8 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
     if (!latest->has_value() || *latest == evaluated) continue;
     absl::StatusOr<CheckpointVariables> checkpoint = ReadLatestCheckpoint(job.checkpoint.dir);
     if (!checkpoint.ok()) {
-      spdlog::warn("cannot read the latest checkpoint yet: {}", std::string(checkpoint.status().message()));
+      spdlog::warn("cannot read the latest checkpoint yet: {}",
+                   std::string(checkpoint.status().message()));
       continue;
     }
     std::vector<Tensor> variables;

@@ -9,9 +9,7 @@
 #include "stratum/checkpoint/safetensors.h"
 
 namespace stratum {
-namespace {
-
-absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
+absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path) {
   std::ifstream file(path);
   if (!file) return absl::NotFoundError(absl::StrCat(path, " is missing"));
   std::stringstream text;
@@ -23,10 +21,8 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   return json;
 }
 
-}  // namespace
-
 absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& dir) {
-  absl::StatusOr<nlohmann::json> pointer = ReadJsonFile(dir + "/checkpoint");
+  absl::StatusOr<nlohmann::json> pointer = ReadJsonObjectFile(dir + "/checkpoint");
   if (absl::IsNotFound(pointer.status())) return std::optional<int64_t>();
   if (!pointer.ok()) return pointer.status();
   if (!pointer->contains("step") || !(*pointer)["step"].is_number_integer()) {
@@ -36,14 +32,14 @@ absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& d
 }
 
 absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir) {
-  absl::StatusOr<nlohmann::json> pointer = ReadJsonFile(dir + "/checkpoint");
+  absl::StatusOr<nlohmann::json> pointer = ReadJsonObjectFile(dir + "/checkpoint");
   if (!pointer.ok()) return pointer.status();
   if (!pointer->contains("latest") || !(*pointer)["latest"].is_string()) {
     return absl::DataLossError(absl::StrCat(dir, "/checkpoint names no checkpoint: it is corrupt"));
   }
   CheckpointVariables result;
   result.folder = absl::StrCat(dir, "/", (*pointer)["latest"].get<std::string>());
-  absl::StatusOr<nlohmann::json> manifest = ReadJsonFile(result.folder + "/manifest.json");
+  absl::StatusOr<nlohmann::json> manifest = ReadJsonObjectFile(result.folder + "/manifest.json");
   if (!manifest.ok()) return manifest.status();
   result.step = manifest->value("step", int64_t{0});
   const nlohmann::json& files = (*manifest)["files"];

@@ -21,14 +21,8 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-// 0, 1, ..., n-1 as int32 [n].
-Tensor Range(int n) {
-  std::vector<int32_t> values(static_cast<size_t>(n));
-  std::iota(values.begin(), values.end(), 0);
-  return Tensor::FromVector<int32_t>({n}, values);
-}
+using ::stratum::testing::Message;
+using ::stratum::testing::Range;
 
 // All elements of one epoch; fails the test on an error.
 std::vector<Element> Collect(const Dataset& dataset) {

@@ -19,7 +19,7 @@ using ::stratum::testing::UbyteIdx;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
+using ::stratum::testing::Message;
 
 TEST(IdxTest, ReadsPlainUbyte) {
   TempDir dir;

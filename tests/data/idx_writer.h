@@ -1,14 +1,19 @@
-// Test helpers: write small IDX files (plain or gzipped) and raw bytes into a fresh
-// temporary folder that is removed with the helper.
+// Test helpers for the data tests: write small IDX files (plain or gzipped) and raw bytes
+// into a fresh temporary folder that is removed with the helper; small tensors and
+// status messages.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <zlib.h>
 
+#include "absl/status/status.h"
+#include "stratum/tensor/tensor.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -58,5 +63,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+inline std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+// 0, 1, ..., n-1 as int32 [n].
+inline Tensor Range(int n) {
+  std::vector<int32_t> values(static_cast<size_t>(n));
+  std::iota(values.begin(), values.end(), 0);
+  return Tensor::FromVector<int32_t>({n}, values);
+}
 
 }  // namespace stratum::testing

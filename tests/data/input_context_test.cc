@@ -17,13 +17,8 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-Tensor Range(int n) {
-  std::vector<int32_t> values(static_cast<size_t>(n));
-  std::iota(values.begin(), values.end(), 0);
-  return Tensor::FromVector<int32_t>({n}, values);
-}
+using ::stratum::testing::Message;
+using ::stratum::testing::Range;
 
 // Every value of component `c` of every element, flattened, for int32 or uint8 data.
 std::vector<int> Values(const Dataset& dataset, size_t c = 0) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -18,6 +19,10 @@ struct CheckpointVariables {
   std::string folder;
   std::map<std::string, Tensor> variables;  // whole variables by model name
 };
+
+// Reads a small JSON file that must hold an object (a manifest, the latest pointer).
+// NOT_FOUND when missing, DATA_LOSS when it is not a JSON object.
+absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path);
 
 // The step of the latest complete checkpoint in `dir`, or nullopt when there is none yet.
 absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& dir);
