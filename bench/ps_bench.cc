@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "nlohmann/json.hpp"
 #include "stratum/ps/ps_client.h"
 #include "stratum/testing/local_cluster.h"
@@ -80,19 +81,14 @@ absl::StatusOr<double> MeasureUpdatesPerSec(const std::string& self, const std::
 }
 
 double TorchAnchor(int workers, int64_t bytes, double seconds) {
-  SubprocessOptions options;
-  options.argv = {"/usr/bin/python3", absl::GetFlag(FLAGS_peers_dir) + "/ps_torch_rpc.py",
-                  std::to_string(workers), std::to_string(bytes), absl::StrCat(seconds)};
-  options.forward_fd = -1;
-  options.capture_output = true;
-  auto process = Subprocess::Spawn(std::move(options));
-  if (!process.ok()) return -1;
-  auto exit = (*process)->Wait(absl::Minutes(3));
-  if (!exit.ok() || !exit->success()) return -1;
+  absl::StatusOr<std::string> output =
+      bench::RunProgram({"/usr/bin/python3", absl::GetFlag(FLAGS_peers_dir) + "/ps_torch_rpc.py",
+                         std::to_string(workers), std::to_string(bytes), absl::StrCat(seconds)},
+                        absl::Minutes(3));
+  if (!output.ok()) return -1;
   static const std::regex kRate(R"(updates_per_s=([0-9.]+))");
   std::smatch match;
-  const std::string output = (*process)->output();
-  if (!std::regex_search(output, match, kRate)) return -1;
+  if (!std::regex_search(*output, match, kRate)) return -1;
   return std::stod(match[1]);
 }
 

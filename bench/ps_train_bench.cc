@@ -9,9 +9,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "nlohmann/json.hpp"
 #include "stratum/util/flags.h"
-#include "stratum/util/subprocess.h"
 
 ABSL_FLAG(int, epochs, 10, "Epochs of data");
 
@@ -20,32 +20,16 @@ namespace {
 
 absl::StatusOr<nlohmann::json> RunForSummary(std::vector<std::string> argv,
                                              const std::string& summary) {
-  SubprocessOptions options;
-  options.argv = std::move(argv);
-  options.forward_fd = -1;
-  options.capture_output = true;
-  auto process = Subprocess::Spawn(std::move(options));
-  if (!process.ok()) return process.status();
-  auto exit = (*process)->Wait(absl::Minutes(15));
-  if (!exit.ok()) return exit.status();
-  if (!exit->success()) return absl::InternalError((*process)->output());
+  absl::StatusOr<std::string> output = bench::RunProgram(std::move(argv), absl::Minutes(15));
+  if (!output.ok()) return output.status();
   std::ifstream file(summary);
   return nlohmann::json::parse(file);
 }
 
 void Print(const std::string& name, double value, const std::string& unit, double goal,
            const std::string& setup) {
-  std::printf("%s\n",
-              nlohmann::json({{"benchmark", name},
-                              {"value", value},
-                              {"unit", unit},
-                              {"goal", goal > 0 ? nlohmann::json(goal) : nlohmann::json()},
-                              {"goal_is", goal > 0 ? "at_least" : "reported"},
-                              {"met", goal > 0 ? nlohmann::json(value >= goal) : nlohmann::json()},
-                              {"setup", setup}})
-                  .dump()
-                  .c_str());
-  std::fflush(stdout);
+  bench::PrintFigure(name, value, unit, goal > 0 ? nlohmann::json(goal) : nlohmann::json(),
+                     goal > 0 ? "at_least" : "reported", setup);
 }
 
 int Run() {

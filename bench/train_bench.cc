@@ -15,13 +15,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "nlohmann/json.hpp"
 #include "stratum/data/idx.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/util/flags.h"
-#include "stratum/util/subprocess.h"
 
 ABSL_FLAG(int, epochs, 2, "Epochs for the speed figures");
 ABSL_FLAG(int, accuracy_epochs, 10, "Epochs for the accuracy figures (0 skips them)");
@@ -37,15 +37,7 @@ double Seconds() {
 
 void Print(const std::string& name, double value, const std::string& unit, double goal,
            bool at_least, const std::string& setup) {
-  nlohmann::json line = {{"benchmark", name},
-                         {"value", value},
-                         {"unit", unit},
-                         {"goal", goal},
-                         {"goal_is", at_least ? "at_least" : "at_most"},
-                         {"met", at_least ? value >= goal : value <= goal},
-                         {"setup", setup}};
-  std::printf("%s\n", line.dump().c_str());
-  std::fflush(stdout);
+  bench::PrintFigure(name, value, unit, goal, at_least ? "at_least" : "at_most", setup);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -55,22 +47,7 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
-absl::StatusOr<std::string> RunProgram(std::vector<std::string> argv) {
-  const std::string program = argv.front();
-  SubprocessOptions options;
-  options.argv = std::move(argv);
-  options.forward_fd = -1;
-  options.capture_output = true;
-  auto process = Subprocess::Spawn(std::move(options));
-  if (!process.ok()) return process.status();
-  auto exit = (*process)->Wait(absl::Minutes(20));
-  if (!exit.ok()) return exit.status();
-  if (!exit->success()) {
-    return absl::InternalError(
-        absl::StrCat(program, " ", exit->ToString(), ": ", (*process)->output()));
-  }
-  return (*process)->output();
-}
+using bench::RunProgram;
 
 // The training loop alone, on one thread: a random permutation per epoch, the batch rows
 // gathered by copy (as PyTorch's X[perm[i:i+64]]), TrainStep and Adam on every variable.

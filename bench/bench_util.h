@@ -1,0 +1,52 @@
+// What the benchmarks share: running a program to its end for its output, and printing
+// one figure as one JSON line beside its goal.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "stratum/util/subprocess.h"
+
+namespace stratum::bench {
+
+// Runs `argv` with its output captured; the output, or an error with it when the program
+// fails or outlives `timeout`.
+inline absl::StatusOr<std::string> RunProgram(std::vector<std::string> argv,
+                                              absl::Duration timeout = absl::Minutes(20)) {
+  const std::string program = argv.front();
+  SubprocessOptions options;
+  options.argv = std::move(argv);
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  if (!process.ok()) return process.status();
+  auto exit = (*process)->Wait(timeout);
+  if (!exit.ok()) return exit.status();
+  if (!exit->success()) {
+    return absl::InternalError(
+        absl::StrCat(program, " ", exit->ToString(), ": ", (*process)->output()));
+  }
+  return (*process)->output();
+}
+
+// One figure: {"benchmark", "value", "unit", "goal", "goal_is", "met", "setup"}. A goal of
+// null (an anchor, or a figure reported without a goal) prints no "met".
+inline void PrintFigure(const std::string& name, double value, const std::string& unit,
+                        const nlohmann::json& goal, const std::string& goal_is,
+                        const std::string& setup) {
+  nlohmann::json line = {{"benchmark", name}, {"value", value},     {"unit", unit},
+                         {"goal", goal},      {"goal_is", goal_is}, {"setup", setup}};
+  if (goal.is_number()) {
+    const double target = goal.get<double>();
+    line["met"] = goal_is == "at_most" ? value <= target : value >= target;
+  }
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace stratum::bench
