@@ -1,0 +1,236 @@
+// Collectives over N ranks on N threads, once per transport (in-process and TCP on
+// 127.0.0.1), as Gloo tests them; plus the failures users hit: a dead peer, a stuck peer,
+// ranks that disagree about sizes.
+#include "stratum/worker/collective/collectives.h"
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stratum/worker/collective/tcp_transport.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+enum class Kind { kInProcess, kTcp };
+
+struct Group {
+  std::vector<std::unique_ptr<Collectives>> ranks;
+  std::shared_ptr<InProcessTransportGroup> in_process;
+};
+
+Group MakeGroup(Kind kind, int n, CommunicationOptions options = {}) {
+  Group group;
+  std::vector<std::unique_ptr<Transport>> transports(static_cast<size_t>(n));
+  if (kind == Kind::kInProcess) {
+    group.in_process = InProcessTransportGroup::Create(n);
+    for (int r = 0; r < n; ++r) transports[r] = group.in_process->TakeTransport(r);
+  } else {
+    std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> statuses(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        TcpTransportOptions tcp{.rank = r, .size = n, .connect_timeout = absl::Seconds(10)};
+        for (int i = 0; i < n; ++i) tcp.names.push_back(absl::StrCat("worker:", i));
+        auto transport = ConnectTcpTransport(tcp, *rendezvous);
+        statuses[r] = transport.status();
+        if (transport.ok()) transports[r] = *std::move(transport);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (const absl::Status& status : statuses) EXPECT_TRUE(status.ok()) << status;
+  }
+  for (int r = 0; r < n; ++r) {
+    auto collectives = Collectives::Create(std::move(transports[r]), options);
+    EXPECT_TRUE(collectives.ok()) << collectives.status();
+    group.ranks.push_back(*std::move(collectives));
+  }
+  return group;
+}
+
+// Runs fn(rank) on every rank at once; returns each rank's status.
+std::vector<absl::Status> OnEveryRank(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> statuses(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { statuses[r] = fn(r); });
+  for (auto& thread : threads) thread.join();
+  return statuses;
+}
+
+// Values whose float sum depends on the order of addition, so identical bits mean one order.
+float Value(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * 0.1 + static_cast<double>(i % 97) * 1e-3 +
+                            1.0 / (static_cast<double>(i) + 3.0));
+}
+
+class CollectivesTest : public ::testing::TestWithParam<std::tuple<Kind, int>> {};
+
+TEST_P(CollectivesTest, AllReduceSumsEveryElementIdenticallyOnEveryRank) {
+  const auto [kind, n] = GetParam();
+  Group group = MakeGroup(kind, n);
+  // Empty, fewer elements than ranks, odd, the direct path's edge, ring sizes.
+  for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{1001}, size_t{16384}, size_t{16385},
+                       size_t{300007}}) {
+    std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(count));
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) data[r][i] = Value(r, i);
+    }
+    auto statuses = OnEveryRank(
+        n, [&](int r) { return group.ranks[r]->AllReduce(ReduceOp::kSum, data[r].data(), count); });
+    for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+    for (size_t i = 0; i < count; ++i) {
+      double expected = 0;
+      for (int r = 0; r < n; ++r) expected += Value(r, i);
+      ASSERT_NEAR(data[0][i], expected, 1e-4) << "count " << count << " element " << i;
+    }
+    for (int r = 1; r < n; ++r) {
+      ASSERT_EQ(std::memcmp(data[0].data(), data[r].data(), count * sizeof(float)), 0)
+          << "rank " << r << " differs from rank 0 (count " << count << ")";
+    }
+  }
+}
+
+TEST_P(CollectivesTest, MeanAndPackedTensors) {
+  const auto [kind, n] = GetParam();
+  Group group = MakeGroup(kind, n, {.bytes_per_pack = 4096});
+  std::vector<std::vector<Tensor>> tensors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    for (int64_t elements : {10, 500, 2000, 7, 100000}) {
+      Tensor t(DType::kFloat32, Shape({elements}));
+      t.Flat().setConstant(static_cast<float>(r + 1));
+      tensors[r].push_back(std::move(t));
+    }
+  }
+  auto statuses = OnEveryRank(n, [&](int r) {
+    std::vector<Tensor*> pointers;
+    for (Tensor& t : tensors[r]) pointers.push_back(&t);
+    return group.ranks[r]->AllReduce(ReduceOp::kMean, pointers);
+  });
+  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  const float mean = static_cast<float>(n + 1) / 2.0f;
+  for (int r = 0; r < n; ++r) {
+    for (const Tensor& t : tensors[r]) {
+      for (int64_t i = 0; i < t.num_elements(); ++i) ASSERT_FLOAT_EQ(t.data<float>()[i], mean);
+    }
+  }
+}
+
+TEST_P(CollectivesTest, BroadcastAndAllGather) {
+  const auto [kind, n] = GetParam();
+  Group group = MakeGroup(kind, n);
+  const size_t bytes = (3 << 20) + 17;  // several broadcast chunks and a ragged end
+  const int root = n - 1;
+  std::vector<std::vector<char>> data(static_cast<size_t>(n), std::vector<char>(bytes, 0));
+  for (size_t i = 0; i < bytes; ++i) data[root][i] = static_cast<char>(i * 7 + 1);
+  std::vector<std::vector<int32_t>> gathered(static_cast<size_t>(n),
+                                             std::vector<int32_t>(static_cast<size_t>(n) * 3));
+  auto statuses = OnEveryRank(n, [&](int r) {
+    if (absl::Status status = group.ranks[r]->Broadcast(data[r].data(), bytes, root);
+        !status.ok()) {
+      return status;
+    }
+    const int32_t mine[3] = {r, r * 10, r * 100};
+    return group.ranks[r]->AllGather(mine, sizeof(mine), gathered[r].data());
+  });
+  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(data[r], data[root]) << "rank " << r;
+    for (int from = 0; from < n; ++from) {
+      EXPECT_EQ(gathered[r][from * 3 + 0], from);
+      EXPECT_EQ(gathered[r][from * 3 + 2], from * 100);
+    }
+  }
+}
+
+TEST_P(CollectivesTest, RanksThatDisagreeAboutTheSizeGetAnError) {
+  const auto [kind, n] = GetParam();
+  Group group = MakeGroup(kind, n, {.timeout = absl::Milliseconds(500)});
+  std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(1000, 1.0f));
+  auto statuses = OnEveryRank(n, [&](int r) {
+    return group.ranks[r]->AllReduce(ReduceOp::kSum, data[r].data(), r == 0 ? 999 : 1000);
+  });
+  int failed = 0;
+  for (const absl::Status& status : statuses) {
+    if (status.ok()) continue;
+    ++failed;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("all-reduce of"));
+  }
+  EXPECT_GT(failed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesTest,
+                         ::testing::Combine(::testing::Values(Kind::kInProcess, Kind::kTcp),
+                                            ::testing::Values(2, 3, 4)),
+                         [](const auto& info) {
+                           return absl::StrCat(
+                               std::get<0>(info.param) == Kind::kTcp ? "Tcp" : "InProcess",
+                               std::get<1>(info.param), "Ranks");
+                         });
+
+TEST(TcpCollectivesTest, ADeadPeerIsAnErrorNamingItAtOnce) {
+  Group group = MakeGroup(Kind::kTcp, 3, {.timeout = absl::Seconds(30)});
+  // worker:2 dies before the all-reduce: its sockets close.
+  group.ranks[2].reset();
+  std::vector<float> data(1 << 20, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status status = group.ranks[1]->AllReduce(ReduceOp::kSum, data.data(), data.size());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "should not wait for the timeout";
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("worker:2 at 127.0.0.1:"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("exited or crashed"));
+}
+
+TEST(TcpCollectivesTest, AStuckPeerIsADeadlineNamingIt) {
+  Group group = MakeGroup(Kind::kTcp, 2, {.timeout = absl::Milliseconds(500)});
+  std::vector<float> data(100, 1.0f);
+  // worker:1 is alive but never joins the all-reduce.
+  const absl::Time start = absl::Now();
+  absl::Status status = group.ranks[0]->AllReduce(ReduceOp::kSum, data.data(), data.size());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("worker:1"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("timeout"));
+}
+
+TEST(TcpTransportTest, APeerThatNeverStartsIsNamed) {
+  std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
+  TcpTransportOptions options{.rank = 0,
+                              .size = 2,
+                              .names = {"worker:0", "worker:1"},
+                              .connect_timeout = absl::Milliseconds(300)};
+  auto transport = ConnectTcpTransport(options, *rendezvous);
+  ASSERT_FALSE(transport.ok());
+  EXPECT_EQ(transport.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(transport.status().message()), HasSubstr("worker:1"));
+}
+
+TEST(TcpTransportTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
+  std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
+  // A rank-0 impostor that publishes a token but connects with another one.
+  TcpTransportOptions options{.rank = 1, .size = 2, .connect_timeout = absl::Seconds(1)};
+  ASSERT_TRUE(rendezvous->Set("collective/tcp/token", "12345").ok());
+  std::thread impostor([&] {
+    auto address = rendezvous->Get("collective/tcp/address/1", absl::Seconds(5));
+    if (!address.ok()) return;
+    TcpTransportOptions fake{
+        .rank = 0, .size = 2, .key_prefix = "other", .connect_timeout = absl::Seconds(1)};
+    // Connects with a different token: rank 1 must keep waiting, then time out.
+    auto other = NewInMemoryRendezvous();
+    (void)other->Set("other/address/1", *address);
+    (void)ConnectTcpTransport(fake, *other);
+  });
+  auto transport = ConnectTcpTransport(options, *rendezvous);
+  impostor.join();
+  ASSERT_FALSE(transport.ok());
+  EXPECT_EQ(transport.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(transport.status().message()), HasSubstr("rank 0"));
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,409 @@
+#include "stratum/worker/collective/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x53545254;    // "STRT"
+constexpr uint32_t kMessageMagic = 0x4D534754;  // "MSGT"
+
+struct Hello {
+  uint32_t magic;
+  uint32_t rank;
+  uint64_t token;
+};
+
+// Every message starts with this, so a receiver can check the length it expects.
+struct Frame {
+  uint32_t magic;
+  uint32_t reserved;
+  uint64_t bytes;
+};
+
+// A file descriptor that closes itself.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Socket& operator=(Socket&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Socket() { Reset(); }
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+int MillisecondsUntil(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000 * 1000));
+}
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+void SetNoDelay(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+std::string ErrnoText(int error) { return std::strerror(error); }
+
+// Reads or writes exactly `bytes` on a non-blocking socket by `deadline` (hellos only).
+absl::Status FullIo(int fd, void* data, size_t bytes, bool write, absl::Time deadline) {
+  char* cursor = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = write ? send(fd, cursor, bytes, MSG_NOSIGNAL) : recv(fd, cursor, bytes, 0);
+    if (n > 0) {
+      cursor += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("the connection closed");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return absl::UnavailableError(ErrnoText(errno));
+    pollfd poll_fd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    if (poll(&poll_fd, 1, MillisecondsUntil(deadline)) == 0 && absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("timed out");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, port);
+}
+
+// Listens on `host` (an IPv4 literal binds that address; anything else binds all).
+absl::StatusOr<std::pair<Socket, int>> Listen(const std::string& host) {
+  Socket listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+  }
+  socklen_t length = sizeof(address);
+  if (bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      listen(listener.fd(), 128) != 0 ||
+      getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for collective connections on ", host, ": ", ErrnoText(errno)));
+  }
+  SetNonBlocking(listener.fd());
+  return std::make_pair(std::move(listener), static_cast<int>(ntohs(address.sin_port)));
+}
+
+// Connects to `address`, retrying while nothing listens yet, until `deadline`.
+absl::StatusOr<Socket> Connect(const std::string& address, absl::Time deadline) {
+  STRATUM_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(address));
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string last_error;
+  while (true) {
+    addrinfo* found = nullptr;
+    const int resolved = getaddrinfo(host_port.first.c_str(),
+                                     std::to_string(host_port.second).c_str(), &hints, &found);
+    if (resolved == 0) {
+      Socket connection(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      const int result = connect(connection.fd(), found->ai_addr, found->ai_addrlen);
+      freeaddrinfo(found);
+      if (result == 0) return connection;
+      last_error = ErrnoText(errno);
+    } else {
+      last_error = gai_strerror(resolved);
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", address, ": ", last_error));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(int rank, std::vector<Socket> peers, std::vector<std::string> names)
+      : rank_(rank), peers_(std::move(peers)), names_(std::move(names)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  std::string PeerName(int rank) const override { return names_[static_cast<size_t>(rank)]; }
+
+  absl::Status Exchange(const SendSpan& send, const RecvSpan& recv, absl::Time deadline) override;
+
+ private:
+  absl::Status CheckPeer(int peer) const {
+    if (peer >= 0 && peer < size() && peer != rank_) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, " cannot exchange with rank ", peer, " of ", size()));
+  }
+
+  int rank_;
+  std::vector<Socket> peers_;  // peers_[rank_] is unused
+  std::vector<std::string> names_;
+};
+
+absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
+                                    absl::Time deadline) {
+  const bool sending = send.peer >= 0;
+  const bool receiving = recv.peer >= 0;
+  if (sending) STRATUM_RETURN_IF_ERROR(CheckPeer(send.peer));
+  if (receiving) STRATUM_RETURN_IF_ERROR(CheckPeer(recv.peer));
+  const int send_fd = sending ? peers_[static_cast<size_t>(send.peer)].fd() : -1;
+  const int recv_fd = receiving ? peers_[static_cast<size_t>(recv.peer)].fd() : -1;
+
+  const Frame out_frame{kMessageMagic, 0, send.bytes};
+  size_t sent = 0;  // of header + payload
+  const size_t send_total = sending ? sizeof(Frame) + send.bytes : 0;
+  Frame in_frame{};
+  size_t received = 0;  // of header + payload
+  const size_t recv_total = receiving ? sizeof(Frame) + recv.bytes : 0;
+
+  auto closed = [&](int peer, const std::string& why) {
+    return absl::UnavailableError(absl::StrCat(PeerName(peer), " closed the connection (", why,
+                                               "): it exited or crashed; see its log"));
+  };
+
+  while (sent < send_total || received < recv_total) {
+    bool progress = false;
+    if (sent < send_total) {
+      iovec parts[2];
+      int count = 0;
+      if (sent < sizeof(Frame)) {
+        parts[count++] = {const_cast<char*>(reinterpret_cast<const char*>(&out_frame)) + sent,
+                          sizeof(Frame) - sent};
+        if (send.bytes > 0) parts[count++] = {const_cast<void*>(send.data), send.bytes};
+      } else {
+        parts[count++] = {
+            const_cast<char*>(static_cast<const char*>(send.data)) + (sent - sizeof(Frame)),
+            send_total - sent};
+      }
+      msghdr message{};
+      message.msg_iov = parts;
+      message.msg_iovlen = static_cast<size_t>(count);
+      const ssize_t n = sendmsg(send_fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        progress = true;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return closed(send.peer, ErrnoText(errno));
+      }
+    }
+    if (received < recv_total) {
+      ssize_t n;
+      if (received < sizeof(Frame)) {
+        n = ::recv(recv_fd, reinterpret_cast<char*>(&in_frame) + received, sizeof(Frame) - received,
+                   MSG_DONTWAIT);
+      } else {
+        n = ::recv(recv_fd, static_cast<char*>(recv.data) + (received - sizeof(Frame)),
+                   recv_total - received, MSG_DONTWAIT);
+      }
+      if (n == 0) return closed(recv.peer, "end of stream");
+      if (n > 0) {
+        const bool had_header = received >= sizeof(Frame);
+        received += static_cast<size_t>(n);
+        progress = true;
+        if (!had_header && received >= sizeof(Frame)) {
+          if (in_frame.magic != kMessageMagic) {
+            return absl::DataLossError(
+                absl::StrCat(PeerName(recv.peer),
+                             " sent a message without Stratum's frame: the stream is "
+                             "out of step; restart the job"));
+          }
+          if (in_frame.bytes != recv.bytes) {
+            return absl::DataLossError(absl::StrCat(
+                PeerName(recv.peer), " sent ", in_frame.bytes, " bytes where ", recv.bytes,
+                " were expected: the workers reduce different tensors (do they run the same "
+                "model and job?)"));
+          }
+        }
+        if (received > sizeof(Frame) && recv.on_received) {
+          recv.on_received(received - sizeof(Frame));
+        } else if (received == recv_total && recv.bytes == 0 && recv.on_received) {
+          recv.on_received(0);
+        }
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return closed(recv.peer, ErrnoText(errno));
+      }
+    }
+    if (progress) continue;
+
+    pollfd fds[2];
+    nfds_t count = 0;
+    if (sent < send_total) fds[count++] = {send_fd, POLLOUT, 0};
+    if (received < recv_total) {
+      if (count == 1 && send_fd == recv_fd) {
+        fds[0].events |= POLLIN;
+      } else {
+        fds[count++] = {recv_fd, POLLIN, 0};
+      }
+    }
+    const int ready = poll(fds, count, MillisecondsUntil(deadline));
+    if (ready == 0 && absl::Now() >= deadline) {
+      const bool waiting_to_receive = received < recv_total;
+      const int peer = waiting_to_receive ? recv.peer : send.peer;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "timed out waiting for ", PeerName(peer),
+          waiting_to_receive
+              ? absl::StrCat(" to send (", received, " of ", recv_total, " bytes arrived)")
+              : absl::StrCat(" to take our data (", sent, " of ", send_total, " bytes sent)"),
+          ": it is stuck, too slow, or not taking part in this collective; check its log, or "
+          "raise the communication timeout"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t RandomToken() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+// Accepts connections until every rank below `rank` has said hello with the token.
+absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int listener, uint64_t token,
+                              std::vector<Socket>& peers, absl::Time deadline) {
+  int missing = options.rank;
+  while (missing > 0) {
+    pollfd poll_fd{listener, POLLIN, 0};
+    if (poll(&poll_fd, 1, MillisecondsUntil(deadline)) == 0 && absl::Now() >= deadline) {
+      std::vector<std::string> absent;
+      for (int r = 0; r < options.rank; ++r) {
+        if (!peers[static_cast<size_t>(r)].valid()) absent.push_back(options.names[r]);
+      }
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", absl::FormatDuration(options.connect_timeout),
+                       " waiting for ", absl::StrJoin(absent, ", "),
+                       " to connect for collectives: is it running, and can it reach this host?"));
+    }
+    Socket connection(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!connection.valid()) continue;
+    Hello hello{};
+    const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
+    if (!FullIo(connection.fd(), &hello, sizeof(hello), false, hello_deadline).ok()) continue;
+    // A stranger (wrong magic or token, a rank we do not expect) is dropped.
+    if (hello.magic != kHelloMagic || hello.token != token ||
+        hello.rank >= static_cast<uint32_t>(options.rank) || peers[hello.rank].valid()) {
+      continue;
+    }
+    peers[hello.rank] = std::move(connection);
+    --missing;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTransportOptions& options,
+                                                               Rendezvous& rendezvous) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is not in a group of ", options.size));
+  }
+  TcpTransportOptions named = options;
+  if (named.names.size() != static_cast<size_t>(options.size)) {
+    named.names.clear();
+    for (int r = 0; r < options.size; ++r) named.names.push_back(absl::StrCat("rank ", r));
+  }
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  STRATUM_ASSIGN_OR_RETURN(auto listening, Listen(options.host));
+  Socket listener = std::move(listening.first);
+  const std::string address = absl::StrCat(options.host, ":", listening.second);
+
+  const std::string token_key = absl::StrCat(options.key_prefix, "/token");
+  uint64_t token = 0;
+  if (options.rank == 0) {
+    token = RandomToken();
+    STRATUM_RETURN_IF_ERROR(rendezvous.Set(token_key, std::to_string(token)));
+  } else {
+    STRATUM_ASSIGN_OR_RETURN(std::string text, rendezvous.Get(token_key, options.connect_timeout));
+    if (!absl::SimpleAtoi(text, &token)) {
+      return absl::DataLossError(absl::StrCat("the collective token \"", text, "\" is corrupt"));
+    }
+  }
+  STRATUM_RETURN_IF_ERROR(
+      rendezvous.Set(absl::StrCat(options.key_prefix, "/address/", options.rank), address));
+
+  std::vector<Socket> peers(static_cast<size_t>(options.size));
+  // Connect to every higher rank first: connections complete in the peers' listen
+  // backlogs, so no rank waits for another to accept.
+  for (int peer = options.rank + 1; peer < options.size; ++peer) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::StatusOr<std::string> peer_address =
+        rendezvous.Get(absl::StrCat(options.key_prefix, "/address/", peer), left);
+    if (!peer_address.ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(named.names[peer], " did not publish its collective address within ",
+                       absl::FormatDuration(options.connect_timeout), ": is it running? (",
+                       peer_address.status().message(), ")"));
+    }
+    absl::StatusOr<Socket> connection = Connect(*peer_address, deadline);
+    if (!connection.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach ", named.names[peer], ": ", connection.status().message()));
+    }
+    SetNonBlocking(connection->fd());
+    const Hello hello{kHelloMagic, static_cast<uint32_t>(options.rank), token};
+    Hello copy = hello;
+    if (absl::Status said = FullIo(connection->fd(), &copy, sizeof(copy), true, deadline);
+        !said.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot greet ", named.names[peer], " at ",
+                                                 *peer_address, ": ", said.message()));
+    }
+    peers[static_cast<size_t>(peer)] = *std::move(connection);
+  }
+  STRATUM_RETURN_IF_ERROR(AcceptLowerRanks(named, listener.fd(), token, peers, deadline));
+  // Errors name a peer by task and address: "worker:1 at 10.0.0.7:41234".
+  std::vector<std::string> names;
+  for (int r = 0; r < options.size; ++r) {
+    std::string name = named.names[static_cast<size_t>(r)];
+    if (r != options.rank) {
+      SetNoDelay(peers[static_cast<size_t>(r)].fd());
+      absl::StatusOr<std::string> at =
+          rendezvous.Get(absl::StrCat(options.key_prefix, "/address/", r), absl::ZeroDuration());
+      if (at.ok()) absl::StrAppend(&name, " at ", *at);
+    }
+    names.push_back(std::move(name));
+  }
+  return std::unique_ptr<Transport>(
+      new TcpTransport(options.rank, std::move(peers), std::move(names)));
+}
+
+}  // namespace stratum

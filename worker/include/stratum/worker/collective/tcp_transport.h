@@ -1,0 +1,42 @@
+// The TCP transport: one direct socket between every pair of ranks (the data path of the
+// collectives; gRPC carries only control). Ranks find each other through a Rendezvous:
+// each listens on a port of its own host and publishes "host:port"; the lower rank of a
+// pair connects, the higher accepts. A connection opens with a hello carrying the job's
+// token (drawn by rank 0 and shared through the rendezvous) and the caller's rank, so a
+// stray or foreign connection is refused instead of being taken for a peer.
+//
+// Sockets are non-blocking and every Exchange is one poll loop over the two sockets it
+// uses, so a send and a receive progress together and the deadline bounds the whole call.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stratum/worker/collective/transport.h"
+
+namespace stratum {
+
+struct TcpTransportOptions {
+  int rank = 0;
+  int size = 1;
+  // The host other ranks connect to (this task's host in TF_CONFIG). The port is picked
+  // by the kernel. An IP literal is also the address bound; a name binds every interface.
+  std::string host = "127.0.0.1";
+  // Names of the ranks for messages ("worker:1"); empty: "rank N".
+  std::vector<std::string> names;
+  // Keys are "<key_prefix>/token" and "<key_prefix>/address/<rank>": a new prefix per
+  // group keeps a restarted job from reading a dead one's addresses.
+  std::string key_prefix = "collective/tcp";
+  // How long to wait for every peer to publish its address and connect.
+  absl::Duration connect_timeout = absl::Minutes(2);
+};
+
+// Connects rank `options.rank` to every other rank. DEADLINE_EXCEEDED naming the ranks that
+// never connected; UNAVAILABLE naming an address that cannot be reached.
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTransportOptions& options,
+                                                               Rendezvous& rendezvous);
+
+}  // namespace stratum
