@@ -1,25 +1,17 @@
 #include "stratum/coordinator/checkpoint_manager.h"
 
-#include <filesystem>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
-
-namespace fs = std::filesystem;
-
-constexpr char kLatestFile[] = "checkpoint";
-
-std::string FolderName(int64_t step) { return absl::StrFormat("ckpt-%012d", step); }
 
 nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
   nlohmann::json map = nlohmann::json::array();
@@ -39,14 +31,7 @@ CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVa
     : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
 
 absl::Status CheckpointManager::Save(int64_t step) {
-  const std::string folder = absl::StrCat(dir_, "/", FolderName(step));
-  std::error_code error;
-  fs::create_directories(folder, error);
-  if (error) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint folder ", folder,
-                                                      ": ", error.message(),
-                                                      "; fix checkpoint.dir in the job"));
-  }
+  STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir_, step));
   std::vector<std::future<absl::StatusOr<proto::SaveResponse>>> saves;
   for (int task = 0; task < variables_.num_ps(); ++task) {
     saves.push_back(std::async(std::launch::async, [this, task, folder] {
@@ -75,40 +60,11 @@ absl::Status CheckpointManager::Save(int64_t step) {
                                    {"step", step},
                                    {"files", files},
                                    {"shards", ShardMap(variables_.shards())}};
-  if (absl::Status status = WriteFileAtomically(folder + "/manifest.json", manifest.dump(2));
-      !status.ok()) {
-    return status;
-  }
-  const nlohmann::json latest = {{"latest", FolderName(step)}, {"step", step}};
-  if (absl::Status status =
-          WriteFileAtomically(absl::StrCat(dir_, "/", kLatestFile), latest.dump());
-      !status.ok()) {
-    return status;
-  }
-  // Keep the newest max_to_keep complete checkpoints.
-  std::vector<std::string> folders;
-  for (const auto& entry : fs::directory_iterator(dir_, error)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("ckpt-", 0) == 0) folders.push_back(name);
-  }
-  std::sort(folders.begin(), folders.end());
-  for (size_t i = 0; i + static_cast<size_t>(max_to_keep_) < folders.size(); ++i) {
-    fs::remove_all(absl::StrCat(dir_, "/", folders[i]), error);
-  }
-  spdlog::info("checkpoint at step {} written to {}", step, folder);
-  return absl::OkStatus();
+  return CommitCheckpoint(dir_, step, manifest, max_to_keep_);
 }
 
 absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {
-  const std::string pointer = absl::StrCat(dir_, "/", kLatestFile);
-  if (!fs::exists(pointer)) return std::optional<std::string>();
-  absl::StatusOr<nlohmann::json> latest = ReadJsonObjectFile(pointer);
-  if (!latest.ok()) return latest.status();
-  if (!latest->contains("latest") || !(*latest)["latest"].is_string()) {
-    return absl::DataLossError(absl::StrCat(pointer, " names no checkpoint: it is corrupt"));
-  }
-  return std::optional<std::string>(
-      absl::StrCat(dir_, "/", (*latest)["latest"].get<std::string>()));
+  return LatestCheckpointFolder(dir_);
 }
 
 absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {

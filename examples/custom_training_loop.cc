@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   auto optimizer = Optimizer::FromKeras("adam");
   if (!optimizer.ok()) return Fail(optimizer.status());
 
-  const int replicas = (*strategy)->NumReplicasInSync();
+  const int replicas = (*strategy)->NumLocalReplicas();
   const int64_t global_batch = 64 * replicas;
   const Dataset batches =
       MakeBatches(Dataset::FromTensorSlices({data->train_images, data->train_labels}), *model,
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
       // update applied to every replica's copy.
       auto per_replica_loss =
           (*strategy)->Run<Tensor>([&](ReplicaContext& context) -> absl::StatusOr<Tensor> {
-            const int r = context.replica_id_in_sync_group();
+            const int r = context.local_replica_id();
             auto stats = model->TrainStep(variables.ReplicaValues(r), parts[r][0], parts[r][1],
                                           loss, 1.0f / static_cast<float>(rows), *workspaces[r],
                                           gradients[static_cast<size_t>(r)]);

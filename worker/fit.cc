@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stratum/util/status_macros.h"
+#include "stratum/worker/fit_checkpoint.h"
 
 namespace stratum {
 namespace {
@@ -122,14 +125,37 @@ StepStats Total(const PerReplica<StepStats>& stats) {
   return total;
 }
 
+void Accumulate(StepStats& into, const StepStats& more) {
+  into.loss_sum += more.loss_sum;
+  into.correct += more.correct;
+  into.examples += more.examples;
+}
+
+// `stats` summed over the workers in sync (a no-op with one).
+absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
+  if (strategy.num_workers() == 1) return absl::OkStatus();
+  // float32 counts are exact below 2^24 examples per epoch and worker.
+  Tensor values(DType::kFloat32, Shape({3}));
+  float* v = values.data<float>();
+  v[0] = static_cast<float>(stats.loss_sum);
+  v[1] = static_cast<float>(stats.correct);
+  v[2] = static_cast<float>(stats.examples);
+  std::vector<Tensor> across = {std::move(values)};
+  STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, across));
+  v = across[0].data<float>();
+  stats = {static_cast<double>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2])};
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
-                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat) {
+                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat,
+                    bool drop_remainder) {
   Dataset dataset = examples;
   if (shuffle_buffer > 1) dataset = dataset.Shuffle(shuffle_buffer, seed);
   if (repeat) dataset = dataset.Repeat();
-  return dataset.Batch(global_batch)
+  return dataset.Batch(global_batch, drop_remainder)
       .Map([model, rescale](Element batch) -> absl::StatusOr<Element> {
         absl::StatusOr<Tensor> x = ToModelInput(batch[0], model, rescale);
         if (!x.ok()) return x.status();
@@ -142,13 +168,16 @@ Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_
 absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
                                          const std::vector<Tensor>& variables, const Dataset& data,
                                          double rescale, int64_t global_batch) {
-  const Dataset batches = MakeBatches(data, model, global_batch, rescale, 0, 0, false);
+  // Several workers: each evaluates its shard; the totals are summed over the workers.
+  const int workers = strategy.num_workers();
+  const Dataset shard = workers > 1 ? data.Shard(workers, strategy.worker_index()) : data;
+  const Dataset batches =
+      MakeBatches(shard, model, std::max<int64_t>(global_batch / workers, 1), rescale, 0, 0, false);
   absl::StatusOr<DistributedDataset> distributed =
       strategy.ExperimentalDistributeDataset(batches, {.auto_shard_policy = AutoShardPolicy::kOff});
   if (!distributed.ok()) return distributed.status();
   std::vector<std::unique_ptr<Workspace>> workspaces;
-  for (int r = 0; r < strategy.NumReplicasInSync(); ++r)
-    workspaces.push_back(model.NewWorkspace(r));
+  for (int r = 0; r < strategy.NumLocalReplicas(); ++r) workspaces.push_back(model.NewWorkspace(r));
   auto iterator = distributed->MakeIterator();
   StepStats total{};
   while (true) {
@@ -158,16 +187,14 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
     const PerReplica<Element>& parts = **batch;
     absl::StatusOr<PerReplica<StepStats>> stats =
         strategy.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
-          const int r = context.replica_id_in_sync_group();
+          const int r = context.local_replica_id();
           if (parts[r][0].rows() == 0) return StepStats{};
           return model.Evaluate(variables, parts[r][0], parts[r][1], loss, *workspaces[r]);
         });
     if (!stats.ok()) return stats.status();
-    const StepStats step = Total(*stats);
-    total.loss_sum += step.loss_sum;
-    total.correct += step.correct;
-    total.examples += step.examples;
+    Accumulate(total, Total(*stats));
   }
+  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, total));
   EpochLog log;
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
@@ -175,66 +202,237 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
   return log;
 }
 
+namespace {
+
+nlohmann::json EpochLogJson(const EpochLog& log) {
+  return {{"epoch", log.epoch},
+          {"steps", log.steps},
+          {"loss", log.loss},
+          {"accuracy", log.accuracy},
+          {"val_loss", log.val_loss},
+          {"val_accuracy", log.val_accuracy},
+          {"examples_per_sec", log.examples_per_sec},
+          {"seconds", log.seconds}};
+}
+
+EpochLog EpochLogFromJson(const nlohmann::json& json) {
+  EpochLog log;
+  log.epoch = json.value("epoch", 0);
+  log.steps = json.value("steps", int64_t{0});
+  log.loss = json.value("loss", 0.0);
+  log.accuracy = json.value("accuracy", 0.0);
+  log.val_loss = json.value("val_loss", 0.0);
+  log.val_accuracy = json.value("val_accuracy", 0.0);
+  log.examples_per_sec = json.value("examples_per_sec", 0.0);
+  log.seconds = json.value("seconds", 0.0);
+  return log;
+}
+
+// The training state as the chief has it (restored from its checkpoint, or fresh), the same
+// on every worker afterwards: the chief decides and broadcasts.
+absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
+                                    const Optimizer& optimizer, const FitOptions& options) {
+  FitState state;
+  state.variables = model.InitialVariables(options.seed);
+  if (!options.checkpoint_dir.empty() && strategy.is_chief()) {
+    STRATUM_ASSIGN_OR_RETURN(std::optional<FitState> restored,
+                             LoadLatestFitCheckpoint(options.checkpoint_dir, model, optimizer));
+    if (restored.has_value()) state = *std::move(restored);
+  }
+  if (strategy.num_workers() == 1) return state;
+  // Header: found, epoch, step_in_epoch, iteration, correct, examples, history bytes.
+  const std::string history = state.history.dump();
+  Tensor header(DType::kInt64, Shape({7}));
+  int64_t* h = header.data<int64_t>();
+  const int64_t fields[7] = {state.iteration > 0,
+                             state.epoch,
+                             state.step_in_epoch,
+                             state.iteration,
+                             state.epoch_stats.correct,
+                             state.epoch_stats.examples,
+                             static_cast<int64_t>(history.size())};
+  std::copy(fields, fields + 7, h);
+  Tensor loss_sum(DType::kFloat32, Shape({1}));
+  loss_sum.data<float>()[0] = static_cast<float>(state.epoch_stats.loss_sum);
+  std::vector<Tensor> small = {std::move(header), std::move(loss_sum)};
+  STRATUM_RETURN_IF_ERROR(strategy.BroadcastFromChief(small));
+  h = small[0].data<int64_t>();
+  const bool found = h[0] != 0;
+  Tensor history_bytes(DType::kUInt8, Shape({h[6]}));
+  if (strategy.is_chief()) std::copy(history.begin(), history.end(), history_bytes.data<uint8_t>());
+  std::vector<Tensor> payload = {std::move(history_bytes)};
+  for (Tensor& variable : state.variables) payload.push_back(std::move(variable));
+  if (found) {
+    if (state.slots.empty()) {
+      for (const Tensor& variable : payload) {
+        if (&variable != &payload[0]) state.slots.push_back(optimizer.NewSlots(variable));
+      }
+    }
+    for (std::vector<Tensor>& slots : state.slots) {
+      for (Tensor& slot : slots) payload.push_back(std::move(slot));
+    }
+  }
+  STRATUM_RETURN_IF_ERROR(strategy.BroadcastFromChief(payload));
+  FitState agreed;
+  agreed.epoch = h[1];
+  agreed.step_in_epoch = h[2];
+  agreed.iteration = h[3];
+  agreed.epoch_stats = {static_cast<double>(small[1].data<float>()[0]), h[4], h[5]};
+  const uint8_t* text = payload[0].data<uint8_t>();
+  agreed.history = nlohmann::json::parse(text, text + h[6], nullptr, false);
+  if (!agreed.history.is_array()) agreed.history = nlohmann::json::array();
+  size_t next = 1;
+  for (size_t i = 0; i < state.variables.size(); ++i) {
+    agreed.variables.push_back(std::move(payload[next++]));
+  }
+  if (found) {
+    for (size_t i = 0; i < state.slots.size(); ++i) {
+      std::vector<Tensor> slots;
+      for (size_t k = 0; k < state.slots[i].size(); ++k)
+        slots.push_back(std::move(payload[next++]));
+      agreed.slots.push_back(std::move(slots));
+    }
+  }
+  return agreed;
+}
+
+// Every worker runs the save path; only the chief's lands in the job's folder.
+absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
+                    const FitOptions& options, const FitState& state) {
+  if (strategy.is_chief()) {
+    return SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state);
+  }
+  const std::string scratch =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/stratum-backup-worker-",
+                   strategy.worker_index(), "-", getpid());
+  absl::Status saved = SaveFitCheckpoint(scratch, 1, model, optimizer, state);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  return saved;
+}
+
+}  // namespace
+
 absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Loss& loss,
                                const Optimizer& optimizer, const FitData& data,
                                const FitOptions& options) {
   const double fit_start = Now();
-  const int replicas = strategy.NumReplicasInSync();
+  const int replicas = strategy.NumLocalReplicas();
+  const int workers = strategy.num_workers();
   if (options.epochs < 1 || options.batch_size_per_replica < 1 ||
-      options.batch_size_per_replica > (int64_t{1} << 30) / replicas ||
+      options.batch_size_per_replica > (int64_t{1} << 30) / strategy.NumReplicasInSync() ||
       options.steps_per_epoch < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "fit needs epochs >= 1, 1 <= batch_size_per_replica <= ", (int64_t{1} << 30) / replicas,
-        " and steps_per_epoch >= 0; got epochs ", options.epochs, ", batch_size_per_replica ",
-        options.batch_size_per_replica, ", steps_per_epoch ", options.steps_per_epoch));
+        "fit needs epochs >= 1, 1 <= batch_size_per_replica <= ",
+        (int64_t{1} << 30) / strategy.NumReplicasInSync(), " and steps_per_epoch >= 0; got epochs ",
+        options.epochs, ", batch_size_per_replica ", options.batch_size_per_replica,
+        ", steps_per_epoch ", options.steps_per_epoch));
   }
-  const int64_t global_batch = options.batch_size_per_replica * replicas;
+  const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
+  const int64_t worker_batch = options.batch_size_per_replica * replicas;
   const bool fixed_steps = options.steps_per_epoch > 0;
-  const int64_t steps_per_epoch = fixed_steps
-                                      ? options.steps_per_epoch
-                                      : (data.train_examples + global_batch - 1) / global_batch;
+  // Several workers train in lock-step: each takes its shard in full batches, and all run
+  // the same number of steps (that of the smallest shard).
+  Dataset train = data.train;
+  int64_t steps_per_epoch = (data.train_examples + global_batch - 1) / global_batch;
+  if (workers > 1) {
+    STRATUM_ASSIGN_OR_RETURN(
+        train, AutoShard(data.train, options.auto_shard_policy, workers, strategy.worker_index()));
+    const int64_t shard = options.auto_shard_policy == AutoShardPolicy::kOff
+                              ? data.train_examples
+                              : data.train_examples / workers;
+    steps_per_epoch = shard / worker_batch;
+  }
+  if (fixed_steps) steps_per_epoch = options.steps_per_epoch;
   if (steps_per_epoch <= 0) {
-    return absl::InvalidArgumentError("the training data is empty: there is nothing to fit");
+    return absl::InvalidArgumentError(
+        absl::StrCat("the training data (", data.train_examples, " examples over ", workers,
+                     " workers) does not fill one step of ", global_batch,
+                     " examples: there is nothing to fit"));
   }
 
-  const Dataset batches = MakeBatches(data.train, model, global_batch, data.rescale,
-                                      options.shuffle_buffer, options.seed, fixed_steps);
-  absl::StatusOr<DistributedDataset> distributed = strategy.ExperimentalDistributeDataset(batches);
+  const Dataset batches = MakeBatches(train, model, worker_batch, data.rescale,
+                                      options.shuffle_buffer, options.seed, fixed_steps,
+                                      /*drop_remainder=*/workers > 1);
+  absl::StatusOr<DistributedDataset> distributed =
+      strategy.ExperimentalDistributeDataset(batches, {.auto_shard_policy = AutoShardPolicy::kOff});
   if (!distributed.ok()) return distributed.status();
 
-  DistributedVariables variables = strategy.CreateVariables(model.InitialVariables(options.seed));
+  STRATUM_ASSIGN_OR_RETURN(FitState state, StartState(strategy, model, optimizer, options));
+  DistributedVariables variables = strategy.CreateVariables(state.variables);
   std::vector<std::vector<std::vector<Tensor>>> slots(static_cast<size_t>(variables.num_copies()));
+  if (!state.slots.empty()) {
+    for (auto& copy : slots) {
+      for (const std::vector<Tensor>& held : state.slots) {
+        std::vector<Tensor> cloned;
+        for (const Tensor& slot : held) cloned.push_back(slot.Clone());
+        copy.push_back(std::move(cloned));
+      }
+    }
+  }
   std::vector<std::unique_ptr<Workspace>> workspaces;
   for (int r = 0; r < replicas; ++r) {
     workspaces.push_back(model.NewWorkspace(options.seed * 7919 + static_cast<uint64_t>(r)));
   }
   PerReplica<std::vector<Tensor>> gradients{
       std::vector<std::vector<Tensor>>(static_cast<size_t>(replicas))};
-  int64_t iteration = 0;
+  int64_t iteration = state.iteration;
 
   FitSummary summary;
   summary.strategy = strategy.name();
-  summary.num_replicas_in_sync = replicas;
+  summary.num_replicas_in_sync = strategy.NumReplicasInSync();
+  summary.num_workers = workers;
+  summary.resumed_from_step = state.iteration;
+  for (const nlohmann::json& log : state.history) {
+    summary.history.push_back(EpochLogFromJson(log));
+    summary.steps += summary.history.back().steps;
+  }
   Progress progress(options);
   std::unique_ptr<DistributedIterator> iterator;
   double train_seconds = 0;
   int64_t train_examples = 0;
+  // Resuming: the data sequence is a function of the seed and the epoch, so the epochs
+  // and steps already done are replayed from the input pipeline (not trained on).
+  if (state.epoch > 0 || state.step_in_epoch > 0) {
+    if (fixed_steps) {
+      iterator = distributed->MakeIterator();
+      for (int64_t skip = 0; skip < state.epoch * steps_per_epoch + state.step_in_epoch; ++skip) {
+        STRATUM_RETURN_IF_ERROR(iterator->GetNext().status());
+      }
+    } else {
+      for (int64_t epoch = 0; epoch < state.epoch; ++epoch) distributed->MakeIterator();
+    }
+    if (options.progress != ProgressStyle::kNone) {
+      std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
+                   static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
+                   static_cast<long long>(state.step_in_epoch));
+    }
+  }
 
-  for (int epoch = 1; epoch <= options.epochs; ++epoch) {
-    if (!fixed_steps || iterator == nullptr) iterator = distributed->MakeIterator();
+  for (int epoch = static_cast<int>(state.epoch) + 1; epoch <= options.epochs; ++epoch) {
+    const bool resuming_mid_epoch = epoch == state.epoch + 1 && state.step_in_epoch > 0;
+    if (!fixed_steps || iterator == nullptr) {
+      iterator = distributed->MakeIterator();
+      if (resuming_mid_epoch) {
+        for (int64_t skip = 0; skip < state.step_in_epoch; ++skip) {
+          STRATUM_RETURN_IF_ERROR(iterator->GetNext().status());
+        }
+      }
+    }
     progress.StartEpoch(epoch, options.epochs, steps_per_epoch);
     const double epoch_start = Now();
-    StepStats epoch_stats{};
-    int64_t step = 0;
+    StepStats epoch_stats = resuming_mid_epoch ? state.epoch_stats : StepStats{};
+    int64_t step = resuming_mid_epoch ? state.step_in_epoch : 0;
+    StepStats trained{};  // this worker's examples of this run, for examples/s
     while (step < steps_per_epoch) {
       absl::StatusOr<std::optional<PerReplica<Element>>> batch = iterator->GetNext();
       if (!batch.ok()) return batch.status();
       if (!batch->has_value()) break;
       const PerReplica<Element>& parts = **batch;
-      const float loss_scale = 1.0f / static_cast<float>(Rows(parts));
+      const float loss_scale = 1.0f / static_cast<float>(Rows(parts) * workers);
       absl::StatusOr<PerReplica<StepStats>> stats =
           strategy.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
-            const int r = context.replica_id_in_sync_group();
+            const int r = context.local_replica_id();
             std::vector<Tensor>& grads = gradients[r];
             if (parts[r][0].rows() == 0) {  // a partial batch left this replica nothing
               const std::vector<Tensor>& vars = variables.ReplicaValues(r);
@@ -259,23 +457,31 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       ++iteration;
       ++step;
       const StepStats total = Total(*stats);
-      epoch_stats.loss_sum += total.loss_sum;
-      epoch_stats.correct += total.correct;
-      epoch_stats.examples += total.examples;
+      Accumulate(epoch_stats, total);
+      Accumulate(trained, total);
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
       progress.Step(step, epoch_stats.loss_sum / seen,
                     static_cast<double>(epoch_stats.correct) / seen);
+      if (!options.checkpoint_dir.empty() && options.checkpoint_every_steps > 0 &&
+          iteration % options.checkpoint_every_steps == 0 && step < steps_per_epoch) {
+        FitState now{epoch - 1,           step,    iteration, epoch_stats, state.history,
+                     variables.primary(), slots[0]};
+        STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, now));
+      }
     }
     EpochLog log;
     log.epoch = epoch;
     log.steps = step;
     log.seconds = Now() - epoch_start;
+    // The epoch's figures over every worker.
+    STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, epoch_stats));
+    STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, trained));
     const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
-    log.examples_per_sec = static_cast<double>(epoch_stats.examples) / std::max(log.seconds, 1e-9);
+    log.examples_per_sec = static_cast<double>(trained.examples) / std::max(log.seconds, 1e-9);
     train_seconds += log.seconds;
-    train_examples += epoch_stats.examples;
+    train_examples += trained.examples;
     summary.steps += step;
     const bool validate = options.validate && data.has_test;
     if (validate) {
@@ -288,11 +494,16 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     }
     progress.EndEpoch(log, options.epochs, validate);
     summary.history.push_back(log);
+    state.history.push_back(EpochLogJson(log));
+    if (!options.checkpoint_dir.empty()) {
+      FitState now{epoch, 0, iteration, StepStats{}, state.history, variables.primary(), slots[0]};
+      STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, now));
+    }
   }
 
   if (data.has_test) {
-    const EpochLog& last = summary.history.back();
-    if (options.validate) {
+    if (options.validate && !summary.history.empty()) {
+      const EpochLog& last = summary.history.back();
       summary.test_loss = last.val_loss;
       summary.test_accuracy = last.val_accuracy;
     } else {
@@ -312,16 +523,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
 
 nlohmann::json FitSummary::ToJson() const {
   nlohmann::json history_json = nlohmann::json::array();
-  for (const EpochLog& log : history) {
-    history_json.push_back({{"epoch", log.epoch},
-                            {"steps", log.steps},
-                            {"loss", log.loss},
-                            {"accuracy", log.accuracy},
-                            {"val_loss", log.val_loss},
-                            {"val_accuracy", log.val_accuracy},
-                            {"examples_per_sec", log.examples_per_sec},
-                            {"seconds", log.seconds}});
-  }
+  for (const EpochLog& log : history) history_json.push_back(EpochLogJson(log));
   return {{"test_accuracy", test_accuracy},
           {"test_loss", test_loss},
           {"steps", steps},
@@ -331,6 +533,7 @@ nlohmann::json FitSummary::ToJson() const {
           {"num_replicas_in_sync", num_replicas_in_sync},
           {"num_workers", num_workers},
           {"num_ps", num_ps},
+          {"resumed_from_step", resumed_from_step},
           {"epochs", static_cast<int64_t>(history.size())},
           {"history", history_json}};
 }

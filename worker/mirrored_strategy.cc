@@ -6,9 +6,8 @@
 #include "stratum/util/devices.h"
 
 namespace stratum {
-namespace {
-
-absl::StatusOr<std::vector<std::string>> ResolveDevices(const std::vector<std::string>& devices) {
+absl::StatusOr<std::vector<std::string>> ResolveLocalDevices(
+    const std::vector<std::string>& devices) {
   std::vector<std::string> resolved;
   if (devices.empty()) {
     for (int gpu = 0; gpu < VisibleGpuCount(); ++gpu) resolved.push_back(absl::StrCat("GPU:", gpu));
@@ -28,11 +27,9 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(const std::vector<std::s
   return resolved;
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
     const MirroredOptions& options) {
-  absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(options.devices);
+  absl::StatusOr<std::vector<std::string>> devices = ResolveLocalDevices(options.devices);
   if (!devices.ok()) return devices.status();
   absl::StatusOr<std::unique_ptr<CrossDeviceOps>> ops = MakeCrossDeviceOps(
       options.cross_device_ops.empty() ? "ReductionToOneDevice" : options.cross_device_ops);
@@ -43,7 +40,7 @@ absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
 
 DistributedVariables MirroredStrategy::CreateVariables(const std::vector<Tensor>& initial) const {
   std::vector<std::vector<Tensor>> copies;
-  for (int replica = 0; replica < NumReplicasInSync(); ++replica) {
+  for (int replica = 0; replica < NumLocalReplicas(); ++replica) {
     std::vector<Tensor> copy;
     for (const Tensor& value : initial) copy.push_back(value.Clone());
     copies.push_back(std::move(copy));
@@ -53,7 +50,7 @@ DistributedVariables MirroredStrategy::CreateVariables(const std::vector<Tensor>
 
 absl::StatusOr<std::unique_ptr<CentralStorageStrategy>> CentralStorageStrategy::Create(
     const MirroredOptions& options) {
-  absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(options.devices);
+  absl::StatusOr<std::vector<std::string>> devices = ResolveLocalDevices(options.devices);
   if (!devices.ok()) return devices.status();
   return std::unique_ptr<CentralStorageStrategy>(new CentralStorageStrategy(
       *std::move(devices), std::make_unique<ReductionToOneDevice>(), options.strategy));

@@ -46,7 +46,9 @@ int Run() {
   absl::StatusOr<FitData> data = LoadFitData(job->data);
   if (!data.ok()) return Fail(data.status());
 
-  FitOptions options = FitOptionsFrom(job->fit);
+  absl::StatusOr<FitOptions> fit_options = FitOptionsFrom(*job);
+  if (!fit_options.ok()) return Fail(fit_options.status());
+  FitOptions options = *fit_options;
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress == "bar") options.progress = ProgressStyle::kBar;
   if (progress == "lines") options.progress = ProgressStyle::kLines;

@@ -1,19 +1,86 @@
-// stratum-worker: a worker task of a Stratum cluster (or, with --evaluator, the
-// evaluator side-car). Serves the health and task services on its TF_CONFIG address until
-// SIGTERM/SIGINT.
+// stratum-worker: a worker task of a Stratum cluster. Three ways to run:
+//   stratum-worker                      a PS job's worker: serves closures until SIGTERM;
+//   stratum-worker --job=JOB.json       a MultiWorkerMirrored job's worker (or chief): trains
+//                                       the job in lock-step with the others, then exits;
+//   stratum-worker --evaluator --job=J  the evaluator side-car of a PS job.
+#include <cstdio>
+#include <thread>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/safetensors.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
 #include "stratum/util/flags.h"
+#include "stratum/worker/coordination_grpc_service.h"
+#include "stratum/worker/coordination_service.h"
 #include "stratum/worker/evaluator.h"
+#include "stratum/worker/multi_worker_job.h"
 #include "stratum/worker/worker_service.h"
 
 ABSL_FLAG(bool, evaluator, false, "Run as the evaluator task (TF_CONFIG task type \"evaluator\")");
 ABSL_FLAG(std::string, job, "",
-          "With --evaluator: the job whose checkpoints to evaluate as they appear");
+          "A multi_worker_mirrored job to train as this worker; with --evaluator: the job whose "
+          "checkpoints to evaluate as they appear");
+ABSL_FLAG(std::string, summary_json, "",
+          "MultiWorkerMirrored: the chief writes the training summary (JSON) to this path");
+ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
+          "MultiWorkerMirrored: how long to wait for the leader and every peer to join");
 ABSL_FLAG(absl::Duration, eval_interval, absl::Seconds(2),
           "With --evaluator: how often to look for a new checkpoint");
+
+namespace stratum {
+namespace {
+
+// Trains a MultiWorkerMirrored job as this task; returns main's exit code.
+int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatcher& shutdown) {
+  const ClusterSpec& cluster = context.resolver.cluster_spec();
+  // A signal stops training at once: checkpoints are written atomically, so nothing is
+  // lost beyond the steps since the last one, and the others see this task leave.
+  std::thread stopper([&shutdown] {
+    shutdown.Wait();
+    if (shutdown.signal_number() != 0) {
+      spdlog::warn("signal {}: stopping training", shutdown.signal_number());
+      std::_Exit(128 + shutdown.signal_number());
+    }
+  });
+  stopper.detach();
+  std::unique_ptr<CoordinationService> coordination;
+  std::unique_ptr<GrpcCoordinationService> coordination_grpc;
+  std::vector<grpc::Service*> services;
+  if (context.task == MultiWorkerLeader(cluster)) {
+    coordination = std::make_unique<CoordinationService>(CoordinationServiceOptions{
+        .tasks = MultiWorkerTasks(cluster), .leader = MultiWorkerLeader(cluster)});
+    coordination_grpc = std::make_unique<GrpcCoordinationService>(*coordination);
+    services.push_back(coordination_grpc.get());
+  }
+  absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context, services);
+  if (!server.ok()) return ReportFatal(context.binary, server.status());
+  MultiWorkerJobOptions options{.cluster = cluster,
+                                .task = context.task,
+                                .connect_timeout = absl::GetFlag(FLAGS_cluster_timeout)};
+  absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
+  if (coordination_grpc) coordination_grpc->Shutdown();
+  (*server)->Shutdown(context.shutdown_grace);
+  if (!summary.ok()) return ReportFatal(context.binary, summary.status());
+  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
+              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
+              summary->wall_s);
+  std::fflush(stdout);
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  if (!summary_path.empty() && context.task == MultiWorkerTasks(cluster).front()) {
+    if (absl::Status written = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
+        !written.ok()) {
+      return ReportFatal(context.binary, written);
+    }
+  }
+  spdlog::info("done");
+  return 0;
+}
+
+}  // namespace
+}  // namespace stratum
 
 int main(int argc, char** argv) {
   stratum::ShutdownWatcher shutdown;
@@ -26,6 +93,22 @@ int main(int argc, char** argv) {
   stratum::TaskMainOptions options{.binary = "stratum-worker",
                                    .task_types = {stratum::kWorker, stratum::kEvaluator}};
   if (absl::GetFlag(FLAGS_evaluator)) options.forced_type = stratum::kEvaluator;
+  if (!absl::GetFlag(FLAGS_evaluator) && !absl::GetFlag(FLAGS_job).empty()) {
+    absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));
+    if (!job.ok()) return stratum::ReportFatal(options.binary, job.status());
+    if (job->strategy.type != "multi_worker_mirrored") {
+      return stratum::ReportFatal(
+          options.binary,
+          absl::InvalidArgumentError(absl::StrCat(
+              "stratum-worker --job trains multi_worker_mirrored jobs, and this one is \"",
+              job->strategy.type,
+              "\": start a parameter_server job with stratum-launch --job (its coordinator "
+              "drives the workers), a single-process one with stratum-train")));
+    }
+    options.task_types = {stratum::kChief, stratum::kWorker};
+    const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
+    return stratum::RunMultiWorker(*job, context, shutdown);
+  }
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
   if (context.task.type == stratum::kEvaluator && !absl::GetFlag(FLAGS_job).empty()) {
     absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));

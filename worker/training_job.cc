@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/data/idx.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {
@@ -71,8 +72,14 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec) {
   return data;
 }
 
-FitOptions FitOptionsFrom(const FitSpec& spec) {
+absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
+  const FitSpec& spec = job.fit;
   FitOptions options;
+  STRATUM_ASSIGN_OR_RETURN(options.auto_shard_policy,
+                           AutoShardPolicyFromName(job.data.auto_shard_policy));
+  options.checkpoint_dir = job.checkpoint.dir;
+  options.checkpoint_every_steps = job.checkpoint.every_steps;
+  options.max_to_keep = job.checkpoint.max_to_keep;
   options.epochs = spec.epochs;
   options.steps_per_epoch = spec.steps_per_epoch;
   options.batch_size_per_replica = spec.batch_size_per_replica;

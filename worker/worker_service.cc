@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   data_spec.test = {};  // the coordinator evaluates
   absl::StatusOr<FitData> data = LoadFitData(data_spec);
   if (!data.ok()) return data.status();
-  const int replicas = job->strategy->NumReplicasInSync();
+  const int replicas = job->strategy->NumLocalReplicas();
   // Every worker reads all the data in its own shuffled order (as TF's PS training does
   // with a repeated, shuffled per-worker dataset).
   const uint64_t seed = spec->fit.seed + 7919 * static_cast<uint64_t>(request.worker_index() + 1);
@@ -136,7 +136,7 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     }
     absl::StatusOr<PerReplica<StepStats>> stats =
         strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
-          const int r = context.replica_id_in_sync_group();
+          const int r = context.local_replica_id();
           return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
                                   1.0f / static_cast<float>(rows),
                                   *workspaces[static_cast<size_t>(r)], gradients[r]);

@@ -115,8 +115,8 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
   Fields fields(object, "strategy", source);
   if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
-  if (absl::Status s =
-          fields.CheckKnown({"type", "devices", "cross_device_ops", "variable_partitioner"});
+  if (absl::Status s = fields.CheckKnown(
+          {"type", "devices", "cross_device_ops", "variable_partitioner", "communication"});
       !s.ok()) {
     return s;
   }
@@ -126,6 +126,27 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
   }
   if (object.contains("variable_partitioner")) {
     out.variable_partitioner = object.at("variable_partitioner");
+  }
+  if (object.contains("communication")) {
+    Fields communication(object.at("communication"), "strategy.communication", source);
+    if (absl::Status s = communication.CheckObject(); !s.ok()) return s;
+    if (absl::Status s =
+            communication.CheckKnown({"implementation", "bytes_per_pack", "timeout_seconds"});
+        !s.ok()) {
+      return s;
+    }
+    for (absl::Status s :
+         {communication.Get("implementation", out.communication.implementation),
+          communication.Get("bytes_per_pack", out.communication.bytes_per_pack),
+          communication.Get("timeout_seconds", out.communication.timeout_seconds)}) {
+      if (!s.ok()) return s;
+    }
+    if (out.communication.bytes_per_pack < 0 || out.communication.timeout_seconds <= 0) {
+      return communication.Error(
+          "strategy.communication",
+          "has a negative bytes_per_pack or a timeout that is not positive",
+          "use bytes_per_pack >= 0 (0 packs every gradient together) and timeout_seconds > 0");
+    }
   }
   static const std::set<std::string> kTypes = {"default",          "one_device",
                                                "mirrored",         "central_storage",

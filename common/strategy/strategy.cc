@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/strategy/replica_pool.h"
 #include "stratum/util/devices.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -17,6 +18,10 @@ thread_local std::vector<Strategy*> scope_stack;
 
 int ReplicaContext::num_replicas_in_sync() const { return strategy_.NumReplicasInSync(); }
 
+int ReplicaContext::replica_id_in_sync_group() const {
+  return strategy_.worker_index() * strategy_.NumLocalReplicas() + local_replica_id_;
+}
+
 absl::StatusOr<Tensor> ReplicaContext::AllReduce(ReduceOp op, const Tensor& value) {
   std::vector<Tensor> values = {value.Clone()};
   if (absl::Status status = AllReduce(op, values); !status.ok()) return status;
@@ -24,7 +29,7 @@ absl::StatusOr<Tensor> ReplicaContext::AllReduce(ReduceOp op, const Tensor& valu
 }
 
 absl::Status ReplicaContext::AllReduce(ReduceOp op, std::vector<Tensor>& values) {
-  return strategy_.CollectiveAllReduce(replica_id_, op, values);
+  return strategy_.CollectiveAllReduce(local_replica_id_, op, values);
 }
 
 Strategy::ScopeGuard::ScopeGuard(Strategy* strategy) { scope_stack.push_back(strategy); }
@@ -59,18 +64,40 @@ absl::Status Strategy::RunEach(const std::function<absl::Status(ReplicaContext&)
 }
 
 absl::Status Strategy::CollectiveAllReduce(int replica, ReduceOp op, std::vector<Tensor>& values) {
-  if (pool_ == nullptr) return absl::OkStatus();  // one replica: its value is the result
+  // Hierarchical: the local replicas reduce first, then one copy crosses the workers,
+  // then the result is copied back to every local replica.
+  if (pool_ == nullptr) return AllReduceAcrossWorkers(op, values);
   const std::string key = absl::StrCat(ReduceOpName(op), " of ", values.size(), " tensors");
   return pool_->Meet(replica, key, &values, [&](std::vector<void*>& all) {
     std::vector<std::vector<Tensor>*> per_replica;
     for (void* value : all) per_replica.push_back(static_cast<std::vector<Tensor>*>(value));
-    return cross_device_ops_->BatchAllReduce(op, per_replica);
+    STRATUM_RETURN_IF_ERROR(cross_device_ops_->BatchAllReduce(op, per_replica));
+    if (num_workers() == 1) return absl::OkStatus();
+    STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers(op, *per_replica[0]));
+    for (size_t r = 1; r < per_replica.size(); ++r) {
+      for (size_t i = 0; i < per_replica[0]->size(); ++i) {
+        (*per_replica[r])[i].Flat() = (*per_replica[0])[i].Flat();
+      }
+    }
+    return absl::OkStatus();
   });
 }
 
+absl::Status Strategy::AllReduceAcrossWorkers(ReduceOp, std::vector<Tensor>&) const {
+  return absl::OkStatus();
+}
+
+absl::Status Strategy::BroadcastFromChief(std::vector<Tensor>&) const { return absl::OkStatus(); }
+
 absl::StatusOr<Tensor> Strategy::Reduce(ReduceOp op, const PerReplica<Tensor>& value,
                                         std::optional<int> axis) const {
-  if (!axis.has_value()) return cross_device_ops_->Reduce(op, value.values());
+  if (!axis.has_value()) {
+    absl::StatusOr<Tensor> local = cross_device_ops_->Reduce(op, value.values());
+    if (!local.ok() || num_workers() == 1) return local;
+    std::vector<Tensor> across = {*std::move(local)};
+    STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers(op, across));
+    return std::move(across[0]);
+  }
   std::vector<Tensor> sums;
   int64_t count = 0;
   for (const Tensor& replica_value : value.values()) {
@@ -80,7 +107,17 @@ absl::StatusOr<Tensor> Strategy::Reduce(ReduceOp op, const PerReplica<Tensor>& v
     count += *axis == -1 ? replica_value.num_elements() : replica_value.rows();
   }
   absl::StatusOr<Tensor> total = cross_device_ops_->Reduce(ReduceOp::kSum, sums);
-  if (!total.ok() || op == ReduceOp::kSum) return total;
+  if (!total.ok()) return total;
+  if (num_workers() > 1) {
+    // The sums and the element counts of every worker, in one reduction.
+    Tensor counted(DType::kFloat32, Shape({1}));
+    counted.data<float>()[0] = static_cast<float>(count);
+    std::vector<Tensor> across = {*std::move(total), std::move(counted)};
+    STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers(ReduceOp::kSum, across));
+    count = static_cast<int64_t>(across[1].data<float>()[0]);
+    total = std::move(across[0]);
+  }
+  if (op == ReduceOp::kSum) return total;
   total->Flat() /= static_cast<float>(std::max<int64_t>(count, 1));
   return total;
 }
@@ -93,15 +130,15 @@ DistributedVariables Strategy::CreateVariables(const std::vector<Tensor>& initia
 
 absl::Status Strategy::ApplyGradients(PerReplica<std::vector<Tensor>>& gradients,
                                       DistributedVariables& variables, const UpdateFn& update) {
-  if (gradients.size() != NumReplicasInSync()) {
+  if (gradients.size() != NumLocalReplicas()) {
     return absl::InvalidArgumentError(absl::StrCat("gradients from ", gradients.size(),
-                                                   " replicas, but ", NumReplicasInSync(),
-                                                   " replicas are in sync"));
+                                                   " replicas, but this process runs ",
+                                                   NumLocalReplicas()));
   }
   if (variables.mirrored()) {
     // Every replica all-reduces and applies the same update to its own copy.
     return RunEach([&](ReplicaContext& context) -> absl::Status {
-      const int replica = context.replica_id_in_sync_group();
+      const int replica = context.local_replica_id();
       std::vector<Tensor>& grads = gradients[replica];
       if (absl::Status status = context.AllReduce(ReduceOp::kSum, grads); !status.ok()) {
         return status;
@@ -114,6 +151,7 @@ absl::Status Strategy::ApplyGradients(PerReplica<std::vector<Tensor>>& gradients
   for (int replica = 1; replica < gradients.size(); ++replica) {
     for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[replica][i].Flat();
   }
+  STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers(ReduceOp::kSum, total));
   return update(0, variables.MutableCopy(0), total);
 }
 

@@ -28,8 +28,8 @@ std::string ShellQuote(const std::string& text) {
 
 }  // namespace
 
-std::string BinaryFor(const std::string& task_type) {
-  if (task_type == kChief) return "stratum-coordinator";
+std::string BinaryFor(const std::string& task_type, bool chief_is_worker) {
+  if (task_type == kChief) return chief_is_worker ? "stratum-worker" : "stratum-coordinator";
   if (task_type == kPs) return "stratum-ps";
   return "stratum-worker";
 }
@@ -66,7 +66,8 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
     planned.task = task;
     planned.address = *plan.spec.TaskAddress(task.type, task.index);
     planned.tf_config = MakeTfConfig(plan.spec, task, options.rpc_layer);
-    planned.argv.push_back(absl::StrCat(bin_dir, "/", BinaryFor(task.type)));
+    planned.argv.push_back(
+        absl::StrCat(bin_dir, "/", BinaryFor(task.type, options.chief_is_worker)));
     if (task.type == kEvaluator) planned.argv.push_back("--evaluator");
     for (const std::string& arg : options.all_args) planned.argv.push_back(arg);
     for (const auto& [type, args] : options.args_by_type) {

@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/job/job_spec.h"
 #include "stratum/launch/launch_plan.h"
 #include "stratum/launch/task_processes.h"
 #include "stratum/util/exit_codes.h"
@@ -32,7 +33,9 @@ ABSL_FLAG(std::string, log_level, "info", "Log level handed to every task");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "Handed to the chief: how long it waits for every task to answer");
 ABSL_FLAG(std::string, job, "",
-          "A parameter-server job file, handed to the chief (which trains it); implies --chief");
+          "A job file. parameter_server: handed to the chief (stratum-coordinator), which "
+          "trains it; implies --chief. multi_worker_mirrored: every worker (and the chief, "
+          "if --chief) trains it; no ps tasks are started");
 ABSL_FLAG(std::string, summary_json, "", "Handed to the chief: where to write the summary");
 
 namespace stratum {
@@ -60,7 +63,7 @@ std::string AbsolutePath(const std::string& path) {
   return absl::StrCat(cwd, "/", path);
 }
 
-LaunchOptions OptionsFromFlags() {
+absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.num_ps = absl::GetFlag(FLAGS_ps);
@@ -72,14 +75,32 @@ LaunchOptions OptionsFromFlags() {
   options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
   std::vector<std::string> chief_args = {absl::StrCat(
       "--cluster_timeout=", absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)))};
-  if (!absl::GetFlag(FLAGS_job).empty()) {
-    options.chief = true;
-    chief_args.push_back("--job=" + AbsolutePath(absl::GetFlag(FLAGS_job)));
+  std::vector<std::string> worker_args;
+  const std::string job_path = AbsolutePath(absl::GetFlag(FLAGS_job));
+  const std::string summary_path = AbsolutePath(absl::GetFlag(FLAGS_summary_json));
+  if (!job_path.empty()) {
+    absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
+    if (!job.ok()) return job.status();
+    if (job->strategy.type == "multi_worker_mirrored") {
+      // Every worker runs the training program; the leader hosts the coordination service.
+      options.num_ps = 0;
+      options.chief_is_worker = true;
+      worker_args = {"--job=" + job_path, chief_args.front()};
+      if (!summary_path.empty()) worker_args.push_back("--summary_json=" + summary_path);
+      chief_args = worker_args;
+    } else if (job->strategy.type == "parameter_server") {
+      options.chief = true;
+      chief_args.push_back("--job=" + job_path);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(job_path, " uses strategy \"", job->strategy.type,
+                       "\", which trains in one process: run it with stratum-train --job"));
+    }
   }
-  if (!absl::GetFlag(FLAGS_summary_json).empty()) {
-    chief_args.push_back("--summary_json=" + AbsolutePath(absl::GetFlag(FLAGS_summary_json)));
+  if (!summary_path.empty() && !options.chief_is_worker) {
+    chief_args.push_back("--summary_json=" + summary_path);
   }
-  options.args_by_type = {{kChief, chief_args}};
+  options.args_by_type = {{kChief, chief_args}, {kWorker, worker_args}};
   return options;
 }
 
@@ -136,9 +157,15 @@ int main(int argc, char** argv) {
       "stratum-launch: starts a Stratum cluster on this machine.\n"
       "  stratum-launch --chief --workers 2 --ps 2 [--evaluator] [--dry-run]\n"
       "  stratum-launch --job examples/fashion_mnist_ps.json [--summary-json PATH]\n"
+      "  stratum-launch --job examples/fashion_mnist_mwms.json --workers 2\n"
       "Each task gets a free port on --host and its own TF_CONFIG. Exit code: the chief's "
       "(worker:0's without a chief); 2 for a usage error.");
-  absl::StatusOr<stratum::LaunchPlan> plan = stratum::PlanLocalCluster(stratum::OptionsFromFlags());
+  absl::StatusOr<stratum::LaunchOptions> options = stratum::OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "stratum-launch: %s\n", std::string(options.status().message()).c_str());
+    return stratum::ExitCodeFor(options.status());
+  }
+  absl::StatusOr<stratum::LaunchPlan> plan = stratum::PlanLocalCluster(*options);
   if (!plan.ok()) {
     std::fprintf(stderr, "stratum-launch: %s\n", std::string(plan.status().message()).c_str());
     return stratum::ExitCodeFor(plan.status());

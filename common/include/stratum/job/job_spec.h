@@ -14,12 +14,20 @@
 
 namespace stratum {
 
+// multi_worker_mirrored: tf.distribute.experimental.CommunicationOptions.
+struct CommunicationSpec {
+  std::string implementation = "AUTO";  // AUTO, RING or NCCL
+  int64_t bytes_per_pack = 0;           // 0: every gradient in one pack
+  double timeout_seconds = 300;         // the deadline of each collective
+};
+
 struct StrategySpec {
   // default, one_device, mirrored, central_storage, parameter_server, multi_worker_mirrored
   std::string type = "default";
   std::vector<std::string> devices;     // one_device (first), mirrored, central_storage
   std::string cross_device_ops;         // mirrored: ReductionToOneDevice, HierarchicalCopyAllReduce
-  nlohmann::json variable_partitioner;  // parameter_server (later)
+  nlohmann::json variable_partitioner;  // parameter_server
+  CommunicationSpec communication;      // multi_worker_mirrored
 };
 
 struct DataSourceSpec {

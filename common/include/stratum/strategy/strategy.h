@@ -38,10 +38,13 @@ class ReplicaPool;
 
 class ReplicaContext {
  public:
-  ReplicaContext(Strategy& strategy, int replica_id)
-      : strategy_(strategy), replica_id_(replica_id) {}
+  ReplicaContext(Strategy& strategy, int local_replica_id)
+      : strategy_(strategy), local_replica_id_(local_replica_id) {}
 
-  int replica_id_in_sync_group() const { return replica_id_; }
+  // This replica's place among all replicas in sync (over every worker of the job).
+  int replica_id_in_sync_group() const;
+  // Its place among this process's replicas: what indexes per-replica local state.
+  int local_replica_id() const { return local_replica_id_; }
   int num_replicas_in_sync() const;
   Strategy& strategy() const { return strategy_; }
 
@@ -53,7 +56,7 @@ class ReplicaContext {
 
  private:
   Strategy& strategy_;
-  int replica_id_;
+  int local_replica_id_;
 };
 
 // What ExperimentalDistributeValuesFromFunction hands the value function.
@@ -96,8 +99,16 @@ class Strategy {
 
   // "DefaultDistributionStrategy", "OneDeviceStrategy", "MirroredStrategy", ...
   virtual std::string name() const = 0;
-  int NumReplicasInSync() const { return static_cast<int>(devices_.size()); }
-  // One device per replica: "CPU:0", "GPU:1", ...
+  // Replicas over the whole job: this process's replicas times the workers in sync.
+  int NumReplicasInSync() const { return NumLocalReplicas() * num_workers(); }
+  // This process's replicas, one per device in devices().
+  int NumLocalReplicas() const { return static_cast<int>(devices_.size()); }
+  // Workers training in lock-step (MultiWorkerMirrored: every worker of the job; else 1),
+  // and this one's index among them (0 is the chief, which writes checkpoints).
+  virtual int num_workers() const { return 1; }
+  virtual int worker_index() const { return 0; }
+  bool is_chief() const { return worker_index() == 0; }
+  // One device per local replica: "CPU:0", "GPU:1", ...
   const std::vector<std::string>& devices() const { return devices_; }
   const CrossDeviceOps& cross_device_ops() const { return *cross_device_ops_; }
 
@@ -134,13 +145,13 @@ class Strategy {
   // split over this strategy's replicas (auto-sharded over workers first).
   absl::StatusOr<DistributedDataset> ExperimentalDistributeDataset(
       const Dataset& dataset, const DistributeOptions& options = {}) const {
-    return DistributedDataset::FromGlobalBatches(dataset, NumReplicasInSync(), options);
+    return DistributedDataset::FromGlobalBatches(dataset, NumLocalReplicas(), WithWorkers(options));
   }
   // tf.distribute's distribute_datasets_from_function: `fn` builds the dataset of each input
   // pipeline from an InputContext; it yields per-replica batches.
   absl::StatusOr<DistributedDataset> DistributeDatasetsFromFunction(
       const DistributedDataset::DatasetFn& fn, const DistributeOptions& options = {}) const {
-    return DistributedDataset::FromFunction(fn, NumReplicasInSync(), options);
+    return DistributedDataset::FromFunction(fn, NumLocalReplicas(), WithWorkers(options));
   }
 
   // Places `initial` (one tensor per variable) as this strategy does.
@@ -158,6 +169,12 @@ class Strategy {
   // For ReplicaContext.
   absl::Status CollectiveAllReduce(int replica, ReduceOp op, std::vector<Tensor>& values);
 
+  // Reduces `values` in place over the workers in sync (one value per worker; nothing to do
+  // with one worker). Every worker must call it with the same shapes, in the same order.
+  virtual absl::Status AllReduceAcrossWorkers(ReduceOp op, std::vector<Tensor>& values) const;
+  // Replaces `values` on every worker by the chief's (initial and restored variables).
+  virtual absl::Status BroadcastFromChief(std::vector<Tensor>& values) const;
+
  protected:
   Strategy(std::vector<std::string> devices, std::unique_ptr<CrossDeviceOps> cross_device_ops,
            StrategyOptions options = {});
@@ -167,6 +184,12 @@ class Strategy {
   std::unique_ptr<CrossDeviceOps> cross_device_ops_;
   StrategyOptions options_;
   std::unique_ptr<ReplicaPool> pool_;  // null for one replica
+
+  DistributeOptions WithWorkers(DistributeOptions options) const {
+    options.num_workers = num_workers();
+    options.worker_index = worker_index();
+    return options;
+  }
 };
 
 // The strategy of the innermost Scope() on this thread, or the default strategy.
@@ -197,11 +220,11 @@ absl::StatusOr<std::string> CanonicalDevice(const std::string& device);
 template <typename R>
 absl::StatusOr<PerReplica<R>> Strategy::Run(
     const std::function<absl::StatusOr<R>(ReplicaContext&)>& fn) {
-  std::vector<std::optional<R>> results(static_cast<size_t>(NumReplicasInSync()));
+  std::vector<std::optional<R>> results(static_cast<size_t>(NumLocalReplicas()));
   absl::Status status = RunEach([&](ReplicaContext& context) -> absl::Status {
     absl::StatusOr<R> result = fn(context);
     if (!result.ok()) return result.status();
-    results[static_cast<size_t>(context.replica_id_in_sync_group())] = *std::move(result);
+    results[static_cast<size_t>(context.local_replica_id())] = *std::move(result);
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
@@ -214,8 +237,9 @@ template <typename T>
 absl::StatusOr<PerReplica<T>> Strategy::ExperimentalDistributeValuesFromFunction(
     const std::function<absl::StatusOr<T>(const ValueContext&)>& fn) const {
   std::vector<T> values;
-  for (int replica = 0; replica < NumReplicasInSync(); ++replica) {
-    absl::StatusOr<T> value = fn(ValueContext{replica, NumReplicasInSync()});
+  for (int replica = 0; replica < NumLocalReplicas(); ++replica) {
+    absl::StatusOr<T> value =
+        fn(ValueContext{worker_index() * NumLocalReplicas() + replica, NumReplicasInSync()});
     if (!value.ok()) return value.status();
     values.push_back(*std::move(value));
   }

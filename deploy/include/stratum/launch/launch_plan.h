@@ -25,6 +25,9 @@ struct LaunchOptions {
   std::vector<std::string> all_args;
   std::vector<std::pair<std::string, std::vector<std::string>>> args_by_type;
   std::string rpc_layer;  // written into TF_CONFIG when set
+  // MultiWorkerMirrored: the chief trains like a worker (stratum-worker), it does not
+  // coordinate a PS job (stratum-coordinator).
+  bool chief_is_worker = false;
 };
 
 struct PlannedTask {
@@ -42,9 +45,9 @@ struct LaunchPlan {
   TaskKey main_task;
 };
 
-// The binary that runs a task type: chief -> stratum-coordinator, worker and evaluator ->
-// stratum-worker, ps -> stratum-ps.
-std::string BinaryFor(const std::string& task_type);
+// The binary that runs a task type: chief -> stratum-coordinator (stratum-worker when
+// `chief_is_worker`), worker and evaluator -> stratum-worker, ps -> stratum-ps.
+std::string BinaryFor(const std::string& task_type, bool chief_is_worker = false);
 
 // Picks a free port for every task and builds each one's TF_CONFIG and command line.
 // INVALID_ARGUMENT for counts that make no cluster.

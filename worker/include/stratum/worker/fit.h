@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "stratum/data/dataset.h"
+#include "stratum/data/input_context.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -40,6 +41,15 @@ struct FitOptions {
   bool validate = true;
   ProgressStyle progress = ProgressStyle::kAuto;  // kAuto: a bar on a terminal, else lines
   FILE* out = stdout;
+  // With several workers (MultiWorkerMirrored), how the training data is split over them.
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::kAuto;
+  // Backup and restore: when set, the training state is saved at the end of every epoch
+  // (and every checkpoint_every_steps steps, when > 0), and a Fit that finds a checkpoint
+  // there resumes from it. Only the chief writes into it; other workers run the same save
+  // path into a temporary folder of their own that they delete.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  int max_to_keep = 3;
 };
 
 struct EpochLog {
@@ -64,6 +74,8 @@ struct FitSummary {
   int num_replicas_in_sync = 1;
   int num_workers = 1;
   int num_ps = 0;
+  // Where training started: 0, or the step of the checkpoint it resumed from.
+  int64_t resumed_from_step = 0;
   // The trained variables (the primary copy).
   std::vector<Tensor> variables;
 
@@ -83,6 +95,7 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
 
 // The batch pipeline Fit uses: rescaled float32 features, reshaped to the model's input.
 Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
-                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat);
+                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat,
+                    bool drop_remainder = false);
 
 }  // namespace stratum

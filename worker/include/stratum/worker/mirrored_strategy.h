@@ -31,9 +31,14 @@ class MirroredStrategy : public Strategy {
   std::string name() const override { return "MirroredStrategy"; }
   DistributedVariables CreateVariables(const std::vector<Tensor>& initial) const override;
 
- private:
+ protected:
   using Strategy::Strategy;
 };
+
+// The devices of `devices` checked and canonical ("cpu:0" -> "CPU:0"); empty: every
+// visible GPU, else "CPU:0". An unknown or repeated device is an error naming it.
+absl::StatusOr<std::vector<std::string>> ResolveLocalDevices(
+    const std::vector<std::string>& devices);
 
 class CentralStorageStrategy : public Strategy {
  public:

@@ -20,6 +20,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& 
 // Reads the job's IDX files into unbatched (image, label) datasets.
 absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
 
-FitOptions FitOptionsFrom(const FitSpec& spec);
+// Fit's options from the job: fit, the data's auto_shard_policy, and checkpoint (backup
+// and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
+absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 
 }  // namespace stratum

@@ -1,0 +1,73 @@
+#include "stratum/checkpoint/checkpoint_folder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_reader.h"
+#include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kLatestFile[] = "checkpoint";
+
+std::string FolderName(int64_t step) { return absl::StrFormat("ckpt-%012d", step); }
+
+}  // namespace
+
+std::string CheckpointFolder(const std::string& dir, int64_t step) {
+  return absl::StrCat(dir, "/", FolderName(step));
+}
+
+absl::StatusOr<std::string> CreateCheckpointFolder(const std::string& dir, int64_t step) {
+  const std::string folder = CheckpointFolder(dir, step);
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint folder ", folder,
+                                                      ": ", error.message(),
+                                                      "; fix checkpoint.dir in the job"));
+  }
+  return folder;
+}
+
+absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohmann::json& manifest,
+                              int max_to_keep) {
+  const std::string folder = CheckpointFolder(dir, step);
+  STRATUM_RETURN_IF_ERROR(WriteFileAtomically(folder + "/manifest.json", manifest.dump(2)));
+  const nlohmann::json latest = {{"latest", FolderName(step)}, {"step", step}};
+  STRATUM_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLatestFile), latest.dump()));
+  std::vector<std::string> folders;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("ckpt-", 0) == 0) folders.push_back(name);
+  }
+  std::sort(folders.begin(), folders.end());
+  const size_t keep = static_cast<size_t>(std::max(1, max_to_keep));
+  for (size_t i = 0; i + keep < folders.size(); ++i) {
+    fs::remove_all(absl::StrCat(dir, "/", folders[i]), error);
+  }
+  spdlog::info("checkpoint at step {} written to {}", step, folder);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {
+  const std::string pointer = absl::StrCat(dir, "/", kLatestFile);
+  if (!fs::exists(pointer)) return std::optional<std::string>();
+  absl::StatusOr<nlohmann::json> latest = ReadJsonObjectFile(pointer);
+  if (!latest.ok()) return latest.status();
+  if (!latest->contains("latest") || !(*latest)["latest"].is_string()) {
+    return absl::DataLossError(absl::StrCat(pointer, " names no checkpoint: it is corrupt"));
+  }
+  return std::optional<std::string>(absl::StrCat(dir, "/", (*latest)["latest"].get<std::string>()));
+}
+
+}  // namespace stratum

@@ -1,0 +1,180 @@
+// MultiWorkerMirrored training with real processes: workers on loopback that train
+// Fashion-MNIST in lock-step over the TCP collectives, a worker killed in the middle (the
+// others stop with an error naming it, within seconds, not hanging), and the job started
+// again resuming from its last checkpoint to the very same result.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "stratum/testing/local_cluster.h"
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LocalCluster;
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+}
+
+std::string WriteJob(const std::string& name, int epochs, int steps_per_epoch,
+                     const std::string& checkpoint_dir = "", int every_steps = 0) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_mwms.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["fit"]["epochs"] = epochs;
+  job["fit"]["steps_per_epoch"] = steps_per_epoch;
+  job["strategy"]["communication"]["timeout_seconds"] = 20;
+  job.erase("checkpoint");
+  if (!checkpoint_dir.empty()) {
+    job["checkpoint"] = {{"dir", checkpoint_dir}, {"every_steps", every_steps}, {"max_to_keep", 2}};
+  }
+  const std::string path = TempPath(name + ".json");
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+// Starts `workers` MultiWorkerMirrored workers on `job`; worker:0 writes `summary`.
+absl::StatusOr<std::unique_ptr<LocalCluster>> StartJob(int workers, const std::string& job,
+                                                       const std::string& summary) {
+  return LocalCluster::Start(
+      {.num_workers = workers,
+       .args_by_type = {{"worker",
+                         {"--job=" + job, "--summary_json=" + summary, "--cluster_timeout=30s"}}},
+       .forward_output = false});
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream file(path);
+  return nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+}
+
+bool WaitForOutput(LocalCluster& cluster, const TaskKey& task, const std::string& text,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cluster.Output(task).find(text) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST(MwmsTrainingTest, TwoWorkersTrainInLockStepAndAgree) {
+  const std::string summary = TempPath("mwms_summary.json");
+  auto cluster = StartJob(2, WriteJob("mwms_job", 1, 0), summary);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+  }
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["strategy"], "MultiWorkerMirroredStrategy");
+  EXPECT_EQ(result["num_workers"], 2);
+  EXPECT_EQ(result["num_replicas_in_sync"], 2);
+  // One epoch: each worker trains its half of the data in full batches of 64.
+  EXPECT_EQ(result["steps"], 60000 / 2 / 64);
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.8);
+  // Both workers hold the same variables, so they report the same test figures.
+  const std::string line = "test accuracy ";
+  const std::string out0 = (*cluster)->Output({"worker", 0});
+  const std::string out1 = (*cluster)->Output({"worker", 1});
+  ASSERT_NE(out0.find(line), std::string::npos) << out0;
+  ASSERT_NE(out1.find(line), std::string::npos) << out1;
+  EXPECT_EQ(out0.substr(out0.find(line), 40), out1.substr(out1.find(line), 40));
+}
+
+TEST(MwmsTrainingTest, AJobOfAnotherStrategyIsRefusedWithTheFix) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  const std::string ps_job = TempPath("ps_job.json");
+  std::ofstream(ps_job) << nlohmann::json::parse(file).dump();
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-worker", "--job=" + ps_job};
+  options.env = {
+      {"TF_CONFIG",
+       R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"}};
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_TRUE(process.ok()) << process.status();
+  auto exit = (*process)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->ShellCode(), 2);
+  EXPECT_THAT((*process)->output(), HasSubstr("\"parameter_server\": start a parameter_server "
+                                              "job with stratum-launch --job"));
+}
+
+TEST(MwmsTrainingTest, AWorkerThatNeverStartsIsNamedWhenTheWaitEnds) {
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .not_started = {{"worker", 1}},
+       .args_by_type = {{"worker",
+                         {"--job=" + WriteJob("mwms_alone", 1, 10), "--cluster_timeout=2s"}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_FALSE(exit->success());
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("worker:1"));
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("is it running?"));
+}
+
+TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToTheSameResult) {
+  // The reference: the same job, uninterrupted.
+  const std::string reference_summary = TempPath("mwms_reference.json");
+  {
+    auto cluster = StartJob(2, WriteJob("mwms_reference", 3, 60), reference_summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"worker", 0});
+  }
+  const nlohmann::json reference = ReadJson(reference_summary);
+  ASSERT_TRUE(reference.is_object());
+
+  const std::string checkpoints = TempPath("mwms_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  const std::string job = WriteJob("mwms_resume", 3, 60, checkpoints, 25);
+  const std::string summary = TempPath("mwms_resumed.json");
+  {
+    auto cluster = StartJob(2, job, summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(WaitForOutput(**cluster, {"worker", 0}, "Epoch 1/3", absl::Seconds(60)))
+        << (*cluster)->Output({"worker", 0});
+    ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+    // worker:0 does not hang: it stops, naming the worker that is gone.
+    const absl::Time killed = absl::Now();
+    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(30));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_LT(absl::Now() - killed, absl::Seconds(15));
+    EXPECT_FALSE(exit->success());
+    EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("worker:1"));
+  }
+  // Started again, the job resumes from the last checkpoint and ends as if never stopped.
+  {
+    auto cluster = StartJob(2, job, summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    const std::string output = (*cluster)->Output({"worker", 0});
+    ASSERT_TRUE(exit->success()) << output;
+    EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
+    EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
+  }
+  const nlohmann::json resumed = ReadJson(summary);
+  ASSERT_TRUE(resumed.is_object());
+  EXPECT_GT(resumed["resumed_from_step"].get<int64_t>(), 0);
+  EXPECT_EQ(resumed["steps"], reference["steps"]);
+  EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
+  EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+  std::filesystem::remove_all(checkpoints);
+}
+
+}  // namespace
+}  // namespace stratum

@@ -1,0 +1,259 @@
+// CoordinationService logic, in-process: registration and restarts, the key-value store,
+// barriers, error propagation, the heartbeat watchdog (on a fake clock) and shutdown.
+#include "stratum/worker/coordination_service.h"
+
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/worker/coordination_client.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+
+MATCHER_P2(StatusIs, code, message, "") {
+  const absl::Status& status = arg;
+  *result_listener << "status is " << status;
+  return status.code() == code &&
+         ::testing::ExplainMatchResult(message, std::string(status.message()), result_listener);
+}
+
+const TaskKey kW0{"worker", 0};
+const TaskKey kW1{"worker", 1};
+const TaskKey kW2{"worker", 2};
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+class CoordinationServiceTest : public ::testing::Test {
+ protected:
+  CoordinationServiceTest()
+      : service_({.tasks = {kW0, kW1, kW2}, .heartbeat_timeout = absl::Seconds(10)},
+                 [this] { return Now(); }) {}
+
+  absl::Time Now() {
+    absl::MutexLock lock(&clock_mutex_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&clock_mutex_);
+    now_ += d;
+  }
+  void RegisterAll() {
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(service_.RegisterTask({"worker", i}, 100 + i).ok());
+  }
+
+  absl::Mutex clock_mutex_;
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  CoordinationService service_;
+};
+
+TEST_F(CoordinationServiceTest, RegistrationIsIdempotentAndUnknownTasksAreNamed) {
+  EXPECT_TRUE(service_.RegisterTask(kW1, 7).ok());
+  EXPECT_TRUE(service_.RegisterTask(kW1, 7).ok());
+  EXPECT_TRUE(service_.cluster_error().ok());
+  EXPECT_THAT(service_.RegisterTask({"worker", 5}, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown task worker:5: the coordination service on worker:0 "
+                                 "coordinates worker:0, worker:1, worker:2")));
+  EXPECT_THAT(service_.RegisterTask(kW2, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation 0")));
+}
+
+TEST_F(CoordinationServiceTest, ANewIncarnationIsARestartThatFailsTheCluster) {
+  RegisterAll();
+  EXPECT_THAT(service_.RegisterTask(kW1, 0xbeef),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("worker:1 restarted (incarnation 0x65 -> 0xbeef)")));
+  const auto restarted =
+      StatusIs(absl::StatusCode::kAborted, HasSubstr("resumes from the last checkpoint"));
+  EXPECT_THAT(service_.Heartbeat(kW0, 100), restarted);
+  EXPECT_THAT(service_.SetKeyValue("k", "v"), restarted);
+  EXPECT_THAT(service_.WaitAtBarrier("b", kW2, In(absl::Seconds(5))), restarted);
+}
+
+TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {
+  EXPECT_THAT(service_.Heartbeat(kW1, 7), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                   HasSubstr("worker:1 is not registered")));
+  ASSERT_TRUE(service_.RegisterTask(kW1, 7).ok());
+  EXPECT_TRUE(service_.Heartbeat(kW1, 7).ok());
+  EXPECT_THAT(service_.Heartbeat(kW1, 8),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("incarnation 0x8")));
+}
+
+TEST_F(CoordinationServiceTest, GetKeyValueWaitsForTheKey) {
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(service_.SetKeyValue("nccl/id", "first").ok());
+  });
+  absl::StatusOr<std::string> value = service_.GetKeyValue("nccl/id", In(absl::Seconds(10)));
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "first");
+  ASSERT_TRUE(service_.SetKeyValue("nccl/id", "second").ok());
+  EXPECT_EQ(*service_.TryGetKeyValue("nccl/id"), "second");
+  EXPECT_THAT(service_.TryGetKeyValue("nope").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("key \"nope\" is not set")));
+}
+
+TEST_F(CoordinationServiceTest, GetKeyValueDeadlineNamesTheKeyAndUnregisteredTasks) {
+  ASSERT_TRUE(service_.RegisterTask(kW0, 1).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> value = service_.GetKeyValue("addr/1", In(absl::Milliseconds(100)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_THAT(value.status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(ContainsRegex("key \"addr/1\" was not set within (9|10)[0-9]ms"),
+                             HasSubstr("; tasks not registered yet: worker:1, worker:2"))));
+}
+
+TEST_F(CoordinationServiceTest, BarrierReleasesEveryTaskWhenAllArrive) {
+  RegisterAll();
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      absl::SleepFor(absl::Milliseconds(20 * i));
+      results[i] = service_.WaitAtBarrier("init", {"worker", i}, In(absl::Seconds(10)));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& status : results) EXPECT_TRUE(status.ok()) << status;
+  // A retry of a task that already passed.
+  EXPECT_TRUE(service_.WaitAtBarrier("init", kW1, In(absl::Seconds(1))).ok());
+}
+
+TEST_F(CoordinationServiceTest, BarrierTimeoutNamesTheTasksThatDidNotArrive) {
+  ASSERT_TRUE(service_.RegisterTask(kW0, 1).ok());
+  ASSERT_TRUE(service_.RegisterTask(kW1, 2).ok());
+  absl::Status other;
+  std::thread waiter([&] { other = service_.WaitAtBarrier("init", kW1, In(absl::Seconds(10))); });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Status status = service_.WaitAtBarrier("init", kW0, In(absl::Milliseconds(200)));
+  waiter.join();
+  const auto timed_out =
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               AllOf(ContainsRegex("barrier \"init\" timed out after (19|20)[0-9]ms"),
+                     HasSubstr("ms: 1 of 3 tasks did not arrive: worker:2 (never registered")));
+  EXPECT_THAT(status, timed_out);
+  // The barrier failed for everyone at the first deadline, and stays failed.
+  EXPECT_THAT(other, timed_out);
+  ASSERT_TRUE(service_.RegisterTask(kW2, 3).ok());
+  EXPECT_THAT(service_.WaitAtBarrier("init", kW2, In(absl::Seconds(1))), timed_out);
+}
+
+TEST_F(CoordinationServiceTest, BarrierTimeoutSaysWhichTaskStoppedItsHeartbeats) {
+  RegisterAll();
+  Advance(absl::Seconds(6));
+  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
+  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  EXPECT_THAT(
+      service_.WaitAtBarrier("step", kW0, In(absl::Milliseconds(50))),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               HasSubstr("2 of 3 tasks did not arrive: worker:1 (alive, but busy elsewhere), "
+                         "worker:2 (no heartbeat for 6s: it died or hangs)")));
+}
+
+TEST_F(CoordinationServiceTest, ReportedErrorWakesWaitersAndIsReturnedByLaterCalls) {
+  RegisterAll();
+  absl::Status barrier;
+  absl::Status get;
+  std::thread barrier_waiter(
+      [&] { barrier = service_.WaitAtBarrier("init", kW0, In(absl::Seconds(30))); });
+  std::thread get_waiter(
+      [&] { get = service_.GetKeyValue("never", In(absl::Seconds(30))).status(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time reported = absl::Now();
+  ASSERT_TRUE(service_.ReportError(kW1, absl::InternalError("NCCL error: unhandled")).ok());
+  barrier_waiter.join();
+  get_waiter.join();
+  EXPECT_LT(absl::Now() - reported, absl::Seconds(5));
+  const auto failed =
+      StatusIs(absl::StatusCode::kInternal, HasSubstr("worker:1 failed: NCCL error: unhandled"));
+  EXPECT_THAT(barrier, failed);
+  EXPECT_THAT(get, failed);
+  // The first failure wins; every later call returns it.
+  ASSERT_TRUE(service_.ReportError(kW2, absl::DataLossError("later")).ok());
+  EXPECT_THAT(service_.cluster_error(), failed);
+  EXPECT_THAT(service_.Heartbeat(kW0, 100), failed);
+  EXPECT_THAT(service_.SetKeyValue("k", "v"), failed);
+  EXPECT_THAT(service_.ReportError(kW2, absl::OkStatus()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("status OK")));
+}
+
+TEST_F(CoordinationServiceTest, HeartbeatTimeoutNamesTheSilentTask) {
+  RegisterAll();
+  Advance(absl::Seconds(5));
+  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
+  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  service_.CheckHeartbeats();
+  EXPECT_TRUE(service_.cluster_error().ok());
+  Advance(absl::Seconds(6));
+  service_.CheckHeartbeats();
+  const auto dead =
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("worker:2 sent no heartbeat for 11s (the timeout is 10s): it died or "
+                         "hangs"));
+  EXPECT_THAT(service_.cluster_error(), dead);
+  EXPECT_THAT(service_.Heartbeat(kW0, 100), dead);
+  EXPECT_THAT(service_.WaitAtBarrier("b", kW1, In(absl::Seconds(5))), dead);
+}
+
+TEST_F(CoordinationServiceTest, ADisconnectedTaskIsNotDeadButFailsBarriersAtOnce) {
+  RegisterAll();
+  ASSERT_TRUE(service_.DisconnectTask(kW2, 102).ok());
+  Advance(absl::Minutes(1));
+  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
+  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  service_.CheckHeartbeats();
+  EXPECT_TRUE(service_.cluster_error().ok()) << service_.cluster_error();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(service_.WaitAtBarrier("final", kW0, In(absl::Seconds(30))),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("barrier \"final\" cannot complete: worker:2 disconnected")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinationServiceTest, ShutdownWakesWaiters) {
+  RegisterAll();
+  absl::Status get;
+  std::thread waiter([&] { get = service_.GetKeyValue("never", In(absl::Seconds(30))).status(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  service_.Shutdown();
+  waiter.join();
+  const auto shutting_down =
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("the coordination service on worker:0 is shutting down"));
+  EXPECT_THAT(get, shutting_down);
+  EXPECT_THAT(service_.SetKeyValue("k", "v"), shutting_down);
+}
+
+TEST(LocalCoordinationClientTest, TasksOnThreadsExchangeKeysAndMeetAtBarriers) {
+  CoordinationService service({.tasks = {kW0, kW1, kW2}});
+  std::vector<std::string> seen(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      LocalCoordinationClient client(service, {"worker", i});
+      const int next = (i + 1) % 3;
+      ASSERT_TRUE(client.SetKeyValue(absl::StrCat("addr/", i), absl::StrCat("host", i)).ok());
+      absl::StatusOr<std::string> value =
+          client.GetKeyValue(absl::StrCat("addr/", next), absl::Seconds(10));
+      ASSERT_TRUE(value.ok()) << value.status();
+      seen[i] = *value;
+      EXPECT_TRUE(client.WaitAtBarrier("done", absl::Seconds(10)).ok());
+      EXPECT_TRUE(client.cluster_error().ok());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_THAT(seen, ::testing::ElementsAre("host1", "host2", "host0"));
+  EXPECT_TRUE(service.cluster_error().ok());
+}
+
+}  // namespace
+}  // namespace stratum

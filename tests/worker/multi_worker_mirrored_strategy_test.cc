@@ -1,0 +1,175 @@
+// MultiWorkerMirroredStrategy in one process: N workers on N threads, each with its own
+// strategy over 2 local CPU replicas, connected by in-process transports. Checks the
+// cross-worker semantics: replica ids and counts, hierarchical all-reduce, Reduce, the
+// chief's broadcast, and variables identical bit for bit on every worker after every step.
+#include "stratum/worker/multi_worker_mirrored_strategy.h"
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
+
+namespace stratum {
+namespace {
+
+constexpr int kLocalReplicas = 2;
+
+std::vector<std::unique_ptr<MultiWorkerMirroredStrategy>> MakeWorkers(int workers) {
+  auto group = InProcessTransportGroup::Create(workers);
+  std::vector<std::unique_ptr<MultiWorkerMirroredStrategy>> strategies;
+  for (int w = 0; w < workers; ++w) {
+    auto collectives = Collectives::Create(group->TakeTransport(w), {});
+    EXPECT_TRUE(collectives.ok());
+    MirroredOptions local;
+    local.devices = {"CPU:0", "CPU:1"};
+    auto strategy = MultiWorkerMirroredStrategy::Create(local, *std::move(collectives));
+    EXPECT_TRUE(strategy.ok()) << strategy.status();
+    strategies.push_back(*std::move(strategy));
+  }
+  return strategies;
+}
+
+void OnEveryWorker(int workers, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) threads.emplace_back(fn, w);
+  for (auto& thread : threads) thread.join();
+}
+
+TEST(MultiWorkerMirroredStrategyTest, ReplicasAreNumberedOverTheWholeJob) {
+  auto workers = MakeWorkers(3);
+  EXPECT_EQ(workers[1]->NumReplicasInSync(), 6);
+  EXPECT_EQ(workers[1]->NumLocalReplicas(), kLocalReplicas);
+  EXPECT_EQ(workers[1]->num_workers(), 3);
+  EXPECT_TRUE(workers[0]->is_chief());
+  EXPECT_FALSE(workers[2]->is_chief());
+  auto ids = workers[2]->Run<int>([](ReplicaContext& context) -> absl::StatusOr<int> {
+    return context.replica_id_in_sync_group();
+  });
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->values(), (std::vector<int>{4, 5}));
+}
+
+TEST(MultiWorkerMirroredStrategyTest, AllReduceAndReduceCoverEveryReplicaOfEveryWorker) {
+  const int n = 3;
+  auto workers = MakeWorkers(n);
+  std::vector<std::vector<float>> sums(n), means(n), reduced(n);
+  OnEveryWorker(n, [&](int w) {
+    auto result = workers[w]->Run<Tensor>([](ReplicaContext& context) -> absl::StatusOr<Tensor> {
+      const float id = static_cast<float>(context.replica_id_in_sync_group());
+      return context.AllReduce(ReduceOp::kSum, Tensor::FromVector<float>({2}, {id, 1.0f}));
+    });
+    ASSERT_TRUE(result.ok()) << result.status();
+    for (const Tensor& t : result->values()) sums[w].push_back(t.data<float>()[0]);
+    // Reduce over an axis: the mean of every element of every replica of every worker.
+    std::vector<Tensor> values;
+    for (int r = 0; r < kLocalReplicas; ++r) {
+      const float id = static_cast<float>(w * kLocalReplicas + r);
+      values.push_back(Tensor::FromVector<float>({2}, {id, id}));
+    }
+    auto mean = workers[w]->Reduce(ReduceOp::kMean, PerReplica<Tensor>(values), 0);
+    ASSERT_TRUE(mean.ok()) << mean.status();
+    means[w].push_back(mean->data<float>()[0]);
+    auto total = workers[w]->Reduce(ReduceOp::kSum, PerReplica<Tensor>(values));
+    ASSERT_TRUE(total.ok()) << total.status();
+    reduced[w].push_back(total->data<float>()[0]);
+  });
+  // Replica ids 0..5 sum to 15; their mean is 2.5.
+  for (int w = 0; w < n; ++w) {
+    EXPECT_EQ(sums[w], (std::vector<float>{15, 15})) << "worker " << w;
+    EXPECT_FLOAT_EQ(means[w][0], 2.5f);
+    EXPECT_FLOAT_EQ(reduced[w][0], 15.0f);
+  }
+}
+
+TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEveryStep) {
+  const int n = 2;
+  auto workers = MakeWorkers(n);
+  auto model = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+      {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+      {"class_name": "Dense", "config": {"units": 3, "activation": "softmax"}}]}})");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
+  auto optimizer = Optimizer::FromKeras("adam");
+  ASSERT_TRUE(loss.ok() && optimizer.ok());
+  constexpr int kSteps = 20;
+  // per worker, per step: every local copy of every variable, flattened.
+  std::vector<std::vector<std::vector<float>>> seen(n, std::vector<std::vector<float>>(kSteps));
+  OnEveryWorker(n, [&](int w) {
+    Strategy& strategy = *workers[w];
+    // Different seeds: the chief's initial values must win.
+    std::vector<Tensor> initial = model->InitialVariables(100 + w);
+    ASSERT_TRUE(strategy.BroadcastFromChief(initial).ok());
+    DistributedVariables variables = strategy.CreateVariables(initial);
+    std::vector<std::vector<std::vector<Tensor>>> slots(kLocalReplicas);
+    std::vector<std::unique_ptr<Workspace>> workspaces;
+    for (int r = 0; r < kLocalReplicas; ++r) workspaces.push_back(model->NewWorkspace(r));
+    PerReplica<std::vector<Tensor>> gradients{std::vector<std::vector<Tensor>>(kLocalReplicas)};
+    for (int step = 0; step < kSteps; ++step) {
+      auto stats =
+          strategy.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
+            const int r = context.local_replica_id();
+            // Each replica of each worker gets its own data.
+            const int id = context.replica_id_in_sync_group();
+            Tensor x(DType::kFloat32, Shape({4, 8}));
+            Tensor y(DType::kInt32, Shape({4}));
+            for (int64_t i = 0; i < x.num_elements(); ++i) {
+              x.data<float>()[i] = static_cast<float>((i * 31 + id * 7 + step * 13) % 17) / 17.0f;
+            }
+            for (int i = 0; i < 4; ++i) y.data<int32_t>()[i] = (i + id + step) % 3;
+            return model->TrainStep(variables.ReplicaValues(r), x, y, *loss, 1.0f / 16.0f,
+                                    *workspaces[r], gradients[r]);
+          });
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ASSERT_TRUE(strategy
+                      .ApplyGradients(gradients, variables,
+                                      [&](int copy, std::vector<Tensor>& vars,
+                                          const std::vector<Tensor>& grads) {
+                                        (*optimizer)->Apply(vars, grads, slots[copy], step);
+                                        return absl::OkStatus();
+                                      })
+                      .ok());
+      for (int copy = 0; copy < variables.num_copies(); ++copy) {
+        for (const Tensor& v : variables.MutableCopy(copy)) {
+          seen[w][step].insert(seen[w][step].end(), v.data<float>(),
+                               v.data<float>() + v.num_elements());
+        }
+      }
+    }
+  });
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<float>& chief = seen[0][step];
+    const size_t per_copy = chief.size() / kLocalReplicas;
+    ASSERT_EQ(std::memcmp(chief.data(), chief.data() + per_copy, per_copy * sizeof(float)), 0)
+        << "the chief's local copies differ after step " << step;
+    ASSERT_EQ(seen[1][step].size(), chief.size());
+    ASSERT_EQ(std::memcmp(chief.data(), seen[1][step].data(), chief.size() * sizeof(float)), 0)
+        << "worker 1 differs from the chief after step " << step;
+  }
+  // Training moved the variables.
+  EXPECT_NE(std::memcmp(seen[0][0].data(), seen[0][kSteps - 1].data(), 64), 0);
+}
+
+TEST(MultiWorkerMirroredStrategyTest, ADeadWorkerFailsTheStepInsteadOfHangingIt) {
+  auto group = InProcessTransportGroup::Create(2);
+  auto collectives = Collectives::Create(group->TakeTransport(0), {.timeout = absl::Seconds(30)});
+  ASSERT_TRUE(collectives.ok());
+  auto strategy = MultiWorkerMirroredStrategy::Create({}, *std::move(collectives));
+  ASSERT_TRUE(strategy.ok());
+  group->Close(1);
+  std::vector<Tensor> values = {Tensor::FromVector<float>({1}, {1.0f})};
+  const absl::Time start = absl::Now();
+  absl::Status status = (*strategy)->AllReduceAcrossWorkers(ReduceOp::kSum, values);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("rank 1"));
+}
+
+}  // namespace
+}  // namespace stratum

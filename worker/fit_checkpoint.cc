@@ -1,0 +1,113 @@
+#include "stratum/worker/fit_checkpoint.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/checkpoint/checkpoint_reader.h"
+#include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+constexpr char kFormat[] = "stratum-fit-checkpoint-1";
+constexpr char kFile[] = "state.safetensors";
+
+std::string SlotName(const VariableSpec& variable, const std::string& slot) {
+  return absl::StrCat(variable.name, "/slot_", slot);
+}
+
+}  // namespace
+
+absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Model& model,
+                               const Optimizer& optimizer, const FitState& state) {
+  const std::vector<VariableSpec>& specs = model.variables();
+  const std::vector<std::string> slot_names = optimizer.SlotNames();
+  TensorFile file;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    file.tensors.emplace_back(specs[i].name, state.variables[i]);
+    if (i < state.slots.size() && state.slots[i].size() == slot_names.size()) {
+      for (size_t s = 0; s < slot_names.size(); ++s) {
+        file.tensors.emplace_back(SlotName(specs[i], slot_names[s]), state.slots[i][s]);
+      }
+    }
+  }
+  file.metadata = {{"format", kFormat}};
+  STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir, state.iteration));
+  STRATUM_ASSIGN_OR_RETURN(const WrittenFile written,
+                           WriteSafetensors(absl::StrCat(folder, "/", kFile), file));
+  const nlohmann::json manifest = {
+      {"format", kFormat},
+      {"step", state.iteration},
+      {"epoch", state.epoch},
+      {"step_in_epoch", state.step_in_epoch},
+      {"epoch_stats",
+       {{"loss_sum", state.epoch_stats.loss_sum},
+        {"correct", state.epoch_stats.correct},
+        {"examples", state.epoch_stats.examples}}},
+      {"history", state.history},
+      {"optimizer", optimizer.name()},
+      {"files", {{{"file", kFile}, {"crc32", written.crc32}, {"bytes", written.bytes}}}}};
+  return CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
+}
+
+absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::string& dir,
+                                                                const Model& model,
+                                                                const Optimizer& optimizer) {
+  STRATUM_ASSIGN_OR_RETURN(std::optional<std::string> folder, LatestCheckpointFolder(dir));
+  if (!folder.has_value()) return std::optional<FitState>();
+  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadJsonObjectFile(*folder + "/manifest.json"));
+  if (manifest.value("format", "") != kFormat) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", *folder, " is not a training checkpoint of this kind (format \"",
+        manifest.value("format", ""), "\"): point checkpoint.dir at a folder of its own"));
+  }
+  if (manifest.value("optimizer", "") != optimizer.name()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", *folder, " was written with optimizer ",
+                     manifest.value("optimizer", ""), " but the job uses ", optimizer.name(),
+                     ": use the same optimizer or another checkpoint.dir"));
+  }
+  const nlohmann::json& files = manifest["files"];
+  if (!files.is_array() || files.size() != 1) {
+    return absl::DataLossError(absl::StrCat(*folder, "/manifest.json lists no state file"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(TensorFile file,
+                           ReadSafetensors(absl::StrCat(*folder, "/", files[0].value("file", "")),
+                                           files[0].value("crc32", 0u)));
+  std::map<std::string, Tensor> tensors;
+  for (auto& [name, tensor] : file.tensors) tensors[name] = std::move(tensor);
+
+  FitState state;
+  state.epoch = manifest.value("epoch", int64_t{0});
+  state.step_in_epoch = manifest.value("step_in_epoch", int64_t{0});
+  state.iteration = manifest.value("step", int64_t{0});
+  const nlohmann::json stats = manifest.value("epoch_stats", nlohmann::json::object());
+  state.epoch_stats.loss_sum = stats.value("loss_sum", 0.0);
+  state.epoch_stats.correct = stats.value("correct", int64_t{0});
+  state.epoch_stats.examples = stats.value("examples", int64_t{0});
+  state.history = manifest.value("history", nlohmann::json::array());
+  const std::vector<std::string> slot_names = optimizer.SlotNames();
+  for (const VariableSpec& spec : model.variables()) {
+    auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {
+      auto found = tensors.find(name);
+      if (found == tensors.end() || found->second.shape() != spec.shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", *folder, " has no ", name, " of shape ", spec.shape.ToString(),
+            ": it was written for another model; use the same model or another checkpoint.dir"));
+      }
+      return std::move(found->second);
+    };
+    STRATUM_ASSIGN_OR_RETURN(Tensor value, take(spec.name));
+    state.variables.push_back(std::move(value));
+    std::vector<Tensor> slots;
+    for (const std::string& slot : slot_names) {
+      STRATUM_ASSIGN_OR_RETURN(Tensor value, take(SlotName(spec, slot)));
+      slots.push_back(std::move(value));
+    }
+    state.slots.push_back(std::move(slots));
+  }
+  return std::optional<FitState>(std::move(state));
+}
+
+}  // namespace stratum

@@ -1,0 +1,59 @@
+// A MultiWorkerMirrored job as one of its workers runs it (what `stratum-worker --job`
+// does when the job's strategy is multi_worker_mirrored): join the coordination service on
+// the leader (chief:0, else worker:0), connect the collectives' TCP mesh through its
+// key-value store, broadcast or restore the variables from the chief, Fit in lock-step,
+// and leave together at a final barrier. A failure anywhere is reported to the service, so
+// the other workers stop at once with an error naming this task instead of waiting.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "stratum/cluster/cluster_spec.h"
+#include "stratum/job/job_spec.h"
+#include "stratum/net/channel.h"
+#include "stratum/worker/collective/transport.h"
+#include "stratum/worker/coordination_client.h"
+#include "stratum/worker/fit.h"
+
+namespace stratum {
+
+struct MultiWorkerJobOptions {
+  ClusterSpec cluster;
+  TaskKey task;  // chief:0 or worker:i
+  ChannelOptions channel;
+  // How long to wait for the leader and for every peer to connect.
+  absl::Duration connect_timeout = absl::Minutes(2);
+  ProgressStyle progress = ProgressStyle::kLines;
+  FILE* out = stdout;
+};
+
+// The collectives find each other through the coordination service's key-value store.
+class CoordinationRendezvous : public Rendezvous {
+ public:
+  explicit CoordinationRendezvous(CoordinationClient& client) : client_(client) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return client_.SetKeyValue(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return client_.GetKeyValue(key, timeout);
+  }
+
+ private:
+  CoordinationClient& client_;
+};
+
+// The leader of the job: chief:0 when the cluster has a chief, else worker:0.
+TaskKey MultiWorkerLeader(const ClusterSpec& cluster);
+
+// The tasks that train in lock-step: chief:0 (if any), then every worker, in rank order.
+std::vector<TaskKey> MultiWorkerTasks(const ClusterSpec& cluster);
+
+// Trains `job` as `options.task`. The leader's process must serve the coordination
+// service on its TaskServer (see stratum_worker_main.cc) before calling this.
+absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
+                                             const MultiWorkerJobOptions& options);
+
+}  // namespace stratum

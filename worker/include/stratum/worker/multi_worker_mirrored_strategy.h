@@ -1,0 +1,45 @@
+// MultiWorkerMirroredStrategy: synchronous data parallelism across processes. Every worker
+// runs the same training program on its local replicas (as MirroredStrategy does); each
+// step the gradients are reduced over the local replicas, then over the workers by the
+// collectives (ring all-reduce over TCP), then copied back to every local replica, so all
+// copies on all workers stay identical bit for bit. Initial and restored variables are
+// broadcast from the chief (worker index 0).
+//
+// Create takes collectives already connected (see ConnectMultiWorker in
+// multi_worker_job.h for the TF_CONFIG path). Thread safety: as Strategy (one training
+// thread); the collectives are used from the replica that completes a local reduction.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stratum/worker/collective/collectives.h"
+#include "stratum/worker/mirrored_strategy.h"
+
+namespace stratum {
+
+class MultiWorkerMirroredStrategy : public MirroredStrategy {
+ public:
+  // `collectives`' rank is this worker's index, its size the number of workers.
+  static absl::StatusOr<std::unique_ptr<MultiWorkerMirroredStrategy>> Create(
+      const MirroredOptions& local, std::unique_ptr<Collectives> collectives);
+
+  std::string name() const override { return "MultiWorkerMirroredStrategy"; }
+  int num_workers() const override { return collectives_->size(); }
+  int worker_index() const override { return collectives_->rank(); }
+  absl::Status AllReduceAcrossWorkers(ReduceOp op, std::vector<Tensor>& values) const override;
+  absl::Status BroadcastFromChief(std::vector<Tensor>& values) const override;
+
+ private:
+  MultiWorkerMirroredStrategy(std::vector<std::string> devices,
+                              std::unique_ptr<CrossDeviceOps> cross_device_ops,
+                              StrategyOptions options, std::unique_ptr<Collectives> collectives)
+      : MirroredStrategy(std::move(devices), std::move(cross_device_ops), options),
+        collectives_(std::move(collectives)) {}
+
+  std::unique_ptr<Collectives> collectives_;
+};
+
+}  // namespace stratum
