@@ -88,9 +88,11 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n) {
   auto port = PickFreePort();
   if (!port.ok()) return port.status();
   const std::string address = absl::StrCat("127.0.0.1:", *port);
-  auto server = TaskServer::Start(
-      {.task = {kChief, 0}, .binary = "allreduce_bench", .listen_address = address},
-      {&grpc_service});
+  TaskServerOptions server_options;
+  server_options.task = TaskKey{kChief, 0};
+  server_options.binary = "allreduce_bench";
+  server_options.listen_address = address;
+  auto server = TaskServer::Start(server_options, {&grpc_service});
   if (!server.ok()) return server.status();
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
