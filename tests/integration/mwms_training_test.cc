@@ -19,10 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
-}
+using testing::TempPath;
 
 std::string WriteJob(const std::string& name, int epochs, int steps_per_epoch,
                      const std::string& checkpoint_dir = "", int every_steps = 0) {
@@ -53,16 +50,6 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartJob(int workers, const std::s
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream file(path);
   return nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-}
-
-bool WaitForOutput(LocalCluster& cluster, const TaskKey& task, const std::string& text,
-                   absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (cluster.Output(task).find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
 }
 
 TEST(MwmsTrainingTest, TwoWorkersTrainInLockStepAndAgree) {
@@ -145,7 +132,7 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
   {
     auto cluster = StartJob(2, job, summary);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(WaitForOutput(**cluster, {"worker", 0}, "Epoch 1/3", absl::Seconds(60)))
+    ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/3", absl::Seconds(60)))
         << (*cluster)->Output({"worker", 0});
     ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
     // worker:0 does not hang: it stops, naming the worker that is gone.

@@ -16,10 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
-}
+using testing::TempPath;
 
 std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
                      const std::string& checkpoint_dir = "", int every_steps = 0) {
@@ -34,16 +31,6 @@ std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
   const std::string path = TempPath(name + ".json");
   std::ofstream(path) << job.dump();
   return path;
-}
-
-bool WaitForOutput(LocalCluster& cluster, const TaskKey& task, const std::string& text,
-                   absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (cluster.Output(task).find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
 }
 
 TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
@@ -101,10 +88,10 @@ TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRe
        .args_by_type = {{"chief", {"--job=" + WriteJob(4, 150, "ps_fault_job")}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/4", absl::Seconds(60)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/4", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "worker:1 at", absl::Seconds(30)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "worker:1 at", absl::Seconds(30)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
@@ -126,7 +113,7 @@ TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
        .args_by_type = {{"chief", {"--job=" + WriteJob(50, 100, "ps_dies_job")}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
   const absl::Time killed = absl::Now();
@@ -149,7 +136,7 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
        .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "resume_job", checkpoints, 50)}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Kill({"chief", 0}).ok());
   ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
@@ -189,10 +176,10 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
        .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "ps_back_job", checkpoints, 50)}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
-  ASSERT_TRUE(WaitForOutput(**cluster, {"chief", 0}, "waiting up to", absl::Seconds(30)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Restart({"ps", 1}).ok());
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
@@ -222,8 +209,8 @@ TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE(WaitForOutput(**cluster, {"evaluator", 0}, "evaluated the checkpoint at step 200",
-                            absl::Seconds(30)))
+  ASSERT_TRUE((*cluster)->WaitForOutput({"evaluator", 0}, "evaluated the checkpoint at step 200",
+                                        absl::Seconds(30)))
       << (*cluster)->Output({"evaluator", 0});
   std::ifstream chief_summary(summary);
   const double trained = nlohmann::json::parse(chief_summary)["test_accuracy"];

@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "stratum/launch/task_processes.h"
 #include "stratum/net/health.h"
@@ -139,6 +141,21 @@ int LocalCluster::Pid(const TaskKey& task) {
 std::string LocalCluster::Output(const TaskKey& task) const {
   auto process = processes_.find(task);
   return process == processes_.end() ? "" : process->second->output();
+}
+
+bool LocalCluster::WaitForOutput(const TaskKey& task, const std::string& text,
+                                 absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (Output(task).find(text) != std::string::npos) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name, "_", getpid());
 }
 
 void LocalCluster::Stop() {

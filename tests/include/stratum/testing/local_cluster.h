@@ -47,6 +47,9 @@ struct LocalClusterOptions {
   bool forward_output = true;
 };
 
+// A path under the test's temporary folder, unique to this process: "<tmp>/<name>_<pid>".
+std::string TempPath(const std::string& name);
+
 class LocalCluster {
  public:
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
@@ -74,6 +77,8 @@ class LocalCluster {
   int Pid(const TaskKey& task);
   // Everything the task's current process has printed.
   std::string Output(const TaskKey& task) const;
+  // Waits until the task's output contains `text`; false when `timeout` passes first.
+  bool WaitForOutput(const TaskKey& task, const std::string& text, absl::Duration timeout) const;
   // Stops every task (TERM, then KILL after stop_grace).
   void Stop();
 
