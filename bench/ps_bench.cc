@@ -1,13 +1,20 @@
 // Parameter-server throughput: W worker processes push a gradient of one variable and pull
 // it back (one Push with pull_after per update) to one real stratum-ps, for 4 KiB to
 // 16 MiB and 1 to 4 workers: updates/s and push+pull GB/s, against PyTorch's RPC
-// parameter server (shared/peers/ps_torch_rpc.py) run side by side.
+// parameter server (shared/peers/ps_torch_rpc.py) run side by side. Workers here share
+// the PS's host, so they take the data path's shared memory, as PyTorch's TensorPipe
+// takes its shared-memory and cross-memory-attach channels; the data path's TCP and gRPC
+// are measured too, at 4 MiB with one worker.
 //
-//   build/bin/ps_bench [--seconds=2] [--peers_dir=../shared/peers]
+//   build/bin/ps_bench [--seconds=2] [--peers_dir=../shared/peers] [--sweep=false]
+//                      [--transports=auto,tcp,grpc] [--anchors=false]
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -20,8 +27,15 @@
 
 ABSL_FLAG(double, seconds, 2, "Seconds per measurement");
 ABSL_FLAG(std::string, peers_dir, STRATUM_SOURCE_DIR "/../shared/peers", "Anchor programs");
+ABSL_FLAG(bool, sweep, true, "Measure every size with 1, 2 and 4 workers");
+ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "grpc"}),
+          "Transports to measure at 4 MiB with one worker: auto, tcp, grpc");
+ABSL_FLAG(bool, anchors, true, "Measure the PyTorch anchors and compare");
 ABSL_FLAG(std::string, worker_address, "", "Internal: run as one pushing worker against this PS");
 ABSL_FLAG(int64_t, worker_bytes, 0, "Internal: gradient size of a worker");
+ABSL_FLAG(std::string, worker_transport, "auto",
+          "Internal: auto (the data path, shared memory on this host), tcp (the data path "
+          "without shared memory) or grpc");
 
 namespace stratum {
 namespace {
@@ -32,8 +46,12 @@ const nlohmann::json kSgd =
 std::string VariableName(int64_t bytes) { return absl::StrCat("v", bytes); }
 
 // One worker process: push + pull for `seconds`, print {"updates": n, "seconds": t}.
-int RunWorker(const std::string& address, int64_t bytes, double seconds) {
-  PsClient client("ps:0", address);
+int RunWorker(const std::string& address, int64_t bytes, double seconds,
+              const std::string& transport) {
+  PsClientOptions options;
+  if (transport == "grpc") options.data_path_min_bytes = -1;
+  if (transport == "tcp") options.shared_memory = false;
+  PsClient client("ps:0", address, options);
   const std::string name = VariableName(bytes);
   Tensor gradient(DType::kFloat32, {bytes / 4});
   gradient.Flat().setConstant(1);
@@ -49,35 +67,58 @@ int RunWorker(const std::string& address, int64_t bytes, double seconds) {
     }
     ++updates;
   }
-  std::printf("{\"updates\": %lld, \"seconds\": %f}\n", static_cast<long long>(updates),
-              absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("%s\n", nlohmann::json({{"updates", updates},
+                                      {"seconds", absl::ToDoubleSeconds(absl::Now() - start)},
+                                      {"transport", client.transport()}})
+                          .dump()
+                          .c_str());
   return 0;
 }
 
+struct Rate {
+  double updates_per_sec = 0;
+  std::string transport;  // what the workers' PsClient used
+};
+
 // Starts W worker processes at once and sums their rates.
-absl::StatusOr<double> MeasureUpdatesPerSec(const std::string& self, const std::string& address,
-                                            int workers, int64_t bytes, double seconds) {
+absl::StatusOr<Rate> MeasureUpdatesPerSec(const std::string& self, const std::string& address,
+                                          int workers, int64_t bytes, double seconds,
+                                          const std::string& transport) {
   std::vector<std::unique_ptr<Subprocess>> processes;
   for (int w = 0; w < workers; ++w) {
     SubprocessOptions options;
     options.argv = {self, "--worker_address=" + address, absl::StrCat("--worker_bytes=", bytes),
-                    absl::StrCat("--seconds=", seconds)};
+                    absl::StrCat("--seconds=", seconds), "--worker_transport=" + transport};
     options.forward_fd = -1;
     options.capture_output = true;
     auto process = Subprocess::Spawn(std::move(options));
     if (!process.ok()) return process.status();
     processes.push_back(*std::move(process));
   }
-  double rate = 0;
+  Rate rate;
   for (auto& process : processes) {
     auto exit = process->Wait(absl::Seconds(seconds + 60));
     if (!exit.ok() || !exit->success()) {
       return absl::InternalError(absl::StrCat("a worker failed: ", process->output()));
     }
     const nlohmann::json result = nlohmann::json::parse(process->output());
-    rate += result["updates"].get<double>() / result["seconds"].get<double>();
+    rate.updates_per_sec += result["updates"].get<double>() / result["seconds"].get<double>();
+    rate.transport = result["transport"].get<std::string>();
   }
   return rate;
+}
+
+void PrintRate(int workers, int64_t bytes, const Rate& rate) {
+  std::printf("%s\n", nlohmann::json({{"benchmark", "ps_push_pull"},
+                                      {"workers", workers},
+                                      {"bytes", bytes},
+                                      {"transport", rate.transport},
+                                      {"updates_per_sec", rate.updates_per_sec},
+                                      {"gb_per_sec", rate.updates_per_sec * 2 * bytes / 1e9},
+                                      {"unit", "updates/s"}})
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
 }
 
 double TorchAnchor(int workers, int64_t bytes, double seconds) {
@@ -116,27 +157,27 @@ int Run() {
     }
   }
   const std::string self = SelfPath();
-  std::map<std::pair<int, int64_t>, double> rates;
+  auto measure = [&](int workers, int64_t bytes, const std::string& transport) -> Rate {
+    absl::StatusOr<Rate> rate =
+        MeasureUpdatesPerSec(self, address, workers, bytes, seconds, transport);
+    if (!rate.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n", std::string(rate.status().message()).c_str());
+      std::exit(1);
+    }
+    return *rate;
+  };
   for (int workers : {1, 2, 4}) {
     for (int64_t bytes : sizes) {
-      auto rate = MeasureUpdatesPerSec(self, address, workers, bytes, seconds);
-      if (!rate.ok()) {
-        std::fprintf(stderr, "ps_bench: %s\n", std::string(rate.status().message()).c_str());
-        return 1;
-      }
-      rates[{workers, bytes}] = *rate;
-      std::printf("%s\n", nlohmann::json({{"benchmark", "ps_push_pull"},
-                                          {"workers", workers},
-                                          {"bytes", bytes},
-                                          {"updates_per_sec", *rate},
-                                          {"gb_per_sec", *rate * 2 * bytes / 1e9},
-                                          {"unit", "updates/s"}})
-                              .dump()
-                              .c_str());
-      std::fflush(stdout);
+      if (absl::GetFlag(FLAGS_sweep)) PrintRate(workers, bytes, measure(workers, bytes, "auto"));
     }
   }
-  // The two anchor configurations, PyTorch measured now, beside ours.
+  // What each transport gives at the size of the first anchor: the data path's shared
+  // memory (a worker on the PS's host), its TCP (a worker elsewhere), and gRPC.
+  for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
+    PrintRate(1, 4 << 20, measure(1, 4 << 20, transport));
+  }
+  // The two anchor configurations: PyTorch, then ours right after it, so that both meet the
+  // same load on this shared machine.
   struct Anchor {
     int workers;
     int64_t bytes;
@@ -144,22 +185,26 @@ int Run() {
     double seen;
   };
   for (const Anchor& anchor : {Anchor{1, 4 << 20, 2, 168}, Anchor{2, 4 << 10, 5, 1270}}) {
+    if (!absl::GetFlag(FLAGS_anchors)) break;
     const double torch = TorchAnchor(anchor.workers, anchor.bytes, seconds);
-    const double ours = rates[{anchor.workers, anchor.bytes}];
+    const Rate ours = measure(anchor.workers, anchor.bytes, "auto");
     const double reference = torch > 0 ? torch : anchor.seen;
+    const double ratio = ours.updates_per_sec / reference;
     std::printf("%s\n",
                 nlohmann::json({{"benchmark", absl::StrCat("ps_vs_torch_rpc_", anchor.workers, "w_",
                                                            anchor.bytes, "B")},
-                                {"value", ours / reference},
+                                {"value", ratio},
                                 {"unit", "x PyTorch RPC"},
                                 {"goal", anchor.factor},
                                 {"goal_is", "at_least"},
-                                {"met", ours / reference >= anchor.factor},
-                                {"stratum_updates_per_sec", ours},
+                                {"met", ratio >= anchor.factor},
+                                {"stratum_updates_per_sec", ours.updates_per_sec},
+                                {"stratum_transport", ours.transport},
                                 {"torch_updates_per_sec_now", torch},
                                 {"torch_updates_per_sec_seen_before", anchor.seen}})
                     .dump()
                     .c_str());
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -171,7 +216,8 @@ int main(int argc, char** argv) {
   stratum::ParseFlagsOrExit(argc, argv, "ps_bench: parameter-server push+pull throughput, as JSON");
   if (!absl::GetFlag(FLAGS_worker_address).empty()) {
     return stratum::RunWorker(absl::GetFlag(FLAGS_worker_address),
-                              absl::GetFlag(FLAGS_worker_bytes), absl::GetFlag(FLAGS_seconds));
+                              absl::GetFlag(FLAGS_worker_bytes), absl::GetFlag(FLAGS_seconds),
+                              absl::GetFlag(FLAGS_worker_transport));
   }
   return stratum::Run();
 }

@@ -33,12 +33,13 @@ double Now() {
 class GrpcWorkerExecutor : public WorkerExecutor {
  public:
   GrpcWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
-                     absl::Duration timeout)
+                     absl::Duration timeout, ChannelOptions channel)
       : task_(std::move(task)),
         address_(std::move(address)),
         setup_(std::move(setup)),
         timeout_(timeout),
-        stub_(proto::WorkerService::NewStub(MakeChannel(address_))) {}
+        channel_(std::move(channel)),
+        stub_(proto::WorkerService::NewStub(MakeChannel(address_, channel_))) {}
 
   std::string name() const override { return absl::StrCat(task_, " at ", address_); }
 
@@ -72,7 +73,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override {
     bool said = false;
     while (!stop) {
-      if (CheckHealth(address_, absl::Seconds(1)).ok()) {
+      if (CheckHealth(address_, absl::Seconds(1), channel_).ok()) {
         spdlog::info("{} answers again; it will be set up anew", name());
         return absl::OkStatus();
       }
@@ -103,6 +104,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   std::string address_;
   proto::SetupJobRequest setup_;
   absl::Duration timeout_;
+  ChannelOptions channel_;
   std::unique_ptr<proto::WorkerService::Stub> stub_;
   bool set_up_ = false;  // used by this executor's threads; closures_per_worker is 1
 };
@@ -144,8 +146,9 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int task = 0; task < num_ps; ++task) {
     ps_addresses.push_back(*cluster.TaskAddress(kPs, task));
-    clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses.back(),
-                                                 PsClientOptions{.timeout = options.rpc_timeout}));
+    clients.push_back(std::make_unique<PsClient>(
+        absl::StrCat("ps:", task), ps_addresses.back(),
+        PsClientOptions{.timeout = options.rpc_timeout, .channel = options.channel}));
   }
   ShardedVariables variables(names, shapes, shards, std::move(clients));
   if (absl::Status status = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
@@ -190,7 +193,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     setup.set_worker_index(index);
     executors.push_back(std::make_unique<GrpcWorkerExecutor>(
         absl::StrCat("worker:", index), *cluster.TaskAddress(kWorker, index), std::move(setup),
-        options.rpc_timeout));
+        options.rpc_timeout, options.channel));
   }
   ClusterCoordinator coordinator(std::move(executors));
 
@@ -298,6 +301,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     ClusterWaitOptions wait;
     wait.timeout = options.ps_recovery_timeout;
     wait.cancel = options.cancel;
+    wait.channel = options.channel;
     if (absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
         !back.ok()) {
       return absl::UnavailableError(

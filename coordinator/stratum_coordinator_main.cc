@@ -65,6 +65,7 @@ int Train(const TaskContext& context, const std::string& job_path, ShutdownWatch
   options.placement = absl::GetFlag(FLAGS_placement);
   options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
   options.cancel = &shutdown.notification();
+  options.channel = context.channel_options();
   absl::StatusOr<FitSummary> summary =
       RunParameterServerJob(*job, text.str(), base_dir, context.resolver.cluster_spec(), options);
   if (!summary.ok()) {
@@ -102,6 +103,7 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   ClusterWaitOptions wait;
   wait.timeout = absl::GetFlag(FLAGS_cluster_timeout);
   wait.cancel = &shutdown.notification();
+  wait.channel = context.channel_options();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<TaskReport>> reports = WaitForClusterHealthy(spec, wait);
   if (!reports.ok()) return ReportFatal(context.binary, reports.status());

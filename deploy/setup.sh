@@ -7,7 +7,8 @@
 #   BUILD_DIR=out deploy/setup.sh    build somewhere else
 #
 # CUDA and NCCL are used when found (/usr/local/cuda); set STRATUM_WITH_CUDA=OFF to skip
-# them, ON to require them. Runs apt-get as root, or through sudo.
+# them, ON to require them. STRATUM_BUILD_TESTS=OFF builds only the binaries and examples
+# (the container image does). Runs apt-get as root, or through sudo.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,6 +52,7 @@ fi
 
 cmake_args=(-S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release)
 [ -n "${STRATUM_WITH_CUDA:-}" ] && cmake_args+=("-DSTRATUM_WITH_CUDA=$STRATUM_WITH_CUDA")
+[ -n "${STRATUM_BUILD_TESTS:-}" ] && cmake_args+=("-DSTRATUM_BUILD_TESTS=$STRATUM_BUILD_TESTS")
 # CI builds with warnings as errors, so that none creeps in.
 [ "${CI:-}" = "true" ] && cmake_args+=(-DSTRATUM_WERROR=ON)
 cmake "${cmake_args[@]}" >/dev/null

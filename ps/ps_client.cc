@@ -34,7 +34,7 @@ PsClient::PsClient(std::string task, std::string address, PsClientOptions option
     : task_(std::move(task)),
       address_(std::move(address)),
       options_(options),
-      stub_(proto::ParameterServer::NewStub(MakeChannel(address_))) {}
+      stub_(proto::ParameterServer::NewStub(MakeChannel(address_, options_.channel))) {}
 
 std::string PsClient::Peer() const { return absl::StrCat(task_, " at ", address_); }
 
@@ -59,7 +59,57 @@ absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<Na
   return std::vector<bool>(response.created().begin(), response.created().end());
 }
 
+std::string PsClient::transport() const {
+  absl::MutexLock lock(&data_mutex_);
+  if (data_ == nullptr || data_->transport().empty()) return "grpc";
+  return data_->transport();
+}
+
+std::shared_ptr<PsDataClient> PsClient::DataClient() {
+  if (options_.data_path_min_bytes < 0 || options_.channel.tls) return nullptr;
+  absl::MutexLock lock(&data_mutex_);
+  if (data_asked_ || absl::Now() < data_retry_after_) return data_;
+  grpc::ClientContext context;
+  Prepare(context, std::min(options_.timeout, absl::Seconds(10)));
+  proto::DataPathResponse response;
+  const grpc::Status status = stub_->DataPath(&context, proto::DataPathRequest(), &response);
+  // UNIMPLEMENTED: a PS without a data path. Anything else: ask again next time.
+  if (!status.ok() && status.error_code() != grpc::StatusCode::UNIMPLEMENTED) return nullptr;
+  data_asked_ = true;
+  if (!status.ok() || response.tcp_port() <= 0) return nullptr;
+  const size_t colon = address_.rfind(':');
+  std::string host = address_.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  PsDataClientOptions options;
+  options.timeout = options_.timeout;
+  options.shared_memory = options_.shared_memory;
+  options.limits.max_bytes = static_cast<uint64_t>(response.max_bytes());
+  data_ = std::make_shared<PsDataClient>(
+      Peer(), host,
+      DataPathEndpoint{response.tcp_port(), response.unix_socket(), response.token(),
+                       static_cast<uint64_t>(response.max_bytes())},
+      options);
+  return data_;
+}
+
+void PsClient::ForgetDataClient(bool back_off) {
+  constexpr absl::Duration kBackOff = absl::Seconds(30);
+  absl::MutexLock lock(&data_mutex_);
+  data_asked_ = false;
+  data_.reset();
+  if (back_off) data_retry_after_ = absl::Now() + kBackOff;
+}
+
 absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string>& names) {
+  if (std::shared_ptr<PsDataClient> data = DataClient()) {
+    DataCallOutcome outcome;
+    absl::StatusOr<std::vector<Tensor>> values = data->Pull(names, &outcome);
+    if (outcome != DataCallOutcome::kAnswered) {
+      ForgetDataClient(/*back_off=*/absl::IsDeadlineExceeded(values.status()) &&
+                       outcome == DataCallOutcome::kNotSent);
+    }
+    if (outcome != DataCallOutcome::kNotSent) return values;
+  }
   proto::PullRequest request;
   for (const std::string& name : names) request.add_names(name);
   grpc::ClientContext context;
@@ -73,6 +123,27 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
 }
 
 absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled) {
+  int64_t bytes = 0;
+  for (const NamedValue& gradient : gradients) {
+    bytes += static_cast<int64_t>(gradient.value.byte_size());
+  }
+  std::shared_ptr<PsDataClient> data =
+      bytes >= options_.data_path_min_bytes ? DataClient() : nullptr;
+  if (data != nullptr) {
+    std::vector<std::string> names;
+    std::vector<Tensor> tensors;
+    for (const NamedValue& gradient : gradients) {
+      names.push_back(gradient.name);
+      tensors.push_back(gradient.value);
+    }
+    DataCallOutcome outcome;
+    absl::Status status = data->Push(names, tensors, pulled, &outcome);
+    if (outcome != DataCallOutcome::kAnswered) {
+      ForgetDataClient(/*back_off=*/absl::IsDeadlineExceeded(status) &&
+                       outcome == DataCallOutcome::kNotSent);
+    }
+    if (outcome != DataCallOutcome::kNotSent) return status;
+  }
   proto::PushRequest request;
   for (const NamedValue& gradient : gradients) {
     proto::NamedTensor* message = request.add_gradients();

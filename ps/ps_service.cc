@@ -163,4 +163,13 @@ grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreReques
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::DataPath(grpc::ServerContext*, const proto::DataPathRequest*,
+                                 proto::DataPathResponse* response) {
+  response->set_tcp_port(data_path_.tcp_port);
+  response->set_unix_socket(data_path_.unix_name);
+  response->set_token(data_path_.token);
+  response->set_max_bytes(static_cast<int64_t>(data_path_.max_bytes));
+  return grpc::Status::OK;
+}
+
 }  // namespace stratum

@@ -1,10 +1,31 @@
 // stratum-ps: a parameter-server task. Holds variables and their optimizer state and
 // applies the gradients workers push, as they arrive, on its TF_CONFIG address until
-// SIGTERM/SIGINT.
+// SIGTERM/SIGINT. Large pushes and pulls may take its raw data path (--data_path), whose
+// endpoint the gRPC service announces.
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
+#include "stratum/ps/data_path.h"
 #include "stratum/ps/ps_service.h"
 #include "stratum/util/flags.h"
+
+ABSL_FLAG(bool, data_path, true,
+          "Serve pushes and pulls also on a raw socket beside gRPC (shared memory for workers "
+          "on this host), announced through gRPC; off with TLS, which it does not speak");
+ABSL_FLAG(int, data_port, 0, "The data path's TCP port; 0: any free port");
+
+namespace {
+
+// The host part of a listen address ("127.0.0.1:2222", "[::]:2222").
+std::string ListenHost(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   stratum::ShutdownWatcher shutdown;
@@ -16,6 +37,24 @@ int main(int argc, char** argv) {
   const stratum::TaskContext context =
       stratum::ResolveTaskOrExit({.binary = "stratum-ps", .task_types = {stratum::kPs}});
   stratum::VariableStore store;
-  stratum::PsService service(store);
-  return stratum::ServeUntilShutdown(context, shutdown, {&service});
+  std::unique_ptr<stratum::PsDataServer> data_server;
+  if (absl::GetFlag(FLAGS_data_path) && context.channel.tls) {
+    spdlog::info("data path off: the cluster speaks TLS, so pushes and pulls stay on gRPC");
+  } else if (absl::GetFlag(FLAGS_data_path) && !context.listen_address.empty()) {
+    absl::StatusOr<std::unique_ptr<stratum::PsDataServer>> started =
+        stratum::PsDataServer::Start(store, {.host = ListenHost(context.listen_address),
+                                             .port = absl::GetFlag(FLAGS_data_port),
+                                             .shutdown_grace = context.shutdown_grace});
+    if (!started.ok()) return stratum::ReportFatal(context.binary, started.status());
+    data_server = *std::move(started);
+    spdlog::info("data path on TCP port {}{}", data_server->endpoint().tcp_port,
+                 data_server->endpoint().unix_name.empty()
+                     ? ""
+                     : "; shared memory for workers on this host");
+  }
+  stratum::PsService service(
+      store, data_server != nullptr ? data_server->endpoint() : stratum::DataPathEndpoint{});
+  const int code = stratum::ServeUntilShutdown(context, shutdown, {&service});
+  if (data_server != nullptr) data_server->Shutdown();
+  return code;
 }

@@ -1,5 +1,6 @@
 #include "stratum/ps/variable_store.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -14,6 +15,18 @@ absl::Status CheckMatches(const std::string& name, const char* what, const Tenso
   return absl::InvalidArgumentError(absl::StrCat(
       what, " for variable \"", name, "\" is ", given.DebugString(), " but the variable is ",
       DTypeName(info.dtype), info.shape.ToString(), ": send a tensor of the variable's shape"));
+}
+
+// Whether every float is finite: NaN and Inf have all exponent bits set. A bit test that
+// the compiler vectorizes, several times faster than Eigen's isFinite() (it runs on every
+// element of every gradient pushed).
+bool AllFinite(const Tensor& tensor) {
+  const float* values = tensor.data<float>();
+  uint32_t bad = 0;
+  for (int64_t i = 0, n = tensor.num_elements(); i < n; ++i) {
+    bad |= (std::bit_cast<uint32_t>(values[i]) & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad == 0;
 }
 
 std::string OptimizerName(const nlohmann::json& config) {
@@ -88,6 +101,21 @@ absl::StatusOr<Tensor> VariableStore::Read(const std::string& name) const {
   return (*variable)->value.Clone();
 }
 
+absl::StatusOr<VariableInfo> VariableStore::ReadInto(
+    const std::string& name, const std::function<void*(const VariableInfo&)>& destination) const {
+  absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
+  if (!variable.ok()) return variable.status();
+  const Variable& v = **variable;
+  absl::MutexLock lock(&v.mutex);
+  void* out = destination(v.info);
+  if (out == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no room to copy variable \"", name, "\" (", v.value.byte_size(), " bytes)"));
+  }
+  if (v.value.byte_size() > 0) std::memcpy(out, v.value.raw_data(), v.value.byte_size());
+  return v.info;
+}
+
 absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
                                                const std::vector<int64_t>& indices) const {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
@@ -121,7 +149,7 @@ absl::Status VariableStore::Assign(const std::string& name, const Tensor& value)
 }
 
 absl::Status VariableStore::CheckFinite(const std::string& name, const Tensor& gradient) {
-  if (gradient.Flat().isFinite().all()) return absl::OkStatus();
+  if (AllFinite(gradient)) return absl::OkStatus();
   {
     absl::MutexLock lock(&stats_mutex_);
     ++refused_non_finite_;

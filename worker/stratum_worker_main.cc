@@ -59,6 +59,7 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
   if (!server.ok()) return ReportFatal(context.binary, server.status());
   MultiWorkerJobOptions options{.cluster = cluster,
                                 .task = context.task,
+                                .channel = context.channel_options(),
                                 .connect_timeout = absl::GetFlag(FLAGS_cluster_timeout)};
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
   if (coordination_grpc) coordination_grpc->Shutdown();
@@ -125,6 +126,6 @@ int main(int argc, char** argv) {
     spdlog::info("stopped");
     return 0;
   }
-  stratum::WorkerService service;
+  stratum::WorkerService service(context.channel_options());
   return stratum::ServeUntilShutdown(context, shutdown, {&service});
 }

@@ -30,7 +30,8 @@ class WorkerJob {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request) {
+absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request,
+                                                    const ChannelOptions& channel) {
   auto job = std::make_unique<WorkerJob>();
   job->incarnation = request.coordinator_incarnation();
   absl::StatusOr<JobSpec> spec =
@@ -93,8 +94,10 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   }
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int task = 0; task < request.ps_addresses_size(); ++task) {
-    clients.push_back(
-        std::make_unique<PsClient>(absl::StrCat("ps:", task), request.ps_addresses(task)));
+    PsClientOptions client_options;
+    client_options.channel = channel;
+    clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task),
+                                                 request.ps_addresses(task), client_options));
   }
   job->variables =
       std::make_unique<ShardedVariables>(names, shapes, std::move(shards), std::move(clients));
@@ -161,12 +164,12 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
                              Tensor::Scalar(static_cast<float>(examples))};
 }
 
-WorkerService::WorkerService() = default;
+WorkerService::WorkerService(ChannelOptions channel) : channel_(std::move(channel)) {}
 WorkerService::~WorkerService() = default;
 
 grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
                                      proto::SetupJobResponse* response) {
-  absl::StatusOr<std::unique_ptr<WorkerJob>> job = BuildJob(*request);
+  absl::StatusOr<std::unique_ptr<WorkerJob>> job = BuildJob(*request, channel_);
   if (!job.ok()) return ToGrpcStatus(job.status());
   absl::MutexLock lock(&mutex_);
   response->set_num_replicas((*job)->strategy->NumReplicasInSync());

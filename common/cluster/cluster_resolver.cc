@@ -67,6 +67,40 @@ absl::StatusOr<ParsedTask> ParseTask(const nlohmann::json& task) {
   return parsed;
 }
 
+// Kubeflow's training operator writes, for a TFJob with enableDynamicWorker, a
+// "sparseCluster" instead of "cluster": a worker sees itself ({"worker": {"1": address}})
+// and every ps; a ps sees only itself, as a list of one address whatever its index; the
+// chief sees nothing ({"worker": {}, "ps": []}). Empty jobs are left out and a ps's own
+// address is keyed by its index, so the cluster holds exactly what the task was told.
+absl::StatusOr<ClusterSpec> FromKubeflowSparseCluster(const nlohmann::json& sparse,
+                                                      const ParsedTask& task) {
+  if (!sparse.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_CONFIG sparseCluster is ", Shorten(sparse),
+        ", not an object: write it as Kubeflow does, {\"worker\": {\"1\": \"host:port\"}, "
+        "\"ps\": [\"host:port\"]}"));
+  }
+  nlohmann::json cluster = nlohmann::json::object();
+  for (const auto& [type, tasks] : sparse.items()) {
+    if ((tasks.is_array() || tasks.is_object()) && tasks.empty()) continue;
+    if (tasks.is_array() && tasks.size() == 1 && task.type == type && task.index.value_or(0) > 0) {
+      cluster[type] = {{std::to_string(*task.index), tasks[0]}};
+    } else {
+      cluster[type] = tasks;
+    }
+  }
+  const std::string own =
+      task.type ? absl::StrCat(*task.type, ":", task.index.value_or(0)) : std::string("this task");
+  if (cluster.empty() || (task.type && !cluster.contains(*task.type))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_CONFIG sparseCluster (written by Kubeflow for a TFJob with enableDynamicWorker) "
+        "does not list ",
+        own, ", and a Stratum ", task.type.value_or("task"),
+        " needs the whole cluster: set enableDynamicWorker to false in the TFJob"));
+  }
+  return ClusterSpec::FromJson(cluster, "TF_CONFIG (sparse)");
+}
+
 }  // namespace
 
 std::string ClusterResolver::master() const {
@@ -96,6 +130,7 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
     absl::string_view tf_config, const TaskOverrides& overrides) {
   TFConfigClusterResolver resolver;
   ParsedTask task;
+  std::optional<nlohmann::json> sparse_cluster;
   if (!tf_config.empty()) {
     STRATUM_ASSIGN_OR_RETURN(nlohmann::json config, ParseJson(tf_config));
     if (!config.is_object()) {
@@ -107,6 +142,8 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
     for (const auto& [key, value] : config.items()) {
       if (key == "cluster") {
         STRATUM_ASSIGN_OR_RETURN(resolver.spec_, ClusterSpec::FromJson(value, "TF_CONFIG"));
+      } else if (key == "sparseCluster") {
+        sparse_cluster = value;  // read once the task is known
       } else if (key == "task") {
         STRATUM_ASSIGN_OR_RETURN(task, ParseTask(value));
       } else if (key == "rpc_layer" || key == "environment") {
@@ -125,7 +162,17 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
             "\": the keys are \"cluster\", \"task\", \"rpc_layer\" and \"environment\""));
       }
     }
-    if (!config.contains("cluster")) {
+    if (sparse_cluster) {
+      if (config.contains("cluster")) {
+        return absl::InvalidArgumentError(
+            "TF_CONFIG has both \"cluster\" and \"sparseCluster\": keep one");
+      }
+      ParsedTask effective = task;
+      if (overrides.task_type) effective.type = overrides.task_type;
+      if (overrides.task_index) effective.index = overrides.task_index;
+      STRATUM_ASSIGN_OR_RETURN(resolver.spec_,
+                               FromKubeflowSparseCluster(*sparse_cluster, effective));
+    } else if (!config.contains("cluster")) {
       return absl::InvalidArgumentError(
           absl::StrCat("TF_CONFIG has no \"cluster\": add one, as in ", kExample));
     }

@@ -19,7 +19,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!options.tls) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  if (!options.tls->server_name.empty()) args.SetSslTargetNameOverride(options.tls->server_name);
+  return grpc::CreateCustomChannel(address, MakeTlsChannelCredentials(*options.tls), args);
 }
 
 absl::StatusOr<std::string> ListenAddressFor(const std::string& address) {

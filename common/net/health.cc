@@ -6,6 +6,7 @@
 
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,6 +28,13 @@ std::string DescribeRpcError(const grpc::Status& status) {
   // UNKNOWN: ipv4:...: Failed to connect to remote host: Connection refused"); the
   // innermost one says what happened.
   if (size_t cut = message.rfind(": "); cut != std::string::npos) message = message.substr(cut + 2);
+  // OpenSSL's words for the two usual TLS mistakes, said plainly.
+  if (absl::StrContains(message, "wrong version number")) {
+    absl::StrAppend(&message, " (it does not speak TLS: give it the cluster's certificates)");
+  } else if (absl::StrContains(message, "certificate verify failed")) {
+    absl::StrAppend(&message,
+                    " (its certificate is not signed by our CA, or not for the name we check)");
+  }
   return message.empty() ? "unavailable" : message;
 }
 
@@ -75,7 +83,7 @@ TaskReport WaitForTask(const TaskKey& task, const std::string& address, absl::Ti
   TaskReport report;
   report.task = task;
   report.address = address;
-  std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options.channel);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   report.last_error = "never checked";
   while (true) {
@@ -112,13 +120,15 @@ TaskReport WaitForTask(const TaskKey& task, const std::string& address, absl::Ti
 
 }  // namespace
 
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const ChannelOptions& channel) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address, channel));
   return CheckHealthOn(*stub, timeout);
 }
 
-absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout) {
-  absl::StatusOr<TaskReport> report = ReportOn(MakeChannel(address), timeout);
+absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout,
+                                         const ChannelOptions& channel) {
+  absl::StatusOr<TaskReport> report = ReportOn(MakeChannel(address, channel), timeout);
   if (report.ok()) report->address = address;
   return report;
 }

@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/task.grpc.pb.h"
 #include "stratum/util/process_info.h"
 
@@ -32,6 +36,26 @@ class TaskServer::TaskServiceImpl final : public proto::TaskService::Service {
   const TaskServerOptions options_;
 };
 
+// The health service of the plaintext health port: Check only (what probes call), for the
+// whole server (service ""), reporting what the main server reports.
+class TaskServer::PlaintextHealthImpl final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::health::v1::HealthCheckResponse* response) override {
+    if (!request->service().empty()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "this port serves only the server's overall health (service \"\")");
+    }
+    response->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                                  : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+  void SetServing(bool serving) { serving_ = serving; }
+
+ private:
+  std::atomic<bool> serving_{false};
+};
+
 absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     const TaskServerOptions& options, const std::vector<grpc::Service*>& services) {
   // Process-wide switch; must be set before the first ServerBuilder.
@@ -40,8 +64,10 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
   server->task_service_ = std::make_unique<TaskServiceImpl>(options);
 
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(
+      options.listen_address,
+      options.tls ? MakeTlsServerCredentials(*options.tls) : grpc::InsecureServerCredentials(),
+      &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // A second server on a port that is in use must fail, not share it.
@@ -55,8 +81,32 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
         ": the port is in use or the host is not an address of this machine; free the port "
         "or fix the task's address in TF_CONFIG"));
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!options.health_listen_address.empty()) {
+    // Only a health service of its own: not gRPC's default one, which would serve every
+    // service's status (and needs an asynchronous server).
+    server->plaintext_health_ = std::make_unique<PlaintextHealthImpl>();
+    grpc::ServerBuilder health;
+    health.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+    health.AddListeningPort(options.health_listen_address, grpc::InsecureServerCredentials(),
+                            &server->health_port_);
+    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health.RegisterService(server->plaintext_health_.get());
+    server->health_server_ = health.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          options.task.ToString(), " cannot serve its health checks on ",
+          options.health_listen_address,
+          ": the port is in use or the host is not an address of this machine; free the port "
+          "or choose another --health_port"));
+    }
+  }
+  server->SetServing(true);
   return server;
+}
+
+void TaskServer::SetServing(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(serving);
+  if (plaintext_health_) plaintext_health_->SetServing(serving);
 }
 
 TaskServer::~TaskServer() { Shutdown(absl::ZeroDuration()); }
@@ -64,9 +114,13 @@ TaskServer::~TaskServer() { Shutdown(absl::ZeroDuration()); }
 void TaskServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  SetServing(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
+  if (health_server_) {
+    health_server_->Shutdown();
+    health_server_->Wait();
+  }
 }
 
 }  // namespace stratum

@@ -76,6 +76,15 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   raw_ = buffer_.get();
 }
 
+Tensor Tensor::FromBuffer(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data) {
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.buffer_ = std::move(owner);
+  tensor.raw_ = data;
+  return tensor;
+}
+
 Tensor Tensor::Scalar(float value) {
   Tensor tensor(DType::kFloat32, Shape());
   *tensor.data<float>() = value;

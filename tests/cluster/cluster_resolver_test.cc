@@ -72,6 +72,63 @@ TEST(TFConfigClusterResolverTest, AcceptsKubeflowSparseWorkers) {
   EXPECT_EQ(resolver->master(), "tfjob-worker-1.ns.svc:2222");
 }
 
+// Kubeflow's training operator (pkg/controller.v1/tensorflow/tensorflow.go) writes
+// TF_CONFIG with Go's encoding/json: the TFConfig struct (cluster, task, environment
+// "cloud"; the cluster's keys sorted), or, for a TFJob with enableDynamicWorker, the
+// SparseTFConfig struct under the key "sparseCluster": a worker gets itself and every ps,
+// a ps only itself (a one-element list, whatever its index), the chief nothing.
+constexpr char kKubeflowCluster[] =
+    R"({"chief":["stratum-chief-0.ml.svc:2222"],"ps":["stratum-ps-0.ml.svc:2222","stratum-ps-1.ml.svc:2222"],"worker":["stratum-worker-0.ml.svc:2222","stratum-worker-1.ml.svc:2222"]})";
+
+TEST(KubeflowTfConfigTest, AcceptsTheOperatorsDenseForm) {
+  for (const auto& [type, index] :
+       std::vector<std::pair<std::string, int>>{{"chief", 0}, {"ps", 1}, {"worker", 0}}) {
+    const std::string tf_config =
+        absl::StrCat(R"({"cluster":)", kKubeflowCluster, R"(,"task":{"type":")", type,
+                     R"(","index":)", index, R"(},"environment":"cloud"})");
+    auto resolver = TFConfigClusterResolver::Create(tf_config);
+    ASSERT_TRUE(resolver.ok()) << resolver.status();
+    EXPECT_EQ(resolver->task(), (TaskKey{type, index}));
+    EXPECT_EQ(resolver->environment(), "cloud");
+    EXPECT_EQ(resolver->cluster_spec().num_tasks("worker"), 2);
+    EXPECT_EQ(*resolver->cluster_spec().TaskAddress("ps", 1), "stratum-ps-1.ml.svc:2222");
+  }
+}
+
+TEST(KubeflowTfConfigTest, AcceptsTheOperatorsSparseFormForAWorker) {
+  auto resolver = TFConfigClusterResolver::Create(
+      R"({"sparseCluster":{"worker":{"1":"stratum-worker-1.ml.svc:2222"},"ps":["stratum-ps-0.ml.svc:2222","stratum-ps-1.ml.svc:2222"]},"task":{"type":"worker","index":1}})");
+  ASSERT_TRUE(resolver.ok()) << resolver.status();
+  EXPECT_EQ(resolver->task(), (TaskKey{"worker", 1}));
+  EXPECT_EQ(resolver->master(), "stratum-worker-1.ml.svc:2222");
+  EXPECT_EQ(resolver->cluster_spec().task_indices("worker"), std::vector<int>{1});
+  EXPECT_EQ(resolver->cluster_spec().num_tasks("ps"), 2);
+}
+
+TEST(KubeflowTfConfigTest, AcceptsTheOperatorsSparseFormForAPs) {
+  auto resolver = TFConfigClusterResolver::Create(
+      R"({"sparseCluster":{"worker":{},"ps":["stratum-ps-1.ml.svc:2222"]},"task":{"type":"ps","index":1}})");
+  ASSERT_TRUE(resolver.ok()) << resolver.status();
+  EXPECT_EQ(resolver->task(), (TaskKey{"ps", 1}));
+  EXPECT_EQ(resolver->master(), "stratum-ps-1.ml.svc:2222");
+  EXPECT_FALSE(resolver->cluster_spec().HasJob("worker"));
+  auto first = TFConfigClusterResolver::Create(
+      R"({"sparseCluster":{"worker":{},"ps":["stratum-ps-0.ml.svc:2222"]},"task":{"type":"ps","index":0}})");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->master(), "stratum-ps-0.ml.svc:2222");
+}
+
+TEST(KubeflowTfConfigTest, SparseFormGivesTheChiefNothingAndSaysSo) {
+  EXPECT_EQ(
+      ErrorOf(R"({"sparseCluster":{"worker":{},"ps":[]},"task":{"type":"chief","index":0}})"),
+      "TF_CONFIG sparseCluster (written by Kubeflow for a TFJob with enableDynamicWorker) does "
+      "not list chief:0, and a Stratum chief needs the whole cluster: set enableDynamicWorker to "
+      "false in the TFJob");
+  EXPECT_EQ(ErrorOf(absl::StrCat(R"({"cluster":)", kKubeflowCluster,
+                                 R"(,"sparseCluster":{"ps":[]},"task":{"type":"ps","index":0}})")),
+            "TF_CONFIG has both \"cluster\" and \"sparseCluster\": keep one");
+}
+
 TEST(TFConfigClusterResolverTest, ClusterWithoutTaskIsAllowed) {
   auto resolver = TFConfigClusterResolver::Create(absl::StrCat("{", kCluster, "}"));
   ASSERT_TRUE(resolver.ok()) << resolver.status();

@@ -125,5 +125,76 @@ TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(6));
 }
 
+Tensor Filled(int64_t elements, float value) {
+  Tensor tensor(DType::kFloat32, {elements});
+  tensor.Flat().setConstant(value);
+  return tensor;
+}
+
+TEST_F(PsServiceTest, LargeTensorsTakeTheDataPathAndAgreeWithGrpc) {
+  constexpr int64_t kElements = 1 << 20;  // 4 MiB
+  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
+  const std::string address = cluster_->Address({"ps", 0});
+  PsClient tcp("ps:0", address, {.timeout = absl::Seconds(5), .shared_memory = false});
+  PsClient grpc("ps:0", address, {.timeout = absl::Seconds(5), .data_path_min_bytes = -1});
+  float expected = 1;
+  for (PsClient* client : {client_.get(), &tcp, &grpc}) {
+    std::vector<Tensor> pulled;
+    ASSERT_TRUE(client->Push({{"big", Filled(kElements, 2)}}, &pulled).ok());
+    expected -= 1;  // 0.5 * 2
+    ASSERT_EQ(pulled.size(), 1u);
+    EXPECT_TRUE((pulled[0].Flat() == expected).all()) << client->transport();
+    auto value = client->Pull({"big"});
+    ASSERT_TRUE(value.ok()) << value.status();
+    EXPECT_TRUE((*value)[0].BitwiseEqual(pulled[0]));
+  }
+  EXPECT_EQ(client_->transport(), "shared memory");
+  EXPECT_EQ(tcp.transport(), "tcp");
+  EXPECT_EQ(grpc.transport(), "grpc");
+  auto list = client_->ListVariables();
+  ASSERT_TRUE(list.ok());
+  for (const proto::VariableStatus& variable : list->variables()) {
+    if (variable.name() == "big") {
+      EXPECT_EQ(variable.updates(), 3);
+    }
+  }
+}
+
+TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadlineOnTheDataPath) {
+  constexpr int64_t kElements = 1 << 20;
+  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
+  ASSERT_TRUE(client_->Push({{"big", Filled(kElements, 1)}}).ok());
+  ASSERT_EQ(client_->transport(), "shared memory");
+  ASSERT_TRUE(cluster_->Kill({"ps", 0}).ok());
+  const absl::Time start = absl::Now();
+  const absl::Status status = client_->Push({{"big", Filled(kElements, 1)}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("ps:0 at " + cluster_->Address({"ps", 0})));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+
+  // A PS that comes back has a new data path; the client finds it.
+  ASSERT_TRUE(cluster_->Restart({"ps", 0}).ok());
+  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
+  std::vector<Tensor> pulled;
+  ASSERT_TRUE(client_->Push({{"big", Filled(kElements, 2)}}, &pulled).ok());
+  EXPECT_TRUE((pulled[0].Flat() == 0).all());
+  EXPECT_EQ(client_->transport(), "shared memory");
+}
+
+TEST(PsServiceDataPathTest, APsWithoutADataPathServesOverGrpc) {
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .not_started = {{"worker", 0}},
+                                      .args_by_type = {{"ps", {"--data_path=false"}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  PsClient client("ps:0", (*cluster)->Address({"ps", 0}), {.timeout = absl::Seconds(5)});
+  ASSERT_TRUE(client.CreateVariables({{"big", Filled(1 << 18, 1)}}, kSgd).ok());
+  std::vector<Tensor> pulled;
+  ASSERT_TRUE(client.Push({{"big", Filled(1 << 18, 2)}}, &pulled).ok());
+  EXPECT_TRUE((pulled[0].Flat() == 0).all());
+  EXPECT_EQ(client.transport(), "grpc");
+}
+
 }  // namespace
 }  // namespace stratum

@@ -29,6 +29,50 @@ TEST(VariableStoreTest, CreateReadAssign) {
   EXPECT_EQ(store.total_bytes(), 16);
 }
 
+TEST(VariableStoreTest, ReadIntoCopiesWhereTheCallerSays) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4}), kSgd));
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})).ok());
+  std::vector<float> out(4);
+  auto info = store.ReadInto("w", [&](const VariableInfo& info) -> void* {
+    EXPECT_EQ(info.shape, Shape({2, 2}));
+    return out.data();
+  });
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->updates, 1);
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(store.ReadInto("w", [](const VariableInfo&) { return nullptr; }).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.ReadInto("nope", [&](const VariableInfo&) -> void* { return out.data(); })
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(VariableStoreTest, NonFiniteValuesAreFoundAnywhereAndExtremeFiniteOnesPass) {
+  VariableStore store;
+  constexpr int64_t kElements = 1000003;  // not a multiple of any vector width
+  ASSERT_TRUE(*store.Create("w", Tensor(DType::kFloat32, {kElements}), kSgd));
+  Tensor gradient(DType::kFloat32, {kElements});
+  gradient.data<float>()[0] = std::numeric_limits<float>::max();
+  gradient.data<float>()[1] = -std::numeric_limits<float>::max();
+  gradient.data<float>()[2] = std::numeric_limits<float>::denorm_min();
+  gradient.data<float>()[3] = -0.0f;
+  EXPECT_TRUE(store.CheckGradient("w", gradient, nullptr).ok());
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::infinity()}) {
+    for (int64_t at : {int64_t{0}, kElements / 2, kElements - 1}) {
+      Tensor poisoned = gradient.Clone();
+      poisoned.data<float>()[at] = bad;
+      EXPECT_EQ(store.CheckGradient("w", poisoned, nullptr).code(),
+                absl::StatusCode::kInvalidArgument)
+          << bad << " at " << at;
+    }
+  }
+  EXPECT_EQ(store.refused_non_finite(), 9);
+}
+
 TEST(VariableStoreTest, CreateIsIdempotentAndConflictsAreNamed) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("w", Tensor(DType::kFloat32, {3}), kSgd));

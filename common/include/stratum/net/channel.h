@@ -3,11 +3,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/channel.h>
 
 #include "absl/status/statusor.h"
+#include "stratum/net/tls.h"
 
 namespace stratum {
 
@@ -23,9 +25,12 @@ struct ChannelOptions {
   int connect_timeout_ms = 5000;
   // Explicit message limits (gRPC's default receive limit is 4 MiB).
   int max_message_bytes = 256 * 1024 * 1024;
+  // Mutual TLS with the cluster's certificates; plaintext when empty. Every client a
+  // binary creates takes the options its main built (TaskContext::channel_options()).
+  std::optional<TlsCredentials> tls = std::nullopt;
 };
 
-// A plaintext channel to "host:port".
+// A channel to "host:port": plaintext, or mutual TLS when `options.tls` is set.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ChannelOptions& options = {});
 

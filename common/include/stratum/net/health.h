@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/net/channel.h"
 
 namespace stratum {
 
@@ -29,11 +30,13 @@ struct TaskReport {
 };
 
 // One health check of `address`. OK when it reports SERVING; UNAVAILABLE with the reason
-// otherwise (refused, not serving, no answer within `timeout`).
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout);
+// otherwise (refused, not serving, no answer within `timeout`). `channel` carries TLS.
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const ChannelOptions& channel = {});
 
 // Asks the TaskService of `address` who it is.
-absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout);
+absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout,
+                                         const ChannelOptions& channel = {});
 
 struct ClusterWaitOptions {
   absl::Duration timeout = absl::Minutes(10);
@@ -43,6 +46,8 @@ struct ClusterWaitOptions {
   std::vector<std::string> optional_jobs = {kEvaluator};
   // Stops the wait early (CANCELLED) when notified, e.g. on SIGTERM.
   const absl::Notification* cancel = nullptr;
+  // How to connect (TLS).
+  ChannelOptions channel = {};
 };
 
 // Polls every task of `spec` in parallel until each required one is healthy. Returns one

@@ -5,7 +5,12 @@
 //
 // Shared flags: --task_type, --task_index (override TF_CONFIG's task), --tf_config (used
 // instead of the TF_CONFIG environment variable), --listen_address (override where the
-// server binds), --log_level, --shutdown_grace.
+// server binds), --log_level, --shutdown_grace, --print_tf_config; mutual TLS (--tls_cert,
+// --tls_key, --tls_ca, --tls_server_name) and --health_port; and the Kubernetes cluster
+// resolver's pod settings (--k8s_pod_name, --k8s_namespace, --k8s_<type>_replicas, ...),
+// used when there is no TF_CONFIG. Each of the last three groups defaults to an
+// environment variable (STRATUM_TLS_CERT, STRATUM_POD_NAME, ...; --help names them), read
+// here and nowhere else.
 #pragma once
 
 #include <optional>
@@ -14,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_resolver.h"
+#include "stratum/net/channel.h"
 #include "stratum/net/task_server.h"
 #include "stratum/util/shutdown.h"
 
@@ -33,12 +39,22 @@ struct TaskContext {
   // Empty for an evaluator outside the cluster given no --listen_address: it serves nothing.
   std::string listen_address;
   absl::Duration shutdown_grace;
+  // How this task's clients connect (TLS when the cluster speaks it).
+  ChannelOptions channel = {};
+  // Where the plaintext health-only server listens (--health_port); empty: none.
+  std::string health_listen_address = "";
+
+  // Options for every channel this task opens to the others: pass them to MakeChannel,
+  // CheckHealth, ClusterWaitOptions and the clients built on them.
+  const ChannelOptions& channel_options() const { return channel; }
 };
 
 // Resolves this process's task from TF_CONFIG (the environment variable, read here,
-// or --tf_config) and the shared flags, then sets up logging. Call after
-// ParseFlagsOrExit. On a configuration error prints "<binary>: <one sentence>" to stderr
-// and exits with kExitUsage.
+// or --tf_config) or, without one, from the Kubernetes pod settings, and the shared
+// flags; decides TLS (rpc_layer "grpc+tls" or certificate files) and loads the
+// certificates; then sets up logging. Call after ParseFlagsOrExit. On a configuration
+// error prints "<binary>: <one sentence>" to stderr and exits with kExitUsage; with
+// --print_tf_config prints the resolved TF_CONFIG and exits with kExitSuccess.
 TaskContext ResolveTaskOrExit(const TaskMainOptions& options);
 
 // Starts the TaskServer of `context` (with `services`). Errors name the address.

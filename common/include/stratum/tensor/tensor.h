@@ -85,6 +85,10 @@ class Tensor {
   template <typename T>
   static Tensor FromVector(Shape shape, const std::vector<T>& values);
   static Tensor Scalar(float value);
+  // A tensor over `data` (byte_size() bytes, aligned for `dtype`), which `owner` keeps
+  // alive for as long as any copy of the tensor lives: memory a transport received into,
+  // handed over without a copy. Not zero-filled.
+  static Tensor FromBuffer(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data);
 
   bool valid() const { return buffer_ != nullptr; }
   DType dtype() const { return dtype_; }

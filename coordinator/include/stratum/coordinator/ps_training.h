@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/job/job_spec.h"
+#include "stratum/net/channel.h"
 #include "stratum/worker/fit.h"
 
 namespace stratum {
@@ -27,6 +28,7 @@ struct PsTrainingOptions {
   absl::Duration ps_recovery_timeout = absl::Minutes(5);
   FILE* out = stdout;
   const absl::Notification* cancel = nullptr;  // stop early (SIGTERM)
+  ChannelOptions channel = {};                 // how to reach the workers and ps (TLS)
 };
 
 // `job_json` is the job file's text and `job_base_dir` its folder, handed to the workers.

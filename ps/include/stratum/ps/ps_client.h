@@ -1,23 +1,34 @@
 // PsClient: one parameter-server task as a worker or the coordinator sees it. Every call
 // has a deadline (PsClientOptions::timeout) and its errors name the task ("ps:1 at
-// host:port: ..."), so a PS that died is reported, not waited for. Thread-safe (gRPC
-// stubs are).
+// host:port: ..."), so a PS that died is reported, not waited for. Pushes and pulls go
+// over the PS's raw data path (data_path.h) when it offers one, else over gRPC.
+// Thread-safe (gRPC stubs and the data path's client are).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps.grpc.pb.h"
+#include "stratum/net/channel.h"
+#include "stratum/ps/data_path.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
 
 struct PsClientOptions {
   absl::Duration timeout = absl::Seconds(30);
+  ChannelOptions channel = {};  // TLS and message limits
+  // Pushes of at least this many tensor bytes, and pulls, use the PS's raw data path when
+  // it offers one (never with TLS: the data path is plaintext); -1: always gRPC.
+  int64_t data_path_min_bytes = 0;
+  // Through shared memory when the PS runs on this host.
+  bool shared_memory = true;
 };
 
 struct NamedValue {
@@ -45,14 +56,27 @@ class PsClient {
   // Checkpoints: the PS writes / reads `path` on its own file system.
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
   absl::Status Restore(const std::string& path, uint32_t crc32);
+  // How pushes and pulls travel now: "grpc", "tcp" or "shared memory" (the data path's,
+  // once it has carried a call).
+  std::string transport() const;
 
  private:
   std::string Peer() const;
+  // The PS's data path, asked for on first use; null: use gRPC.
+  std::shared_ptr<PsDataClient> DataClient();
+  // After a data call that got no answer: ask the PS again for its data path, next time
+  // (it may have restarted with another endpoint), or with `back_off` (connecting to its
+  // data path timed out: a firewall?) only after a while, using gRPC until then.
+  void ForgetDataClient(bool back_off);
 
   std::string task_;
   std::string address_;
   PsClientOptions options_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
+  mutable absl::Mutex data_mutex_;
+  bool data_asked_ ABSL_GUARDED_BY(data_mutex_) = false;
+  std::shared_ptr<PsDataClient> data_ ABSL_GUARDED_BY(data_mutex_);
+  absl::Time data_retry_after_ ABSL_GUARDED_BY(data_mutex_) = absl::InfinitePast();
 };
 
 }  // namespace stratum

@@ -1,16 +1,20 @@
 // PsService: the gRPC face of a VariableStore (proto/ps.proto). It converts messages to
 // tensors, checks every gradient of a push before it applies the first (a bad request
-// changes nothing), and turns absl::Status into grpc::Status. Thread-safe.
+// changes nothing), and turns absl::Status into grpc::Status. It also announces where the
+// PS's raw data path listens (DataPath), when it has one. Thread-safe.
 #pragma once
 
 #include "proto/ps.grpc.pb.h"
+#include "stratum/ps/data_path.h"
 #include "stratum/ps/variable_store.h"
 
 namespace stratum {
 
 class PsService final : public proto::ParameterServer::Service {
  public:
-  explicit PsService(VariableStore& store) : store_(store) {}
+  // `data_path`: the endpoint of this PS's PsDataServer (a tcp_port of 0 for none).
+  explicit PsService(VariableStore& store, DataPathEndpoint data_path = {})
+      : store_(store), data_path_(std::move(data_path)) {}
 
   grpc::Status CreateVariables(grpc::ServerContext*, const proto::CreateVariablesRequest* request,
                                proto::CreateVariablesResponse* response) override;
@@ -26,9 +30,12 @@ class PsService final : public proto::ParameterServer::Service {
                     proto::SaveResponse* response) override;
   grpc::Status Restore(grpc::ServerContext*, const proto::RestoreRequest* request,
                        proto::RestoreResponse* response) override;
+  grpc::Status DataPath(grpc::ServerContext*, const proto::DataPathRequest* request,
+                        proto::DataPathResponse* response) override;
 
  private:
   VariableStore& store_;
+  const DataPathEndpoint data_path_;
 };
 
 }  // namespace stratum

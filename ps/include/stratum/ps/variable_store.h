@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,6 +59,13 @@ class VariableStore {
                               const nlohmann::json& optimizer);
 
   absl::StatusOr<Tensor> Read(const std::string& name) const;
+  // Copies the value of `name`, under its lock, into the memory `destination` returns for
+  // the variable's info (info.shape.num_elements() floats), without a new tensor between:
+  // a transport copies straight into what it sends. Returns the info, with the updates
+  // applied at the time of the copy. `destination` returning nullptr (no room) is
+  // RESOURCE_EXHAUSTED.
+  absl::StatusOr<VariableInfo> ReadInto(
+      const std::string& name, const std::function<void*(const VariableInfo&)>& destination) const;
   // Rows `indices` of axis 0, in order (duplicates allowed).
   absl::StatusOr<Tensor> ReadRows(const std::string& name,
                                   const std::vector<int64_t>& indices) const;

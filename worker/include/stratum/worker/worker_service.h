@@ -6,13 +6,15 @@
 //     parallel); returns [loss_sum, correct, examples].
 // A closure from a coordinator incarnation the worker was not set up by is refused with
 // FAILED_PRECONDITION ("not set up"), so a restarted worker is set up again, never used
-// half-built. Thread-safe (closures run one at a time).
+// half-built. The PS clients dial with `channel` (the task's TLS settings). Thread-safe (closures
+// run one at a time).
 #pragma once
 
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
 #include "proto/worker.grpc.pb.h"
+#include "stratum/net/channel.h"
 
 namespace stratum {
 
@@ -20,7 +22,7 @@ class WorkerJob;
 
 class WorkerService final : public proto::WorkerService::Service {
  public:
-  WorkerService();
+  explicit WorkerService(ChannelOptions channel = {});
   ~WorkerService() override;
 
   grpc::Status SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
@@ -29,6 +31,7 @@ class WorkerService final : public proto::WorkerService::Service {
                           proto::RunClosureResponse* response) override;
 
  private:
+  const ChannelOptions channel_;
   absl::Mutex mutex_;
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mutex_);
 };

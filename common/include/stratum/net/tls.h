@@ -1,0 +1,49 @@
+// TLS with mutual authentication for every gRPC connection of a cluster: each process
+// holds a certificate and key signed by the cluster's CA and trusts only that CA, so a
+// server refuses a client without such a certificate (plaintext or from another CA), and
+// a client refuses a server without one. The PEM texts are read once, in main, into a
+// TlsCredentials value that ChannelOptions and TaskServerOptions carry; nothing here reads
+// the environment. Values are immutable after loading; functions are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/status/statusor.h"
+
+namespace stratum {
+
+// Where the PEM files are (from flags or the environment).
+struct TlsFiles {
+  std::string cert_file;  // this process's certificate (chain), PEM
+  std::string key_file;   // its private key, PEM
+  std::string ca_file;    // the CA that signed every member's certificate, PEM
+  // When set, clients check a server's certificate for this DNS name instead of the host
+  // of the address they dial (one certificate for the whole cluster, whatever the pods'
+  // names are).
+  std::string server_name;
+
+  bool empty() const { return cert_file.empty() && key_file.empty() && ca_file.empty(); }
+};
+
+struct TlsCredentials {
+  std::string cert_pem;
+  std::string key_pem;
+  std::string ca_pem;
+  std::string server_name;  // see TlsFiles::server_name
+};
+
+// Reads and checks the three files (each must exist and hold a PEM block of the right
+// kind). INVALID_ARGUMENT naming the file and what is wrong with it.
+absl::StatusOr<TlsCredentials> LoadTlsCredentials(const TlsFiles& files);
+
+// Credentials for a client: present our certificate, trust only the cluster's CA.
+std::shared_ptr<grpc::ChannelCredentials> MakeTlsChannelCredentials(const TlsCredentials& tls);
+
+// Credentials for a server: require a client certificate signed by the cluster's CA.
+std::shared_ptr<grpc::ServerCredentials> MakeTlsServerCredentials(const TlsCredentials& tls);
+
+}  // namespace stratum

@@ -1,0 +1,383 @@
+// The parameter server's raw data path in one process: a PsDataServer over a VariableStore
+// and PsDataClients on loopback, once through shared memory and once over TCP; hand-made
+// frames for what a broken or hostile client sends; fake servers that die or go silent.
+#include "stratum/ps/data_path.h"
+
+#include <sys/mman.h>
+
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+const nlohmann::json kSgd =
+    nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
+constexpr int64_t kElements = 1 << 20;  // a 4 MiB variable
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+Tensor Filled(int64_t elements, float value) {
+  Tensor tensor(DType::kFloat32, {elements});
+  tensor.Flat().setConstant(value);
+  return tensor;
+}
+
+bool AllEqual(const Tensor& tensor, float value) { return (tensor.Flat() == value).all(); }
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
+
+// A raw connection that has said hello, for frames no PsDataClient would send.
+DataSocket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
+  absl::StatusOr<DataSocket> socket = ConnectTcp("127.0.0.1", endpoint.tcp_port, Soon());
+  EXPECT_TRUE(socket.ok()) << socket.status();
+  data_wire::Hello hello;
+  hello.token = token;
+  EXPECT_TRUE(socket->Send({{&hello, sizeof(hello)}}, Soon()).ok());
+  return *std::move(socket);
+}
+
+// Reads a response; its status (OK when the server answered OK).
+absl::Status ReadResponse(DataSocket& socket) {
+  data_wire::FrameHeader header;
+  if (absl::Status status = socket.Receive(&header, sizeof(header), Soon()); !status.ok()) {
+    return absl::InternalError(absl::StrCat("no response: ", status.message()));
+  }
+  std::string meta(header.meta_bytes, '\0');
+  if (!socket.Receive(meta.data(), meta.size(), Soon()).ok()) return absl::InternalError("meta");
+  absl::StatusOr<data_wire::ResponseMeta> parsed =
+      data_wire::ParseResponseMeta(meta, data_wire::Limits());
+  if (!parsed.ok()) return parsed.status();
+  return absl::Status(static_cast<absl::StatusCode>(header.op_or_code), parsed->message);
+}
+
+class DataPathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(*store_.Create("w", Filled(kElements, 1), kSgd));
+    ASSERT_TRUE(*store_.Create("b", Tensor::FromVector<float>({2}, {1, 2}), kSgd));
+    StartServer({});
+  }
+
+  void StartServer(PsDataServerOptions options) {
+    server_.reset();
+    options.shared_memory = GetParam();
+    auto server = PsDataServer::Start(store_, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<PsDataClient> Client(PsDataClientOptions options = {}) {
+    options.shared_memory = GetParam();
+    return std::make_unique<PsDataClient>("ps:0 at test", "127.0.0.1", server_->endpoint(),
+                                          options);
+  }
+
+  VariableStore store_;
+  std::unique_ptr<PsDataServer> server_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, DataPathTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SharedMemory" : "Tcp"; });
+
+TEST_P(DataPathTest, PushesAndPullsALargeTensor) {
+  auto client = Client();
+  std::vector<Tensor> pulled;
+  ASSERT_TRUE(client->Push({"w"}, {Filled(kElements, 2)}, &pulled).ok());
+  EXPECT_EQ(client->transport(), GetParam() ? "shared memory" : "tcp");
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(pulled[0].shape(), Shape({kElements}));
+  EXPECT_TRUE(AllEqual(pulled[0], 0));  // 1 - 0.5 * 2
+  EXPECT_TRUE(store_.Read("w")->BitwiseEqual(pulled[0]));
+
+  // Values handed out stay as they were: later calls reuse memory only once it is free.
+  const Tensor first = pulled[0];
+  ASSERT_TRUE(client->Push({"w"}, {Filled(kElements, 2)}, &pulled).ok());
+  EXPECT_TRUE(AllEqual(first, 0));
+  EXPECT_TRUE(AllEqual(pulled[0], -1));
+
+  ASSERT_TRUE(client->Push({"w", "b"}, {Filled(kElements, 2), Filled(2, 2)}, nullptr).ok());
+  absl::StatusOr<std::vector<Tensor>> values = client->Pull({"b", "w"});
+  ASSERT_TRUE(values.ok()) << values.status();
+  ASSERT_EQ(values->size(), 2u);
+  EXPECT_TRUE((*values)[0].BitwiseEqual(Tensor::FromVector<float>({2}, {0, 1})));
+  EXPECT_TRUE(AllEqual((*values)[1], -2));
+  EXPECT_EQ(store_.Info("w")->updates, 3);
+
+  // Pulls alone: the first tells the client how much shared memory the values want, the
+  // next ones use it.
+  auto reader = Client();
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::vector<Tensor>> pulled_again = reader->Pull({"w", "b"});
+    ASSERT_TRUE(pulled_again.ok()) << pulled_again.status();
+    EXPECT_TRUE(AllEqual((*pulled_again)[0], -2));
+    EXPECT_TRUE((*pulled_again)[1].BitwiseEqual(Tensor::FromVector<float>({2}, {0, 1})));
+  }
+}
+
+TEST_P(DataPathTest, BadPushesAreRefusedAndChangeNothing) {
+  auto client = Client();
+  auto expect_refused = [](absl::Status status, absl::StatusCode code, const std::string& text) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_THAT(Message(status), StartsWith("ps:0 at test: "));
+    EXPECT_THAT(Message(status), HasSubstr(text));
+  };
+  expect_refused(client->Push({"nope"}, {Filled(4, 1)}, nullptr), absl::StatusCode::kNotFound,
+                 "variable \"nope\" does not exist");
+  expect_refused(client->Push({"w"}, {Filled(4, 1)}, nullptr), absl::StatusCode::kInvalidArgument,
+                 "is float32[4] but the variable is float32[1048576]");
+  Tensor nan = Filled(kElements, 1);
+  nan.data<float>()[kElements - 1] = std::numeric_limits<float>::quiet_NaN();
+  expect_refused(client->Push({"w"}, {nan}, nullptr), absl::StatusCode::kInvalidArgument,
+                 "NaN or Inf");
+  // One bad gradient: the good one before it is not applied either.
+  expect_refused(client->Push({"b", "w"}, {Filled(2, 1), nan}, nullptr),
+                 absl::StatusCode::kInvalidArgument, "NaN or Inf");
+  expect_refused(client->Pull({"b", "nope"}).status(), absl::StatusCode::kNotFound, "\"nope\"");
+
+  EXPECT_TRUE(store_.Read("b")->BitwiseEqual(Tensor::FromVector<float>({2}, {1, 2})));
+  EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
+  EXPECT_EQ(store_.refused_non_finite(), 2);
+  // The connection is still good.
+  EXPECT_TRUE(client->Push({"b"}, {Filled(2, 2)}, nullptr).ok());
+  EXPECT_EQ(store_.Info("b")->updates, 1);
+}
+
+TEST_P(DataPathTest, OversizedPushesAreRefusedAndTheServerLivesOn) {
+  StartServer({.limits = {.max_bytes = 1 << 20}});
+  auto client = Client();  // its own limit is larger, so it sends
+  const absl::Status status = client->Push({"w"}, {Filled(kElements, 2)}, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(Message(status), HasSubstr("over the limit of 1048576"));
+  EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
+  EXPECT_TRUE(client->Push({"b"}, {Filled(2, 2)}, nullptr).ok());
+
+  // A client that knows the limit refuses before sending.
+  auto careful = Client({.limits = {.max_bytes = 1 << 20}});
+  DataCallOutcome outcome;
+  EXPECT_EQ(careful->Push({"w"}, {Filled(kElements, 2)}, nullptr, &outcome).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
+  auto client = Client();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        std::vector<Tensor> pulled;
+        EXPECT_TRUE(client->Push({"b"}, {Filled(2, 0.5)}, &pulled).ok());
+        EXPECT_EQ(pulled.size(), 1u);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(store_.Info("b")->updates, 100);
+  EXPECT_TRUE(store_.Read("b")->BitwiseEqual(Tensor::FromVector<float>({2}, {-24, -23})));
+}
+
+TEST_P(DataPathTest, ShutdownClosesIdleConnectionsAndRefusesNewCalls) {
+  auto client = Client();
+  ASSERT_TRUE(client->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  DataCallOutcome outcome;
+  const absl::Status status = client->Push({"b"}, {Filled(2, 1)}, nullptr, &outcome);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(outcome, DataCallOutcome::kNotSent);
+  EXPECT_THAT(Message(status), HasSubstr("ps:0 at test: cannot open the data connection"));
+  EXPECT_EQ(store_.Info("b")->updates, 1);
+}
+
+using DataPathFramesTest = DataPathTest;
+INSTANTIATE_TEST_SUITE_P(Tcp, DataPathFramesTest, ::testing::Values(false));
+
+TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
+  {
+    DataSocket socket = RawConnection(server_->endpoint(), server_->endpoint().token);
+    data_wire::HelloReply reply;
+    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    ASSERT_EQ(reply.code, 0u);
+    data_wire::RequestMeta meta;
+    meta.tensors.push_back({.name = "w", .shape = Shape({kElements})});
+    const std::string encoded = data_wire::EncodeRequestMeta(meta);
+    data_wire::FrameHeader header;
+    header.magic = data_wire::kRequestMagic;
+    header.op_or_code = static_cast<uint32_t>(data_wire::Op::kPush);
+    header.meta_bytes = static_cast<uint32_t>(encoded.size());
+    header.inline_bytes = kElements * 4;
+    header.timeout_ms = 5000;
+    const Tensor half = Filled(kElements / 2, 2);
+    ASSERT_TRUE(socket
+                    .Send({{&header, sizeof(header)},
+                           {const_cast<char*>(encoded.data()), encoded.size()},
+                           {const_cast<void*>(half.raw_data()), half.byte_size()}},
+                          Soon())
+                    .ok());
+  }  // the client dies here, half-way
+  auto client = Client();
+  ASSERT_TRUE(client->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+  EXPECT_EQ(store_.Info("w")->updates, 0);
+  EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
+}
+
+TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
+  const DataPathEndpoint& endpoint = server_->endpoint();
+  {
+    DataSocket socket = RawConnection(endpoint, endpoint.token);
+    data_wire::HelloReply reply;
+    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    const char http[] = "GET / HTTP/1.1\r\nHost: ps\r\n\r\n\r\n\r\n";
+    ASSERT_TRUE(socket.Send({{const_cast<char*>(http), 40}}, Soon()).ok());
+    const absl::Status status = ReadResponse(socket);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(Message(status), HasSubstr("does not speak Stratum's data path"));
+    char byte;
+    EXPECT_FALSE(socket.Receive(&byte, 1, Soon()).ok());  // and the connection is closed
+  }
+  {
+    DataSocket socket = RawConnection(endpoint, endpoint.token);
+    data_wire::HelloReply reply;
+    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    data_wire::RequestMeta meta;
+    meta.tensors.push_back({.name = "w", .shape = Shape({-4})});
+    const std::string encoded = data_wire::EncodeRequestMeta(meta);
+    data_wire::FrameHeader header;
+    header.magic = data_wire::kRequestMagic;
+    header.op_or_code = static_cast<uint32_t>(data_wire::Op::kPush);
+    header.meta_bytes = static_cast<uint32_t>(encoded.size());
+    header.inline_bytes = 8;
+    const uint64_t junk = 0;
+    ASSERT_TRUE(socket
+                    .Send({{&header, sizeof(header)},
+                           {const_cast<char*>(encoded.data()), encoded.size()},
+                           {const_cast<uint64_t*>(&junk), sizeof(junk)}},
+                          Soon())
+                    .ok());
+    const absl::Status status = ReadResponse(socket);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(Message(status), HasSubstr("dimension -4, which is negative"));
+  }
+  {
+    DataSocket socket = RawConnection(endpoint, endpoint.token + 1);
+    data_wire::HelloReply reply;
+    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    EXPECT_EQ(reply.code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied));
+  }
+  EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
+  EXPECT_TRUE(Client()->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+}
+
+TEST(SharedSegmentTest, OnlySealedSegmentsAreMapped) {
+  const int fd = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  absl::StatusOr<std::shared_ptr<SharedSegment>> mapped = SharedSegment::Map(fd);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(mapped.status()), HasSubstr("not a memfd sealed"));
+
+  absl::StatusOr<std::shared_ptr<SharedSegment>> made = SharedSegment::Create(1 << 20);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_NE(ftruncate((*made)->fd(), 0), 0);  // it cannot shrink under a peer
+  (*made)->data()[5] = 42;
+  absl::StatusOr<std::shared_ptr<SharedSegment>> peer = SharedSegment::Map(dup((*made)->fd()));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ((*peer)->size(), size_t{1} << 20);
+  EXPECT_EQ((*peer)->data()[5], 42);
+}
+
+// A fake PS data endpoint: says hello, then does what `after_hello` says.
+class FakeServer {
+ public:
+  explicit FakeServer(std::function<void(DataSocket&)> after_hello) {
+    auto listener = ListenTcp("127.0.0.1", 0, &port_);
+    EXPECT_TRUE(listener.ok()) << listener.status();
+    listener_ = *std::move(listener);
+    thread_ = std::thread([this, after_hello = std::move(after_hello)] {
+      absl::StatusOr<DataSocket> socket = Accept(listener_);
+      if (!socket.ok()) return;
+      data_wire::Hello hello;
+      data_wire::HelloReply reply;
+      if (!socket->Receive(&hello, sizeof(hello), Soon()).ok() ||
+          !socket->Send({{&reply, sizeof(reply)}}, Soon()).ok()) {
+        return;
+      }
+      after_hello(*socket);
+    });
+  }
+  ~FakeServer() {
+    listener_.Shutdown();
+    thread_.join();
+  }
+  DataPathEndpoint endpoint() const { return {.tcp_port = port_, .token = 7}; }
+
+ private:
+  int port_ = 0;
+  DataSocket listener_;
+  std::thread thread_;
+};
+
+TEST(DataPathPeerTest, APsThatDiesMidTransferIsNamedAtOnce) {
+  FakeServer server([](DataSocket& socket) {
+    std::vector<char> some(100 << 10);
+    socket.Receive(some.data(), some.size(), Soon()).IgnoreError();
+  });  // then closes, with most of the push unread
+  PsDataClient client("ps:0 at 127.0.0.1:2222", "127.0.0.1", server.endpoint(),
+                      {.shared_memory = false});
+  const absl::Time start = absl::Now();
+  DataCallOutcome outcome;
+  const absl::Status status = client.Push({"w"}, {Filled(kElements, 1)}, nullptr, &outcome);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(outcome, DataCallOutcome::kBroken);
+  EXPECT_THAT(Message(status),
+              HasSubstr("ps:0 at 127.0.0.1:2222: the data connection (socket) failed during a "
+                        "push of 4194304 bytes"));
+  EXPECT_THAT(Message(status), HasSubstr("may have stopped or restarted"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(DataPathPeerTest, APsThatNeverAnswersIsNamedAtTheDeadline) {
+  absl::Notification done;
+  FakeServer server([&done](DataSocket& socket) {
+    std::vector<char> all(kElements * 4);
+    socket.Receive(all.data(), 40, Soon()).IgnoreError();
+    done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  });
+  PsDataClient client("ps:0 at 127.0.0.1:2222", "127.0.0.1", server.endpoint(),
+                      {.timeout = absl::Milliseconds(500), .shared_memory = false});
+  const absl::Time start = absl::Now();
+  const absl::Status status = client.Pull({"w"}).status();
+  done.Notify();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(Message(status), HasSubstr("ps:0 at 127.0.0.1:2222: no answer within 500ms to a "
+                                         "pull of 1 variable on the data path"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+TEST(DataPathPeerTest, NothingListeningIsNotSent) {
+  int port = 0;
+  { ASSERT_TRUE(ListenTcp("127.0.0.1", 0, &port).ok()); }  // free again
+  PsDataClient client("ps:0 at 127.0.0.1:2222", "127.0.0.1", {.tcp_port = port, .token = 1},
+                      {.shared_memory = false});
+  DataCallOutcome outcome;
+  const absl::Status status = client.Push({"b"}, {Filled(2, 1)}, nullptr, &outcome);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(outcome, DataCallOutcome::kNotSent);
+  EXPECT_THAT(Message(status),
+              HasSubstr(absl::StrCat("ps:0 at 127.0.0.1:2222: cannot open the data connection to "
+                                     "127.0.0.1:",
+                                     port)));
+}
+
+}  // namespace
+}  // namespace stratum
