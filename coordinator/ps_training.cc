@@ -3,10 +3,12 @@
 #include <grpcpp/client_context.h>
 
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/worker.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "stratum/coordinator/checkpoint_manager.h"
@@ -44,14 +46,8 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   std::string name() const override { return absl::StrCat(task_, " at ", address_); }
 
   absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override {
-    if (!set_up_) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-      proto::SetupJobResponse response;
-      absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
-      if (!status.ok()) return Classify(status);
-      set_up_ = true;
-    }
+    absl::StatusOr<uint64_t> generation = EnsureSetUp();
+    if (!generation.ok()) return generation.status();
     proto::RunClosureRequest request;
     request.set_function(closure.function);
     request.set_coordinator_incarnation(setup_.coordinator_incarnation());
@@ -60,7 +56,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     proto::RunClosureResponse response;
     absl::Status status = FromGrpcStatus(stub_->RunClosure(&context, request, &response), name());
-    if (!status.ok()) return Classify(status);
+    if (!status.ok()) return Classify(status, *generation);
     ClosureOutputs outputs;
     for (const proto::TensorProto& output : response.outputs()) {
       absl::StatusOr<Tensor> tensor = TensorFromProto(output);
@@ -85,19 +81,35 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   }
 
  private:
+  // Sets the job up on the worker unless it is set up already, and returns the set-up's
+  // generation. With several closures in flight, one thread sets up and the others wait.
+  absl::StatusOr<uint64_t> EnsureSetUp() {
+    absl::MutexLock lock(&setup_mutex_);
+    if (set_up_) return generation_;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    proto::SetupJobResponse response;
+    absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
+    if (!status.ok()) return Classify(status, generation_, /*locked=*/true);
+    set_up_ = true;
+    return ++generation_;
+  }
+
   // A worker that restarted lost its job ("not set up"), one that is unreachable is down:
-  // both mean "run the closure elsewhere"; anything else is the job's own error.
-  absl::Status Classify(const absl::Status& status) {
-    if (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up")) {
-      set_up_ = false;
-      return absl::AbortedError(status.message());
+  // both mean "run the closure elsewhere" and "set it up again", unless another closure has
+  // set it up since `generation`; anything else is the job's own error.
+  absl::Status Classify(const absl::Status& status, uint64_t generation, bool locked = false) {
+    const bool lost =
+        (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up"));
+    const bool down = absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+                      absl::IsCancelled(status);
+    if (!lost && !down) return status;
+    {
+      std::optional<absl::MutexLock> lock;
+      if (!locked) lock.emplace(&setup_mutex_);
+      if (generation_ == generation) set_up_ = false;
     }
-    if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
-        absl::IsCancelled(status)) {
-      set_up_ = false;
-      return absl::UnavailableError(status.message());
-    }
-    return status;
+    return lost ? absl::AbortedError(status.message()) : absl::UnavailableError(status.message());
   }
 
   std::string task_;
@@ -106,7 +118,9 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::Duration timeout_;
   ChannelOptions channel_;
   std::unique_ptr<proto::WorkerService::Stub> stub_;
-  bool set_up_ = false;  // used by this executor's threads; closures_per_worker is 1
+  absl::Mutex setup_mutex_;
+  bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
 };
 
 }  // namespace
@@ -195,7 +209,9 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         absl::StrCat("worker:", index), *cluster.TaskAddress(kWorker, index), std::move(setup),
         options.rpc_timeout, options.channel));
   }
-  ClusterCoordinator coordinator(std::move(executors));
+  ClusterCoordinatorOptions coordinator_options;
+  coordinator_options.closures_per_worker = std::max(1, options.closures_per_worker);
+  ClusterCoordinator coordinator(std::move(executors), coordinator_options);
 
   // Test data, evaluated here after each epoch.
   DataSpec data_spec = job.data;

@@ -29,6 +29,9 @@ ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "(its variables are then restored from the last checkpoint); 0 fails at once");
 ABSL_FLAG(std::string, placement, "balanced_bytes",
           "How variables are placed over the ps tasks: balanced_bytes or round_robin");
+ABSL_FLAG(int, closures_per_worker, 1,
+          "Closures in flight per worker (TF's default is 1); 2 overlaps a closure's transfer "
+          "with the previous one's steps");
 
 namespace stratum {
 namespace {
@@ -61,9 +64,16 @@ int Train(const TaskContext& context, const std::string& job_path, ShutdownWatch
   text << file.rdbuf();
   const size_t slash = job_path.rfind('/');
   const std::string base_dir = slash == std::string::npos ? "." : job_path.substr(0, slash);
+  if (absl::GetFlag(FLAGS_closures_per_worker) < 1) {
+    return ReportFatal(context.binary,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "--closures_per_worker is ", absl::GetFlag(FLAGS_closures_per_worker),
+                           ", but a worker needs at least 1 closure in flight: pass 1 or more")));
+  }
   PsTrainingOptions options;
   options.placement = absl::GetFlag(FLAGS_placement);
   options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
+  options.closures_per_worker = absl::GetFlag(FLAGS_closures_per_worker);
   options.cancel = &shutdown.notification();
   options.channel = context.channel_options();
   absl::StatusOr<FitSummary> summary =

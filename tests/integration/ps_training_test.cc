@@ -62,6 +62,35 @@ TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
   }
 }
 
+TEST(PsTrainingTest, SeveralClosuresInFlightPerWorkerSetEachWorkerUpOnce) {
+  // Two closures in flight per worker: the first two race to set the worker up; exactly one
+  // SetupJob reaches each worker, and every step is trained.
+  const std::string summary = TempPath("ps_inflight_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob(1, 60, "ps_inflight_job"), "--closures_per_worker=2",
+                          "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_TRUE(exit->success()) << (*cluster)->Output({"chief", 0});
+  std::ifstream file(summary);
+  EXPECT_EQ(nlohmann::json::parse(file)["steps"], 60);
+  for (int w = 0; w < 2; ++w) {
+    const std::string output = (*cluster)->Output({"worker", w});
+    size_t setups = 0;
+    for (size_t at = output.find("job set up by coordinator"); at != std::string::npos;
+         at = output.find("job set up by coordinator", at + 1)) {
+      ++setups;
+    }
+    EXPECT_EQ(setups, 1u) << output;
+  }
+}
+
 TEST(PsTrainingTest, ASingleProcessJobIsRefusedWithTheFix) {
   auto cluster =
       LocalCluster::Start({.num_workers = 1,

@@ -22,6 +22,9 @@ namespace stratum {
 struct PsTrainingOptions {
   std::string placement = "balanced_bytes";  // or round_robin
   int steps_per_closure = 1;
+  // Closures in flight per worker; more than one overlaps a closure's transfer with the
+  // previous one's steps (the worker runs them one at a time).
+  int closures_per_worker = 1;
   absl::Duration rpc_timeout = absl::Minutes(2);
   // How long to wait for a PS that died to come back (then its variables are restored from
   // the last checkpoint); zero: fail at once. Needs checkpoint.dir.
