@@ -86,8 +86,10 @@ int Run() {
   std::map<int, double> torch_accuracy;
   const std::string script = absl::GetFlag(FLAGS_torch_script);
   if (!script.empty()) {
-    auto output = bench::RunProgram({"python3", script, absl::GetFlag(FLAGS_data_dir),
-                                     std::to_string(epochs), "64", "1024"});
+    // RunProgram does not search PATH: env finds python3 there.
+    auto output =
+        bench::RunProgram({"/usr/bin/env", "python3", script, absl::GetFlag(FLAGS_data_dir),
+                           std::to_string(epochs), "64", "1024"});
     if (output.ok()) {
       std::fputs(output->c_str(), stderr);
       const std::regex line(R"(batch=(\d+) examples_per_s=([0-9.]+) test_acc=([0-9.]+))");
@@ -124,8 +126,8 @@ int Run() {
                          absl::StrCat("PyTorch, same model and batch, data on the GPU; test "
                                       "accuracy ",
                                       torch_accuracy[batch]));
-      bench::PrintFigure(absl::StrCat("gpu_vs_torch_batch", batch), rate / torch_rate[batch],
-                         "x", 1.5, "at_least", setup + " over PyTorch's examples/s");
+      bench::PrintFigure(absl::StrCat("gpu_vs_torch_batch", batch), rate / torch_rate[batch], "x",
+                         1.5, "at_least", setup + " over PyTorch's examples/s");
     }
   }
 
@@ -146,14 +148,13 @@ int Run() {
       return 1;
     }
     const double rate = MedianRate(*summary);
-    const std::string setup =
-        absl::StrCat("MirroredStrategy on 2 logical GPUs of one GPU (",
-                     (*mirrored)->cross_device_ops().name(), "), global batch ", batch, ", ",
-                     epochs, " epochs");
+    const std::string setup = absl::StrCat("MirroredStrategy on 2 logical GPUs of one GPU (",
+                                           (*mirrored)->cross_device_ops().name(),
+                                           "), global batch ", batch, ", ", epochs, " epochs");
     bench::PrintFigure(absl::StrCat("mirrored2_examples_per_sec_batch", batch), rate, "examples/s",
                        nullptr, "at_least", setup);
-    bench::PrintFigure(absl::StrCat("mirrored2_test_accuracy_batch", batch),
-                       summary->test_accuracy, "fraction", nullptr, "at_least", setup);
+    bench::PrintFigure(absl::StrCat("mirrored2_test_accuracy_batch", batch), summary->test_accuracy,
+                       "fraction", nullptr, "at_least", setup);
     const double overhead_us = (batch / rate - batch / one_rate[batch]) * 1e6;
     bench::PrintFigure(absl::StrCat("mirrored2_overhead_per_step_batch", batch), overhead_us, "us",
                        nullptr, "at_most", setup + ", step time minus one device's");

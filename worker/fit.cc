@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "fit_internal.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
-#include "fit_internal.h"
 
 namespace stratum {
 namespace fit_internal {

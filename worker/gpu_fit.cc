@@ -56,8 +56,8 @@ void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t*
 struct GpuSlot {
   std::unique_ptr<cuda::CachingAllocator> allocator;
   std::unique_ptr<cuda::DeviceDataset> train, test;
-  cuda::Stream copies;                // uploads of the next epoch's order
-  cuda::DeviceBuffer order[2];        // the epoch's order, double-buffered
+  cuda::Stream copies;          // uploads of the next epoch's order
+  cuda::DeviceBuffer order[2];  // the epoch's order, double-buffered
   cuda::Event uploaded[2];
 };
 
@@ -94,8 +94,8 @@ class GpuFit {
   int64_t steps_per_epoch_ = 0;
   int64_t order_length_ = 0;
   int64_t eval_batch_ = 0;
-  std::vector<int> physical_;            // per replica
-  std::map<int, GpuSlot> gpus_;          // by physical device
+  std::vector<int> physical_;    // per replica
+  std::map<int, GpuSlot> gpus_;  // by physical device
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
   std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
   cuda::PinnedBuffer host_order_[2];
@@ -109,9 +109,9 @@ absl::Status GpuFit::Setup() {
     const int logical = std::stoi(device.substr(4));
     const int physical = PhysicalGpuOf(logical);
     if (physical >= cuda::PhysicalGpuCount()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("device ", device, " is not available: this process sees ",
-                       cuda::PhysicalGpuCount(), " GPU(s)"));
+      return absl::FailedPreconditionError(absl::StrCat("device ", device,
+                                                        " is not available: this process sees ",
+                                                        cuda::PhysicalGpuCount(), " GPU(s)"));
     }
     physical_.push_back(physical);
   }
@@ -127,7 +127,7 @@ absl::Status GpuFit::Setup() {
   }
   const int64_t n = train.first.rows();
   steps_per_epoch_ = options_.steps_per_epoch > 0 ? options_.steps_per_epoch
-                                                   : (n + global_batch_ - 1) / global_batch_;
+                                                  : (n + global_batch_ - 1) / global_batch_;
   order_length_ = options_.steps_per_epoch > 0 ? steps_per_epoch_ * global_batch_ : n;
   eval_batch_ = std::max<int64_t>(global_batch_, 256);
   std::optional<std::pair<Tensor, Tensor>> test;
@@ -145,9 +145,9 @@ absl::Status GpuFit::Setup() {
     }
     STRATUM_ASSIGN_OR_RETURN(gpu.copies, cuda::Stream::Create(physical));
     for (int b = 0; b < 2; ++b) {
-      STRATUM_ASSIGN_OR_RETURN(gpu.order[b],
-                               cuda::DeviceBuffer::Allocate(
-                                   *gpu.allocator, static_cast<size_t>(order_length_) * 4));
+      STRATUM_ASSIGN_OR_RETURN(
+          gpu.order[b],
+          cuda::DeviceBuffer::Allocate(*gpu.allocator, static_cast<size_t>(order_length_) * 4));
       STRATUM_ASSIGN_OR_RETURN(gpu.uploaded[b], cuda::Event::Create(physical));
     }
   }
@@ -155,23 +155,26 @@ absl::Status GpuFit::Setup() {
     STRATUM_ASSIGN_OR_RETURN(host_order_[b],
                              cuda::PinnedBuffer::Allocate(static_cast<size_t>(order_length_) * 4));
   }
-  STRATUM_ASSIGN_OR_RETURN(state_, fit_internal::StartState(strategy_, model_, optimizer_, options_));
+  STRATUM_ASSIGN_OR_RETURN(state_,
+                           fit_internal::StartState(strategy_, model_, optimizer_, options_));
   for (int r = 0; r < replicas_; ++r) {
     cuda::ReplicaOptions replica_options;
     replica_options.device = physical_[static_cast<size_t>(r)];
-    replica_options.max_batch =
-        r == 0 ? std::max(options_.batch_size_per_replica, eval_batch_) : options_.batch_size_per_replica;
+    replica_options.max_batch = r == 0 ? std::max(options_.batch_size_per_replica, eval_batch_)
+                                       : options_.batch_size_per_replica;
     replica_options.seed = options_.seed * 7919 + static_cast<uint64_t>(r);
     STRATUM_ASSIGN_OR_RETURN(
-        auto replica, cuda::Replica::Create(model_, loss_, optimizer_,
-                                            *gpus_[replica_options.device].allocator, replica_options));
+        auto replica,
+        cuda::Replica::Create(model_, loss_, optimizer_, *gpus_[replica_options.device].allocator,
+                              replica_options));
     // Mirrored variables: every replica starts from the same values.
     STRATUM_RETURN_IF_ERROR(replica->SetState(state_.variables, state_.slots, state_.iteration));
     replicas_on_.push_back(std::move(replica));
   }
   if (replicas_ > 1) {
     std::vector<cuda::CachingAllocator*> allocators(static_cast<size_t>(cuda::PhysicalGpuCount()));
-    for (auto& [physical, gpu] : gpus_) allocators[static_cast<size_t>(physical)] = gpu.allocator.get();
+    for (auto& [physical, gpu] : gpus_)
+      allocators[static_cast<size_t>(physical)] = gpu.allocator.get();
     const auto* nccl = dynamic_cast<const NcclAllReduce*>(&strategy_.cross_device_ops());
     STRATUM_ASSIGN_OR_RETURN(
         all_reduce_, cuda::MakeDeviceAllReduce(strategy_.cross_device_ops().name(),
@@ -203,9 +206,9 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
   const int b = static_cast<int>(epoch % 2);
   // The step's rows, split over the replicas (a last partial batch: the first replicas
   // take one more row than the others).
-  const int64_t rows_total =
-      options_.steps_per_epoch > 0 ? global_batch_
-                                   : std::min(global_batch_, order_length_ - step * global_batch_);
+  const int64_t rows_total = options_.steps_per_epoch > 0
+                                 ? global_batch_
+                                 : std::min(global_batch_, order_length_ - step * global_batch_);
   const float loss_scale = 1.0f / static_cast<float>(rows_total);
   int64_t offset = 0;
   for (int r = 0; r < replicas_; ++r) {
@@ -224,7 +227,8 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
   }
   if (replicas_ == 1) return absl::OkStatus();
   std::vector<cuda::ReplicaBuffer> buffers;
-  for (const auto& replica : replicas_on_) buffers.push_back({replica->gradients(), &replica->stream()});
+  for (const auto& replica : replicas_on_)
+    buffers.push_back({replica->gradients(), &replica->stream()});
   STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
   for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->EnqueueUpdate());
   return absl::OkStatus();
@@ -270,8 +274,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     summary.history.push_back(fit_internal::EpochLogFromJson(log));
     summary.steps += summary.history.back().steps;
   }
-  if ((state_.epoch > 0 || state_.step_in_epoch > 0) &&
-      options_.progress != ProgressStyle::kNone) {
+  if ((state_.epoch > 0 || state_.step_in_epoch > 0) && options_.progress != ProgressStyle::kNone) {
     std::fprintf(options_.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
                  static_cast<long long>(state_.iteration), static_cast<long long>(state_.epoch + 1),
                  static_cast<long long>(state_.step_in_epoch));
@@ -305,20 +308,19 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       }
       if (!options_.checkpoint_dir.empty() && options_.checkpoint_every_steps > 0 &&
           iteration % options_.checkpoint_every_steps == 0 && step < steps_per_epoch_) {
-        StepStats so_far = resuming_mid_epoch ? state_.epoch_stats : StepStats{};
+        StepStats so_far = state_.epoch_stats;
         for (auto& replica : replicas_on_) {
           STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
           Accumulate(so_far, stats);
         }
         // TakeMetrics zeroed the device sums: keep what they held in state_ for the epoch.
         state_.epoch_stats = so_far;
-        state_.step_in_epoch = 0;
         STRATUM_RETURN_IF_ERROR(SaveBackup(epoch - 1, step, so_far, state_.history, iteration));
       }
     }
-    StepStats epoch_stats = (resuming_mid_epoch || options_.checkpoint_every_steps > 0)
-                                ? state_.epoch_stats
-                                : StepStats{};
+    // What the device sums held before the last mid-epoch backup (or the checkpoint this
+    // run resumed from), plus what they hold now.
+    StepStats epoch_stats = state_.epoch_stats;
     for (auto& replica : replicas_on_) {
       STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
       Accumulate(epoch_stats, stats);

@@ -43,8 +43,8 @@ class CopyAllReduce final : public DeviceAllReduce {
   absl::Status AllReduce(const std::vector<ReplicaBuffer>& buffers, int64_t count) override {
     const size_t n = buffers.size();
     if (n != devices_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(name(), " made for ", devices_.size(),
-                                                     " replicas, given ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), " made for ", devices_.size(), " replicas, given ", n));
     }
     if (n == 1) return absl::OkStatus();
     for (size_t r = 0; r < n; ++r) STRATUM_RETURN_IF_ERROR(ready_[r].Record(*buffers[r].stream));
@@ -83,9 +83,9 @@ class CopyAllReduce final : public DeviceAllReduce {
     STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[to]));
     const float* source = buffers[from].data;
     if (devices_[to] != devices_[from]) {
-      STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyPeerAsync(
-          staging_[to].data(), devices_[to], source, devices_[from],
-          static_cast<size_t>(count) * sizeof(float), stream.get()));
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyPeerAsync(staging_[to].data(), devices_[to], source, devices_[from],
+                              static_cast<size_t>(count) * sizeof(float), stream.get()));
       source = staging_[to].as<float>();
     }
     return AddInto(buffers[to].data, source, count, stream.get());
@@ -164,10 +164,10 @@ absl::StatusOr<std::unique_ptr<DeviceAllReduce>> MakeDeviceAllReduce(
     STRATUM_RETURN_IF_ERROR(op->Init(allocators, count));
     return std::unique_ptr<DeviceAllReduce>(std::move(op));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "cross-device op \"", name,
-      "\" is not supported on GPUs: use NcclAllReduce, HierarchicalCopyAllReduce or "
-      "ReductionToOneDevice"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("cross-device op \"", name,
+                   "\" is not supported on GPUs: use NcclAllReduce, HierarchicalCopyAllReduce or "
+                   "ReductionToOneDevice"));
 }
 
 }  // namespace stratum::cuda

@@ -23,15 +23,16 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
 
 absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return Failed(call, file, line,
-                absl::StrCat(cublasGetStatusString(status), " (", cublasGetStatusName(status), ")"));
+  return Failed(
+      call, file, line,
+      absl::StrCat(cublasGetStatusString(status), " (", cublasGetStatusName(status), ")"));
 }
 
 absl::Status NcclStatus(ncclResult_t result, const char* call, const char* file, int line) {
   if (result == ncclSuccess) return absl::OkStatus();
-  return Failed(call, file, line,
-                absl::StrCat(ncclGetErrorString(result), " (ncclResult ", static_cast<int>(result),
-                             ")"));
+  return Failed(
+      call, file, line,
+      absl::StrCat(ncclGetErrorString(result), " (ncclResult ", static_cast<int>(result), ")"));
 }
 
 void CheckOk(const absl::Status& status) {

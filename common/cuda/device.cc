@@ -72,9 +72,10 @@ void CachingAllocator::Free(void* pointer) {
   absl::MutexLock lock(&mutex_);
   auto it = sizes_.find(pointer);
   if (it == sizes_.end()) {
-    CheckOk(absl::InternalError(absl::StrCat("CachingAllocator::Free of ", reinterpret_cast<uintptr_t>(pointer),
-                                             ", which GPU:", device_, "'s allocator did not "
-                                             "hand out")));
+    CheckOk(absl::InternalError(absl::StrCat(
+        "CachingAllocator::Free of ", reinterpret_cast<uintptr_t>(pointer), ", which GPU:", device_,
+        "'s allocator did not "
+        "hand out")));
   }
   const size_t size = it->second;
   sizes_.erase(it);

@@ -48,7 +48,8 @@ __device__ float WarpSum(float v) {
 }
 
 __device__ float WarpMax(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -436,8 +437,8 @@ absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, in
 
 absl::Status SparseCrossEntropy(CrossEntropyInput input, float* values, const float* bias,
                                 float* probs, const int32_t* labels, int64_t rows, int classes,
-                                float scale, float* grad, MetricSums* sums,
-                                StepCounters* counters, cudaStream_t stream) {
+                                float scale, float* grad, MetricSums* sums, StepCounters* counters,
+                                cudaStream_t stream) {
   const dim3 block(32, kRowsPerBlock);
   SparseCrossEntropyKernel<<<Blocks(rows, kRowsPerBlock), block, 0, stream>>>(
       input, values, bias, probs, labels, rows, classes, scale, grad, sums, counters);

@@ -32,10 +32,10 @@ absl::Status Gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
   const float alpha = 1.0f, beta = 0.0f;
   const int lda = static_cast<int>(trans_a ? m : k);
   const int ldb = static_cast<int>(trans_b ? k : n);
-  STRATUM_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
-      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a, lda, &beta,
-      c, static_cast<int>(n)));
+  STRATUM_CUBLAS_RETURN_IF_ERROR(
+      cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a,
+                  lda, &beta, c, static_cast<int>(n)));
   return absl::OkStatus();
 }
 
@@ -79,9 +79,9 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
 
 absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer) {
   if (loss.kind() != Loss::Kind::kSparseCategoricalCrossentropy) {
-    return absl::UnimplementedError(absl::StrCat(
-        "loss ", loss.name(), " has no GPU kernel yet (the GPU path trains with "
-        "sparse_categorical_crossentropy)"));
+    return absl::UnimplementedError(absl::StrCat("loss ", loss.name(),
+                                                 " has no GPU kernel yet (the GPU path trains with "
+                                                 "sparse_categorical_crossentropy)"));
   }
   if (model.output_size() < 1) return absl::UnimplementedError("model has no outputs");
   return ParamsOf(optimizer).status();
@@ -134,8 +134,8 @@ absl::StatusOr<std::unique_ptr<DeviceDataset>> UploadDataset(CachingAllocator& a
   STRATUM_ASSIGN_OR_RETURN(data->images, DeviceBuffer::Allocate(allocator, image_bytes));
   STRATUM_ASSIGN_OR_RETURN(data->labels, DeviceBuffer::Allocate(allocator, ids.size()));
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(allocator.device()));
-  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(data->images.data(), images.data<uint8_t>(),
-                                          image_bytes, cudaMemcpyHostToDevice));
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(data->images.data(), images.data<uint8_t>(), image_bytes, cudaMemcpyHostToDevice));
   STRATUM_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(data->labels.data(), ids.data(), ids.size(), cudaMemcpyHostToDevice));
   return data;
@@ -156,9 +156,8 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const Model& model, con
                                                          const ReplicaOptions& options) {
   STRATUM_RETURN_IF_ERROR(SupportsOnGpu(model, loss, optimizer));
   if (options.device != allocator.device()) {
-    return absl::InvalidArgumentError(absl::StrCat("replica on GPU:", options.device,
-                                                   " given the allocator of GPU:",
-                                                   allocator.device()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica on GPU:", options.device, " given the allocator of GPU:", allocator.device()));
   }
   std::unique_ptr<Replica> replica(new Replica(model, loss, allocator, options));
   STRATUM_RETURN_IF_ERROR(replica->Init(optimizer));
@@ -207,14 +206,14 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   const int64_t batch = std::max<int64_t>(options_.max_batch, 1);
   const size_t row_bytes = static_cast<size_t>(batch) * sizeof(float);
   STRATUM_ASSIGN_OR_RETURN(
-      x_, DeviceBuffer::Allocate(allocator_,
-                                 row_bytes * static_cast<size_t>(model_.input_shape().num_elements())));
+      x_, DeviceBuffer::Allocate(
+              allocator_, row_bytes * static_cast<size_t>(model_.input_shape().num_elements())));
   STRATUM_ASSIGN_OR_RETURN(labels_,
                            DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch) * 4));
-  STRATUM_ASSIGN_OR_RETURN(grad_a_, DeviceBuffer::Allocate(
-                                        allocator_, row_bytes * static_cast<size_t>(max_width_)));
-  STRATUM_ASSIGN_OR_RETURN(grad_b_, DeviceBuffer::Allocate(
-                                        allocator_, row_bytes * static_cast<size_t>(max_width_)));
+  STRATUM_ASSIGN_OR_RETURN(
+      grad_a_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
+  STRATUM_ASSIGN_OR_RETURN(
+      grad_b_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
   buffers_.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerInfo& layer = layers_[i];
@@ -247,15 +246,13 @@ absl::Status Replica::SetState(const std::vector<Tensor>& variables,
   STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
   for (size_t v = 0; v < specs.size(); ++v) {
     if (variables[v].dtype() != DType::kFloat32 || variables[v].shape() != specs[v].shape) {
-      return absl::InvalidArgumentError(absl::StrCat("variable ", v, " (\"", specs[v].name,
-                                                     "\") is ", variables[v].DebugString(),
-                                                     ", but the model expects float32",
-                                                     specs[v].shape.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", v, " (\"", specs[v].name, "\") is ", variables[v].DebugString(),
+                       ", but the model expects float32", specs[v].shape.ToString()));
     }
     const size_t bytes = static_cast<size_t>(variables[v].num_elements()) * sizeof(float);
-    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(Variable(static_cast<int>(v)),
-                                            variables[v].data<float>(), bytes,
-                                            cudaMemcpyHostToDevice));
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        Variable(static_cast<int>(v)), variables[v].data<float>(), bytes, cudaMemcpyHostToDevice));
     // Fresh slots come from the optimizer's own NewSlots (Adagrad's initial value).
     for (int s = 0; s < num_slots_; ++s) {
       Tensor slot;
@@ -267,12 +264,12 @@ absl::Status Replica::SetState(const std::vector<Tensor>& variables,
         slot = slots[v][static_cast<size_t>(s)];
       }
       if (slot.shape() != specs[v].shape) {
-        return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of variable \"",
-                                                       specs[v].name, "\" is ",
-                                                       slot.DebugString()));
+        return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of variable \"", specs[v].name,
+                                                       "\" is ", slot.DebugString()));
       }
-      STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(slots_[static_cast<size_t>(s)].as<float>() + offsets_[v],
-                                              slot.data<float>(), bytes, cudaMemcpyHostToDevice));
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(slots_[static_cast<size_t>(s)].as<float>() + offsets_[v], slot.data<float>(),
+                     bytes, cudaMemcpyHostToDevice));
     }
   }
   StepCounters counters{0, iteration};
@@ -298,9 +295,9 @@ absl::Status Replica::GetState(std::vector<Tensor>* variables,
     std::vector<Tensor> held;
     for (int s = 0; s < num_slots_; ++s) {
       Tensor slot(DType::kFloat32, specs[v].shape);
-      STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(slot.data<float>(),
-                                              slots_[static_cast<size_t>(s)].as<float>() + offsets_[v],
-                                              bytes, cudaMemcpyDeviceToHost));
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(slot.data<float>(), slots_[static_cast<size_t>(s)].as<float>() + offsets_[v],
+                     bytes, cudaMemcpyDeviceToHost));
       held.push_back(std::move(slot));
     }
     slots->push_back(std::move(held));
@@ -315,10 +312,9 @@ absl::Status Replica::GetGradients(std::vector<Tensor>* gradients) const {
   const std::vector<VariableSpec>& specs = model_.variables();
   for (size_t v = 0; v < specs.size(); ++v) {
     Tensor value(DType::kFloat32, specs[v].shape);
-    STRATUM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(value.data<float>(), Gradient(static_cast<int>(v)),
-                   static_cast<size_t>(value.num_elements()) * sizeof(float),
-                   cudaMemcpyDeviceToHost));
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        value.data<float>(), Gradient(static_cast<int>(v)),
+        static_cast<size_t>(value.num_elements()) * sizeof(float), cudaMemcpyDeviceToHost));
     gradients->push_back(std::move(value));
   }
   return absl::OkStatus();
@@ -363,8 +359,8 @@ absl::Status Replica::Forward(int rows, bool training, int fused) {
         break;
       case Kind::kActivation:
         if (i == fused) break;  // the loss reads this layer's input as logits
-        STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, in, static_cast<size_t>(n) * sizeof(float),
-                                                     cudaMemcpyDeviceToDevice, stream));
+        STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            out, in, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
         STRATUM_RETURN_IF_ERROR(BiasActivation(ToAct(layer.activation), out, nullptr,
                                                n / layer.out_width, layer.out_width,
                                                buffers.logits.as<float>(), stream));
@@ -377,10 +373,9 @@ absl::Status Replica::Forward(int rows, bool training, int fused) {
                                      layer.in_width, in, Variable(layer.kernel), z));
         // The fused softmax layer's bias and softmax are the loss kernel's.
         if (i != fused) {
-          STRATUM_RETURN_IF_ERROR(BiasActivation(ToAct(layer.activation), out,
-                                                 layer.bias >= 0 ? Variable(layer.bias) : nullptr,
-                                                 dense_rows, layer.out_width,
-                                                 buffers.logits.as<float>(), stream));
+          STRATUM_RETURN_IF_ERROR(BiasActivation(
+              ToAct(layer.activation), out, layer.bias >= 0 ? Variable(layer.bias) : nullptr,
+              dense_rows, layer.out_width, buffers.logits.as<float>(), stream));
         }
         acts_[static_cast<size_t>(i) + 1] = out;
         break;
@@ -390,8 +385,8 @@ absl::Status Replica::Forward(int rows, bool training, int fused) {
   return absl::OkStatus();
 }
 
-absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scale,
-                                  MetricSums* sums, StepCounters* counters) {
+absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
+                                  StepCounters* counters) {
   const int classes = static_cast<int>(model_.output_size());
   float* grad = training ? grad_a_.as<float>() : nullptr;
   if (fused >= 0) {
@@ -436,8 +431,8 @@ absl::Status Replica::Backward(int rows, int fused) {
         break;
       case Kind::kActivation:
         if (!skip_activation) {
-          STRATUM_RETURN_IF_ERROR(ActivationBackward(act, out, g, rows * layer.out_size / layer.out_width,
-                                                     layer.out_width, stream));
+          STRATUM_RETURN_IF_ERROR(ActivationBackward(
+              act, out, g, rows * layer.out_size / layer.out_width, layer.out_width, stream));
         }
         break;
       case Kind::kDense: {
@@ -477,18 +472,16 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
   auto* sums = sums_.as<MetricSums>();
   if (input.rows == 0) {
     // A partial batch left this replica nothing: zero gradients, counters still advance.
-    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(gradients_.data(), 0,
-                                                 static_cast<size_t>(flat_size_) * sizeof(float),
-                                                 stream));
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        gradients_.data(), 0, static_cast<size_t>(flat_size_) * sizeof(float), stream));
     STRATUM_RETURN_IF_ERROR(SparseCrossEntropy(CrossEntropyInput::kFromLogits, nullptr, nullptr,
                                                nullptr, nullptr, 0, 1, 0, nullptr, nullptr,
                                                counters, stream));
   } else {
-    STRATUM_RETURN_IF_ERROR(GatherRescale(input.data->images.as<uint8_t>(),
-                                          input.data->labels.as<uint8_t>(), input.data->row_size,
-                                          input.order, counters, input.stride, input.offset,
-                                          input.rows, input.rescale, x_.as<float>(),
-                                          labels_.as<int32_t>(), stream));
+    STRATUM_RETURN_IF_ERROR(
+        GatherRescale(input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(),
+                      input.data->row_size, input.order, counters, input.stride, input.offset,
+                      input.rows, input.rescale, x_.as<float>(), labels_.as<int32_t>(), stream));
     const int fused = FusedLayer(true);
     STRATUM_RETURN_IF_ERROR(Forward(input.rows, true, fused));
     STRATUM_RETURN_IF_ERROR(EnqueueLoss(input.rows, true, fused, loss_scale, sums, counters));
@@ -500,14 +493,13 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
 
 absl::Status Replica::EnqueueTrainStep(const StepInput& input, float loss_scale, bool update) {
   if (input.rows > options_.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("a step of ", input.rows,
-                                                   " rows on a replica made for ",
-                                                   options_.max_batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step of ", input.rows, " rows on a replica made for ", options_.max_batch));
   }
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   if (!options_.use_graphs || input.rows == 0) return LaunchTrainStep(input, loss_scale, update);
-  const GraphKey key{input.data, input.order, input.stride, input.offset, input.rows,
-                     input.rescale, loss_scale, update};
+  const GraphKey key{input.data, input.order,   input.stride, input.offset,
+                     input.rows, input.rescale, loss_scale,   update};
   auto found = graphs_.find(key);
   if (found == graphs_.end()) {
     cudaGraph_t graph = nullptr;
@@ -534,7 +526,8 @@ absl::Status Replica::EnqueueUpdate() {
 
 absl::Status Replica::LaunchUpdate() {
   float* slot[3] = {nullptr, nullptr, nullptr};
-  for (int s = 0; s < num_slots_ && s < 3; ++s) slot[s] = slots_[static_cast<size_t>(s)].as<float>();
+  for (int s = 0; s < num_slots_ && s < 3; ++s)
+    slot[s] = slots_[static_cast<size_t>(s)].as<float>();
   // RMSprop's slots are velocity, then momentum and average_gradient when they exist.
   if (optimizer_.kind == OptimizerParams::Kind::kRmsProp && optimizer_.centered &&
       optimizer_.momentum == 0) {
@@ -548,9 +541,8 @@ absl::Status Replica::LaunchUpdate() {
 absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, int rows,
                                       float rescale) {
   if (rows > options_.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("an evaluation batch of ", rows,
-                                                   " rows on a replica made for ",
-                                                   options_.max_batch));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an evaluation batch of ", rows, " rows on a replica made for ", options_.max_batch));
   }
   if (rows <= 0) return absl::OkStatus();
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
@@ -575,8 +567,8 @@ absl::StatusOr<StepStats> Replica::TakeMetrics(bool evaluation) {
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   MetricSums* device_sums = sums_.as<MetricSums>() + (evaluation ? 1 : 0);
   MetricSums sums{};
-  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sums, device_sums, sizeof(sums),
-                                               cudaMemcpyDeviceToHost, stream_.get()));
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&sums, device_sums, sizeof(sums), cudaMemcpyDeviceToHost, stream_.get()));
   STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_sums, 0, sizeof(sums), stream_.get()));
   STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
   return StepStats{sums.loss_sum, static_cast<int64_t>(sums.correct),

@@ -115,9 +115,9 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
   Fields fields(object, "strategy", source);
   if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
-  if (absl::Status s = fields.CheckKnown(
-          {"type", "devices", "cross_device_ops", "num_packs", "logical_gpus_per_gpu",
-           "variable_partitioner", "communication"});
+  if (absl::Status s =
+          fields.CheckKnown({"type", "devices", "cross_device_ops", "num_packs",
+                             "logical_gpus_per_gpu", "variable_partitioner", "communication"});
       !s.ok()) {
     return s;
   }

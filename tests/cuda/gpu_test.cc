@@ -3,6 +3,7 @@
 // short Fit. Every test that needs a GPU skips, with the reason, when none is visible (as
 // in CI, which builds with CUDA but has no GPU).
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -97,8 +98,8 @@ DeviceBuffer IdentityOrder(CachingAllocator& allocator, int64_t n) {
   std::vector<int32_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   DeviceBuffer buffer = *DeviceBuffer::Allocate(allocator, static_cast<size_t>(n) * 4);
-  STRATUM_CUDA_CHECK(cudaMemcpy(buffer.data(), order.data(), order.size() * 4,
-                                cudaMemcpyHostToDevice));
+  STRATUM_CUDA_CHECK(
+      cudaMemcpy(buffer.data(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
   return buffer;
 }
 
@@ -183,9 +184,9 @@ TEST(ReplicaTest, GradientsAndMetricsMatchTheCpuModel) {
 
     auto ws = model.NewWorkspace(1);
     std::vector<Tensor> cpu_grads;
-    const StepStats cpu_stats = *model.TrainStep(variables, Rows(data.images, 0, n, scale),
-                                                 Labels(data.labels, 0, n), c.loss, 1.0f / n, *ws,
-                                                 cpu_grads);
+    const StepStats cpu_stats =
+        *model.TrainStep(variables, Rows(data.images, 0, n, scale), Labels(data.labels, 0, n),
+                         c.loss, 1.0f / n, *ws, cpu_grads);
     ExpectClose(gpu_grads, cpu_grads, "gradients");
     EXPECT_NEAR(gpu_stats.loss_sum, cpu_stats.loss_sum, 1e-4 * std::abs(cpu_stats.loss_sum));
     EXPECT_EQ(gpu_stats.correct, cpu_stats.correct);
@@ -193,9 +194,9 @@ TEST(ReplicaTest, GradientsAndMetricsMatchTheCpuModel) {
 
     // Evaluation in batches of 20 (a partial last one) against Model::Evaluate.
     for (int64_t first = 0; first < n; first += 20) {
-      ASSERT_TRUE(replica->EnqueueEvaluate(*device_data, first,
-                                           static_cast<int>(std::min<int64_t>(20, n - first)),
-                                           scale)
+      ASSERT_TRUE(replica
+                      ->EnqueueEvaluate(*device_data, first,
+                                        static_cast<int>(std::min<int64_t>(20, n - first)), scale)
                       .ok());
     }
     const StepStats gpu_eval = *replica->TakeMetrics(true);
@@ -245,8 +246,8 @@ TEST(ReplicaTest, EveryOptimizerUpdateMatchesKeras) {
       if (step == 2) {
         ASSERT_TRUE(replica->ResetStep(0).ok());
       }
-      StepInput input{device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch),
-                      scale};
+      StepInput input{
+          device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
       ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
       const int64_t first = (step % 2) * batch;
       ASSERT_TRUE(model
@@ -289,21 +290,22 @@ TEST(MirroredReplicasTest, LogicalGpusKeepBitIdenticalVariables) {
       replicas.push_back(*Replica::Create(model, loss, *optimizer, allocator, options));
       ASSERT_TRUE(replicas.back()->SetState(initial, {}, 0).ok());
     }
-    auto all_reduce = *MakeDeviceAllReduce(op_name, 1, {0, 0}, {&allocator},
-                                           replicas[0]->flat_size());
+    auto all_reduce =
+        *MakeDeviceAllReduce(op_name, 1, {0, 0}, {&allocator}, replicas[0]->flat_size());
     for (int step = 0; step < 2; ++step) {
       for (int r = 0; r < 2; ++r) {
-        StepInput input{device_data.get(), order.as<int32_t>(), batch, r * batch / 2,
-                        static_cast<int>(batch / 2), 1.0f / 255};
-        ASSERT_TRUE(replicas[static_cast<size_t>(r)]->EnqueueTrainStep(input, 1.0f / batch, false).ok());
+        StepInput input{device_data.get(), order.as<int32_t>(),         batch,
+                        r * batch / 2,     static_cast<int>(batch / 2), 1.0f / 255};
+        ASSERT_TRUE(
+            replicas[static_cast<size_t>(r)]->EnqueueTrainStep(input, 1.0f / batch, false).ok());
       }
       std::vector<ReplicaBuffer> buffers = {{replicas[0]->gradients(), &replicas[0]->stream()},
                                             {replicas[1]->gradients(), &replicas[1]->stream()}};
       ASSERT_TRUE(all_reduce->AllReduce(buffers, replicas[0]->flat_size()).ok());
       ASSERT_TRUE(replicas[0]->EnqueueUpdate().ok());
       ASSERT_TRUE(replicas[1]->EnqueueUpdate().ok());
-      StepInput whole{device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch),
-                      1.0f / 255};
+      StepInput whole{device_data.get(),       order.as<int32_t>(), batch, 0,
+                      static_cast<int>(batch), 1.0f / 255};
       ASSERT_TRUE(replicas[2]->EnqueueTrainStep(whole, 1.0f / batch, true).ok());
     }
     std::vector<Tensor> a, b, single;
@@ -377,6 +379,32 @@ TEST(GpuFitTest, OneGpuAndTwoLogicalGpusReachAccuracy) {
   EXPECT_EQ(MirroredStrategy::Create(mirrored_options).status().code(),
             absl::StatusCode::kInvalidArgument);
   SetLogicalGpusPerGpu(1);
+}
+
+TEST(GpuFitTest, BacksUpAndResumesFromACheckpoint) {
+  SKIP_WITHOUT_GPU();
+  Model model = *Model::FromKerasJson(ModelJson("relu", "softmax"));
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const FitData data = SyntheticFitData(1000, 8);
+  FitOptions options;
+  options.epochs = 2;
+  options.batch_size_per_replica = 50;
+  options.progress = ProgressStyle::kNone;
+  options.checkpoint_dir = ::testing::TempDir() + "/gpu_fit_checkpoint";
+  options.checkpoint_every_steps = 7;
+  std::filesystem::remove_all(options.checkpoint_dir);
+  auto one = *OneDeviceStrategy::Create("GPU:0");
+  absl::StatusOr<FitSummary> first = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.epochs = 3;
+  absl::StatusOr<FitSummary> resumed = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 40);
+  EXPECT_EQ(resumed->steps, 60);
+  ASSERT_EQ(resumed->history.size(), 3u);
+  EXPECT_EQ(resumed->history[2].steps, 20);
+  std::filesystem::remove_all(options.checkpoint_dir);
 }
 
 }  // namespace

@@ -34,10 +34,10 @@ void CheckOk(const absl::Status& status);
 
 #define STRATUM_CUDA_STATUS_(kind, call) ::stratum::cuda::kind(call, #call, __FILE__, __LINE__)
 
-#define STRATUM_GPU_RETURN_IF_ERROR_(kind, call)                             \
-  do {                                                                       \
+#define STRATUM_GPU_RETURN_IF_ERROR_(kind, call)                                 \
+  do {                                                                           \
     const ::absl::Status stratum_gpu_status_ = STRATUM_CUDA_STATUS_(kind, call); \
-    if (!stratum_gpu_status_.ok()) return stratum_gpu_status_;               \
+    if (!stratum_gpu_status_.ok()) return stratum_gpu_status_;                   \
   } while (false)
 
 #define STRATUM_CUDA_RETURN_IF_ERROR(call) STRATUM_GPU_RETURN_IF_ERROR_(CudaStatus, call)
@@ -49,9 +49,9 @@ void CheckOk(const absl::Status& status);
   ::stratum::cuda::CheckOk(STRATUM_CUDA_STATUS_(CublasStatus, call))
 #define STRATUM_NCCL_CHECK(call) ::stratum::cuda::CheckOk(STRATUM_CUDA_STATUS_(NcclStatus, call))
 // After a kernel launch: its configuration error, if any, naming the kernel.
-#define STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED(kernel)                                     \
-  do {                                                                                    \
-    const ::absl::Status stratum_gpu_status_ =                                            \
+#define STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED(kernel)                                             \
+  do {                                                                                           \
+    const ::absl::Status stratum_gpu_status_ =                                                   \
         ::stratum::cuda::CudaStatus(cudaGetLastError(), kernel "<<<...>>>", __FILE__, __LINE__); \
-    if (!stratum_gpu_status_.ok()) return stratum_gpu_status_;                           \
+    if (!stratum_gpu_status_.ok()) return stratum_gpu_status_;                                   \
   } while (false)

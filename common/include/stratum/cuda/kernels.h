@@ -70,8 +70,8 @@ enum class CrossEntropyInput : int {
 // counters->step and counters->iteration by one (the step's last read of them precedes).
 absl::Status SparseCrossEntropy(CrossEntropyInput input, float* values, const float* bias,
                                 float* probs, const int32_t* labels, int64_t rows, int classes,
-                                float scale, float* grad, MetricSums* sums,
-                                StepCounters* counters, cudaStream_t stream);
+                                float scale, float* grad, MetricSums* sums, StepCounters* counters,
+                                cudaStream_t stream);
 
 // Inverted dropout: mask = (uniform(seed, counters->iteration, i) >= rate) / (1 - rate),
 // out = in * mask. A new mask every iteration, the same for one seed and iteration.

@@ -46,18 +46,17 @@ struct DeviceDataset {
 // to the allocator's device. INVALID_ARGUMENT naming the first bad label or dtype.
 absl::StatusOr<std::unique_ptr<DeviceDataset>> UploadDataset(CachingAllocator& allocator,
                                                              const Tensor& images,
-                                                             const Tensor& labels,
-                                                             int64_t classes);
+                                                             const Tensor& labels, int64_t classes);
 
 // Whether the GPU path trains this model with this loss and optimizer; else why not
 // (UNIMPLEMENTED naming what is missing: the caller then trains on the CPU).
 absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer);
 
 struct ReplicaOptions {
-  int device = 0;           // physical device
-  int64_t max_batch = 64;   // rows per step (training or evaluation) the buffers hold
-  uint64_t seed = 1;        // dropout masks
-  bool use_graphs = true;   // capture training steps in CUDA graphs
+  int device = 0;          // physical device
+  int64_t max_batch = 64;  // rows per step (training or evaluation) the buffers hold
+  uint64_t seed = 1;       // dropout masks
+  bool use_graphs = true;  // capture training steps in CUDA graphs
 };
 
 // Where a step's rows come from: rows [offset, offset + rows) of step counters.step of the
