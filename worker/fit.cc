@@ -9,74 +9,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "fit_internal.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
 
 namespace stratum {
-namespace {
+namespace fit_internal {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
-class Progress {
- public:
-  Progress(const FitOptions& options) : out_(options.out) {
-    style_ = options.progress;
-    if (style_ == ProgressStyle::kAuto) {
-      style_ = isatty(fileno(out_)) ? ProgressStyle::kBar : ProgressStyle::kLines;
-    }
-  }
-
-  void StartEpoch(int epoch, int epochs, int64_t steps) {
-    steps_ = steps;
-    last_draw_ = 0;
-    if (style_ == ProgressStyle::kBar) std::fprintf(out_, "Epoch %d/%d\n", epoch, epochs);
-  }
-
-  void Step(int64_t step, double loss, double accuracy) {
-    if (style_ != ProgressStyle::kBar) return;
-    const double now = Now();
-    if (now - last_draw_ < 0.1 && step != steps_) return;
-    last_draw_ = now;
-    const int width = 30;
-    const int filled =
-        steps_ > 0 ? static_cast<int>(width * std::min<double>(1, double(step) / steps_)) : 0;
-    std::string bar(static_cast<size_t>(filled), '=');
-    if (filled < width) bar += '>';
-    bar.resize(width, '.');
-    std::fprintf(out_, "\r%6lld/%lld [%s] - loss: %.4f - accuracy: %.4f",
-                 static_cast<long long>(step), static_cast<long long>(steps_), bar.c_str(), loss,
-                 accuracy);
-    std::fflush(out_);
-  }
-
-  void EndEpoch(const EpochLog& log, int epochs, bool validated) {
-    if (style_ == ProgressStyle::kNone) return;
-    std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
-    if (validated) {
-      absl::StrAppend(&text, absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss,
-                                             log.val_accuracy));
-    }
-    absl::StrAppend(
-        &text, absl::StrFormat(" - %.0f examples/s - %.2fs", log.examples_per_sec, log.seconds));
-    if (style_ == ProgressStyle::kBar) {
-      std::fprintf(out_, "\r%6lld/%lld - %s\n", static_cast<long long>(log.steps),
-                   static_cast<long long>(log.steps), text.c_str());
-    } else {
-      std::fprintf(out_, "Epoch %d/%d - %lld steps - %s\n", log.epoch, epochs,
-                   static_cast<long long>(log.steps), text.c_str());
-    }
-    std::fflush(out_);
-  }
-
- private:
-  FILE* out_;
-  ProgressStyle style_;
-  int64_t steps_ = 0;
-  double last_draw_ = 0;
-};
 
 // x: raw features -> float32 [B, ...input_shape] times `rescale`.
 absl::StatusOr<Tensor> ToModelInput(const Tensor& x, const Model& model, double rescale) {
@@ -147,7 +89,19 @@ absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace fit_internal
+
+using fit_internal::Accumulate;
+using fit_internal::Backup;
+using fit_internal::EpochLogFromJson;
+using fit_internal::EpochLogJson;
+using fit_internal::Now;
+using fit_internal::Progress;
+using fit_internal::Rows;
+using fit_internal::StartState;
+using fit_internal::SumOverWorkers;
+using fit_internal::ToModelInput;
+using fit_internal::Total;
 
 Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
                     double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat,
@@ -202,7 +156,7 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
   return log;
 }
 
-namespace {
+namespace fit_internal {
 
 nlohmann::json EpochLogJson(const EpochLog& log) {
   return {{"epoch", log.epoch},
@@ -311,7 +265,7 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   return saved;
 }
 
-}  // namespace
+}  // namespace fit_internal
 
 absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Loss& loss,
                                const Optimizer& optimizer, const FitData& data,
@@ -328,6 +282,21 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
         options.epochs, ", batch_size_per_replica ", options.batch_size_per_replica,
         ", steps_per_epoch ", options.steps_per_epoch));
   }
+#if STRATUM_WITH_CUDA
+  // Every replica on a GPU: the GPU path, unless it cannot train this job.
+  const bool on_gpus = std::all_of(strategy.devices().begin(), strategy.devices().end(),
+                                   [](const std::string& d) { return d.rfind("GPU:", 0) == 0; });
+  if (on_gpus && workers == 1) {
+    absl::StatusOr<FitSummary> trained = FitOnGpus(strategy, model, loss, optimizer, data, options);
+    if (trained.ok() || trained.status().code() != absl::StatusCode::kUnimplemented) {
+      return trained;
+    }
+    if (options.progress != ProgressStyle::kNone) {
+      std::fprintf(options.out, "training on the CPU: %s\n",
+                   std::string(trained.status().message()).c_str());
+    }
+  }
+#endif
   const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
   const int64_t worker_batch = options.batch_size_per_replica * replicas;
   const bool fixed_steps = options.steps_per_epoch > 0;

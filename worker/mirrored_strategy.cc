@@ -6,6 +6,32 @@
 #include "stratum/util/devices.h"
 
 namespace stratum {
+namespace {
+
+bool AllGpus(const std::vector<std::string>& devices) {
+  for (const std::string& device : devices) {
+    if (device.rfind("GPU:", 0) != 0) return false;
+  }
+  return !devices.empty();
+}
+
+// Whether two of the (GPU) devices are logical GPUs of one physical GPU.
+bool SharesPhysicalGpu(const std::vector<std::string>& devices) {
+  std::set<int> physical;
+  for (const std::string& device : devices) {
+    if (device.rfind("GPU:", 0) != 0) continue;
+    if (!physical.insert(PhysicalGpuOf(std::stoi(device.substr(4)))).second) return true;
+  }
+  return false;
+}
+
+std::string DefaultCrossDeviceOps(const std::vector<std::string>& devices) {
+  if (!AllGpus(devices)) return "ReductionToOneDevice";
+  return SharesPhysicalGpu(devices) ? "HierarchicalCopyAllReduce" : "NcclAllReduce";
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> ResolveLocalDevices(
     const std::vector<std::string>& devices) {
   std::vector<std::string> resolved;
@@ -31,8 +57,16 @@ absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
     const MirroredOptions& options) {
   absl::StatusOr<std::vector<std::string>> devices = ResolveLocalDevices(options.devices);
   if (!devices.ok()) return devices.status();
-  absl::StatusOr<std::unique_ptr<CrossDeviceOps>> ops = MakeCrossDeviceOps(
-      options.cross_device_ops.empty() ? "ReductionToOneDevice" : options.cross_device_ops);
+  std::string ops_name = options.cross_device_ops;
+  if (ops_name.empty()) ops_name = DefaultCrossDeviceOps(*devices);
+  if (ops_name == "NcclAllReduce" && SharesPhysicalGpu(*devices)) {
+    return absl::InvalidArgumentError(
+        "cross-device op NcclAllReduce needs one replica per physical GPU, but these devices "
+        "are logical GPUs that share one: use HierarchicalCopyAllReduce or "
+        "ReductionToOneDevice");
+  }
+  absl::StatusOr<std::unique_ptr<CrossDeviceOps>> ops =
+      MakeCrossDeviceOps(ops_name, options.num_packs);
   if (!ops.ok()) return ops.status();
   return std::unique_ptr<MirroredStrategy>(
       new MirroredStrategy(*std::move(devices), *std::move(ops), options.strategy));

@@ -8,6 +8,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/util/devices.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/worker/training_job.h"
@@ -16,6 +17,9 @@ ABSL_FLAG(std::string, job, "", "The job file (JSON), e.g. examples/fashion_mnis
 ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
 ABSL_FLAG(int, epochs, 0, "Override the job's fit.epochs");
 ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal), bar, lines or none");
+ABSL_FLAG(int, logical_gpus_per_gpu, 0,
+          "Split each GPU into N logical GPUs (overrides the job's "
+          "strategy.logical_gpus_per_gpu; 0: the job's)");
 
 namespace stratum {
 namespace {
@@ -41,6 +45,13 @@ int Run() {
   if (!loss.ok()) return Fail(loss.status());
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::FromKeras(job->optimizer);
   if (!optimizer.ok()) return Fail(optimizer.status());
+  const int logical = absl::GetFlag(FLAGS_logical_gpus_per_gpu) > 0
+                          ? absl::GetFlag(FLAGS_logical_gpus_per_gpu)
+                          : job->strategy.logical_gpus_per_gpu;
+  if (!SetLogicalGpusPerGpu(logical)) {
+    return Fail(absl::InvalidArgumentError(
+        "strategy.logical_gpus_per_gpu must be at least 1: use 1 (no split) or more"));
+  }
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(job->strategy);
   if (!strategy.ok()) return Fail(strategy.status());
   absl::StatusOr<FitData> data = LoadFitData(job->data);

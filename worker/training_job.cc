@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& 
   MirroredOptions options;
   options.devices = spec.devices;
   options.cross_device_ops = spec.cross_device_ops;
+  options.num_packs = spec.num_packs;
   if (spec.type == "default") return std::unique_ptr<Strategy>(new DefaultStrategy());
   if (spec.type == "one_device") {
     auto strategy = OneDeviceStrategy::Create(spec.devices.empty() ? "CPU:0" : spec.devices[0]);

@@ -115,13 +115,16 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
   Fields fields(object, "strategy", source);
   if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
-  if (absl::Status s = fields.CheckKnown(
-          {"type", "devices", "cross_device_ops", "variable_partitioner", "communication"});
+  if (absl::Status s =
+          fields.CheckKnown({"type", "devices", "cross_device_ops", "num_packs",
+                             "logical_gpus_per_gpu", "variable_partitioner", "communication"});
       !s.ok()) {
     return s;
   }
   for (absl::Status s : {fields.Get("type", out.type), fields.Get("devices", out.devices),
-                         fields.Get("cross_device_ops", out.cross_device_ops)}) {
+                         fields.Get("cross_device_ops", out.cross_device_ops),
+                         fields.Get("num_packs", out.num_packs),
+                         fields.Get("logical_gpus_per_gpu", out.logical_gpus_per_gpu)}) {
     if (!s.ok()) return s;
   }
   if (object.contains("variable_partitioner")) {

@@ -22,6 +22,7 @@
 namespace stratum {
 namespace {
 
+// In the order of LayerInfo's enums, which Model::layers() converts to.
 enum class LayerKind { kFlatten, kDense, kActivation, kDropout };
 enum class Activation { kLinear, kRelu, kSigmoid, kTanh, kSoftmax };
 
@@ -906,6 +907,25 @@ const std::string& Model::name() const { return impl_->name; }
 const std::vector<VariableSpec>& Model::variables() const { return impl_->variables; }
 Shape Model::input_shape() const { return impl_->input_shape; }
 int64_t Model::output_size() const { return impl_->output_size; }
+
+std::vector<LayerInfo> Model::layers() const {
+  std::vector<LayerInfo> result;
+  for (const Layer& layer : impl_->layers) {
+    LayerInfo info;
+    info.kind = static_cast<LayerInfo::Kind>(layer.kind);
+    info.activation = static_cast<LayerInfo::Activation>(layer.activation);
+    info.name = layer.name;
+    info.in_size = layer.in_size;
+    info.out_size = layer.out_size;
+    info.in_width = layer.in_width;
+    info.out_width = layer.out_width;
+    info.rate = layer.rate;
+    info.kernel = layer.kernel;
+    info.bias = layer.bias;
+    result.push_back(std::move(info));
+  }
+  return result;
+}
 
 int64_t Model::num_parameters() const {
   int64_t total = 0;

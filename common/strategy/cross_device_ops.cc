@@ -77,13 +77,19 @@ absl::Status HierarchicalCopyAllReduce::BatchAllReduce(
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<CrossDeviceOps>> MakeCrossDeviceOps(const std::string& name) {
+absl::StatusOr<std::unique_ptr<CrossDeviceOps>> MakeCrossDeviceOps(const std::string& name,
+                                                                   int num_packs) {
   if (name == "ReductionToOneDevice") return std::make_unique<ReductionToOneDevice>();
   if (name == "HierarchicalCopyAllReduce") return std::make_unique<HierarchicalCopyAllReduce>();
+#if STRATUM_WITH_CUDA
+  if (name == "NcclAllReduce") return std::make_unique<NcclAllReduce>(num_packs);
+#else
+  (void)num_packs;
+#endif
   return absl::InvalidArgumentError(absl::StrCat(
       "cross-device op \"", name,
       "\" is not supported here: use ReductionToOneDevice or HierarchicalCopyAllReduce "
-      "(NcclAllReduce needs GPUs)"));
+      "(NcclAllReduce needs the CUDA build)"));
 }
 
 }  // namespace stratum

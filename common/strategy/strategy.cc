@@ -163,8 +163,10 @@ Strategy& GetStrategy() {
 
 bool HasStrategy() { return !scope_stack.empty(); }
 
+// As TensorFlow's default strategy: the first GPU when there is one.
 DefaultStrategy::DefaultStrategy()
-    : Strategy({"CPU:0"}, std::make_unique<ReductionToOneDevice>()) {}
+    : Strategy({VisibleGpuCount() > 0 ? "GPU:0" : "CPU:0"},
+               std::make_unique<ReductionToOneDevice>()) {}
 
 OneDeviceStrategy::OneDeviceStrategy(std::string device)
     : Strategy({std::move(device)}, std::make_unique<ReductionToOneDevice>()) {}

@@ -24,8 +24,12 @@ struct CommunicationSpec {
 struct StrategySpec {
   // default, one_device, mirrored, central_storage, parameter_server, multi_worker_mirrored
   std::string type = "default";
-  std::vector<std::string> devices;     // one_device (first), mirrored, central_storage
-  std::string cross_device_ops;         // mirrored: ReductionToOneDevice, HierarchicalCopyAllReduce
+  std::vector<std::string> devices;  // one_device (first), mirrored, central_storage
+  std::string cross_device_ops;      // mirrored: ReductionToOneDevice, HierarchicalCopyAllReduce
+                                     // or NcclAllReduce
+  int num_packs = 1;                 // mirrored with NcclAllReduce
+  // Logical GPUs per physical GPU (tf.config.set_logical_device_configuration); 1: none.
+  int logical_gpus_per_gpu = 1;
   nlohmann::json variable_partitioner;  // parameter_server
   CommunicationSpec communication;      // multi_worker_mirrored
 };

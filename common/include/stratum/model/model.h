@@ -32,6 +32,23 @@ struct VariableSpec {
   std::string initializer;  // "glorot_uniform", "zeros", ...
 };
 
+// One layer as an executor on another device (the GPU path) needs it: what it computes and
+// the sizes it computes with. Sizes are per example, without the batch dimension.
+struct LayerInfo {
+  enum class Kind { kFlatten, kDense, kActivation, kDropout };
+  enum class Activation { kLinear, kRelu, kSigmoid, kTanh, kSoftmax };
+  Kind kind = Kind::kFlatten;
+  Activation activation = Activation::kLinear;  // Dense and Activation
+  std::string name;
+  int64_t in_size = 0;  // elements in and out
+  int64_t out_size = 0;
+  int64_t in_width = 0;  // last dimension in and out (a Dense layer maps rows of in_width)
+  int64_t out_width = 0;
+  float rate = 0;   // Dropout
+  int kernel = -1;  // Dense: indices into variables(); bias -1 without use_bias
+  int bias = -1;
+};
+
 // Per-thread scratch for a Model's steps: activations, dropout masks, the dropout random
 // stream and gradient buffers. Buffers are sized for the largest batch seen so far, so a
 // step allocates nothing once a workspace has seen its batch size.
@@ -79,6 +96,8 @@ class Model {
   // Outputs per example (classes for a classifier).
   int64_t output_size() const;
   int64_t num_parameters() const;
+  // The layers in order (InputLayer excluded).
+  std::vector<LayerInfo> layers() const;
   // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
   std::string Summary() const;
 

@@ -49,8 +49,22 @@ class HierarchicalCopyAllReduce : public CrossDeviceOps {
                               std::vector<std::vector<Tensor>*>& per_replica) const override;
 };
 
-// "ReductionToOneDevice", "HierarchicalCopyAllReduce" (also "NcclAllReduce" in a CUDA
-// build once available); an unknown name is an error listing the known ones.
-absl::StatusOr<std::unique_ptr<CrossDeviceOps>> MakeCrossDeviceOps(const std::string& name);
+// NCCL's all-reduce between GPUs (the default on GPUs), in `num_packs` chunks as TF packs
+// gradients. The GPU path (worker/gpu_fit.cc) reduces device buffers with NCCL; host
+// tensors handed to BatchAllReduce are reduced as HierarchicalCopyAllReduce does.
+class NcclAllReduce : public HierarchicalCopyAllReduce {
+ public:
+  explicit NcclAllReduce(int num_packs = 1) : num_packs_(num_packs < 1 ? 1 : num_packs) {}
+  std::string name() const override { return "NcclAllReduce"; }
+  int num_packs() const { return num_packs_; }
+
+ private:
+  int num_packs_;
+};
+
+// "ReductionToOneDevice", "HierarchicalCopyAllReduce", and in a CUDA build "NcclAllReduce"
+// (with num_packs); an unknown name is an error listing the known ones.
+absl::StatusOr<std::unique_ptr<CrossDeviceOps>> MakeCrossDeviceOps(const std::string& name,
+                                                                   int num_packs = 1);
 
 }  // namespace stratum

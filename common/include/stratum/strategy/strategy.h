@@ -196,7 +196,8 @@ class Strategy {
 Strategy& GetStrategy();
 bool HasStrategy();
 
-// The strategy in effect outside any scope: one replica, on the default device.
+// The strategy in effect outside any scope: one replica, on the default device (GPU:0 when
+// a GPU is visible, as in TensorFlow; else CPU:0).
 class DefaultStrategy : public Strategy {
  public:
   DefaultStrategy();

@@ -20,8 +20,11 @@ namespace stratum {
 struct MirroredOptions {
   // Empty: every visible GPU, or "CPU:0" when there is none (as TensorFlow).
   std::vector<std::string> devices;
-  // Empty: ReductionToOneDevice (the CPU default).
+  // Empty: NcclAllReduce on GPUs that are distinct physical devices,
+  // HierarchicalCopyAllReduce on logical GPUs that share one, ReductionToOneDevice on CPUs
+  // (TensorFlow's choices).
   std::string cross_device_ops;
+  int num_packs = 1;  // NcclAllReduce
   StrategyOptions strategy;
 };
 

@@ -1,0 +1,488 @@
+// The GPU path's kernels (see stratum/cuda/kernels.h). One .cu file keeps nvcc's share of
+// the build small.
+#include <cstdint>
+
+#include "stratum/cuda/cuda_check.h"
+#include "stratum/cuda/kernels.h"
+
+namespace stratum::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kClipEpsilon = 1e-7f;  // Keras' backend.epsilon()
+
+int Blocks(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+__device__ float Activate(Act act, float z) {
+  switch (act) {
+    case Act::kRelu:
+      return z > 0.0f ? z : 0.0f;
+    case Act::kSigmoid:
+      return 1.0f / (1.0f + expf(-z));
+    case Act::kTanh:
+      return tanhf(z);
+    default:
+      return z;
+  }
+}
+
+__device__ float Derivative(Act act, float out, float g) {
+  switch (act) {
+    case Act::kRelu:
+      return out > 0.0f ? g : 0.0f;
+    case Act::kSigmoid:
+      return g * (out * (1.0f - out));
+    case Act::kTanh:
+      return g * (1.0f - out * out);
+    default:
+      return g;
+  }
+}
+
+__device__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// The first index of the largest value over the warp (argmax's tie rule).
+__device__ void WarpArgMax(float& value, int& index) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+    if (other > value || (other == value && other_index < index)) {
+      value = other;
+      index = other_index;
+    }
+  }
+}
+
+__global__ void GatherKernel(const uint8_t* images, const uint8_t* labels, int64_t row_size,
+                             const int32_t* order, const StepCounters* counters, int64_t stride,
+                             int64_t offset, float scale, float* x, int32_t* labels_out) {
+  const int64_t r = blockIdx.x;
+  int64_t index = offset + r;
+  if (order != nullptr) index = order[(counters != nullptr ? counters->step * stride : 0) + index];
+  const uint8_t* src = images + index * row_size;
+  float* dst = x + r * row_size;
+  if ((row_size & 3) == 0) {
+    const auto* src4 = reinterpret_cast<const uchar4*>(src);
+    auto* dst4 = reinterpret_cast<float4*>(dst);
+    for (int64_t j = threadIdx.x; j < row_size / 4; j += blockDim.x) {
+      const uchar4 v = src4[j];
+      dst4[j] = make_float4(static_cast<float>(v.x) * scale, static_cast<float>(v.y) * scale,
+                            static_cast<float>(v.z) * scale, static_cast<float>(v.w) * scale);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < row_size; j += blockDim.x) {
+      dst[j] = static_cast<float>(src[j]) * scale;
+    }
+  }
+  if (labels_out != nullptr && threadIdx.x == 0) labels_out[r] = labels[index];
+}
+
+__global__ void BiasActivationKernel(Act act, float* out, const float* bias, int64_t n,
+                                     int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float z = out[i];
+    if (bias != nullptr) z += bias[i % cols];
+    out[i] = Activate(act, z);
+  }
+}
+
+// One warp per row.
+__global__ void BiasSoftmaxKernel(float* out, const float* bias, float* logits, int64_t rows,
+                                  int64_t cols) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (row >= rows) return;
+  const int lane = threadIdx.x;
+  float* z = logits + row * cols;
+  float* o = out + row * cols;
+  float max = -INFINITY;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = o[c] + (bias != nullptr ? bias[c] : 0.0f);
+    z[c] = v;
+    max = fmaxf(max, v);
+  }
+  max = WarpMax(max);
+  float sum = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float e = expf(z[c] - max);
+    o[c] = e;
+    sum += e;
+  }
+  sum = WarpSum(sum);
+  for (int64_t c = lane; c < cols; c += 32) o[c] /= sum;
+}
+
+__global__ void ActivationBackwardKernel(Act act, const float* out, float* g, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    g[i] = Derivative(act, out[i], g[i]);
+  }
+}
+
+__global__ void SoftmaxBackwardKernel(const float* out, float* g, int64_t rows, int64_t cols) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (row >= rows) return;
+  const float* y = out + row * cols;
+  float* d = g + row * cols;
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += 32) dot += d[c] * y[c];
+  dot = WarpSum(dot);
+  for (int64_t c = threadIdx.x; c < cols; c += 32) d[c] = y[c] * (d[c] - dot);
+}
+
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 16;
+
+// Block (32, 16): 32 columns, 16 row lanes; the lanes' partial sums add in a fixed order,
+// so the result is deterministic.
+__global__ void BackwardColumnSumKernel(Act act, const float* out, float* g, int64_t rows,
+                                        int64_t cols, float* column_sums) {
+  __shared__ float partial[kRowLanes][kColumnTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
+  float sum = 0;
+  if (c < cols) {
+    for (int64_t r = threadIdx.y; r < rows; r += kRowLanes) {
+      const int64_t i = r * cols + c;
+      float v = g[i];
+      if (act != Act::kLinear) {
+        v = Derivative(act, out[i], v);
+        g[i] = v;
+      }
+      sum += v;
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols && column_sums != nullptr) {
+    float total = 0;
+    for (int lane = 0; lane < kRowLanes; ++lane) total += partial[lane][threadIdx.x];
+    column_sums[c] = total;
+  }
+}
+
+constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
+
+__global__ void SparseCrossEntropyKernel(CrossEntropyInput input, float* values, const float* bias,
+                                         float* probs, const int32_t* labels, int64_t rows,
+                                         int classes, float scale, float* grad, MetricSums* sums,
+                                         StepCounters* counters) {
+  __shared__ double block_loss[kRowsPerBlock];
+  __shared__ unsigned int block_correct[kRowsPerBlock];
+  const int lane = threadIdx.x;
+  const int warp = threadIdx.y;
+  const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + warp;
+  double loss = 0;
+  unsigned int correct = 0;
+  if (row < rows) {
+    float* v = values + row * classes;
+    float* g = grad != nullptr ? grad + row * classes : nullptr;
+    const int label = labels[row];
+    if (input == CrossEntropyInput::kProbabilities) {
+      float sum = 0, best = -INFINITY;
+      int best_index = 0;
+      for (int c = lane; c < classes; c += 32) {
+        const float p = v[c];
+        sum += fminf(fmaxf(p, kClipEpsilon), 1.0f - kClipEpsilon);
+        if (p > best) {
+          best = p;
+          best_index = c;
+        }
+      }
+      sum = WarpSum(sum);
+      WarpArgMax(best, best_index);
+      const float q_label = fminf(fmaxf(v[label], kClipEpsilon), 1.0f - kClipEpsilon);
+      loss = log(static_cast<double>(sum)) - log(static_cast<double>(q_label));
+      correct = best_index == label;
+      if (g != nullptr) {
+        for (int c = lane; c < classes; c += 32) {
+          const float p = v[c];
+          const bool inside = p >= kClipEpsilon && p <= 1.0f - kClipEpsilon;
+          const float d = 1.0f / sum - (c == label ? 1.0f / q_label : 0.0f);
+          g[c] = inside ? scale * d : 0.0f;
+        }
+      }
+    } else {
+      // Logits z: log-sum-exp minus z[label]; gradient softmax(z) - onehot.
+      const bool fused = input == CrossEntropyInput::kFusedSoftmax;
+      float max = -INFINITY;
+      for (int c = lane; c < classes; c += 32) {
+        float z = v[c];
+        if (fused && bias != nullptr) {
+          z += bias[c];
+          v[c] = z;
+        }
+        max = fmaxf(max, z);
+      }
+      max = WarpMax(max);
+      float sum = 0;
+      for (int c = lane; c < classes; c += 32) sum += expf(v[c] - max);
+      sum = WarpSum(sum);
+      float best = -INFINITY;
+      int best_index = 0;
+      for (int c = lane; c < classes; c += 32) {
+        const float p = expf(v[c] - max) / sum;
+        // The model's predictions are the softmax when fused, else the logits themselves.
+        const float prediction = fused ? p : v[c];
+        if (prediction > best) {
+          best = prediction;
+          best_index = c;
+        }
+        if (fused && probs != nullptr) probs[row * classes + c] = p;
+        if (g != nullptr) g[c] = scale * (p - (c == label ? 1.0f : 0.0f));
+      }
+      WarpArgMax(best, best_index);
+      loss = static_cast<double>(max) + log(static_cast<double>(sum)) - v[label];
+      correct = best_index == label;
+    }
+  }
+  if (lane == 0) {
+    block_loss[warp] = row < rows ? loss : 0.0;
+    block_correct[warp] = row < rows ? correct : 0u;
+  }
+  __syncthreads();
+  if (warp == 0 && lane == 0) {
+    double total = 0;
+    unsigned long long total_correct = 0;
+    for (int w = 0; w < kRowsPerBlock; ++w) {
+      total += block_loss[w];
+      total_correct += block_correct[w];
+    }
+    if (sums != nullptr) {
+      atomicAdd(&sums->loss_sum, total);
+      atomicAdd(&sums->correct, total_correct);
+      if (blockIdx.x == 0) atomicAdd(&sums->examples, static_cast<unsigned long long>(rows));
+    }
+    if (counters != nullptr && blockIdx.x == 0) {
+      counters->step += 1;
+      counters->iteration += 1;
+    }
+  }
+}
+
+__device__ uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__global__ void DropoutKernel(const float* in, float* out, float* mask, int64_t n, float rate,
+                              uint64_t seed, const StepCounters* counters) {
+  const uint64_t stream = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(counters->iteration)));
+  const float keep_scale = 1.0f / (1.0f - rate);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float uniform =
+        static_cast<float>(SplitMix64(stream + static_cast<uint64_t>(i)) >> 40) * 0x1.0p-24f;
+    const float m = uniform >= rate ? keep_scale : 0.0f;
+    mask[i] = m;
+    out[i] = in[i] * m;
+  }
+}
+
+__global__ void MultiplyKernel(float* g, const float* mask, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    g[i] *= mask[i];
+  }
+}
+
+__global__ void AddIntoKernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] += src[i];
+  }
+}
+
+__global__ void ScaleKernel(float* dst, float factor, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] *= factor;
+  }
+}
+
+__global__ void OptimizerKernel(OptimizerParams p, float* var, const float* grad, float* s0,
+                                float* s1, float* s2, int64_t n, const StepCounters* counters) {
+  __shared__ float alpha;
+  if (p.kind == OptimizerParams::Kind::kAdam) {
+    if (threadIdx.x == 0) {
+      // As the CPU optimizer: the bias corrections in double, then float.
+      const double step = static_cast<double>(counters->iteration);
+      alpha = static_cast<float>(static_cast<double>(p.learning_rate) *
+                                 sqrt(1 - pow(static_cast<double>(p.beta_2), step)) /
+                                 (1 - pow(static_cast<double>(p.beta_1), step)));
+    }
+    __syncthreads();
+  }
+  const float lr = p.learning_rate;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = grad[i];
+    switch (p.kind) {
+      case OptimizerParams::Kind::kSgd:
+        if (p.momentum == 0) {
+          var[i] -= lr * g;
+        } else {
+          const float m = p.momentum * s0[i] - lr * g;
+          s0[i] = m;
+          var[i] += p.nesterov ? p.momentum * m - lr * g : m;
+        }
+        break;
+      case OptimizerParams::Kind::kAdam: {
+        float m = s0[i], v = s1[i];
+        m += (g - m) * (1 - p.beta_1);
+        v += (g * g - v) * (1 - p.beta_2);
+        s0[i] = m;
+        s1[i] = v;
+        var[i] -= alpha * m / (sqrtf(v) + p.epsilon);
+        break;
+      }
+      case OptimizerParams::Kind::kAdagrad: {
+        const float accumulator = s0[i] + g * g;
+        s0[i] = accumulator;
+        var[i] -= lr * g / sqrtf(accumulator + p.epsilon);
+        break;
+      }
+      case OptimizerParams::Kind::kRmsProp: {
+        const float velocity = p.rho * s0[i] + (1 - p.rho) * g * g;
+        s0[i] = velocity;
+        float denominator = velocity + p.epsilon;
+        if (p.centered) {
+          const float average = p.rho * s2[i] + (1 - p.rho) * g;
+          s2[i] = average;
+          denominator = velocity - average * average + p.epsilon;
+        }
+        if (p.momentum > 0) {
+          const float m = p.momentum * s1[i] + lr * g / sqrtf(denominator);
+          s1[i] = m;
+          var[i] -= m;
+        } else {
+          var[i] -= lr * g / sqrtf(denominator);
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
+                           const int32_t* order, const StepCounters* counters, int64_t stride,
+                           int64_t offset, int rows, float scale, float* x, int32_t* labels_out,
+                           cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  GatherKernel<<<rows, 128, 0, stream>>>(images, labels, row_size, order, counters, stride, offset,
+                                         scale, x, labels_out);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("GatherKernel");
+  return absl::OkStatus();
+}
+
+absl::Status BiasActivation(Act act, float* out, const float* bias, int64_t rows, int64_t cols,
+                            float* logits, cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  if (act == Act::kSoftmax) {
+    const dim3 block(32, kRowsPerBlock);
+    BiasSoftmaxKernel<<<Blocks(rows, kRowsPerBlock), block, 0, stream>>>(out, bias, logits, rows,
+                                                                         cols);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BiasSoftmaxKernel");
+    return absl::OkStatus();
+  }
+  if (act == Act::kLinear && bias == nullptr) return absl::OkStatus();
+  BiasActivationKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(act, out, bias, rows * cols,
+                                                                     cols);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BiasActivationKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t rows, int64_t cols,
+                                cudaStream_t stream) {
+  if (rows <= 0 || act == Act::kLinear) return absl::OkStatus();
+  if (act == Act::kSoftmax) {
+    const dim3 block(32, kRowsPerBlock);
+    SoftmaxBackwardKernel<<<Blocks(rows, kRowsPerBlock), block, 0, stream>>>(out, g, rows, cols);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("SoftmaxBackwardKernel");
+    return absl::OkStatus();
+  }
+  ActivationBackwardKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(act, out, g, rows * cols);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ActivationBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, int64_t rows,
+                                         int64_t cols, float* column_sums, cudaStream_t stream) {
+  if (act == Act::kSoftmax) {
+    return absl::InvalidArgumentError(
+        "ActivationBackwardColumnSum takes elementwise activations; use ActivationBackward for "
+        "softmax");
+  }
+  const dim3 block(kColumnTile, kRowLanes);
+  BackwardColumnSumKernel<<<Blocks(cols, kColumnTile), block, 0, stream>>>(act, out, g, rows, cols,
+                                                                           column_sums);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BackwardColumnSumKernel");
+  return absl::OkStatus();
+}
+
+absl::Status SparseCrossEntropy(CrossEntropyInput input, float* values, const float* bias,
+                                float* probs, const int32_t* labels, int64_t rows, int classes,
+                                float scale, float* grad, MetricSums* sums, StepCounters* counters,
+                                cudaStream_t stream) {
+  const dim3 block(32, kRowsPerBlock);
+  SparseCrossEntropyKernel<<<Blocks(rows, kRowsPerBlock), block, 0, stream>>>(
+      input, values, bias, probs, labels, rows, classes, scale, grad, sums, counters);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("SparseCrossEntropyKernel");
+  return absl::OkStatus();
+}
+
+absl::Status DropoutForward(const float* in, float* out, float* mask, int64_t n, float rate,
+                            uint64_t seed, const StepCounters* counters, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  DropoutKernel<<<Blocks(n), kThreads, 0, stream>>>(in, out, mask, n, rate, seed, counters);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("DropoutKernel");
+  return absl::OkStatus();
+}
+
+absl::Status Multiply(float* g, const float* mask, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  MultiplyKernel<<<Blocks(n), kThreads, 0, stream>>>(g, mask, n);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("MultiplyKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AddInto(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, src, n);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AddIntoKernel");
+  return absl::OkStatus();
+}
+
+absl::Status Scale(float* dst, float factor, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, factor, n);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOptimizer(const OptimizerParams& params, float* variables, const float* gradients,
+                            float* slot0, float* slot1, float* slot2, int64_t n,
+                            const StepCounters* counters, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  OptimizerKernel<<<Blocks(n), kThreads, 0, stream>>>(params, variables, gradients, slot0, slot1,
+                                                      slot2, n, counters);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("OptimizerKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace stratum::cuda

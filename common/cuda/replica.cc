@@ -1,0 +1,578 @@
+#include "stratum/cuda/replica.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/cuda/cuda_check.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum::cuda {
+namespace {
+
+using Kind = LayerInfo::Kind;
+
+constexpr int64_t kAlignFloats = 64;  // 256 bytes
+constexpr size_t kCublasWorkspaceBytes = size_t{4} << 20;
+
+Act ToAct(LayerInfo::Activation activation) { return static_cast<Act>(activation); }
+
+absl::StatusOr<DeviceBuffer> Zeroed(CachingAllocator& allocator, size_t bytes) {
+  STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(allocator, bytes));
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemset(buffer.data(), 0, bytes));
+  return buffer;
+}
+
+// C[M, N] = op(A) op(B) (+ beta C), all row-major: cuBLAS (column-major) computes
+// C^T = op(B)^T op(A)^T.
+absl::Status Gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, const float* a, const float* b, float* c) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const int lda = static_cast<int>(trans_a ? m : k);
+  const int ldb = static_cast<int>(trans_b ? k : n);
+  STRATUM_CUBLAS_RETURN_IF_ERROR(
+      cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a,
+                  lda, &beta, c, static_cast<int>(n)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
+  const nlohmann::json config = optimizer.config();
+  OptimizerParams p;
+  p.learning_rate = optimizer.learning_rate();
+  const std::string name = optimizer.name();
+  auto number = [&](const char* key, float fallback) {
+    return config.contains(key) && config[key].is_number() ? config[key].get<float>() : fallback;
+  };
+  auto flag = [&](const char* key) {
+    return config.contains(key) && config[key].is_boolean() && config[key].get<bool>();
+  };
+  if (name == "SGD") {
+    p.kind = OptimizerParams::Kind::kSgd;
+    p.momentum = number("momentum", 0);
+    p.nesterov = flag("nesterov");
+  } else if (name == "Adam") {
+    p.kind = OptimizerParams::Kind::kAdam;
+    p.beta_1 = number("beta_1", 0.9f);
+    p.beta_2 = number("beta_2", 0.999f);
+    p.epsilon = number("epsilon", 1e-7f);
+  } else if (name == "Adagrad") {
+    p.kind = OptimizerParams::Kind::kAdagrad;
+    p.epsilon = number("epsilon", 1e-7f);
+  } else if (name == "RMSprop") {
+    p.kind = OptimizerParams::Kind::kRmsProp;
+    p.rho = number("rho", 0.9f);
+    p.momentum = number("momentum", 0);
+    p.epsilon = number("epsilon", 1e-7f);
+    p.centered = flag("centered");
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer ", name, " has no GPU update: use SGD, Adam, Adagrad or RMSprop"));
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer) {
+  if (loss.kind() != Loss::Kind::kSparseCategoricalCrossentropy) {
+    return absl::UnimplementedError(absl::StrCat("loss ", loss.name(),
+                                                 " has no GPU kernel yet (the GPU path trains with "
+                                                 "sparse_categorical_crossentropy)"));
+  }
+  if (model.output_size() < 1) return absl::UnimplementedError("model has no outputs");
+  return ParamsOf(optimizer).status();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceDataset>> UploadDataset(CachingAllocator& allocator,
+                                                             const Tensor& images,
+                                                             const Tensor& labels,
+                                                             int64_t classes) {
+  if (!images.valid() || images.dtype() != DType::kUInt8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the GPU path keeps uint8 examples on the device, but the examples are ",
+                     images.valid() ? images.DebugString() : std::string("empty"),
+                     ": train on the CPU, or give uint8 data with a rescale"));
+  }
+  if (!labels.valid() || labels.num_elements() != images.rows()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the labels are ", labels.valid() ? labels.DebugString() : std::string("empty"), " for ",
+        images.rows(), " examples: give one class id per example"));
+  }
+  const int64_t rows = images.rows();
+  std::vector<uint8_t> ids(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t label = -1;
+    switch (labels.dtype()) {
+      case DType::kUInt8:
+        label = labels.data<uint8_t>()[i];
+        break;
+      case DType::kInt32:
+        label = labels.data<int32_t>()[i];
+        break;
+      case DType::kInt64:
+        label = labels.data<int64_t>()[i];
+        break;
+      case DType::kFloat32:
+        break;
+    }
+    if (label < 0 || label >= classes || label > 255) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", i, " is ", label, ", outside the ", classes,
+                       " classes of the model's output (0..", classes - 1,
+                       "): check the labels, or the units of the model's last Dense layer"));
+    }
+    ids[static_cast<size_t>(i)] = static_cast<uint8_t>(label);
+  }
+  auto data = std::make_unique<DeviceDataset>();
+  data->rows = rows;
+  data->row_size = images.row_size();
+  const size_t image_bytes = static_cast<size_t>(images.num_elements());
+  STRATUM_ASSIGN_OR_RETURN(data->images, DeviceBuffer::Allocate(allocator, image_bytes));
+  STRATUM_ASSIGN_OR_RETURN(data->labels, DeviceBuffer::Allocate(allocator, ids.size()));
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(allocator.device()));
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(data->images.data(), images.data<uint8_t>(), image_bytes, cudaMemcpyHostToDevice));
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(data->labels.data(), ids.data(), ids.size(), cudaMemcpyHostToDevice));
+  return data;
+}
+
+Replica::Replica(const Model& model, const Loss& loss, CachingAllocator& allocator,
+                 const ReplicaOptions& options)
+    : model_(model), loss_(loss), allocator_(allocator), options_(options) {}
+
+Replica::~Replica() {
+  for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+}
+
+absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const Model& model, const Loss& loss,
+                                                         const Optimizer& optimizer,
+                                                         CachingAllocator& allocator,
+                                                         const ReplicaOptions& options) {
+  STRATUM_RETURN_IF_ERROR(SupportsOnGpu(model, loss, optimizer));
+  if (options.device != allocator.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica on GPU:", options.device, " given the allocator of GPU:", allocator.device()));
+  }
+  std::unique_ptr<Replica> replica(new Replica(model, loss, allocator, options));
+  STRATUM_RETURN_IF_ERROR(replica->Init(optimizer));
+  return replica;
+}
+
+absl::Status Replica::Init(const Optimizer& optimizer) {
+  STRATUM_ASSIGN_OR_RETURN(optimizer_, ParamsOf(optimizer));
+  num_slots_ = static_cast<int>(optimizer.SlotNames().size());
+  const nlohmann::json config = optimizer.config();
+  if (optimizer.name() == "Adagrad" && config.contains("initial_accumulator_value")) {
+    fresh_slot_value_ = config["initial_accumulator_value"].get<float>();
+  }
+  layers_ = model_.layers();
+  first_trainable_ = static_cast<int>(layers_.size());
+  max_width_ = model_.input_shape().num_elements();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i].kind == Kind::kDense && first_trainable_ == static_cast<int>(layers_.size())) {
+      first_trainable_ = static_cast<int>(i);
+    }
+    max_width_ = std::max(max_width_, layers_[i].out_size);
+  }
+  const int device = options_.device;
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  STRATUM_ASSIGN_OR_RETURN(stream_, Stream::Create(device));
+  STRATUM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  STRATUM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_.get()));
+  // A workspace of its own keeps cuBLAS from allocating while a graph is captured.
+  STRATUM_ASSIGN_OR_RETURN(cublas_workspace_,
+                           DeviceBuffer::Allocate(allocator_, kCublasWorkspaceBytes));
+  STRATUM_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes));
+
+  for (const VariableSpec& spec : model_.variables()) {
+    offsets_.push_back(flat_size_);
+    const int64_t n = spec.shape.num_elements();
+    flat_size_ += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  const size_t flat_bytes = static_cast<size_t>(std::max<int64_t>(flat_size_, 1)) * sizeof(float);
+  STRATUM_ASSIGN_OR_RETURN(params_, Zeroed(allocator_, flat_bytes));
+  STRATUM_ASSIGN_OR_RETURN(gradients_, Zeroed(allocator_, flat_bytes));
+  for (int s = 0; s < num_slots_; ++s) {
+    STRATUM_ASSIGN_OR_RETURN(DeviceBuffer slot, Zeroed(allocator_, flat_bytes));
+    slots_.push_back(std::move(slot));
+  }
+  const int64_t batch = std::max<int64_t>(options_.max_batch, 1);
+  const size_t row_bytes = static_cast<size_t>(batch) * sizeof(float);
+  STRATUM_ASSIGN_OR_RETURN(
+      x_, DeviceBuffer::Allocate(
+              allocator_, row_bytes * static_cast<size_t>(model_.input_shape().num_elements())));
+  STRATUM_ASSIGN_OR_RETURN(labels_,
+                           DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch) * 4));
+  STRATUM_ASSIGN_OR_RETURN(
+      grad_a_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
+  STRATUM_ASSIGN_OR_RETURN(
+      grad_b_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
+  buffers_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerInfo& layer = layers_[i];
+    const size_t bytes = row_bytes * static_cast<size_t>(layer.out_size);
+    if (layer.kind != Kind::kFlatten) {
+      STRATUM_ASSIGN_OR_RETURN(buffers_[i].out, DeviceBuffer::Allocate(allocator_, bytes));
+    }
+    if (layer.kind == Kind::kDropout) {
+      STRATUM_ASSIGN_OR_RETURN(buffers_[i].mask, DeviceBuffer::Allocate(allocator_, bytes));
+    }
+    if (layer.activation == LayerInfo::Activation::kSoftmax &&
+        (layer.kind == Kind::kDense || layer.kind == Kind::kActivation)) {
+      STRATUM_ASSIGN_OR_RETURN(buffers_[i].logits, DeviceBuffer::Allocate(allocator_, bytes));
+    }
+  }
+  acts_.resize(layers_.size() + 1);
+  STRATUM_ASSIGN_OR_RETURN(counters_, Zeroed(allocator_, sizeof(StepCounters)));
+  STRATUM_ASSIGN_OR_RETURN(sums_, Zeroed(allocator_, 2 * sizeof(MetricSums)));
+  return absl::OkStatus();
+}
+
+absl::Status Replica::SetState(const std::vector<Tensor>& variables,
+                               const std::vector<std::vector<Tensor>>& slots, int64_t iteration) {
+  const std::vector<VariableSpec>& specs = model_.variables();
+  if (variables.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("variables has ", variables.size(),
+                                                   " tensors, but the model has ", specs.size()));
+  }
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
+  for (size_t v = 0; v < specs.size(); ++v) {
+    if (variables[v].dtype() != DType::kFloat32 || variables[v].shape() != specs[v].shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", v, " (\"", specs[v].name, "\") is ", variables[v].DebugString(),
+                       ", but the model expects float32", specs[v].shape.ToString()));
+    }
+    const size_t bytes = static_cast<size_t>(variables[v].num_elements()) * sizeof(float);
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        Variable(static_cast<int>(v)), variables[v].data<float>(), bytes, cudaMemcpyHostToDevice));
+    // Fresh slots come from the optimizer's own NewSlots (Adagrad's initial value).
+    for (int s = 0; s < num_slots_; ++s) {
+      Tensor slot;
+      if (slots.empty()) {
+        Tensor fresh(DType::kFloat32, specs[v].shape);
+        fresh.Flat().setConstant(fresh_slot_value_);
+        slot = fresh;
+      } else {
+        slot = slots[v][static_cast<size_t>(s)];
+      }
+      if (slot.shape() != specs[v].shape) {
+        return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of variable \"", specs[v].name,
+                                                       "\" is ", slot.DebugString()));
+      }
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(slots_[static_cast<size_t>(s)].as<float>() + offsets_[v], slot.data<float>(),
+                     bytes, cudaMemcpyHostToDevice));
+    }
+  }
+  StepCounters counters{0, iteration};
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(counters_.data(), &counters, sizeof(counters), cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status Replica::GetState(std::vector<Tensor>* variables,
+                               std::vector<std::vector<Tensor>>* slots) const {
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
+  const std::vector<VariableSpec>& specs = model_.variables();
+  variables->clear();
+  if (slots != nullptr) slots->clear();
+  for (size_t v = 0; v < specs.size(); ++v) {
+    Tensor value(DType::kFloat32, specs[v].shape);
+    const size_t bytes = static_cast<size_t>(value.num_elements()) * sizeof(float);
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(value.data<float>(), Variable(static_cast<int>(v)),
+                                            bytes, cudaMemcpyDeviceToHost));
+    variables->push_back(std::move(value));
+    if (slots == nullptr) continue;
+    std::vector<Tensor> held;
+    for (int s = 0; s < num_slots_; ++s) {
+      Tensor slot(DType::kFloat32, specs[v].shape);
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(slot.data<float>(), slots_[static_cast<size_t>(s)].as<float>() + offsets_[v],
+                     bytes, cudaMemcpyDeviceToHost));
+      held.push_back(std::move(slot));
+    }
+    slots->push_back(std::move(held));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replica::GetGradients(std::vector<Tensor>* gradients) const {
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
+  gradients->clear();
+  const std::vector<VariableSpec>& specs = model_.variables();
+  for (size_t v = 0; v < specs.size(); ++v) {
+    Tensor value(DType::kFloat32, specs[v].shape);
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        value.data<float>(), Gradient(static_cast<int>(v)),
+        static_cast<size_t>(value.num_elements()) * sizeof(float), cudaMemcpyDeviceToHost));
+    gradients->push_back(std::move(value));
+  }
+  return absl::OkStatus();
+}
+
+int Replica::FusedLayer(bool training) const {
+  // As Model::Impl::SoftmaxOutputLayer: the softmax the output is (through identity dropouts).
+  for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
+    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
+    if (layer.kind == Kind::kDropout && !(training && layer.rate > 0)) continue;
+    if (layer.kind == Kind::kFlatten) return -1;
+    const bool softmax = (layer.kind == Kind::kDense || layer.kind == Kind::kActivation) &&
+                         layer.activation == LayerInfo::Activation::kSoftmax;
+    return softmax ? i : -1;
+  }
+  return -1;
+}
+
+absl::Status Replica::Forward(int rows, bool training, int fused) {
+  cudaStream_t stream = stream_.get();
+  acts_[0] = x_.as<float>();
+  const int last = fused >= 0 ? fused : static_cast<int>(layers_.size()) - 1;
+  for (int i = 0; i <= last; ++i) {
+    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
+    LayerBuffers& buffers = buffers_[static_cast<size_t>(i)];
+    const float* in = acts_[static_cast<size_t>(i)];
+    float* out = buffers.out.as<float>();
+    const int64_t n = rows * layer.out_size;
+    switch (layer.kind) {
+      case Kind::kFlatten:
+        acts_[static_cast<size_t>(i) + 1] = in;
+        break;
+      case Kind::kDropout:
+        if (!training || layer.rate == 0) {
+          acts_[static_cast<size_t>(i) + 1] = in;
+          break;
+        }
+        STRATUM_RETURN_IF_ERROR(DropoutForward(in, out, buffers.mask.as<float>(), n, layer.rate,
+                                               options_.seed * 1000003 + static_cast<uint64_t>(i),
+                                               counters_.as<StepCounters>(), stream));
+        acts_[static_cast<size_t>(i) + 1] = out;
+        break;
+      case Kind::kActivation:
+        if (i == fused) break;  // the loss reads this layer's input as logits
+        STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            out, in, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        STRATUM_RETURN_IF_ERROR(BiasActivation(ToAct(layer.activation), out, nullptr,
+                                               n / layer.out_width, layer.out_width,
+                                               buffers.logits.as<float>(), stream));
+        acts_[static_cast<size_t>(i) + 1] = out;
+        break;
+      case Kind::kDense: {
+        const int64_t dense_rows = rows * layer.in_size / layer.in_width;
+        float* z = i == fused ? buffers.logits.as<float>() : out;
+        STRATUM_RETURN_IF_ERROR(Gemm(cublas_, false, false, dense_rows, layer.out_width,
+                                     layer.in_width, in, Variable(layer.kernel), z));
+        // The fused softmax layer's bias and softmax are the loss kernel's.
+        if (i != fused) {
+          STRATUM_RETURN_IF_ERROR(BiasActivation(
+              ToAct(layer.activation), out, layer.bias >= 0 ? Variable(layer.bias) : nullptr,
+              dense_rows, layer.out_width, buffers.logits.as<float>(), stream));
+        }
+        acts_[static_cast<size_t>(i) + 1] = out;
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
+                                  StepCounters* counters) {
+  const int classes = static_cast<int>(model_.output_size());
+  float* grad = training ? grad_a_.as<float>() : nullptr;
+  if (fused >= 0) {
+    const LayerInfo& layer = layers_[static_cast<size_t>(fused)];
+    LayerBuffers& buffers = buffers_[static_cast<size_t>(fused)];
+    if (layer.kind == Kind::kDense) {
+      // Writes logits + bias back into the logits, and the softmax into the layer's output.
+      return SparseCrossEntropy(CrossEntropyInput::kFusedSoftmax, buffers.logits.as<float>(),
+                                layer.bias >= 0 ? Variable(layer.bias) : nullptr,
+                                buffers.out.as<float>(), labels_.as<int32_t>(), rows, classes,
+                                scale, grad, sums, counters, stream_.get());
+    }
+    return SparseCrossEntropy(CrossEntropyInput::kFusedSoftmax,
+                              const_cast<float*>(acts_[static_cast<size_t>(fused)]), nullptr,
+                              nullptr, labels_.as<int32_t>(), rows, classes, scale, grad, sums,
+                              counters, stream_.get());
+  }
+  return SparseCrossEntropy(
+      loss_.from_logits() ? CrossEntropyInput::kFromLogits : CrossEntropyInput::kProbabilities,
+      const_cast<float*>(acts_.back()), nullptr, nullptr, labels_.as<int32_t>(), rows, classes,
+      scale, grad, sums, counters, stream_.get());
+}
+
+absl::Status Replica::Backward(int rows, int fused) {
+  cudaStream_t stream = stream_.get();
+  float* g = grad_a_.as<float>();
+  float* other = grad_b_.as<float>();
+  for (int i = static_cast<int>(layers_.size()) - 1; i >= first_trainable_; --i) {
+    if (fused >= 0 && i > fused) continue;
+    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
+    const bool skip_activation = i == fused;
+    const float* out = acts_[static_cast<size_t>(i) + 1];
+    const Act act = ToAct(layer.activation);
+    switch (layer.kind) {
+      case Kind::kFlatten:
+        break;
+      case Kind::kDropout:
+        if (layer.rate > 0) {
+          STRATUM_RETURN_IF_ERROR(Multiply(g, buffers_[static_cast<size_t>(i)].mask.as<float>(),
+                                           rows * layer.out_size, stream));
+        }
+        break;
+      case Kind::kActivation:
+        if (!skip_activation) {
+          STRATUM_RETURN_IF_ERROR(ActivationBackward(
+              act, out, g, rows * layer.out_size / layer.out_width, layer.out_width, stream));
+        }
+        break;
+      case Kind::kDense: {
+        const int64_t dense_rows = rows * layer.in_size / layer.in_width;
+        const int64_t units = layer.out_width;
+        float* bias_grad = layer.bias >= 0 ? Gradient(layer.bias) : nullptr;
+        if (!skip_activation && act == Act::kSoftmax) {
+          STRATUM_RETURN_IF_ERROR(ActivationBackward(act, out, g, dense_rows, units, stream));
+          if (bias_grad != nullptr) {
+            STRATUM_RETURN_IF_ERROR(ActivationBackwardColumnSum(Act::kLinear, out, g, dense_rows,
+                                                                units, bias_grad, stream));
+          }
+        } else {
+          const Act elementwise = skip_activation ? Act::kLinear : act;
+          if (bias_grad != nullptr || elementwise != Act::kLinear) {
+            STRATUM_RETURN_IF_ERROR(ActivationBackwardColumnSum(elementwise, out, g, dense_rows,
+                                                                units, bias_grad, stream));
+          }
+        }
+        STRATUM_RETURN_IF_ERROR(Gemm(cublas_, true, false, layer.in_width, units, dense_rows,
+                                     acts_[static_cast<size_t>(i)], g, Gradient(layer.kernel)));
+        if (i > first_trainable_) {
+          STRATUM_RETURN_IF_ERROR(Gemm(cublas_, false, true, dense_rows, layer.in_width, units, g,
+                                       Variable(layer.kernel), other));
+          std::swap(g, other);
+        }
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, bool update) {
+  cudaStream_t stream = stream_.get();
+  auto* counters = counters_.as<StepCounters>();
+  auto* sums = sums_.as<MetricSums>();
+  if (input.rows == 0) {
+    // A partial batch left this replica nothing: zero gradients, counters still advance.
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        gradients_.data(), 0, static_cast<size_t>(flat_size_) * sizeof(float), stream));
+    STRATUM_RETURN_IF_ERROR(SparseCrossEntropy(CrossEntropyInput::kFromLogits, nullptr, nullptr,
+                                               nullptr, nullptr, 0, 1, 0, nullptr, nullptr,
+                                               counters, stream));
+  } else {
+    STRATUM_RETURN_IF_ERROR(
+        GatherRescale(input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(),
+                      input.data->row_size, input.order, counters, input.stride, input.offset,
+                      input.rows, input.rescale, x_.as<float>(), labels_.as<int32_t>(), stream));
+    const int fused = FusedLayer(true);
+    STRATUM_RETURN_IF_ERROR(Forward(input.rows, true, fused));
+    STRATUM_RETURN_IF_ERROR(EnqueueLoss(input.rows, true, fused, loss_scale, sums, counters));
+    STRATUM_RETURN_IF_ERROR(Backward(input.rows, fused));
+  }
+  if (update) STRATUM_RETURN_IF_ERROR(LaunchUpdate());
+  return absl::OkStatus();
+}
+
+absl::Status Replica::EnqueueTrainStep(const StepInput& input, float loss_scale, bool update) {
+  if (input.rows > options_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step of ", input.rows, " rows on a replica made for ", options_.max_batch));
+  }
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  if (!options_.use_graphs || input.rows == 0) return LaunchTrainStep(input, loss_scale, update);
+  const GraphKey key{input.data, input.order,   input.stride, input.offset,
+                     input.rows, input.rescale, loss_scale,   update};
+  auto found = graphs_.find(key);
+  if (found == graphs_.end()) {
+    cudaGraph_t graph = nullptr;
+    STRATUM_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    const absl::Status launched = LaunchTrainStep(input, loss_scale, update);
+    const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
+    STRATUM_RETURN_IF_ERROR(launched);
+    STRATUM_CUDA_RETURN_IF_ERROR(ended);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    STRATUM_CUDA_RETURN_IF_ERROR(instantiated);
+    found = graphs_.emplace(key, exec).first;
+  }
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status Replica::EnqueueUpdate() {
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  return LaunchUpdate();
+}
+
+absl::Status Replica::LaunchUpdate() {
+  float* slot[3] = {nullptr, nullptr, nullptr};
+  for (int s = 0; s < num_slots_ && s < 3; ++s)
+    slot[s] = slots_[static_cast<size_t>(s)].as<float>();
+  // RMSprop's slots are velocity, then momentum and average_gradient when they exist.
+  if (optimizer_.kind == OptimizerParams::Kind::kRmsProp && optimizer_.centered &&
+      optimizer_.momentum == 0) {
+    slot[2] = slot[1];
+    slot[1] = nullptr;
+  }
+  return ApplyOptimizer(optimizer_, params_.as<float>(), gradients_.as<float>(), slot[0], slot[1],
+                        slot[2], flat_size_, counters_.as<StepCounters>(), stream_.get());
+}
+
+absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, int rows,
+                                      float rescale) {
+  if (rows > options_.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an evaluation batch of ", rows, " rows on a replica made for ", options_.max_batch));
+  }
+  if (rows <= 0) return absl::OkStatus();
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  STRATUM_RETURN_IF_ERROR(GatherRescale(data.images.as<uint8_t>(), data.labels.as<uint8_t>(),
+                                        data.row_size, nullptr, nullptr, 0, first, rows, rescale,
+                                        x_.as<float>(), labels_.as<int32_t>(), stream_.get()));
+  const int fused = FusedLayer(false);
+  STRATUM_RETURN_IF_ERROR(Forward(rows, false, fused));
+  return EnqueueLoss(rows, false, fused, 1.0f, sums_.as<MetricSums>() + 1, nullptr);
+}
+
+absl::Status Replica::ResetStep(int64_t step) {
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  // From pageable memory: the copy completes (staged) before the call returns.
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&counters_.as<StepCounters>()->step, &step,
+                                               sizeof(int64_t), cudaMemcpyHostToDevice,
+                                               stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> Replica::TakeMetrics(bool evaluation) {
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  MetricSums* device_sums = sums_.as<MetricSums>() + (evaluation ? 1 : 0);
+  MetricSums sums{};
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&sums, device_sums, sizeof(sums), cudaMemcpyDeviceToHost, stream_.get()));
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_sums, 0, sizeof(sums), stream_.get()));
+  STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
+  return StepStats{sums.loss_sum, static_cast<int64_t>(sums.correct),
+                   static_cast<int64_t>(sums.examples)};
+}
+
+}  // namespace stratum::cuda

@@ -1,0 +1,104 @@
+// The GPU path's kernels, each behind a host function that launches it on a stream and
+// returns the launch's error (naming the kernel). Pointers are device pointers unless
+// said otherwise; matrices are row-major. The arithmetic follows the CPU Model
+// (common/model/model.cc, loss.cc) and the Keras optimizers (common/model/optimizer.cc);
+// results agree with them within float rounding, not bit for bit.
+//
+// Counters that drive a step captured in a CUDA graph live in device memory (StepCounters),
+// so that replaying the graph advances them without the host: the gather kernel reads the
+// step, the loss kernel advances it, the optimizers read the iteration.
+//
+// This header is plain C++ (no CUDA syntax): host code of the library includes it.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+
+namespace stratum::cuda {
+
+enum class Act : int { kLinear = 0, kRelu = 1, kSigmoid = 2, kTanh = 3, kSoftmax = 4 };
+
+// Device-resident counters of one replica.
+struct StepCounters {
+  int64_t step;       // steps taken in this epoch (indexes the epoch's example order)
+  int64_t iteration;  // optimizer updates applied so far
+};
+
+// Device-resident metric sums of one replica (StepStats on the device).
+struct MetricSums {
+  double loss_sum;
+  unsigned long long correct;
+  unsigned long long examples;
+};
+
+// x[r, :] = images[i, :] * scale and labels_out[r] = labels[i] for r < rows, where
+// i = order[counters->step * stride + offset + r] when `order` is set (a training step),
+// or i = offset + r without it (evaluation). `labels`/`labels_out` may be null.
+absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
+                           const int32_t* order, const StepCounters* counters, int64_t stride,
+                           int64_t offset, int rows, float scale, float* x, int32_t* labels_out,
+                           cudaStream_t stream);
+
+// out = act(out + bias), row by row (bias may be null). Softmax: logits = out + bias is
+// kept in `logits` (must be set) and out = softmax(logits).
+absl::Status BiasActivation(Act act, float* out, const float* bias, int64_t rows, int64_t cols,
+                            float* logits, cudaStream_t stream);
+
+// g = g * act'(from out), in place; softmax rows: g = out * (g - sum(g * out)).
+absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t rows, int64_t cols,
+                                cudaStream_t stream);
+
+// ActivationBackward (elementwise activations only) fused with the column sums of the
+// result into `column_sums` [cols] (the bias gradient); column_sums may be null.
+absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, int64_t rows,
+                                         int64_t cols, float* column_sums, cudaStream_t stream);
+
+// How the sparse cross-entropy reads the model's output.
+enum class CrossEntropyInput : int {
+  kFusedSoftmax = 0,  // `values` are the logits of a softmax output layer (bias not added
+                      // yet when `bias` is set); the softmax is written to `probs` if set
+  kFromLogits = 1,    // `values` are logits (from_logits=True)
+  kProbabilities = 2  // `values` are probabilities, clipped to [1e-7, 1 - 1e-7]
+};
+
+// Sparse categorical cross-entropy and accuracy of `rows` examples with `classes` outputs:
+// adds the loss sum, the correct count and the examples to `sums`, and writes
+// grad = scale * d(loss sum)/d(values) when `grad` is set. When `counters` is set, advances
+// counters->step and counters->iteration by one (the step's last read of them precedes).
+absl::Status SparseCrossEntropy(CrossEntropyInput input, float* values, const float* bias,
+                                float* probs, const int32_t* labels, int64_t rows, int classes,
+                                float scale, float* grad, MetricSums* sums, StepCounters* counters,
+                                cudaStream_t stream);
+
+// Inverted dropout: mask = (uniform(seed, counters->iteration, i) >= rate) / (1 - rate),
+// out = in * mask. A new mask every iteration, the same for one seed and iteration.
+absl::Status DropoutForward(const float* in, float* out, float* mask, int64_t n, float rate,
+                            uint64_t seed, const StepCounters* counters, cudaStream_t stream);
+// g *= mask.
+absl::Status Multiply(float* g, const float* mask, int64_t n, cudaStream_t stream);
+
+// dst += src (n floats); dst *= factor.
+absl::Status AddInto(float* dst, const float* src, int64_t n, cudaStream_t stream);
+absl::Status Scale(float* dst, float factor, int64_t n, cudaStream_t stream);
+
+// Keras optimizer updates of `n` variables at once (a flat buffer), with the update count
+// read from counters->iteration (already advanced for this step: the step number, 1-based).
+struct OptimizerParams {
+  enum class Kind : int { kSgd = 0, kAdam = 1, kAdagrad = 2, kRmsProp = 3 } kind = Kind::kSgd;
+  float learning_rate = 0.01f;
+  float momentum = 0;  // SGD, RMSprop
+  bool nesterov = false;
+  float beta_1 = 0.9f, beta_2 = 0.999f;  // Adam
+  float epsilon = 1e-7f;                 // Adam, Adagrad, RMSprop
+  float rho = 0.9f;                      // RMSprop
+  bool centered = false;
+};
+// slots: the optimizer's state buffers in Optimizer::SlotNames() order (null past them).
+absl::Status ApplyOptimizer(const OptimizerParams& params, float* variables, const float* gradients,
+                            float* slot0, float* slot1, float* slot2, int64_t n,
+                            const StepCounters* counters, cudaStream_t stream);
+
+}  // namespace stratum::cuda

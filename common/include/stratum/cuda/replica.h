@@ -1,0 +1,161 @@
+// Replica: one replica of a Sequential model trained on one GPU (or one logical GPU): the
+// variables, the optimizer's slots, the gradients and the activations live in device memory;
+// a step is the CPU Model's TrainStep (common/model/model.cc) on cuBLAS and the kernels of
+// kernels.h, then the Keras optimizer update, all queued on the replica's stream with no
+// host synchronization. Loss and accuracy accumulate on the device (MetricSums) and are
+// read when the caller asks (TakeMetrics), once per epoch or progress update.
+//
+// A training step with a batch size seen before replays a CUDA graph captured the first
+// time, so a step costs one launch on the host however many kernels it holds.
+//
+// DeviceDataset: a data set of uint8 examples (and labels) resident on one device, uploaded
+// once; steps gather their rows from it (through an epoch's example order, also on the
+// device) and rescale them to float32 on the device.
+//
+// Thread safety: a Replica is used by one thread at a time. Ownership: the caller owns the
+// allocator, which must outlive the replicas and data sets made with it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stratum/cuda/device.h"
+#include "stratum/cuda/kernels.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
+#include "stratum/tensor/tensor.h"
+
+struct cublasContext;
+struct CUgraphExec_st;
+
+namespace stratum::cuda {
+
+struct DeviceDataset {
+  DeviceBuffer images;  // uint8 [rows, row_size]
+  DeviceBuffer labels;  // uint8 [rows]
+  int64_t rows = 0;
+  int64_t row_size = 0;
+};
+
+// Uploads uint8 images [N, ...] and uint8/int32/int64 class ids [N] (each below `classes`)
+// to the allocator's device. INVALID_ARGUMENT naming the first bad label or dtype.
+absl::StatusOr<std::unique_ptr<DeviceDataset>> UploadDataset(CachingAllocator& allocator,
+                                                             const Tensor& images,
+                                                             const Tensor& labels, int64_t classes);
+
+// Whether the GPU path trains this model with this loss and optimizer; else why not
+// (UNIMPLEMENTED naming what is missing: the caller then trains on the CPU).
+absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer);
+
+struct ReplicaOptions {
+  int device = 0;          // physical device
+  int64_t max_batch = 64;  // rows per step (training or evaluation) the buffers hold
+  uint64_t seed = 1;       // dropout masks
+  bool use_graphs = true;  // capture training steps in CUDA graphs
+};
+
+// Where a step's rows come from: rows [offset, offset + rows) of step counters.step of the
+// epoch's `order` (a training step), with `stride` rows per step.
+struct StepInput {
+  const DeviceDataset* data = nullptr;
+  const int32_t* order = nullptr;  // device int32, the epoch's example order
+  int64_t stride = 0;
+  int64_t offset = 0;
+  int rows = 0;
+  float rescale = 1.0f;
+};
+
+class Replica {
+ public:
+  static absl::StatusOr<std::unique_ptr<Replica>> Create(const Model& model, const Loss& loss,
+                                                         const Optimizer& optimizer,
+                                                         CachingAllocator& allocator,
+                                                         const ReplicaOptions& options);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // Uploads the variables and the slots (empty: the optimizer's fresh slots) and sets the
+  // number of updates applied so far. Synchronous.
+  absl::Status SetState(const std::vector<Tensor>& variables,
+                        const std::vector<std::vector<Tensor>>& slots, int64_t iteration);
+  // Downloads them (the host tensors are allocated). Synchronous.
+  absl::Status GetState(std::vector<Tensor>* variables,
+                        std::vector<std::vector<Tensor>>* slots) const;
+  // The gradients of the last step as host tensors (tests). Synchronous.
+  absl::Status GetGradients(std::vector<Tensor>* gradients) const;
+
+  // Queues the forward and backward pass of one training step: gradients of
+  // loss_scale * (sum of per-example losses) into gradients(); advances the step and
+  // iteration counters. With `update`, also applies the optimizer.
+  absl::Status EnqueueTrainStep(const StepInput& input, float loss_scale, bool update);
+  // Queues the optimizer update from gradients() (after an all-reduce).
+  absl::Status EnqueueUpdate();
+  // Queues an evaluation (inference mode) of rows [first, first + rows) of `data`.
+  absl::Status EnqueueEvaluate(const DeviceDataset& data, int64_t first, int rows, float rescale);
+  // Sets the step counter (0 at the start of an epoch), on the stream.
+  absl::Status ResetStep(int64_t step = 0);
+  // Waits for the stream, then returns and zeroes the training (or evaluation) sums.
+  absl::StatusOr<StepStats> TakeMetrics(bool evaluation);
+
+  // The flat gradient buffer (every variable, 256-byte aligned) and its length in floats.
+  float* gradients() const { return gradients_.as<float>(); }
+  int64_t flat_size() const { return flat_size_; }
+  const Stream& stream() const { return stream_; }
+  int device() const { return options_.device; }
+
+ private:
+  struct LayerBuffers {
+    DeviceBuffer out;     // [max_batch * out_size]; empty where the output aliases the input
+    DeviceBuffer logits;  // softmax layers
+    DeviceBuffer mask;    // dropout layers
+  };
+
+  Replica(const Model& model, const Loss& loss, CachingAllocator& allocator,
+          const ReplicaOptions& options);
+  absl::Status Init(const Optimizer& optimizer);
+  // The layer whose softmax output the loss reads through its logits, or -1.
+  int FusedLayer(bool training) const;
+  absl::Status Forward(int rows, bool training, int fused);
+  absl::Status Backward(int rows, int fused);
+  absl::Status EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
+                           StepCounters* counters);
+  absl::Status LaunchUpdate();
+  absl::Status LaunchTrainStep(const StepInput& input, float loss_scale, bool update);
+  float* Variable(int index) const { return params_.as<float>() + offsets_[index]; }
+  float* Gradient(int index) const { return gradients_.as<float>() + offsets_[index]; }
+
+  Model model_;
+  Loss loss_;
+  std::vector<LayerInfo> layers_;
+  int first_trainable_ = 0;
+  int64_t max_width_ = 0;
+  CachingAllocator& allocator_;
+  ReplicaOptions options_;
+  OptimizerParams optimizer_;
+  int num_slots_ = 0;
+  float fresh_slot_value_ = 0;  // what the optimizer's NewSlots fills slots with
+
+  Stream stream_;
+  cublasContext* cublas_ = nullptr;
+  DeviceBuffer cublas_workspace_;
+  std::vector<int64_t> offsets_;  // per variable, in floats
+  int64_t flat_size_ = 0;
+  DeviceBuffer params_, gradients_;
+  std::vector<DeviceBuffer> slots_;
+  DeviceBuffer x_, labels_, grad_a_, grad_b_;
+  std::vector<LayerBuffers> buffers_;
+  std::vector<const float*> acts_;  // acts_[i]: input of layer i; back(): the output
+  DeviceBuffer counters_;           // StepCounters
+  DeviceBuffer sums_;               // MetricSums[2]: training, evaluation
+
+  using GraphKey = std::tuple<const void*, const void*, int64_t, int64_t, int, float, float, bool>;
+  std::map<GraphKey, CUgraphExec_st*> graphs_;
+};
+
+}  // namespace stratum::cuda

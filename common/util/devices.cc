@@ -1,0 +1,23 @@
+// The logical GPU configuration, the same in builds with and without CUDA.
+#include <atomic>
+
+#include "stratum/util/devices.h"
+
+namespace stratum {
+namespace {
+
+std::atomic<int> logical_per_gpu{1};
+
+}  // namespace
+
+bool SetLogicalGpusPerGpu(int per_gpu) {
+  if (per_gpu < 1) return false;
+  logical_per_gpu = per_gpu;
+  return true;
+}
+
+int LogicalGpusPerGpu() { return logical_per_gpu; }
+
+int PhysicalGpuOf(int logical) { return logical / logical_per_gpu; }
+
+}  // namespace stratum

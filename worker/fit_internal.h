@@ -1,0 +1,107 @@
+// What Fit (fit.cc) and the GPU path of Fit (gpu_fit.cc) share: progress output, the
+// epoch log's JSON, the training state at the start (restored or fresh) and backups.
+// Internal to worker/. Single-threaded, as Fit.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "stratum/worker/fit.h"
+#include "stratum/worker/fit_checkpoint.h"
+
+namespace stratum {
+
+#if STRATUM_WITH_CUDA
+// Fit on the strategy's GPUs (every local replica on a GPU, one worker). UNIMPLEMENTED when
+// the GPU path cannot train this job (the caller then trains on the CPU); other errors are
+// the job's.
+absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, const Loss& loss,
+                                     const Optimizer& optimizer, const FitData& data,
+                                     const FitOptions& options);
+#endif
+
+namespace fit_internal {
+
+// Seconds on a steady clock.
+double Now();
+
+void Accumulate(StepStats& into, const StepStats& more);
+nlohmann::json EpochLogJson(const EpochLog& log);
+EpochLog EpochLogFromJson(const nlohmann::json& json);
+
+// The training state as the chief has it (restored from its checkpoint, or fresh), the same
+// on every worker afterwards: the chief decides and broadcasts.
+absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
+                                    const Optimizer& optimizer, const FitOptions& options);
+// Every worker runs the save path; only the chief's lands in the job's folder.
+absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
+                    const FitOptions& options, const FitState& state);
+
+// Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
+class Progress {
+ public:
+  Progress(const FitOptions& options) : out_(options.out) {
+    style_ = options.progress;
+    if (style_ == ProgressStyle::kAuto) {
+      style_ = isatty(fileno(out_)) ? ProgressStyle::kBar : ProgressStyle::kLines;
+    }
+  }
+
+  void StartEpoch(int epoch, int epochs, int64_t steps) {
+    steps_ = steps;
+    last_draw_ = 0;
+    if (style_ == ProgressStyle::kBar) std::fprintf(out_, "Epoch %d/%d\n", epoch, epochs);
+  }
+
+  void Step(int64_t step, double loss, double accuracy) {
+    if (style_ != ProgressStyle::kBar) return;
+    const double now = Now();
+    if (now - last_draw_ < 0.1 && step != steps_) return;
+    last_draw_ = now;
+    const int width = 30;
+    const int filled =
+        steps_ > 0 ? static_cast<int>(width * std::min<double>(1, double(step) / steps_)) : 0;
+    std::string bar(static_cast<size_t>(filled), '=');
+    if (filled < width) bar += '>';
+    bar.resize(width, '.');
+    std::fprintf(out_, "\r%6lld/%lld [%s] - loss: %.4f - accuracy: %.4f",
+                 static_cast<long long>(step), static_cast<long long>(steps_), bar.c_str(), loss,
+                 accuracy);
+    std::fflush(out_);
+  }
+
+  void EndEpoch(const EpochLog& log, int epochs, bool validated) {
+    if (style_ == ProgressStyle::kNone) return;
+    std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
+    if (validated) {
+      absl::StrAppend(&text, absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss,
+                                             log.val_accuracy));
+    }
+    absl::StrAppend(
+        &text, absl::StrFormat(" - %.0f examples/s - %.2fs", log.examples_per_sec, log.seconds));
+    if (style_ == ProgressStyle::kBar) {
+      std::fprintf(out_, "\r%6lld/%lld - %s\n", static_cast<long long>(log.steps),
+                   static_cast<long long>(log.steps), text.c_str());
+    } else {
+      std::fprintf(out_, "Epoch %d/%d - %lld steps - %s\n", log.epoch, epochs,
+                   static_cast<long long>(log.steps), text.c_str());
+    }
+    std::fflush(out_);
+  }
+
+ private:
+  FILE* out_;
+  ProgressStyle style_;
+  int64_t steps_ = 0;
+  double last_draw_ = 0;
+};
+
+}  // namespace fit_internal
+}  // namespace stratum

@@ -1,0 +1,384 @@
+// Fit on GPUs: the training set lives on each GPU (uint8, uploaded once), every epoch's
+// example order is drawn on the host and uploaded ahead of the epoch (pinned memory, a copy
+// stream, events), and every step runs on the replicas' streams without the host waiting:
+// gather + rescale, forward, loss, backward, the cross-device all-reduce of the gradients
+// (several replicas), the optimizer. Loss and accuracy are read once per epoch. The
+// variables come back to host tensors for checkpoints and the summary, so everything
+// downstream of Fit is unchanged.
+//
+// The order of examples differs from the CPU path's shuffle buffer (a full shuffle per
+// epoch, a function of the seed and the epoch), and dropout masks come from a counter-based
+// generator on the device: results agree with the CPU path statistically, not bit for bit.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "fit_internal.h"
+#include "stratum/cuda/all_reduce.h"
+#include "stratum/cuda/cuda_check.h"
+#include "stratum/cuda/device.h"
+#include "stratum/cuda/replica.h"
+#include "stratum/util/devices.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+using fit_internal::Accumulate;
+using fit_internal::Now;
+
+// The examples of `dataset` as two tensors (features, labels), in order.
+absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, int64_t examples) {
+  auto iterator = dataset.Batch(std::max<int64_t>(examples, 1)).MakeIterator();
+  STRATUM_ASSIGN_OR_RETURN(std::optional<Element> all, iterator->GetNext());
+  if (!all.has_value() || all->size() < 2) {
+    return absl::UnimplementedError("the data set yields no (features, labels) examples");
+  }
+  return std::make_pair((*all)[0], (*all)[1]);
+}
+
+// The example order of one epoch: full shuffles of the n examples, `length` indices.
+void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+  std::vector<int32_t> permutation(static_cast<size_t>(n));
+  for (int64_t filled = 0; filled < length; filled += n) {
+    std::iota(permutation.begin(), permutation.end(), 0);
+    std::shuffle(permutation.begin(), permutation.end(), rng);
+    std::copy_n(permutation.begin(), std::min(n, length - filled), out + filled);
+  }
+}
+
+// What one physical GPU holds for the replicas on it.
+struct GpuSlot {
+  std::unique_ptr<cuda::CachingAllocator> allocator;
+  std::unique_ptr<cuda::DeviceDataset> train, test;
+  cuda::Stream copies;          // uploads of the next epoch's order
+  cuda::DeviceBuffer order[2];  // the epoch's order, double-buffered
+  cuda::Event uploaded[2];
+};
+
+class GpuFit {
+ public:
+  GpuFit(Strategy& strategy, const Model& model, const Loss& loss, const Optimizer& optimizer,
+         const FitData& data, const FitOptions& options)
+      : strategy_(strategy),
+        model_(model),
+        loss_(loss),
+        optimizer_(optimizer),
+        data_(data),
+        options_(options) {}
+
+  absl::StatusOr<FitSummary> Run();
+
+ private:
+  absl::Status Setup();
+  absl::Status UploadOrder(int64_t epoch);
+  absl::Status Step(int64_t step, int64_t epoch);
+  absl::StatusOr<EpochLog> Evaluate();
+  absl::Status SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
+                          const nlohmann::json& history, int64_t iteration);
+
+  Strategy& strategy_;
+  const Model& model_;
+  const Loss& loss_;
+  const Optimizer& optimizer_;
+  const FitData& data_;
+  const FitOptions& options_;
+
+  int replicas_ = 1;
+  int64_t global_batch_ = 0;
+  int64_t steps_per_epoch_ = 0;
+  int64_t order_length_ = 0;
+  int64_t eval_batch_ = 0;
+  std::vector<int> physical_;    // per replica
+  std::map<int, GpuSlot> gpus_;  // by physical device
+  std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
+  std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
+  cuda::PinnedBuffer host_order_[2];
+  FitState state_;
+};
+
+absl::Status GpuFit::Setup() {
+  replicas_ = strategy_.NumLocalReplicas();
+  global_batch_ = options_.batch_size_per_replica * replicas_;
+  for (const std::string& device : strategy_.devices()) {
+    const int logical = std::stoi(device.substr(4));
+    const int physical = PhysicalGpuOf(logical);
+    if (physical >= cuda::PhysicalGpuCount()) {
+      return absl::FailedPreconditionError(absl::StrCat("device ", device,
+                                                        " is not available: this process sees ",
+                                                        cuda::PhysicalGpuCount(), " GPU(s)"));
+    }
+    physical_.push_back(physical);
+  }
+  STRATUM_ASSIGN_OR_RETURN(auto train, Materialize(data_.train, data_.train_examples));
+  if (train.first.dtype() != DType::kUInt8) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the GPU path keeps uint8 examples on the GPU, and these are ", train.first.DebugString()));
+  }
+  if (train.first.row_size() != model_.input_shape().num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data's examples are ", train.first.DebugString(), " but the model takes ",
+        model_.input_shape().ToString(), " per example: fix the model's input shape or the data"));
+  }
+  const int64_t n = train.first.rows();
+  steps_per_epoch_ = options_.steps_per_epoch > 0 ? options_.steps_per_epoch
+                                                  : (n + global_batch_ - 1) / global_batch_;
+  order_length_ = options_.steps_per_epoch > 0 ? steps_per_epoch_ * global_batch_ : n;
+  eval_batch_ = std::max<int64_t>(global_batch_, 256);
+  std::optional<std::pair<Tensor, Tensor>> test;
+  if (data_.has_test) {
+    STRATUM_ASSIGN_OR_RETURN(test, Materialize(data_.test, data_.test_examples));
+  }
+  for (int physical : std::set<int>(physical_.begin(), physical_.end())) {
+    GpuSlot& gpu = gpus_[physical];
+    gpu.allocator = std::make_unique<cuda::CachingAllocator>(physical);
+    STRATUM_ASSIGN_OR_RETURN(gpu.train, cuda::UploadDataset(*gpu.allocator, train.first,
+                                                            train.second, model_.output_size()));
+    if (test.has_value() && physical == physical_[0]) {
+      STRATUM_ASSIGN_OR_RETURN(gpu.test, cuda::UploadDataset(*gpu.allocator, test->first,
+                                                             test->second, model_.output_size()));
+    }
+    STRATUM_ASSIGN_OR_RETURN(gpu.copies, cuda::Stream::Create(physical));
+    for (int b = 0; b < 2; ++b) {
+      STRATUM_ASSIGN_OR_RETURN(
+          gpu.order[b],
+          cuda::DeviceBuffer::Allocate(*gpu.allocator, static_cast<size_t>(order_length_) * 4));
+      STRATUM_ASSIGN_OR_RETURN(gpu.uploaded[b], cuda::Event::Create(physical));
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    STRATUM_ASSIGN_OR_RETURN(host_order_[b],
+                             cuda::PinnedBuffer::Allocate(static_cast<size_t>(order_length_) * 4));
+  }
+  STRATUM_ASSIGN_OR_RETURN(state_,
+                           fit_internal::StartState(strategy_, model_, optimizer_, options_));
+  for (int r = 0; r < replicas_; ++r) {
+    cuda::ReplicaOptions replica_options;
+    replica_options.device = physical_[static_cast<size_t>(r)];
+    replica_options.max_batch = r == 0 ? std::max(options_.batch_size_per_replica, eval_batch_)
+                                       : options_.batch_size_per_replica;
+    replica_options.seed = options_.seed * 7919 + static_cast<uint64_t>(r);
+    STRATUM_ASSIGN_OR_RETURN(
+        auto replica,
+        cuda::Replica::Create(model_, loss_, optimizer_, *gpus_[replica_options.device].allocator,
+                              replica_options));
+    // Mirrored variables: every replica starts from the same values.
+    STRATUM_RETURN_IF_ERROR(replica->SetState(state_.variables, state_.slots, state_.iteration));
+    replicas_on_.push_back(std::move(replica));
+  }
+  if (replicas_ > 1) {
+    std::vector<cuda::CachingAllocator*> allocators(static_cast<size_t>(cuda::PhysicalGpuCount()));
+    for (auto& [physical, gpu] : gpus_)
+      allocators[static_cast<size_t>(physical)] = gpu.allocator.get();
+    const auto* nccl = dynamic_cast<const NcclAllReduce*>(&strategy_.cross_device_ops());
+    STRATUM_ASSIGN_OR_RETURN(
+        all_reduce_, cuda::MakeDeviceAllReduce(strategy_.cross_device_ops().name(),
+                                               nccl != nullptr ? nccl->num_packs() : 1, physical_,
+                                               allocators, replicas_on_[0]->flat_size()));
+  }
+  return absl::OkStatus();
+}
+
+// Draws epoch `epoch`'s order into pinned memory and queues its upload to every GPU on the
+// copy streams, to overlap the steps queued before it.
+absl::Status GpuFit::UploadOrder(int64_t epoch) {
+  const int b = static_cast<int>(epoch % 2);
+  int32_t* host = host_order_[b].as<int32_t>();
+  // The pinned buffer may still feed the upload queued two epochs ago.
+  for (auto& [physical, gpu] : gpus_) STRATUM_RETURN_IF_ERROR(gpu.copies.Synchronize());
+  DrawOrder(options_.seed, epoch, data_.train_examples, order_length_, host);
+  for (auto& [physical, gpu] : gpus_) {
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(physical));
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gpu.order[b].data(), host,
+                                                 static_cast<size_t>(order_length_) * 4,
+                                                 cudaMemcpyHostToDevice, gpu.copies.get()));
+    STRATUM_RETURN_IF_ERROR(gpu.uploaded[b].Record(gpu.copies));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
+  const int b = static_cast<int>(epoch % 2);
+  // The step's rows, split over the replicas (a last partial batch: the first replicas
+  // take one more row than the others).
+  const int64_t rows_total = options_.steps_per_epoch > 0
+                                 ? global_batch_
+                                 : std::min(global_batch_, order_length_ - step * global_batch_);
+  const float loss_scale = 1.0f / static_cast<float>(rows_total);
+  int64_t offset = 0;
+  for (int r = 0; r < replicas_; ++r) {
+    const int64_t rows = rows_total / replicas_ + (r < rows_total % replicas_ ? 1 : 0);
+    GpuSlot& gpu = gpus_[physical_[static_cast<size_t>(r)]];
+    cuda::StepInput input;
+    input.data = gpu.train.get();
+    input.order = gpu.order[b].as<int32_t>();
+    input.stride = global_batch_;
+    input.offset = offset;
+    input.rows = static_cast<int>(rows);
+    input.rescale = static_cast<float>(data_.rescale);
+    STRATUM_RETURN_IF_ERROR(replicas_on_[static_cast<size_t>(r)]->EnqueueTrainStep(
+        input, loss_scale, /*update=*/replicas_ == 1));
+    offset += rows;
+  }
+  if (replicas_ == 1) return absl::OkStatus();
+  std::vector<cuda::ReplicaBuffer> buffers;
+  for (const auto& replica : replicas_on_)
+    buffers.push_back({replica->gradients(), &replica->stream()});
+  STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
+  for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->EnqueueUpdate());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EpochLog> GpuFit::Evaluate() {
+  cuda::Replica& replica = *replicas_on_[0];
+  const cuda::DeviceDataset& test = *gpus_[physical_[0]].test;
+  for (int64_t first = 0; first < test.rows; first += eval_batch_) {
+    const int rows = static_cast<int>(std::min(eval_batch_, test.rows - first));
+    STRATUM_RETURN_IF_ERROR(
+        replica.EnqueueEvaluate(test, first, rows, static_cast<float>(data_.rescale)));
+  }
+  STRATUM_ASSIGN_OR_RETURN(StepStats total, replica.TakeMetrics(/*evaluation=*/true));
+  EpochLog log;
+  const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
+  log.val_loss = total.loss_sum / examples;
+  log.val_accuracy = static_cast<double>(total.correct) / examples;
+  return log;
+}
+
+absl::Status GpuFit::SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
+                                const nlohmann::json& history, int64_t iteration) {
+  FitState now;
+  now.epoch = epoch;
+  now.step_in_epoch = step;
+  now.iteration = iteration;
+  now.epoch_stats = epoch_stats;
+  now.history = history;
+  STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&now.variables, &now.slots));
+  return fit_internal::Backup(strategy_, model_, optimizer_, options_, now);
+}
+
+absl::StatusOr<FitSummary> GpuFit::Run() {
+  const double fit_start = Now();
+  STRATUM_RETURN_IF_ERROR(Setup());
+  FitSummary summary;
+  summary.strategy = strategy_.name();
+  summary.num_replicas_in_sync = strategy_.NumReplicasInSync();
+  summary.num_workers = 1;
+  summary.resumed_from_step = state_.iteration;
+  for (const nlohmann::json& log : state_.history) {
+    summary.history.push_back(fit_internal::EpochLogFromJson(log));
+    summary.steps += summary.history.back().steps;
+  }
+  if ((state_.epoch > 0 || state_.step_in_epoch > 0) && options_.progress != ProgressStyle::kNone) {
+    std::fprintf(options_.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
+                 static_cast<long long>(state_.iteration), static_cast<long long>(state_.epoch + 1),
+                 static_cast<long long>(state_.step_in_epoch));
+  }
+  fit_internal::Progress progress(options_);
+  int64_t iteration = state_.iteration;
+  double train_seconds = 0;
+  int64_t train_examples = 0;
+  const bool validate = options_.validate && data_.has_test;
+  STRATUM_RETURN_IF_ERROR(UploadOrder(state_.epoch));
+  for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
+    const int64_t index = epoch - 1;
+    const bool resuming_mid_epoch = epoch == state_.epoch + 1 && state_.step_in_epoch > 0;
+    int64_t step = resuming_mid_epoch ? state_.step_in_epoch : 0;
+    progress.StartEpoch(epoch, options_.epochs, steps_per_epoch_);
+    const double epoch_start = Now();
+    for (int r = 0; r < replicas_; ++r) {
+      cuda::Replica& replica = *replicas_on_[static_cast<size_t>(r)];
+      STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(replica.device()));
+      STRATUM_RETURN_IF_ERROR(gpus_[replica.device()].uploaded[index % 2].WaitOn(replica.stream()));
+      STRATUM_RETURN_IF_ERROR(replica.ResetStep(step));
+    }
+    const int64_t first_step = step;
+    while (step < steps_per_epoch_) {
+      STRATUM_RETURN_IF_ERROR(Step(step, index));
+      ++step;
+      ++iteration;
+      // The next epoch's order travels while this one's steps run.
+      if (step == first_step + 1 && epoch < options_.epochs) {
+        STRATUM_RETURN_IF_ERROR(UploadOrder(index + 1));
+      }
+      if (!options_.checkpoint_dir.empty() && options_.checkpoint_every_steps > 0 &&
+          iteration % options_.checkpoint_every_steps == 0 && step < steps_per_epoch_) {
+        StepStats so_far = state_.epoch_stats;
+        for (auto& replica : replicas_on_) {
+          STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
+          Accumulate(so_far, stats);
+        }
+        // TakeMetrics zeroed the device sums: keep what they held in state_ for the epoch.
+        state_.epoch_stats = so_far;
+        STRATUM_RETURN_IF_ERROR(SaveBackup(epoch - 1, step, so_far, state_.history, iteration));
+      }
+    }
+    // What the device sums held before the last mid-epoch backup (or the checkpoint this
+    // run resumed from), plus what they hold now.
+    StepStats epoch_stats = state_.epoch_stats;
+    for (auto& replica : replicas_on_) {
+      STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
+      Accumulate(epoch_stats, stats);
+    }
+    state_.epoch_stats = StepStats{};
+    EpochLog log;
+    log.epoch = epoch;
+    log.steps = step;
+    log.seconds = Now() - epoch_start;
+    const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
+    log.loss = epoch_stats.loss_sum / seen;
+    log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+    const int64_t trained = std::min(step * global_batch_, order_length_) -
+                            std::min(first_step * global_batch_, order_length_);
+    log.examples_per_sec = static_cast<double>(trained) / std::max(log.seconds, 1e-9);
+    train_seconds += log.seconds;
+    train_examples += trained;
+    summary.steps += step;
+    progress.Step(step, log.loss, log.accuracy);
+    if (validate) {
+      STRATUM_ASSIGN_OR_RETURN(EpochLog val, Evaluate());
+      log.val_loss = val.val_loss;
+      log.val_accuracy = val.val_accuracy;
+    }
+    progress.EndEpoch(log, options_.epochs, validate);
+    summary.history.push_back(log);
+    state_.history.push_back(fit_internal::EpochLogJson(log));
+    if (!options_.checkpoint_dir.empty()) {
+      STRATUM_RETURN_IF_ERROR(SaveBackup(epoch, 0, StepStats{}, state_.history, iteration));
+    }
+  }
+  if (data_.has_test) {
+    if (validate && !summary.history.empty()) {
+      summary.test_loss = summary.history.back().val_loss;
+      summary.test_accuracy = summary.history.back().val_accuracy;
+    } else {
+      STRATUM_ASSIGN_OR_RETURN(EpochLog test, Evaluate());
+      summary.test_loss = test.val_loss;
+      summary.test_accuracy = test.val_accuracy;
+    }
+  }
+  summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);
+  STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&summary.variables, nullptr));
+  summary.wall_s = Now() - fit_start;
+  return summary;
+}
+
+}  // namespace
+
+absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, const Loss& loss,
+                                     const Optimizer& optimizer, const FitData& data,
+                                     const FitOptions& options) {
+  STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(model, loss, optimizer));
+  if (strategy.num_workers() != 1) {
+    return absl::UnimplementedError("the GPU path of Fit trains one worker's replicas");
+  }
+  GpuFit fit(strategy, model, loss, optimizer, data, options);
+  return fit.Run();
+}
+
+}  // namespace stratum
