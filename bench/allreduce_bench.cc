@@ -30,11 +30,22 @@ ABSL_FLAG(int, rank, -1, "This process's rank (set by the parent)");
 ABSL_FLAG(int, size, 0, "Number of processes (set by the parent)");
 ABSL_FLAG(std::string, leader, "", "The coordination service's address (set by the parent)");
 ABSL_FLAG(std::string, process_counts, "2,4", "Process counts to measure");
+ABSL_FLAG(std::string, sizes_kib, "4,256,4096,16384,65536",
+          "Sizes to measure in KiB (the parent passes them to its ranks)");
+ABSL_FLAG(int, iterations, 0,
+          "Timed runs per size; 0: 20 up to 4 MiB, 8 above (more for profiling)");
+ABSL_FLAG(bool, gloo, true, "Also measure Gloo through PyTorch, side by side");
 
 namespace stratum {
 namespace {
 
-const std::vector<size_t> kSizes = {4 << 10, 256 << 10, 4 << 20, 16 << 20, 64 << 20};
+std::vector<size_t> Sizes() {
+  std::vector<size_t> sizes;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_sizes_kib), ',')) {
+    sizes.push_back(std::stoul(std::string(part)) << 10);
+  }
+  return sizes;
+}
 
 // One rank: connects, measures every size, rank 0 prints "size median_s" lines.
 int RunRank(int rank, int size, const std::string& leader) {
@@ -57,9 +68,11 @@ int RunRank(int rank, int size, const std::string& leader) {
   auto collectives = Collectives::Create(*std::move(transport), {.timeout = absl::Seconds(60)});
   if (!collectives.ok()) return 1;
   float token = 0;
-  for (size_t bytes : kSizes) {
+  for (size_t bytes : Sizes()) {
     std::vector<float> data(bytes / sizeof(float), 1.0f);
-    const int iterations = bytes <= (4 << 20) ? 20 : 8;
+    const int iterations = absl::GetFlag(FLAGS_iterations) > 0 ? absl::GetFlag(FLAGS_iterations)
+                           : bytes <= (4 << 20)                ? 20
+                                                               : 8;
     std::vector<double> seconds;
     for (int i = 0; i < iterations + 2; ++i) {
       if (!(*collectives)->AllReduce(ReduceOp::kSum, &token, 1).ok()) return 1;  // barrier
@@ -102,9 +115,11 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      outputs[r] = bench::RunProgram(
-          {program, absl::StrCat("--rank=", r), absl::StrCat("--size=", n), "--leader=" + address},
-          absl::Minutes(10));
+      outputs[r] =
+          bench::RunProgram({program, absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
+                             "--leader=" + address, "--sizes_kib=" + absl::GetFlag(FLAGS_sizes_kib),
+                             absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations))},
+                            absl::Minutes(10));
     });
   }
   for (auto& thread : threads) thread.join();
@@ -151,7 +166,8 @@ int RunParent() {
                    std::string(medians.status().message()).c_str());
       return 1;
     }
-    const std::map<size_t, double> gloo = MeasureGloo(n);
+    const std::map<size_t, double> gloo =
+        absl::GetFlag(FLAGS_gloo) ? MeasureGloo(n) : std::map<size_t, double>();
     for (const auto& [bytes, seconds] : *medians) {
       const double algbw = static_cast<double>(bytes) / seconds / 1e9;
       const double busbw = algbw * 2.0 * (n - 1) / n;
