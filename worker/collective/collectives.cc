@@ -12,6 +12,12 @@ namespace {
 
 constexpr size_t kDirectMaxBytes = 64 * 1024;
 constexpr size_t kBroadcastChunkBytes = 1 << 20;
+// The ring's reduce-scatter receives through a buffer this small, so the bytes the kernel
+// copies in are still in cache when they are added (a segment-sized buffer, 16 MiB for
+// 64 MiB over 4 workers, sends both the copy and the sum out to memory). Measured on
+// loopback with 2 cores: CPU per all-reduce of 64 MiB over 4 processes down about 10%,
+// busbw up 10-25% at 16 and 64 MiB.
+constexpr size_t kReduceWindowBytes = 64 << 10;
 
 // Prefixes what was being done to a transport error, keeping its code.
 absl::Status Annotate(const absl::Status& status, const std::string& what) {
@@ -98,7 +104,8 @@ absl::Status Collectives::RingAllReduce(float* data, size_t count, absl::Time de
   auto length = [&](int segment) {
     return offset[static_cast<size_t>(segment) + 1] - offset[static_cast<size_t>(segment)];
   };
-  scratch_.resize(length(0));
+  const size_t window = std::min(length(0), kReduceWindowBytes / sizeof(float));
+  if (scratch_.size() < window) scratch_.resize(window);
 
   // Reduce-scatter: after n-1 steps this rank holds the whole sum of segment r+1.
   for (int step = 0; step < n - 1; ++step) {
@@ -109,9 +116,14 @@ absl::Status Collectives::RingAllReduce(float* data, size_t count, absl::Time de
     RecvSpan recv{left, scratch_.data(), length(recv_segment) * sizeof(float),
                   [&](size_t received) {
                     const size_t ready = received / sizeof(float);
-                    AddInto(target + reduced, scratch_.data() + reduced, ready - reduced);
-                    reduced = ready;
-                  }};
+                    while (reduced < ready) {
+                      const size_t at = reduced % window;
+                      const size_t run = std::min(ready - reduced, window - at);
+                      AddInto(target + reduced, scratch_.data() + at, run);
+                      reduced += run;
+                    }
+                  },
+                  window * sizeof(float)};
     STRATUM_RETURN_IF_ERROR(transport_->Exchange(
         {right, data + begin(send_segment), length(send_segment) * sizeof(float)}, recv, deadline));
   }

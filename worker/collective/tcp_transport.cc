@@ -187,6 +187,10 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
   const bool receiving = recv.peer >= 0;
   if (sending) STRATUM_RETURN_IF_ERROR(CheckPeer(send.peer));
   if (receiving) STRATUM_RETURN_IF_ERROR(CheckPeer(recv.peer));
+  if (receiving && recv.window > 0 && (recv.window % 4 != 0 || !recv.on_received)) {
+    return absl::InvalidArgumentError(absl::StrCat("a receive window of ", recv.window,
+                                                   " bytes needs on_received and a multiple of 4"));
+  }
   const int send_fd = sending ? peers_[static_cast<size_t>(send.peer)].fd() : -1;
   const int recv_fd = receiving ? peers_[static_cast<size_t>(recv.peer)].fd() : -1;
 
@@ -233,8 +237,12 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
         n = ::recv(recv_fd, reinterpret_cast<char*>(&in_frame) + received, sizeof(Frame) - received,
                    MSG_DONTWAIT);
       } else {
-        n = ::recv(recv_fd, static_cast<char*>(recv.data) + (received - sizeof(Frame)),
-                   recv_total - received, MSG_DONTWAIT);
+        // Through a window, a call stops at the ring's end so the next starts at its front.
+        const size_t payload = received - sizeof(Frame);
+        const size_t at = recv.window > 0 ? payload % recv.window : payload;
+        const size_t room = recv.window > 0 ? recv.window - at : recv.bytes - payload;
+        n = ::recv(recv_fd, static_cast<char*>(recv.data) + at,
+                   std::min(room, recv_total - received), MSG_DONTWAIT);
       }
       if (n == 0) return closed(recv.peer, "end of stream");
       if (n > 0) {

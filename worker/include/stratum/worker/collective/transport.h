@@ -33,11 +33,18 @@ struct SendSpan {
 // One message to receive from `peer` into `data` (exactly `bytes`); peer -1 receives
 // nothing. `on_received(n)` is called as bytes land: bytes [0, n) are in place, so the
 // caller can reduce them while the rest is still in flight.
+//
+// A nonzero `window` (a multiple of 4) makes `data` a ring of that many bytes: byte i of
+// the message lands at data[i % window], and no call writes across the ring's end. The
+// next bytes overwrite what landed before, so on_received (required then) must consume
+// what it is given before it returns. A reduction uses this to receive a large message
+// through a buffer small enough to stay in cache, instead of one as large as the message.
 struct RecvSpan {
   int peer = -1;
   void* data = nullptr;
   size_t bytes = 0;
   std::function<void(size_t received)> on_received = nullptr;
+  size_t window = 0;
 };
 
 class Transport {
