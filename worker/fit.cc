@@ -127,8 +127,9 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
   const Dataset shard = workers > 1 ? data.Shard(workers, strategy.worker_index()) : data;
   const Dataset batches =
       MakeBatches(shard, model, std::max<int64_t>(global_batch / workers, 1), rescale, 0, 0, false);
+  // Already this worker's shard and batch: only split over the local replicas.
   absl::StatusOr<DistributedDataset> distributed =
-      strategy.ExperimentalDistributeDataset(batches, {.auto_shard_policy = AutoShardPolicy::kOff});
+      DistributedDataset::FromGlobalBatches(batches, strategy.NumLocalReplicas(), {});
   if (!distributed.ok()) return distributed.status();
   std::vector<std::unique_ptr<Workspace>> workspaces;
   for (int r = 0; r < strategy.NumLocalReplicas(); ++r) workspaces.push_back(model.NewWorkspace(r));
@@ -323,8 +324,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   const Dataset batches = MakeBatches(train, model, worker_batch, data.rescale,
                                       options.shuffle_buffer, options.seed, fixed_steps,
                                       /*drop_remainder=*/workers > 1);
+  // Already this worker's shard and batch: only split over the local replicas.
   absl::StatusOr<DistributedDataset> distributed =
-      strategy.ExperimentalDistributeDataset(batches, {.auto_shard_policy = AutoShardPolicy::kOff});
+      DistributedDataset::FromGlobalBatches(batches, strategy.NumLocalReplicas(), {});
   if (!distributed.ok()) return distributed.status();
 
   STRATUM_ASSIGN_OR_RETURN(FitState state, StartState(strategy, model, optimizer, options));

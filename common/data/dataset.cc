@@ -468,6 +468,10 @@ class BatchNode : public DatasetNode {
   }
   int64_t batch_size() const { return batch_size_; }
   bool drop_remainder() const { return drop_remainder_; }
+  int64_t BatchSize() const override { return batch_size_; }
+  NodePtr WithBatchSize(int64_t batch_size) const override {
+    return std::make_shared<BatchNode>(input(), batch_size, drop_remainder_);
+  }
 
  private:
   int64_t batch_size_;

@@ -41,6 +41,11 @@ class DatasetNode : public std::enable_shared_from_this<DatasetNode> {
   // A copy of this operation reading from `input` (operations only).
   virtual NodePtr WithInput(NodePtr input) const = 0;
 
+  // A Batch operation's batch size, 0 for any other node; and a copy of the Batch with
+  // another size over the same input (Batch only).
+  virtual int64_t BatchSize() const { return 0; }
+  virtual NodePtr WithBatchSize(int64_t /*batch_size*/) const { return nullptr; }
+
   // Sources that read files: the files, and the units FILE sharding distributes (for IDX,
   // one unit is an (images, labels) pair).
   virtual std::vector<std::string> SourceFiles() const { return {}; }

@@ -66,6 +66,12 @@ NodePtr ReplaceSource(const NodePtr& node, const NodePtr& source) {
   return node->WithInput(ReplaceSource(node->input(), source));
 }
 
+// Rebuilds the chain above `target` (a node of the chain under `node`) on `replacement`.
+NodePtr ReplaceNode(const NodePtr& node, const NodePtr& target, const NodePtr& replacement) {
+  if (node == target) return replacement;
+  return node->WithInput(ReplaceNode(node->input(), target, replacement));
+}
+
 NodePtr SourceOf(NodePtr node) {
   while (!node->is_source()) node = node->input();
   return node;
@@ -112,6 +118,33 @@ absl::StatusOr<Dataset> AutoShard(const Dataset& dataset, AutoShardPolicy policy
         num_workers, " files"));
   }
   return DatasetGraph::Wrap(ReplaceSource(root, source->ShardFiles(num_workers, worker_index)));
+}
+
+absl::StatusOr<Dataset> RebatchForWorkers(const Dataset& dataset, int num_workers) {
+  STRATUM_RETURN_IF_ERROR(dataset.status());
+  if (num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("RebatchForWorkers: num_workers ", num_workers,
+                                                   " is not positive: use the worker count"));
+  }
+  if (num_workers == 1) return dataset;
+  const NodePtr& root = DatasetGraph::Node(dataset);
+  NodePtr batch = root;
+  while (batch != nullptr && batch->BatchSize() == 0) batch = batch->input();
+  if (batch == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExperimentalDistributeDataset over ", num_workers,
+                     " workers needs a dataset of global batches, and this one has no Batch: call "
+                     ".Batch(global_batch_size) before distributing it"));
+  }
+  const int64_t global = batch->BatchSize();
+  if (global % num_workers != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExperimentalDistributeDataset: the global batch of ", global, " (",
+                     batch->Name(), ") does not divide evenly over ", num_workers,
+                     " workers: use a global batch that is a multiple of ", num_workers,
+                     " (per-replica batch x num_replicas_in_sync)"));
+  }
+  return DatasetGraph::Wrap(ReplaceNode(root, batch, batch->WithBatchSize(global / num_workers)));
 }
 
 absl::StatusOr<std::vector<Element>> SplitBatch(const Element& global_batch, int num_replicas) {

@@ -92,7 +92,9 @@ absl::StatusOr<DistributedDataset> DistributedDataset::FromGlobalBatches(
   absl::StatusOr<Dataset> sharded =
       AutoShard(dataset, options.auto_shard_policy, options.num_workers, options.worker_index);
   if (!sharded.ok()) return sharded.status();
-  return DistributedDataset(*std::move(sharded), num_replicas, /*split=*/true);
+  absl::StatusOr<Dataset> rebatched = RebatchForWorkers(*sharded, options.num_workers);
+  if (!rebatched.ok()) return rebatched.status();
+  return DistributedDataset(*std::move(rebatched), num_replicas, /*split=*/true);
 }
 
 absl::StatusOr<DistributedDataset> DistributedDataset::FromFunction(

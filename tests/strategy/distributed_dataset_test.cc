@@ -8,6 +8,9 @@
 namespace stratum {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
 Tensor Range(int64_t n) {
   Tensor t(DType::kInt32, {n});
   for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(i);
@@ -54,6 +57,52 @@ TEST(DistributedDatasetTest, AutoShardsOverWorkersBeforeSplitting) {
   }
   std::sort(seen.begin(), seen.end());
   EXPECT_EQ(seen, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // disjoint and complete
+}
+
+TEST(DistributedDatasetTest, EachWorkerTakesItsShareOfTheGlobalBatch) {
+  // A global batch of 4 over 2 workers with 2 replicas each: every step a worker takes 2
+  // examples (1 per replica), so one step over the cluster is still 4 examples, as
+  // tf.distribute rebatches; the rebatch reaches under the Map above the Batch.
+  const Dataset global = Dataset::FromTensorSlices({Range(16)})
+                             .Batch(4)
+                             .Map([](Element batch) -> absl::StatusOr<Element> { return batch; });
+  std::vector<int32_t> seen;
+  for (int worker = 0; worker < 2; ++worker) {
+    auto distributed = DistributedDataset::FromGlobalBatches(
+        global, 2,
+        {.auto_shard_policy = AutoShardPolicy::kData, .num_workers = 2, .worker_index = worker});
+    ASSERT_TRUE(distributed.ok()) << distributed.status();
+    auto iterator = distributed->MakeIterator();
+    int steps = 0;
+    while (true) {
+      auto step = iterator->GetNext();
+      ASSERT_TRUE(step.ok());
+      if (!step->has_value()) break;
+      ++steps;
+      for (int replica = 0; replica < 2; ++replica) {
+        const std::vector<int32_t> rows = Values((**step)[replica][0]);
+        ASSERT_EQ(rows.size(), 1u);
+        seen.push_back(rows[0]);
+      }
+    }
+    EXPECT_EQ(steps, 4);  // 8 examples of this worker's shard, 2 per step
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, Values(Range(16)));
+}
+
+TEST(DistributedDatasetTest, AGlobalBatchThatDoesNotDivideOverTheWorkersIsRefused) {
+  auto distributed = DistributedDataset::FromGlobalBatches(
+      Dataset::FromTensorSlices({Range(9)}).Batch(3), 1,
+      {.auto_shard_policy = AutoShardPolicy::kOff, .num_workers = 2, .worker_index = 0});
+  ASSERT_FALSE(distributed.ok());
+  EXPECT_THAT(std::string(distributed.status().message()),
+              AllOf(HasSubstr("global batch of 3"), HasSubstr("multiple of 2")));
+  auto unbatched = DistributedDataset::FromGlobalBatches(
+      Dataset::FromTensorSlices({Range(9)}), 1,
+      {.auto_shard_policy = AutoShardPolicy::kOff, .num_workers = 2, .worker_index = 1});
+  ASSERT_FALSE(unbatched.ok());
+  EXPECT_THAT(std::string(unbatched.status().message()), HasSubstr("Batch(global_batch_size)"));
 }
 
 TEST(DistributedDatasetTest, FromFunctionGetsTheInputContextAndGroupsPerReplicaBatches) {

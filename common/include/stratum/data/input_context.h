@@ -45,6 +45,12 @@ const char* AutoShardPolicyName(AutoShardPolicy policy);
 absl::StatusOr<Dataset> AutoShard(const Dataset& dataset, AutoShardPolicy policy, int num_workers,
                                   int worker_index);
 
+// Each worker's part of a dataset of GLOBAL batches, as tf.distribute rebatches for
+// several workers: the topmost Batch(B) of the chain becomes Batch(B / num_workers), so
+// that one step over all the workers still takes B examples. INVALID_ARGUMENT, with the
+// fix, when the dataset has no Batch or B does not divide by num_workers.
+absl::StatusOr<Dataset> RebatchForWorkers(const Dataset& dataset, int num_workers);
+
 // Splits every component of `global_batch` along axis 0 into num_replicas equal parts that
 // share its buffers; element r of the result is replica r's batch. INVALID_ARGUMENT when a
 // component is a scalar or its rows do not divide by num_replicas.

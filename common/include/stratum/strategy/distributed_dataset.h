@@ -2,7 +2,8 @@
 // tf.distribute's ExperimentalDistributeDataset and DistributeDatasetsFromFunction make.
 //
 // - FromGlobalBatches (ExperimentalDistributeDataset): the dataset yields GLOBAL batches;
-//   it is auto-sharded over the workers at its source, and each global batch is split
+//   it is auto-sharded over the workers at its source, rebatched so that each worker
+//   takes global / num_workers examples per step, and each worker's batch is split
 //   over the replicas (evenly; a last, partial batch as evenly as it goes, so a replica
 //   may get fewer rows or none).
 // - FromFunction (DistributeDatasetsFromFunction): the function builds each input
