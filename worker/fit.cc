@@ -91,6 +91,23 @@ absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
 
 }  // namespace fit_internal
 
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The seed of a replica's dropout masks in one step.
+uint64_t DropoutSeed(uint64_t seed, int64_t iteration, int replica) {
+  return SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(iteration)) ^
+                    static_cast<uint64_t>(replica));
+}
+
+}  // namespace
+
 using fit_internal::Accumulate;
 using fit_internal::Backup;
 using fit_internal::EpochLogFromJson;
@@ -414,6 +431,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
               for (Tensor& g : grads) g.SetZero();
               return StepStats{};
             }
+            // The dropout masks of a step depend on (seed, step, replica) alone.
+            workspaces[r]->Reseed(
+                DropoutSeed(options.seed, iteration, context.replica_id_in_sync_group()));
             return model.TrainStep(variables.ReplicaValues(r), parts[r][0], parts[r][1], loss,
                                    loss_scale, *workspaces[r], grads);
           });

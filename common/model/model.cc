@@ -527,6 +527,7 @@ struct Workspace::State {
 Workspace::Workspace(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Workspace::~Workspace() = default;
 int64_t Workspace::capacity() const { return state_->capacity; }
+void Workspace::Reseed(uint64_t seed) { state_->rng.seed(seed); }
 
 namespace {
 

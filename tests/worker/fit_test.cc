@@ -1,5 +1,9 @@
 #include "stratum/worker/fit.h"
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -204,6 +208,46 @@ TEST(FitTest, StepsPerEpochRepeatsTheData) {
                      **Optimizer::FromKeras("adam"), Data(50, 10), options);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->steps, 20);
+}
+
+TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
+  // Dropout masks come from (seed, step, replica), not from a stream that a restart would
+  // begin again: one epoch, a restart from its checkpoint and a second epoch give the bits
+  // of two epochs in one go.
+  constexpr char kDropoutModel[] = R"({"class_name": "Sequential", "config": {"layers": [
+    {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+    {"class_name": "Dense", "config": {"name": "hidden", "units": 16, "activation": "relu"}},
+    {"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.3}},
+    {"class_name": "Dense", "config": {"name": "out", "units": 4, "activation": "softmax"}}]}})";
+  const Model model = *Model::FromKerasJson(absl::string_view(kDropoutModel));
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_dropout_resume_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto run = [&](int epochs, const std::string& checkpoint_dir) {
+    auto strategy = Mirrored(2);
+    FitOptions options;
+    options.epochs = epochs;
+    options.steps_per_epoch = 12;
+    options.batch_size_per_replica = 8;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = checkpoint_dir;
+    return Fit(*strategy, model, loss, *optimizer, Data(400, 100), options);
+  };
+  auto whole = run(2, "");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(run(1, dir).ok());
+  auto resumed = run(2, dir);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 12);
+  ASSERT_EQ(resumed->variables.size(), whole->variables.size());
+  for (size_t v = 0; v < whole->variables.size(); ++v) {
+    const Tensor& a = resumed->variables[v];
+    const Tensor& b = whole->variables[v];
+    ASSERT_EQ(a.byte_size(), b.byte_size());
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.byte_size()), 0) << v;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FitTest, WrongInputShapeIsAClearError) {

@@ -60,6 +60,9 @@ class Workspace {
 
   // The largest batch the buffers hold now.
   int64_t capacity() const;
+  // Restarts the dropout random stream from `seed`. Fit reseeds it before every step from
+  // (seed, step, replica), so a run resumed from a checkpoint draws the same masks.
+  void Reseed(uint64_t seed);
 
   // Opaque; defined next to the Model's implementation.
   struct State;
