@@ -2,7 +2,9 @@
 // to 64 MiB float32 with 2 and 4 processes, beside Gloo's ring through PyTorch measured in
 // the same run (when python3-torch is installed). busbw = algbw * 2(n-1)/n, as NCCL and
 // the anchors report it. Each size: the median of 20 runs (8 from 16 MiB up) after 2
-// warm-ups, every run started together (a 1-float all-reduce as the barrier).
+// warm-ups, every run started together (a 1-float all-reduce as the barrier). Stratum and
+// Gloo take turns, twice each (S G G S), and each side's figure is the mean of its two,
+// so that on a shared machine a load that changes during the run does not favour a side.
 //
 //   allreduce_bench            # parent: runs 2 and 4 processes, prints JSON lines
 //   allreduce_bench --rank=R --size=N --leader=HOST:PORT   # one process (spawned)
@@ -35,6 +37,9 @@ ABSL_FLAG(std::string, sizes_kib, "4,256,4096,16384,65536",
 ABSL_FLAG(int, iterations, 0,
           "Timed runs per size; 0: 20 up to 4 MiB, 8 above (more for profiling)");
 ABSL_FLAG(bool, gloo, true, "Also measure Gloo through PyTorch, side by side");
+ABSL_FLAG(int, pairs, 2,
+          "Runs of each side, taking turns (Stratum, Gloo, Gloo, Stratum, ...); figures are "
+          "their means");
 
 namespace stratum {
 namespace {
@@ -154,29 +159,60 @@ std::map<size_t, double> MeasureGloo(int n) {
   return busbw;
 }
 
+// The mean of each size's figure over the runs that measured it.
+std::map<size_t, double> Mean(const std::vector<std::map<size_t, double>>& runs) {
+  std::map<size_t, double> sum;
+  std::map<size_t, int> count;
+  for (const auto& run : runs) {
+    for (const auto& [bytes, value] : run) {
+      sum[bytes] += value;
+      ++count[bytes];
+    }
+  }
+  for (auto& [bytes, value] : sum) value /= count[bytes];
+  return sum;
+}
+
 int RunParent() {
   std::vector<int> counts;
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_process_counts), ',')) {
     counts.push_back(std::stoi(std::string(part)));
   }
+  const int pairs = std::max(1, absl::GetFlag(FLAGS_pairs));
   for (int n : counts) {
-    auto medians = MeasureStratum(n);
-    if (!medians.ok()) {
-      std::fprintf(stderr, "allreduce_bench: %s\n",
-                   std::string(medians.status().message()).c_str());
-      return 1;
+    // Stratum and Gloo take turns (S G G S for two pairs), so a load that rises or falls
+    // during the run weighs on both sides alike.
+    std::vector<std::map<size_t, double>> stratum_busbw, stratum_seconds, gloo_busbw;
+    for (int pair = 0; pair < pairs; ++pair) {
+      for (int turn = 0; turn < 2; ++turn) {
+        if ((turn == 0) == (pair % 2 == 1)) {
+          if (absl::GetFlag(FLAGS_gloo)) gloo_busbw.push_back(MeasureGloo(n));
+          continue;
+        }
+        auto medians = MeasureStratum(n);
+        if (!medians.ok()) {
+          std::fprintf(stderr, "allreduce_bench: %s\n",
+                       std::string(medians.status().message()).c_str());
+          return 1;
+        }
+        std::map<size_t, double> busbw;
+        for (const auto& [bytes, seconds] : *medians) {
+          busbw[bytes] = static_cast<double>(bytes) / seconds / 1e9 * 2.0 * (n - 1) / n;
+        }
+        stratum_busbw.push_back(std::move(busbw));
+        stratum_seconds.push_back(*std::move(medians));
+      }
     }
-    const std::map<size_t, double> gloo =
-        absl::GetFlag(FLAGS_gloo) ? MeasureGloo(n) : std::map<size_t, double>();
-    for (const auto& [bytes, seconds] : *medians) {
-      const double algbw = static_cast<double>(bytes) / seconds / 1e9;
-      const double busbw = algbw * 2.0 * (n - 1) / n;
-      const std::string setup =
-          absl::StrCat(n, " processes, loopback TCP, ring, float32 ", bytes >> 10, " KiB");
+    const std::map<size_t, double> gloo = Mean(gloo_busbw);
+    const std::map<size_t, double> seconds = Mean(stratum_seconds);
+    for (const auto& [bytes, busbw] : Mean(stratum_busbw)) {
+      const std::string setup = absl::StrCat(n, " processes, loopback TCP, ring, float32 ",
+                                             bytes >> 10, " KiB, mean of ", pairs, " runs");
       const std::string name = absl::StrCat("allreduce_busbw_n", n, "_", bytes >> 10, "KiB");
       bench::PrintFigure(name, busbw, "GB/s", nlohmann::json(), "at_least", setup);
       if (bytes == (4 << 10) && n == 2) {
-        bench::PrintFigure("allreduce_latency_n2_4KiB", seconds * 1e3, "ms", 0.1, "at_most", setup);
+        bench::PrintFigure("allreduce_latency_n2_4KiB", seconds.at(bytes) * 1e3, "ms", 0.1,
+                           "at_most", setup);
       }
       auto anchor = gloo.find(bytes);
       if (anchor != gloo.end() && anchor->second > 0) {
@@ -185,7 +221,7 @@ int RunParent() {
         bench::PrintFigure(absl::StrCat("allreduce_busbw_vs_gloo_n", n, "_", bytes >> 10, "KiB"),
                            busbw / anchor->second, "x",
                            bytes >= (4 << 20) ? nlohmann::json(1.5) : nlohmann::json(), "at_least",
-                           setup + ", side by side in this run");
+                           setup + ", side by side in this run, taking turns with Gloo");
       }
     }
   }
