@@ -16,7 +16,7 @@ constexpr size_t kBroadcastChunkBytes = 1 << 20;
 // copies in are still in cache when they are added (a segment-sized buffer, 16 MiB for
 // 64 MiB over 4 workers, sends both the copy and the sum out to memory). Measured on
 // loopback with 2 cores: CPU per all-reduce of 64 MiB over 4 processes down about 10%,
-// busbw up 10-25% at 16 and 64 MiB.
+// which shows in busbw when the CPUs are busy (on an idle machine it is within noise).
 constexpr size_t kReduceWindowBytes = 64 << 10;
 
 // Prefixes what was being done to a transport error, keeping its code.
