@@ -301,10 +301,11 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
         ", steps_per_epoch ", options.steps_per_epoch));
   }
 #if STRATUM_WITH_CUDA
-  // Every replica on a GPU: the GPU path, unless it cannot train this job.
+  // Every replica on a GPU: the GPU path, unless it cannot train this job (every worker
+  // decides alike: the same job on the same kind of devices).
   const bool on_gpus = std::all_of(strategy.devices().begin(), strategy.devices().end(),
                                    [](const std::string& d) { return d.rfind("GPU:", 0) == 0; });
-  if (on_gpus && workers == 1) {
+  if (on_gpus) {
     absl::StatusOr<FitSummary> trained = FitOnGpus(strategy, model, loss, optimizer, data, options);
     if (trained.ok() || trained.status().code() != absl::StatusCode::kUnimplemented) {
       return trained;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -19,15 +20,28 @@
 namespace stratum {
 
 #if STRATUM_WITH_CUDA
-// Fit on the strategy's GPUs (every local replica on a GPU, one worker). UNIMPLEMENTED when
-// the GPU path cannot train this job (the caller then trains on the CPU); other errors are
-// the job's.
+// Fit on the strategy's GPUs (every local replica on a GPU; one worker, or several in
+// lock-step). UNIMPLEMENTED when the GPU path cannot train this job (the caller then trains
+// on the CPU), always before the first collective, so that every worker decides alike;
+// other errors are the job's.
 absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, const Loss& loss,
                                      const Optimizer& optimizer, const FitData& data,
                                      const FitOptions& options);
 #endif
 
 namespace fit_internal {
+
+#if STRATUM_WITH_CUDA
+// The examples of `dataset` (at most `examples`) as two tensors (features, labels), in
+// order. UNIMPLEMENTED when it yields no (features, labels) pairs.
+absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, int64_t examples);
+// The example order of one epoch: full shuffles of the n examples, `length` indices, a
+// function of the seed and the epoch.
+void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out);
+#endif
+
+// `stats` summed over the workers in sync (a no-op with one).
+absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats);
 
 // Seconds on a steady clock.
 double Now();

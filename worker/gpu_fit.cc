@@ -1,10 +1,18 @@
-// Fit on GPUs: the training set lives on each GPU (uint8, uploaded once), every epoch's
+// Fit on GPUs: the training set (the worker's shard of it with several workers) lives on
+// each GPU (uint8, uploaded once), every epoch's
 // example order is drawn on the host and uploaded ahead of the epoch (pinned memory, a copy
 // stream, events), and every step runs on the replicas' streams without the host waiting:
 // gather + rescale, forward, loss, backward, the cross-device all-reduce of the gradients
 // (several replicas), the optimizer. Loss and accuracy are read once per epoch. The
 // variables come back to host tensors for checkpoints and the summary, so everything
 // downstream of Fit is unchanged.
+//
+// Several workers (MultiWorkerMirroredStrategy): the same shards, step counts and lock-step
+// as the CPU path; after the local all-reduce each step's flat gradient buffer goes to
+// pinned host memory, through the strategy's cross-worker all-reduce (the TCP ring) and
+// back to every replica before the optimizer runs on the device. The ring hands every
+// worker the same bits, so the variables stay bit-identical across workers. Evaluation
+// splits the test set over the workers and sums the totals, as the CPU path does.
 //
 // The order of examples differs from the CPU path's shuffle buffer (a full shuffle per
 // epoch, a function of the seed and the epoch), and dropout masks come from a counter-based
@@ -31,7 +39,10 @@ namespace {
 using fit_internal::Accumulate;
 using fit_internal::Now;
 
-// The examples of `dataset` as two tensors (features, labels), in order.
+}  // namespace
+
+namespace fit_internal {
+
 absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, int64_t examples) {
   auto iterator = dataset.Batch(std::max<int64_t>(examples, 1)).MakeIterator();
   STRATUM_ASSIGN_OR_RETURN(std::optional<Element> all, iterator->GetNext());
@@ -41,7 +52,6 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, in
   return std::make_pair((*all)[0], (*all)[1]);
 }
 
-// The example order of one epoch: full shuffles of the n examples, `length` indices.
 void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
   std::vector<int32_t> permutation(static_cast<size_t>(n));
@@ -51,6 +61,13 @@ void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t*
     std::copy_n(permutation.begin(), std::min(n, length - filled), out + filled);
   }
 }
+
+}  // namespace fit_internal
+
+namespace {
+
+using fit_internal::DrawOrder;
+using fit_internal::Materialize;
 
 // What one physical GPU holds for the replicas on it.
 struct GpuSlot {
@@ -78,6 +95,7 @@ class GpuFit {
   absl::Status Setup();
   absl::Status UploadOrder(int64_t epoch);
   absl::Status Step(int64_t step, int64_t epoch);
+  absl::Status AllReduceAcrossWorkers();
   absl::StatusOr<EpochLog> Evaluate();
   absl::Status SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
                           const nlohmann::json& history, int64_t iteration);
@@ -90,7 +108,9 @@ class GpuFit {
   const FitOptions& options_;
 
   int replicas_ = 1;
-  int64_t global_batch_ = 0;
+  int workers_ = 1;
+  int64_t worker_batch_ = 0;  // rows per step on this worker
+  int64_t train_rows_ = 0;    // this worker's examples (its shard)
   int64_t steps_per_epoch_ = 0;
   int64_t order_length_ = 0;
   int64_t eval_batch_ = 0;
@@ -99,12 +119,14 @@ class GpuFit {
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
   std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
   cuda::PinnedBuffer host_order_[2];
+  cuda::PinnedBuffer host_gradients_;  // several workers: the cross-worker all-reduce's buffer
   FitState state_;
 };
 
 absl::Status GpuFit::Setup() {
   replicas_ = strategy_.NumLocalReplicas();
-  global_batch_ = options_.batch_size_per_replica * replicas_;
+  workers_ = strategy_.num_workers();
+  worker_batch_ = options_.batch_size_per_replica * replicas_;
   for (const std::string& device : strategy_.devices()) {
     const int logical = std::stoi(device.substr(4));
     const int physical = PhysicalGpuOf(logical);
@@ -115,7 +137,13 @@ absl::Status GpuFit::Setup() {
     }
     physical_.push_back(physical);
   }
-  STRATUM_ASSIGN_OR_RETURN(auto train, Materialize(data_.train, data_.train_examples));
+  // Several workers: each takes its shard, as the CPU path does.
+  Dataset shard = data_.train;
+  if (workers_ > 1) {
+    STRATUM_ASSIGN_OR_RETURN(shard, AutoShard(data_.train, options_.auto_shard_policy, workers_,
+                                              strategy_.worker_index()));
+  }
+  STRATUM_ASSIGN_OR_RETURN(auto train, Materialize(shard, data_.train_examples));
   if (train.first.dtype() != DType::kUInt8) {
     return absl::UnimplementedError(absl::StrCat(
         "the GPU path keeps uint8 examples on the GPU, and these are ", train.first.DebugString()));
@@ -125,11 +153,27 @@ absl::Status GpuFit::Setup() {
         "the data's examples are ", train.first.DebugString(), " but the model takes ",
         model_.input_shape().ToString(), " per example: fix the model's input shape or the data"));
   }
-  const int64_t n = train.first.rows();
-  steps_per_epoch_ = options_.steps_per_epoch > 0 ? options_.steps_per_epoch
-                                                  : (n + global_batch_ - 1) / global_batch_;
-  order_length_ = options_.steps_per_epoch > 0 ? steps_per_epoch_ * global_batch_ : n;
-  eval_batch_ = std::max<int64_t>(global_batch_, 256);
+  train_rows_ = train.first.rows();
+  const bool fixed_steps = options_.steps_per_epoch > 0;
+  if (workers_ == 1) {
+    steps_per_epoch_ =
+        fixed_steps ? options_.steps_per_epoch : (train_rows_ + worker_batch_ - 1) / worker_batch_;
+    order_length_ = fixed_steps ? steps_per_epoch_ * worker_batch_ : train_rows_;
+  } else {
+    // Lock-step: full batches only, and every worker the step count of the smallest shard.
+    const int64_t smallest = options_.auto_shard_policy == AutoShardPolicy::kOff
+                                 ? data_.train_examples
+                                 : data_.train_examples / workers_;
+    steps_per_epoch_ = fixed_steps ? options_.steps_per_epoch : smallest / worker_batch_;
+    order_length_ = steps_per_epoch_ * worker_batch_;
+  }
+  if (steps_per_epoch_ <= 0 || train_rows_ == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the training data (", data_.train_examples, " examples over ", workers_,
+                     " workers) does not fill one step of ", worker_batch_ * workers_,
+                     " examples: there is nothing to fit"));
+  }
+  eval_batch_ = std::max<int64_t>(worker_batch_ * workers_, 256);
   std::optional<std::pair<Tensor, Tensor>> test;
   if (data_.has_test) {
     STRATUM_ASSIGN_OR_RETURN(test, Materialize(data_.test, data_.test_examples));
@@ -155,6 +199,8 @@ absl::Status GpuFit::Setup() {
     STRATUM_ASSIGN_OR_RETURN(host_order_[b],
                              cuda::PinnedBuffer::Allocate(static_cast<size_t>(order_length_) * 4));
   }
+  // From here on every worker takes part in collectives: nothing may answer UNIMPLEMENTED
+  // (a fallback to the CPU) any more, or the workers would part ways.
   STRATUM_ASSIGN_OR_RETURN(state_,
                            fit_internal::StartState(strategy_, model_, optimizer_, options_));
   for (int r = 0; r < replicas_; ++r) {
@@ -170,6 +216,11 @@ absl::Status GpuFit::Setup() {
     // Mirrored variables: every replica starts from the same values.
     STRATUM_RETURN_IF_ERROR(replica->SetState(state_.variables, state_.slots, state_.iteration));
     replicas_on_.push_back(std::move(replica));
+  }
+  if (workers_ > 1) {
+    STRATUM_ASSIGN_OR_RETURN(
+        host_gradients_, cuda::PinnedBuffer::Allocate(
+                             static_cast<size_t>(replicas_on_[0]->flat_size()) * sizeof(float)));
   }
   if (replicas_ > 1) {
     std::vector<cuda::CachingAllocator*> allocators(static_cast<size_t>(cuda::PhysicalGpuCount()));
@@ -191,7 +242,7 @@ absl::Status GpuFit::UploadOrder(int64_t epoch) {
   int32_t* host = host_order_[b].as<int32_t>();
   // The pinned buffer may still feed the upload queued two epochs ago.
   for (auto& [physical, gpu] : gpus_) STRATUM_RETURN_IF_ERROR(gpu.copies.Synchronize());
-  DrawOrder(options_.seed, epoch, data_.train_examples, order_length_, host);
+  DrawOrder(options_.seed, epoch, train_rows_, order_length_, host);
   for (auto& [physical, gpu] : gpus_) {
     STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(physical));
     STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gpu.order[b].data(), host,
@@ -207,9 +258,11 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
   // The step's rows, split over the replicas (a last partial batch: the first replicas
   // take one more row than the others).
   const int64_t rows_total = options_.steps_per_epoch > 0
-                                 ? global_batch_
-                                 : std::min(global_batch_, order_length_ - step * global_batch_);
-  const float loss_scale = 1.0f / static_cast<float>(rows_total);
+                                 ? worker_batch_
+                                 : std::min(worker_batch_, order_length_ - step * worker_batch_);
+  // The loss is the mean over the examples of every worker's step.
+  const float loss_scale = 1.0f / static_cast<float>(rows_total * workers_);
+  const bool alone = replicas_ == 1 && workers_ == 1;
   int64_t offset = 0;
   for (int r = 0; r < replicas_; ++r) {
     const int64_t rows = rows_total / replicas_ + (r < rows_total % replicas_ ? 1 : 0);
@@ -217,32 +270,69 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
     cuda::StepInput input;
     input.data = gpu.train.get();
     input.order = gpu.order[b].as<int32_t>();
-    input.stride = global_batch_;
+    input.stride = worker_batch_;
     input.offset = offset;
     input.rows = static_cast<int>(rows);
     input.rescale = static_cast<float>(data_.rescale);
     STRATUM_RETURN_IF_ERROR(replicas_on_[static_cast<size_t>(r)]->EnqueueTrainStep(
-        input, loss_scale, /*update=*/replicas_ == 1));
+        input, loss_scale, /*update=*/alone));
     offset += rows;
   }
-  if (replicas_ == 1) return absl::OkStatus();
-  std::vector<cuda::ReplicaBuffer> buffers;
-  for (const auto& replica : replicas_on_)
-    buffers.push_back({replica->gradients(), &replica->stream()});
-  STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
+  if (alone) return absl::OkStatus();
+  if (replicas_ > 1) {
+    std::vector<cuda::ReplicaBuffer> buffers;
+    for (const auto& replica : replicas_on_)
+      buffers.push_back({replica->gradients(), &replica->stream()});
+    STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
+  }
+  if (workers_ > 1) STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers());
   for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->EnqueueUpdate());
+  return absl::OkStatus();
+}
+
+// The local sum (in every replica's gradients) -> pinned host memory -> summed over the
+// workers -> every replica's gradients. Waits for the step on the host: the collectives
+// work on host memory.
+absl::Status GpuFit::AllReduceAcrossWorkers() {
+  cuda::Replica& first = *replicas_on_[0];
+  const int64_t count = first.flat_size();
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(first.device()));
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_gradients_.data(), first.gradients(), bytes,
+                                               cudaMemcpyDeviceToHost, first.stream().get()));
+  // Every stream, not only the first: the uploads of the last step's sum read host_gradients_.
+  for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->stream().Synchronize());
+  std::vector<Tensor> values = {Tensor::FromBuffer(
+      DType::kFloat32, Shape({count}), std::shared_ptr<void>(host_gradients_.data(), [](void*) {}),
+      host_gradients_.data())};
+  STRATUM_RETURN_IF_ERROR(strategy_.AllReduceAcrossWorkers(ReduceOp::kSum, values));
+  // The collectives reduce in place; a result elsewhere (pageable) is copied all the same.
+  const float* sum = values[0].data<float>();
+  for (const auto& replica : replicas_on_) {
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(replica->device()));
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(replica->gradients(), sum, bytes,
+                                                 cudaMemcpyHostToDevice, replica->stream().get()));
+  }
+  if (sum != host_gradients_.data()) {
+    for (const auto& replica : replicas_on_)
+      STRATUM_RETURN_IF_ERROR(replica->stream().Synchronize());
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<EpochLog> GpuFit::Evaluate() {
   cuda::Replica& replica = *replicas_on_[0];
   const cuda::DeviceDataset& test = *gpus_[physical_[0]].test;
-  for (int64_t first = 0; first < test.rows; first += eval_batch_) {
-    const int rows = static_cast<int>(std::min(eval_batch_, test.rows - first));
+  // Several workers: each evaluates its part of the test set; the totals are summed.
+  const int64_t begin = test.rows * strategy_.worker_index() / workers_;
+  const int64_t end = test.rows * (strategy_.worker_index() + 1) / workers_;
+  for (int64_t first = begin; first < end; first += eval_batch_) {
+    const int rows = static_cast<int>(std::min(eval_batch_, end - first));
     STRATUM_RETURN_IF_ERROR(
         replica.EnqueueEvaluate(test, first, rows, static_cast<float>(data_.rescale)));
   }
   STRATUM_ASSIGN_OR_RETURN(StepStats total, replica.TakeMetrics(/*evaluation=*/true));
+  STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, total));
   EpochLog log;
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
@@ -268,7 +358,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   FitSummary summary;
   summary.strategy = strategy_.name();
   summary.num_replicas_in_sync = strategy_.NumReplicasInSync();
-  summary.num_workers = 1;
+  summary.num_workers = workers_;
   summary.resumed_from_step = state_.iteration;
   for (const nlohmann::json& log : state_.history) {
     summary.history.push_back(fit_internal::EpochLogFromJson(log));
@@ -326,6 +416,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       Accumulate(epoch_stats, stats);
     }
     state_.epoch_stats = StepStats{};
+    STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, epoch_stats));
     EpochLog log;
     log.epoch = epoch;
     log.steps = step;
@@ -333,8 +424,10 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
-    const int64_t trained = std::min(step * global_batch_, order_length_) -
-                            std::min(first_step * global_batch_, order_length_);
+    // Every worker trains as many full batches as this one.
+    const int64_t trained = (std::min(step * worker_batch_, order_length_) -
+                             std::min(first_step * worker_batch_, order_length_)) *
+                            workers_;
     log.examples_per_sec = static_cast<double>(trained) / std::max(log.seconds, 1e-9);
     train_seconds += log.seconds;
     train_examples += trained;
@@ -374,9 +467,6 @@ absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, con
                                      const Optimizer& optimizer, const FitData& data,
                                      const FitOptions& options) {
   STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(model, loss, optimizer));
-  if (strategy.num_workers() != 1) {
-    return absl::UnimplementedError("the GPU path of Fit trains one worker's replicas");
-  }
   GpuFit fit(strategy, model, loss, optimizer, data, options);
   return fit.Run();
 }

@@ -40,6 +40,14 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   STRATUM_ASSIGN_OR_RETURN(
       communication.implementation,
       CommunicationImplementationFromName(job.strategy.communication.implementation));
+  if (communication.implementation == CommunicationImplementation::kNccl) {
+    // One NCCL communicator per worker process would need a GPU per worker (NCCL refuses
+    // two ranks on one GPU); the GPU path sums across workers in host memory over the ring.
+    return absl::UnimplementedError(
+        "strategy.communication.implementation NCCL across workers is not implemented: "
+        "workers all-reduce through host memory over the TCP ring, also on GPUs; use RING or "
+        "AUTO");
+  }
   communication.bytes_per_pack = job.strategy.communication.bytes_per_pack;
   communication.timeout = absl::Seconds(job.strategy.communication.timeout_seconds);
   STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data));

@@ -1,6 +1,9 @@
 #include "stratum/worker/worker_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 #include "stratum/job/job_spec.h"
 #include "stratum/model/loss.h"
@@ -9,7 +12,12 @@
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/process_info.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/training_job.h"
+
+#if STRATUM_WITH_CUDA
+#include "gpu_train_steps.h"
+#endif
 
 namespace stratum {
 
@@ -24,11 +32,50 @@ class WorkerJob {
   std::unique_ptr<ShardedVariables> variables;
   std::vector<std::unique_ptr<Workspace>> workspaces;
   PerReplica<std::vector<Tensor>> gradients;
+#if STRATUM_WITH_CUDA
+  std::unique_ptr<GpuTrainSteps> gpu;  // set when the local replicas train on GPUs
+#endif
 
+  bool on_gpu() const {
+#if STRATUM_WITH_CUDA
+    return gpu != nullptr;
+#else
+    return false;
+#endif
+  }
   absl::StatusOr<std::vector<Tensor>> TrainSteps(int64_t steps);
+
+ private:
+  absl::StatusOr<PerReplica<StepStats>> CpuStep(const std::vector<Tensor>& values);
 };
 
 namespace {
+
+#if STRATUM_WITH_CUDA
+// Every local replica on a GPU: the GPU step, unless it cannot train this job (then the
+// CPU's, saying why).
+absl::Status SetUpGpu(WorkerJob& job, const JobSpec& spec, const FitData& data, uint64_t seed) {
+  const std::vector<std::string>& devices = job.strategy->devices();
+  if (!std::all_of(devices.begin(), devices.end(),
+                   [](const std::string& d) { return d.rfind("GPU:", 0) == 0; })) {
+    return absl::OkStatus();
+  }
+  GpuTrainStepsOptions options;
+  options.devices = devices;
+  options.batch_size_per_replica = spec.fit.batch_size_per_replica;
+  options.seed = seed;
+  absl::StatusOr<std::unique_ptr<GpuTrainSteps>> gpu =
+      GpuTrainSteps::Create(*job.model, *job.loss, data, options);
+  if (gpu.ok()) {
+    job.gpu = *std::move(gpu);
+    spdlog::info("the local replicas train on the GPU ({})", absl::StrJoin(devices, ", "));
+    return absl::OkStatus();
+  }
+  if (gpu.status().code() != absl::StatusCode::kUnimplemented) return gpu.status();
+  spdlog::info("training on the CPU: {}", std::string(gpu.status().message()));
+  return absl::OkStatus();
+}
+#endif
 
 absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request,
                                                     const ChannelOptions& channel) {
@@ -61,13 +108,18 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   // Every worker reads all the data in its own shuffled order (as TF's PS training does
   // with a repeated, shuffled per-worker dataset).
   const uint64_t seed = spec->fit.seed + 7919 * static_cast<uint64_t>(request.worker_index() + 1);
-  const Dataset batches =
-      MakeBatches(data->train, *job->model, spec->fit.batch_size_per_replica * replicas,
-                  data->rescale, spec->fit.shuffle_buffer, seed, /*repeat=*/true);
-  absl::StatusOr<DistributedDataset> distributed = job->strategy->ExperimentalDistributeDataset(
-      batches, {.auto_shard_policy = AutoShardPolicy::kOff});
-  if (!distributed.ok()) return distributed.status();
-  job->batches = distributed->MakeIterator();
+#if STRATUM_WITH_CUDA
+  STRATUM_RETURN_IF_ERROR(SetUpGpu(*job, *spec, *data, seed));
+#endif
+  if (!job->on_gpu()) {
+    const Dataset batches =
+        MakeBatches(data->train, *job->model, spec->fit.batch_size_per_replica * replicas,
+                    data->rescale, spec->fit.shuffle_buffer, seed, /*repeat=*/true);
+    absl::StatusOr<DistributedDataset> distributed = job->strategy->ExperimentalDistributeDataset(
+        batches, {.auto_shard_policy = AutoShardPolicy::kOff});
+    if (!distributed.ok()) return distributed.status();
+    job->batches = distributed->MakeIterator();
+  }
 
   std::vector<std::string> names;
   std::vector<Shape> shapes;
@@ -118,17 +170,26 @@ absl::Status PsFailure(const absl::Status& status) {
       absl::StrCat("a parameter server is unavailable: ", status.message()));
 }
 
+// One step of the local replicas on the CPU: the next batch, gradients into gradients[r].
+absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tensor>& values) {
+  absl::StatusOr<std::optional<PerReplica<Element>>> batch = batches->GetNext();
+  if (!batch.ok()) return batch.status();
+  if (!batch->has_value()) return absl::OutOfRangeError("the worker's dataset ended");
+  const PerReplica<Element>& parts = **batch;
+  int64_t rows = 0;
+  for (const Element& part : parts.values()) rows += part[0].rows();
+  return strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
+    const int r = context.local_replica_id();
+    return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
+                            1.0f / static_cast<float>(rows), *workspaces[static_cast<size_t>(r)],
+                            gradients[r]);
+  });
+}
+
 absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
   std::vector<Tensor> values;
-  double loss_sum = 0;
-  int64_t correct = 0, examples = 0;
+  StepStats sums{};
   for (int64_t step = 0; step < steps; ++step) {
-    absl::StatusOr<std::optional<PerReplica<Element>>> batch = batches->GetNext();
-    if (!batch.ok()) return batch.status();
-    if (!batch->has_value()) return absl::OutOfRangeError("the worker's dataset ended");
-    const PerReplica<Element>& parts = **batch;
-    int64_t rows = 0;
-    for (const Element& part : parts.values()) rows += part[0].rows();
     // The first step of a closure pulls; later ones use the values each push returns (one
     // round trip per step instead of two: the PS sends back its variables, other workers'
     // updates included, as they are after applying ours).
@@ -137,31 +198,40 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
       if (!pulled.ok()) return PsFailure(pulled.status());
       values = *std::move(pulled);
     }
-    absl::StatusOr<PerReplica<StepStats>> stats =
-        strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
-          const int r = context.local_replica_id();
-          return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
-                                  1.0f / static_cast<float>(rows),
-                                  *workspaces[static_cast<size_t>(r)], gradients[r]);
-        });
-    if (!stats.ok()) return stats.status();
     std::vector<Tensor>& total = gradients[0];
-    for (int r = 1; r < gradients.size(); ++r) {
-      for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
+#if STRATUM_WITH_CUDA
+    if (gpu != nullptr) {
+      // The sum over the local replicas comes back in `total`; the sums stay on the GPU.
+      if (absl::Status status = gpu->Step(values, total); !status.ok()) return status;
+    }
+#endif
+    if (batches != nullptr) {
+      absl::StatusOr<PerReplica<StepStats>> stats = CpuStep(values);
+      if (!stats.ok()) return stats.status();
+      for (int r = 1; r < gradients.size(); ++r) {
+        for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
+      }
+      for (const StepStats& s : stats->values()) {
+        sums.loss_sum += s.loss_sum;
+        sums.correct += s.correct;
+        sums.examples += s.examples;
+      }
     }
     const bool last = step + 1 == steps;
     if (absl::Status status = variables->Push(total, last ? nullptr : &values); !status.ok()) {
       return PsFailure(status);
     }
-    for (const StepStats& s : stats->values()) {
-      loss_sum += s.loss_sum;
-      correct += s.correct;
-      examples += s.examples;
-    }
   }
-  return std::vector<Tensor>{Tensor::Scalar(static_cast<float>(loss_sum)),
-                             Tensor::Scalar(static_cast<float>(correct)),
-                             Tensor::Scalar(static_cast<float>(examples))};
+#if STRATUM_WITH_CUDA
+  if (gpu != nullptr) {
+    absl::StatusOr<StepStats> taken = gpu->TakeMetrics();
+    if (!taken.ok()) return taken.status();
+    sums = *taken;
+  }
+#endif
+  return std::vector<Tensor>{Tensor::Scalar(static_cast<float>(sums.loss_sum)),
+                             Tensor::Scalar(static_cast<float>(sums.correct)),
+                             Tensor::Scalar(static_cast<float>(sums.examples))};
 }
 
 WorkerService::WorkerService(ChannelOptions channel) : channel_(std::move(channel)) {}

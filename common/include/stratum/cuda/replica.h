@@ -105,6 +105,10 @@ class Replica {
 
   // The flat gradient buffer (every variable, 256-byte aligned) and its length in floats.
   float* gradients() const { return gradients_.as<float>(); }
+  // The flat variable buffer, laid out as gradients(): variable i starts at offset(i).
+  // Writers queue on stream() (a parameter server's values uploaded before a step).
+  float* variables() const { return params_.as<float>(); }
+  int64_t offset(int index) const { return offsets_[static_cast<size_t>(index)]; }
   int64_t flat_size() const { return flat_size_; }
   const Stream& stream() const { return stream_; }
   int device() const { return options_.device; }
