@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -380,43 +379,6 @@ TEST(DatasetTest, FromIdxFilesReadsPairsLazily) {
   EXPECT_THAT(Message(next.status()), AllOf(HasSubstr(first.first), HasSubstr(second.second),
                                             HasSubstr("[2, 2, 2]"), HasSubstr("[3]")));
   EXPECT_FALSE(Dataset::FromIdxFiles({}).status().ok());
-}
-
-// Not a timed test: prints the input pipeline's throughput as JSON. Run with
-// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
-TEST(DatasetTest, DISABLED_Throughput) {
-  constexpr int kRows = 60000;
-  Tensor images(DType::kUInt8, Shape({kRows, 784}));
-  for (int64_t i = 0; i < images.num_elements(); ++i) {
-    images.data<uint8_t>()[i] = static_cast<uint8_t>(i * 31);
-  }
-  Tensor labels(DType::kUInt8, Shape({kRows}));
-  Dataset ds = Dataset::FromTensorSlices({images, labels})
-                   .Shuffle(10000, 1)
-                   .Batch(64)
-                   .Map([](Element batch) -> absl::StatusOr<Element> {
-                     Tensor x(DType::kFloat32, batch[0].shape());
-                     x.Flat<float>() = batch[0].Flat<uint8_t>().cast<float>() * (1.0f / 255);
-                     return Element{std::move(x), std::move(batch[1])};
-                   });
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    const auto start = std::chrono::steady_clock::now();
-    int64_t examples = 0;
-    std::unique_ptr<Iterator> it = ds.MakeIterator();
-    while (true) {
-      absl::StatusOr<std::optional<Element>> next = it->GetNext();
-      ASSERT_TRUE(next.ok());
-      if (!next->has_value()) break;
-      examples += (**next)[0].rows();
-    }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ASSERT_EQ(examples, kRows);
-    std::printf(
-        "{\"name\": \"input_pipeline_slices_shuffle10000_batch64_map\", \"epoch\": %d, "
-        "\"value\": %.0f, \"unit\": \"examples/s\", \"goal\": 300000}\n",
-        epoch, examples / seconds);
-  }
 }
 
 }  // namespace
