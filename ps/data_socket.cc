@@ -18,6 +18,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/net/unix_socket.h"
 
 namespace stratum {
 namespace {
@@ -26,15 +27,6 @@ std::string ErrnoText(int error) { return std::strerror(error); }
 
 absl::Status PastDeadline(const char* what) {
   return absl::DeadlineExceededError(absl::StrCat("deadline passed while ", what));
-}
-
-// The abstract-namespace address of `name`.
-socklen_t UnixAddress(const std::string& name, sockaddr_un* address) {
-  std::memset(address, 0, sizeof(*address));
-  address->sun_family = AF_UNIX;
-  const size_t length = std::min(name.size(), sizeof(address->sun_path) - 1);
-  std::memcpy(address->sun_path + 1, name.data(), length);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
 }
 
 // Waits for a non-blocking connect to finish.
@@ -316,7 +308,7 @@ absl::StatusOr<DataSocket> ConnectTcp(const std::string& host, int port, absl::T
 
 absl::StatusOr<DataSocket> ConnectUnix(const std::string& name, absl::Time deadline) {
   sockaddr_un address;
-  const socklen_t length = UnixAddress(name, &address);
+  const socklen_t length = AbstractUnixAddress(name, &address);
   return ConnectTo(AF_UNIX, reinterpret_cast<const sockaddr*>(&address), length, deadline);
 }
 
@@ -358,16 +350,9 @@ absl::StatusOr<DataSocket> ListenTcp(const std::string& host, int port, int* bou
 }
 
 absl::StatusOr<DataSocket> ListenUnix(const std::string& name) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  DataSocket listener(fd, true);
-  sockaddr_un address;
-  const socklen_t length = UnixAddress(name, &address);
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 || listen(fd, 64) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on the Unix socket @", name, ": ", ErrnoText(errno)));
-  }
-  return listener;
+  absl::StatusOr<int> fd = ListenAbstractUnix(name);
+  if (!fd.ok()) return fd.status();
+  return DataSocket(*fd, true);
 }
 
 absl::StatusOr<DataSocket> Accept(const DataSocket& listener) {
