@@ -1,4 +1,5 @@
-// All-reduce bus bandwidth of Stratum's collectives (ring over TCP on loopback) for 4 KiB
+// All-reduce bus bandwidth of Stratum's collectives (ring over same-host Unix sockets, or
+// loopback TCP with --nounix_sockets) for 4 KiB
 // to 64 MiB float32 with 2 and 4 processes, beside Gloo's ring through PyTorch measured in
 // the same run (when python3-torch is installed). busbw = algbw * 2(n-1)/n, as NCCL and
 // the anchors report it. Each size: the median of 20 runs (8 from 16 MiB up) after 2
@@ -37,6 +38,9 @@ ABSL_FLAG(std::string, sizes_kib, "4,256,4096,16384,65536",
 ABSL_FLAG(int, iterations, 0,
           "Timed runs per size; 0: 20 up to 4 MiB, 8 above (more for profiling)");
 ABSL_FLAG(bool, gloo, true, "Also measure Gloo through PyTorch, side by side");
+ABSL_FLAG(bool, unix_sockets, true,
+          "Ranks reach each other over Unix sockets (the default for ranks of one host); "
+          "false: loopback TCP only");
 ABSL_FLAG(int, pairs, 2,
           "Runs of each side, taking turns (Stratum, Gloo, Gloo, Stratum, ...); figures are "
           "their means");
@@ -64,7 +68,10 @@ int RunRank(int rank, int size, const std::string& leader) {
     return 1;
   }
   CoordinationRendezvous rendezvous(**agent);
-  TcpTransportOptions tcp{.rank = rank, .size = size, .connect_timeout = absl::Seconds(30)};
+  TcpTransportOptions tcp{.rank = rank,
+                          .size = size,
+                          .connect_timeout = absl::Seconds(30),
+                          .same_host_unix_sockets = absl::GetFlag(FLAGS_unix_sockets)};
   auto transport = ConnectTcpTransport(tcp, rendezvous);
   if (!transport.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(transport.status().message()).c_str());
@@ -123,7 +130,8 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n) {
       outputs[r] =
           bench::RunProgram({program, absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
                              "--leader=" + address, "--sizes_kib=" + absl::GetFlag(FLAGS_sizes_kib),
-                             absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations))},
+                             absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations)),
+                             absl::StrCat("--unix_sockets=", absl::GetFlag(FLAGS_unix_sockets))},
                             absl::Minutes(10));
     });
   }
@@ -206,8 +214,9 @@ int RunParent() {
     const std::map<size_t, double> gloo = Mean(gloo_busbw);
     const std::map<size_t, double> seconds = Mean(stratum_seconds);
     for (const auto& [bytes, busbw] : Mean(stratum_busbw)) {
-      const std::string setup = absl::StrCat(n, " processes, loopback TCP, ring, float32 ",
-                                             bytes >> 10, " KiB, mean of ", pairs, " runs");
+      const std::string setup = absl::StrCat(
+          n, " processes, ", absl::GetFlag(FLAGS_unix_sockets) ? "Unix sockets" : "loopback TCP",
+          ", ring, float32 ", bytes >> 10, " KiB, mean of ", pairs, " runs");
       const std::string name = absl::StrCat("allreduce_busbw_n", n, "_", bytes >> 10, "KiB");
       bench::PrintFigure(name, busbw, "GB/s", nlohmann::json(), "at_least", setup);
       if (bytes == (4 << 10) && n == 2) {

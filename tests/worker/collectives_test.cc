@@ -1,6 +1,6 @@
-// Collectives over N ranks on N threads, once per transport (in-process and TCP on
-// 127.0.0.1), as Gloo tests them; plus the failures users hit: a dead peer, a stuck peer,
-// ranks that disagree about sizes.
+// Collectives over N ranks on N threads, once per transport (in-process, TCP on 127.0.0.1,
+// and the same-host Unix socket links), as Gloo tests them; plus the failures users hit: a
+// dead peer, a stuck peer, ranks that disagree about sizes, a stranger without the token.
 #include "stratum/worker/collective/collectives.h"
 
 #include <cstring>
@@ -17,7 +17,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
-enum class Kind { kInProcess, kTcp };
+// kTcp: TCP only; kUnix: ConnectTcpTransport with its same-host Unix sockets.
+enum class Kind { kInProcess, kTcp, kUnix };
+
+std::string KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kInProcess:
+      return "InProcess";
+    case Kind::kTcp:
+      return "Tcp";
+    case Kind::kUnix:
+      return "Unix";
+  }
+  return "?";
+}
 
 struct Group {
   std::vector<std::unique_ptr<Collectives>> ranks;
@@ -36,7 +49,10 @@ Group MakeGroup(Kind kind, int n, CommunicationOptions options = {}) {
     std::vector<absl::Status> statuses(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
-        TcpTransportOptions tcp{.rank = r, .size = n, .connect_timeout = absl::Seconds(10)};
+        TcpTransportOptions tcp{.rank = r,
+                                .size = n,
+                                .connect_timeout = absl::Seconds(10),
+                                .same_host_unix_sockets = kind == Kind::kUnix};
         for (int i = 0; i < n; ++i) tcp.names.push_back(absl::StrCat("worker:", i));
         auto transport = ConnectTcpTransport(tcp, *rendezvous);
         statuses[r] = transport.status();
@@ -189,16 +205,36 @@ TEST_P(CollectivesTest, AWindowedReceiveDeliversEveryByteInOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, CollectivesTest,
-                         ::testing::Combine(::testing::Values(Kind::kInProcess, Kind::kTcp),
+                         ::testing::Combine(::testing::Values(Kind::kInProcess, Kind::kTcp,
+                                                              Kind::kUnix),
                                             ::testing::Values(2, 3, 4)),
                          [](const auto& info) {
-                           return absl::StrCat(
-                               std::get<0>(info.param) == Kind::kTcp ? "Tcp" : "InProcess",
-                               std::get<1>(info.param), "Ranks");
+                           return absl::StrCat(KindName(std::get<0>(info.param)),
+                                               std::get<1>(info.param), "Ranks");
                          });
 
-TEST(TcpCollectivesTest, ADeadPeerIsAnErrorNamingItAtOnce) {
-  Group group = MakeGroup(Kind::kTcp, 3, {.timeout = absl::Seconds(30)});
+// The socket transports, over TCP only and with same-host Unix sockets.
+class SocketCollectivesTest : public ::testing::TestWithParam<Kind> {};
+
+INSTANTIATE_TEST_SUITE_P(Links, SocketCollectivesTest, ::testing::Values(Kind::kTcp, Kind::kUnix),
+                         [](const auto& info) { return KindName(info.param); });
+
+TEST_P(SocketCollectivesTest, RanksOfOneHostUseTheLinkAskedFor) {
+  Group group = MakeGroup(GetParam(), 3);
+  const PeerLink expected = GetParam() == Kind::kUnix ? PeerLink::kUnix : PeerLink::kTcp;
+  for (int r = 0; r < 3; ++r) {
+    for (int peer = 0; peer < 3; ++peer) {
+      if (peer == r) continue;
+      absl::StatusOr<PeerLink> link = TcpPeerLink(group.ranks[r]->transport(), peer);
+      ASSERT_TRUE(link.ok()) << link.status();
+      EXPECT_EQ(*link, expected) << "rank " << r << " to rank " << peer;
+    }
+  }
+  EXPECT_FALSE(TcpPeerLink(group.ranks[0]->transport(), 0).ok());
+}
+
+TEST_P(SocketCollectivesTest, ADeadPeerIsAnErrorNamingItAtOnce) {
+  Group group = MakeGroup(GetParam(), 3, {.timeout = absl::Seconds(30)});
   // worker:2 dies before the all-reduce: its sockets close.
   group.ranks[2].reset();
   std::vector<float> data(1 << 20, 1.0f);
@@ -210,8 +246,8 @@ TEST(TcpCollectivesTest, ADeadPeerIsAnErrorNamingItAtOnce) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("exited or crashed"));
 }
 
-TEST(TcpCollectivesTest, AStuckPeerIsADeadlineNamingIt) {
-  Group group = MakeGroup(Kind::kTcp, 2, {.timeout = absl::Milliseconds(500)});
+TEST_P(SocketCollectivesTest, AStuckPeerIsADeadlineNamingIt) {
+  Group group = MakeGroup(GetParam(), 2, {.timeout = absl::Milliseconds(500)});
   std::vector<float> data(100, 1.0f);
   // worker:1 is alive but never joins the all-reduce.
   const absl::Time start = absl::Now();
@@ -234,26 +270,41 @@ TEST(TcpTransportTest, APeerThatNeverStartsIsNamed) {
   EXPECT_THAT(std::string(transport.status().message()), HasSubstr("worker:1"));
 }
 
-TEST(TcpTransportTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
+TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
+  const bool unix_sockets = GetParam() == Kind::kUnix;
   std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
   // A rank-0 impostor that publishes a token but connects with another one.
-  TcpTransportOptions options{.rank = 1, .size = 2, .connect_timeout = absl::Seconds(1)};
+  TcpTransportOptions options{.rank = 1,
+                              .size = 2,
+                              .connect_timeout = absl::Seconds(1),
+                              .same_host_unix_sockets = unix_sockets};
   ASSERT_TRUE(rendezvous->Set("collective/tcp/token", "12345").ok());
+  absl::StatusOr<PeerLink> impostor_link = absl::UnknownError("the impostor did not connect");
   std::thread impostor([&] {
     auto address = rendezvous->Get("collective/tcp/address/1", absl::Seconds(5));
     if (!address.ok()) return;
-    TcpTransportOptions fake{
-        .rank = 0, .size = 2, .key_prefix = "other", .connect_timeout = absl::Seconds(1)};
-    // Connects with a different token: rank 1 must keep waiting, then time out.
+    TcpTransportOptions fake{.rank = 0,
+                             .size = 2,
+                             .key_prefix = "other",
+                             .connect_timeout = absl::Seconds(1),
+                             .same_host_unix_sockets = unix_sockets};
+    // Connects with a different token (over the link the test asks for): rank 1 must keep
+    // waiting, then time out.
     auto other = NewInMemoryRendezvous();
     (void)other->Set("other/address/1", *address);
-    (void)ConnectTcpTransport(fake, *other);
+    (void)other->Set("other/unix/1",
+                     rendezvous->Get("collective/tcp/unix/1", absl::ZeroDuration()).value_or(""));
+    auto transport = ConnectTcpTransport(fake, *other);
+    if (transport.ok()) impostor_link = TcpPeerLink(**transport, 1);
   });
   auto transport = ConnectTcpTransport(options, *rendezvous);
   impostor.join();
   ASSERT_FALSE(transport.ok());
   EXPECT_EQ(transport.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(transport.status().message()), HasSubstr("rank 0"));
+  ASSERT_TRUE(impostor_link.ok()) << impostor_link.status();
+  EXPECT_EQ(*impostor_link, unix_sockets ? PeerLink::kUnix : PeerLink::kTcp)
+      << "the stranger did not come over the link under test";
 }
 
 }  // namespace

@@ -5,6 +5,15 @@
 // token (drawn by rank 0 and shared through the rendezvous) and the caller's rank, so a
 // stray or foreign connection is refused instead of being taken for a peer.
 //
+// Ranks of one host skip TCP: each rank also listens on an abstract Unix socket under a
+// random name, which it publishes beside its address only once bound (so no other process
+// can hold that name first and collect the token from a hello). A connecting rank tries
+// that name first and falls back to TCP when it does not answer: the peer is on another
+// host or in another network namespace. Loopback TCP spends most of its time in the
+// kernel's TCP/IP stack and softirqs; a Unix socket only copies, as NCCL's and MPI's
+// intra-node transports avoid the network stack. Hello, framing, deadlines and error
+// messages are the same on both links.
+//
 // Sockets are non-blocking and every Exchange is one poll loop over the two sockets it
 // uses, so a send and a receive progress together and the deadline bounds the whole call.
 #pragma once
@@ -32,11 +41,21 @@ struct TcpTransportOptions {
   std::string key_prefix = "collective/tcp";
   // How long to wait for every peer to publish its address and connect.
   absl::Duration connect_timeout = absl::Minutes(2);
+  // Reach ranks of this host (same network namespace) over a Unix socket; false: TCP to
+  // every rank (to compare the two, or where Unix sockets are not wanted).
+  bool same_host_unix_sockets = true;
 };
+
+// The kind of socket a transport uses to reach a peer.
+enum class PeerLink { kTcp, kUnix };
 
 // Connects rank `options.rank` to every other rank. DEADLINE_EXCEEDED naming the ranks that
 // never connected; UNAVAILABLE naming an address that cannot be reached.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTransportOptions& options,
                                                                Rendezvous& rendezvous);
+
+// How `transport` (made by ConnectTcpTransport) reaches `rank`. INVALID_ARGUMENT for
+// another kind of transport, for its own rank, or a rank out of range.
+absl::StatusOr<PeerLink> TcpPeerLink(const Transport& transport, int rank);
 
 }  // namespace stratum
