@@ -175,8 +175,9 @@ absl::StatusOr<Socket> Connect(const std::string& address, absl::Time deadline) 
 // a full backlog (EAGAIN) is left to TCP rather than waited out.
 absl::StatusOr<Socket> ConnectUnix(const std::string& name) {
   Socket connection(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!connection.valid())
+  if (!connection.valid()) {
     return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  }
   sockaddr_un address;
   const socklen_t length = AbstractUnixAddress(name, &address);
   if (connect(connection.fd(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
@@ -378,7 +379,8 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int tcp_listen
   return absl::OkStatus();
 }
 
-// Reaches `peer` at `tcp_address`, over its Unix socket `unix_name` first when not empty.
+// Connects to a peer over its Unix socket `unix_name` when not empty and answering, else
+// over TCP to `tcp_address` (retrying until `deadline`).
 absl::StatusOr<std::pair<Socket, PeerLink>> ConnectPeer(const std::string& tcp_address,
                                                         const std::string& unix_name,
                                                         absl::Time deadline) {
