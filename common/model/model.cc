@@ -511,16 +511,22 @@ struct Model::Impl {
   }
 };
 
+// Scratch floats aligned as Eigen's packets are. Eigen's vectorised sums peel a start that
+// is not packet-aligned, so the rounding of a sum depends on where its buffer lies: with
+// malloc's 16-byte alignment, a multi-threaded process (whose allocation addresses vary from
+// run to run) trained to different bits each run.
+using Floats = std::vector<float, Eigen::aligned_allocator<float>>;
+
 struct Workspace::State {
   explicit State(uint64_t seed) : rng(seed) {}
 
   int64_t capacity = 0;
   std::vector<int64_t> signature;
-  std::vector<std::vector<float>> outputs;  // per layer; empty where the output aliases
-  std::vector<std::vector<float>> logits;   // per softmax Dense layer
-  std::vector<std::vector<float>> masks;    // per Dropout layer
-  std::vector<const float*> acts;           // acts[i]: input of layer i; acts.back(): output
-  std::vector<float> grad_a, grad_b;
+  std::vector<Floats> outputs;     // per layer; empty where the output aliases
+  std::vector<Floats> logits;      // per softmax Dense layer
+  std::vector<Floats> masks;       // per Dropout layer
+  std::vector<const float*> acts;  // acts[i]: input of layer i; acts.back(): output
+  Floats grad_a, grad_b;
   std::mt19937_64 rng;
 };
 
