@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,21 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   return absl::ResourceExhaustedError(absl::StrCat("found no free port on ", host, " in ",
                                                    kAttempts, " tries between ", kLowestPort,
                                                    " and ", kHighestPort));
+}
+
+absl::StatusOr<std::vector<int>> PickFreePorts(int count, const std::string& host) {
+  std::vector<int> picked;
+  for (int attempt = 0; static_cast<int>(picked.size()) < count; ++attempt) {
+    if (attempt == count + kAttempts) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("found only ", picked.size(), " of ", count, " different free ports on ",
+                       host, " between ", kLowestPort, " and ", kHighestPort));
+    }
+    absl::StatusOr<int> port = PickFreePort(host);
+    if (!port.ok()) return port.status();
+    if (std::find(picked.begin(), picked.end(), *port) == picked.end()) picked.push_back(*port);
+  }
+  return picked;
 }
 
 }  // namespace stratum

@@ -54,9 +54,10 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   for (int i = 0; i < options.num_workers; ++i) order.push_back({kWorker, i});
   if (options.evaluator) order.push_back({kEvaluator, 0});
   if (options.chief) order.push_back({kChief, 0});
-  for (const TaskKey& task : order) {
-    STRATUM_ASSIGN_OR_RETURN(int port, PickFreePort(options.host));
-    plan.spec.SetTask(task.type, task.index, absl::StrCat(options.host, ":", port));
+  STRATUM_ASSIGN_OR_RETURN(std::vector<int> ports,
+                           PickFreePorts(static_cast<int>(order.size()), options.host));
+  for (size_t i = 0; i < order.size(); ++i) {
+    plan.spec.SetTask(order[i].type, order[i].index, absl::StrCat(options.host, ":", ports[i]));
   }
   plan.main_task = options.chief ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
 

@@ -33,10 +33,15 @@ namespace fs = std::filesystem;
 const nlohmann::json kSgd =
     nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
 
-std::string FreeAddress() {
-  absl::StatusOr<int> port = PickFreePort();
-  EXPECT_TRUE(port.ok()) << port.status();
-  return "127.0.0.1:" + std::to_string(port.ok() ? *port : 0);
+// `count` different loopback addresses with free ports.
+std::vector<std::string> FreeAddresses(int count) {
+  absl::StatusOr<std::vector<int>> ports = PickFreePorts(count);
+  EXPECT_TRUE(ports.ok()) << ports.status();
+  std::vector<std::string> addresses;
+  for (int i = 0; i < count; ++i) {
+    addresses.push_back(absl::StrCat("127.0.0.1:", ports.ok() ? (*ports)[i] : 0));
+  }
+  return addresses;
 }
 
 // Runs a command to its end; returns its output, or an error with it.
@@ -131,8 +136,9 @@ std::string* TlsTest::root_ = nullptr;
 class TlsPsTest : public TlsTest {
  protected:
   void SetUp() override {
-    address_ = FreeAddress();
-    health_address_ = FreeAddress();
+    const std::vector<std::string> addresses = FreeAddresses(2);
+    address_ = addresses[0];
+    health_address_ = addresses[1];
     cluster_.SetTask("ps", 0, address_);
     std::vector<std::string> args = Cluster().Flags();
     args.push_back("--health_port=" + health_address_.substr(health_address_.rfind(':') + 1));
@@ -225,9 +231,10 @@ TEST_F(TlsPsTest, HealthPortStopsWithTheServer) {
 class TlsCluster {
  public:
   explicit TlsCluster(const CertDir& certs) {
-    cluster_.SetTask("chief", 0, FreeAddress());
-    cluster_.SetTask("worker", 0, FreeAddress());
-    cluster_.SetTask("ps", 0, FreeAddress());
+    const std::vector<std::string> addresses = FreeAddresses(3);
+    cluster_.SetTask("chief", 0, addresses[0]);
+    cluster_.SetTask("worker", 0, addresses[1]);
+    cluster_.SetTask("ps", 0, addresses[2]);
     env_ = {{"STRATUM_TLS_CERT", certs.dir + "/tls.crt"},
             {"STRATUM_TLS_KEY", certs.dir + "/tls.key"},
             {"STRATUM_TLS_CA", certs.dir + "/ca.crt"},

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +35,17 @@ std::unique_ptr<TaskServer> Serve(const TaskKey& task, const std::string& addres
   auto server = TaskServer::Start(ServerOptions(task, address));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(FreePortTest, PicksDifferentPortsThatCanBeBound) {
+  // Many at once, so that single random picks would collide now and then.
+  absl::StatusOr<std::vector<int>> ports = PickFreePorts(300);
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  std::vector<int> sorted = *ports;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  EXPECT_EQ(sorted.size(), 300u);
+  EXPECT_FALSE(PickFreePorts(1, "not-an-address").ok());
 }
 
 TEST(TaskServerTest, ServesHealthAndTaskStatus) {

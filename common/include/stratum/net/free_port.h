@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -12,5 +13,8 @@ namespace stratum {
 // outgoing connections, and each is checked by binding it. Another process may still take
 // it before the caller binds it; callers start servers right away.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
+
+// `count` different free ports on `host` (single picks may draw the same port twice).
+absl::StatusOr<std::vector<int>> PickFreePorts(int count, const std::string& host = "127.0.0.1");
 
 }  // namespace stratum
