@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/worker/coordination_client.h"
 #include "stratum/worker/coordination_grpc_service.h"
 #include "stratum/worker/coordination_service.h"
@@ -22,12 +23,7 @@ using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-MATCHER_P2(StatusIs, code, message, "") {
-  const absl::Status& status = arg;
-  *result_listener << "status is " << status;
-  return status.code() == code &&
-         ::testing::ExplainMatchResult(message, std::string(status.message()), result_listener);
-}
+using testing::StatusIs;
 
 constexpr int kTasks = 3;
 constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(1);

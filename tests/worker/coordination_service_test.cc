@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/testing/status_matchers.h"
 #include "stratum/worker/coordination_client.h"
 
 namespace stratum {
@@ -17,12 +18,7 @@ using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-MATCHER_P2(StatusIs, code, message, "") {
-  const absl::Status& status = arg;
-  *result_listener << "status is " << status;
-  return status.code() == code &&
-         ::testing::ExplainMatchResult(message, std::string(status.message()), result_listener);
-}
+using testing::StatusIs;
 
 const TaskKey kW0{"worker", 0};
 const TaskKey kW1{"worker", 1};
