@@ -35,6 +35,12 @@ namespace fit_internal {
 // The examples of `dataset` (at most `examples`) as two tensors (features, labels), in
 // order. UNIMPLEMENTED when it yields no (features, labels) pairs.
 absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, int64_t examples);
+// The same for training data the GPU path keeps on the GPU: also UNIMPLEMENTED when the
+// features are not uint8 (the job trains on the CPU), INVALID_ARGUMENT when an example is
+// not `model`'s input size.
+absl::StatusOr<std::pair<Tensor, Tensor>> MaterializeTrainingData(const Dataset& dataset,
+                                                                  int64_t examples,
+                                                                  const Model& model);
 // The example order of one epoch: full shuffles of the n examples, `length` indices, a
 // function of the seed and the epoch.
 void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out);

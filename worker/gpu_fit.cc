@@ -52,6 +52,22 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, in
   return std::make_pair((*all)[0], (*all)[1]);
 }
 
+absl::StatusOr<std::pair<Tensor, Tensor>> MaterializeTrainingData(const Dataset& dataset,
+                                                                  int64_t examples,
+                                                                  const Model& model) {
+  STRATUM_ASSIGN_OR_RETURN(auto train, Materialize(dataset, examples));
+  if (train.first.dtype() != DType::kUInt8) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the GPU path keeps uint8 examples on the GPU, and these are ", train.first.DebugString()));
+  }
+  if (train.first.row_size() != model.input_shape().num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data's examples are ", train.first.DebugString(), " but the model takes ",
+        model.input_shape().ToString(), " per example: fix the model's input shape or the data"));
+  }
+  return train;
+}
+
 void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
   std::vector<int32_t> permutation(static_cast<size_t>(n));
@@ -68,6 +84,7 @@ namespace {
 
 using fit_internal::DrawOrder;
 using fit_internal::Materialize;
+using fit_internal::MaterializeTrainingData;
 
 // What one physical GPU holds for the replicas on it.
 struct GpuSlot {
@@ -143,16 +160,8 @@ absl::Status GpuFit::Setup() {
     STRATUM_ASSIGN_OR_RETURN(shard, AutoShard(data_.train, options_.auto_shard_policy, workers_,
                                               strategy_.worker_index()));
   }
-  STRATUM_ASSIGN_OR_RETURN(auto train, Materialize(shard, data_.train_examples));
-  if (train.first.dtype() != DType::kUInt8) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the GPU path keeps uint8 examples on the GPU, and these are ", train.first.DebugString()));
-  }
-  if (train.first.row_size() != model_.input_shape().num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data's examples are ", train.first.DebugString(), " but the model takes ",
-        model_.input_shape().ToString(), " per example: fix the model's input shape or the data"));
-  }
+  STRATUM_ASSIGN_OR_RETURN(auto train,
+                           MaterializeTrainingData(shard, data_.train_examples, model_));
   train_rows_ = train.first.rows();
   const bool fixed_steps = options_.steps_per_epoch > 0;
   if (workers_ == 1) {

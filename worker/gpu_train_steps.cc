@@ -64,16 +64,8 @@ absl::Status GpuTrainSteps::Impl::Setup(const FitData& data) {
     }
     physical.push_back(gpu);
   }
-  STRATUM_ASSIGN_OR_RETURN(auto train, fit_internal::Materialize(data.train, data.train_examples));
-  if (train.first.dtype() != DType::kUInt8) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the GPU path keeps uint8 examples on the GPU, and these are ", train.first.DebugString()));
-  }
-  if (train.first.row_size() != model.input_shape().num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data's examples are ", train.first.DebugString(), " but the model takes ",
-        model.input_shape().ToString(), " per example: fix the model's input shape or the data"));
-  }
+  STRATUM_ASSIGN_OR_RETURN(
+      auto train, fit_internal::MaterializeTrainingData(data.train, data.train_examples, model));
   rescale = data.rescale;
   rows = train.first.rows();
   worker_batch = options.batch_size_per_replica * static_cast<int64_t>(physical.size());
