@@ -12,6 +12,7 @@
 #include "fit_internal.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
+#include "stratum/worker/multi_worker_mirrored_strategy.h"
 
 namespace stratum {
 namespace fit_internal {
@@ -300,6 +301,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
         options.epochs, ", batch_size_per_replica ", options.batch_size_per_replica,
         ", steps_per_epoch ", options.steps_per_epoch));
   }
+  std::string why_on_cpu;  // why a job on GPUs trains on the CPU
 #if STRATUM_WITH_CUDA
   // Every replica on a GPU: the GPU path, unless it cannot train this job (every worker
   // decides alike: the same job on the same kind of devices).
@@ -310,12 +312,21 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     if (trained.ok() || trained.status().code() != absl::StatusCode::kUnimplemented) {
       return trained;
     }
-    if (options.progress != ProgressStyle::kNone) {
-      std::fprintf(options.out, "training on the CPU: %s\n",
-                   std::string(trained.status().message()).c_str());
-    }
+    why_on_cpu = std::string(trained.status().message());
   }
 #endif
+  // NCCL sums device buffers: the CPU path would quietly use the ring instead.
+  const auto* multi_worker = dynamic_cast<const MultiWorkerMirroredStrategy*>(&strategy);
+  if (multi_worker != nullptr &&
+      multi_worker->communication().implementation == CommunicationImplementation::kNccl) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "communication implementation NCCL sums GPU tensors, and this job trains on the CPU (",
+        why_on_cpu.empty() ? "its replicas are on the CPU" : why_on_cpu,
+        "): use strategy.communication.implementation RING or AUTO"));
+  }
+  if (!why_on_cpu.empty() && options.progress != ProgressStyle::kNone) {
+    std::fprintf(options.out, "training on the CPU: %s\n", why_on_cpu.c_str());
+  }
   const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
   const int64_t worker_batch = options.batch_size_per_replica * replicas;
   const bool fixed_steps = options.steps_per_epoch > 0;

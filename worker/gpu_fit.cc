@@ -11,7 +11,11 @@
 // as the CPU path; after the local all-reduce each step's flat gradient buffer goes to
 // pinned host memory, through the strategy's cross-worker all-reduce (the TCP ring) and
 // back to every replica before the optimizer runs on the device. The ring hands every
-// worker the same bits, so the variables stay bit-identical across workers. Evaluation
+// worker the same bits, so the variables stay bit-identical across workers. With
+// communication NCCL, one NCCL group over every replica of every worker sums the gradients
+// on the devices instead (no local all-reduce, no host copy; NCCL's ring and tree also hand
+// every rank the same bits), and the host waits, with the deadline, only for the all-reduce
+// queued two steps before. Evaluation
 // splits the test set over the workers and sums the totals, as the CPU path does.
 //
 // The order of examples differs from the CPU path's shuffle buffer (a full shuffle per
@@ -29,9 +33,12 @@
 #include "stratum/cuda/all_reduce.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/device.h"
+#include "stratum/cuda/nccl_group.h"
 #include "stratum/cuda/replica.h"
 #include "stratum/util/devices.h"
 #include "stratum/util/status_macros.h"
+#include "stratum/worker/collective/nccl_across_workers.h"
+#include "stratum/worker/multi_worker_mirrored_strategy.h"
 
 namespace stratum {
 namespace {
@@ -113,6 +120,10 @@ class GpuFit {
   absl::Status UploadOrder(int64_t epoch);
   absl::Status Step(int64_t step, int64_t epoch);
   absl::Status AllReduceAcrossWorkers();
+  absl::Status FormNcclGroup(const MultiWorkerMirroredStrategy& strategy);
+  // Before the host reads anything the steps wrote: the NCCL all-reduces in flight end (or
+  // fail) within their deadline, so the host never blocks behind a dead peer.
+  absl::Status WaitForCollectives() { return nccl_ != nullptr ? nccl_->Wait() : absl::OkStatus(); }
   absl::StatusOr<EpochLog> Evaluate();
   absl::Status SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
                           const nlohmann::json& history, int64_t iteration);
@@ -135,6 +146,7 @@ class GpuFit {
   std::map<int, GpuSlot> gpus_;  // by physical device
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
   std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
+  std::unique_ptr<cuda::NcclGroup> nccl_;  // communication NCCL: every replica of every worker
   cuda::PinnedBuffer host_order_[2];
   cuda::PinnedBuffer host_gradients_;  // several workers: the cross-worker all-reduce's buffer
   FitState state_;
@@ -226,6 +238,11 @@ absl::Status GpuFit::Setup() {
     STRATUM_RETURN_IF_ERROR(replica->SetState(state_.variables, state_.slots, state_.iteration));
     replicas_on_.push_back(std::move(replica));
   }
+  const auto* multi_worker = dynamic_cast<const MultiWorkerMirroredStrategy*>(&strategy_);
+  if (multi_worker != nullptr &&
+      multi_worker->communication().implementation == CommunicationImplementation::kNccl) {
+    return FormNcclGroup(*multi_worker);
+  }
   if (workers_ > 1) {
     STRATUM_ASSIGN_OR_RETURN(
         host_gradients_, cuda::PinnedBuffer::Allocate(
@@ -241,6 +258,22 @@ absl::Status GpuFit::Setup() {
                                                nccl != nullptr ? nccl->num_packs() : 1, physical_,
                                                allocators, replicas_on_[0]->flat_size()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuFit::FormNcclGroup(const MultiWorkerMirroredStrategy& strategy) {
+  if (strategy.rendezvous() == nullptr) {
+    return absl::FailedPreconditionError(
+        "communication implementation NCCL forms its group through the coordination service, "
+        "and this MultiWorkerMirroredStrategy was created without a rendezvous: pass one to "
+        "MultiWorkerMirroredStrategy::Create");
+  }
+  NcclAcrossWorkersOptions nccl;
+  nccl.worker = strategy.worker_index();
+  nccl.worker_names = strategy.WorkerNames();
+  nccl.devices = physical_;
+  nccl.timeout = strategy.communication().timeout;
+  STRATUM_ASSIGN_OR_RETURN(nccl_, FormNcclAcrossWorkers(nccl, *strategy.rendezvous()));
   return absl::OkStatus();
 }
 
@@ -271,7 +304,7 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
                                  : std::min(worker_batch_, order_length_ - step * worker_batch_);
   // The loss is the mean over the examples of every worker's step.
   const float loss_scale = 1.0f / static_cast<float>(rows_total * workers_);
-  const bool alone = replicas_ == 1 && workers_ == 1;
+  const bool alone = replicas_ == 1 && workers_ == 1 && nccl_ == nullptr;
   int64_t offset = 0;
   for (int r = 0; r < replicas_; ++r) {
     const int64_t rows = rows_total / replicas_ + (r < rows_total % replicas_ ? 1 : 0);
@@ -288,13 +321,18 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
     offset += rows;
   }
   if (alone) return absl::OkStatus();
-  if (replicas_ > 1) {
+  if (nccl_ != nullptr) {
+    std::vector<cuda::ReplicaBuffer> buffers;
+    for (const auto& replica : replicas_on_)
+      buffers.push_back({replica->gradients(), &replica->stream()});
+    STRATUM_RETURN_IF_ERROR(nccl_->AllReduce(buffers, replicas_on_[0]->flat_size()));
+  } else if (replicas_ > 1) {
     std::vector<cuda::ReplicaBuffer> buffers;
     for (const auto& replica : replicas_on_)
       buffers.push_back({replica->gradients(), &replica->stream()});
     STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
   }
-  if (workers_ > 1) STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers());
+  if (workers_ > 1 && nccl_ == nullptr) STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers());
   for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->EnqueueUpdate());
   return absl::OkStatus();
 }
@@ -407,6 +445,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       }
       if (!options_.checkpoint_dir.empty() && options_.checkpoint_every_steps > 0 &&
           iteration % options_.checkpoint_every_steps == 0 && step < steps_per_epoch_) {
+        STRATUM_RETURN_IF_ERROR(WaitForCollectives());
         StepStats so_far = state_.epoch_stats;
         for (auto& replica : replicas_on_) {
           STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
@@ -417,6 +456,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
         STRATUM_RETURN_IF_ERROR(SaveBackup(epoch - 1, step, so_far, state_.history, iteration));
       }
     }
+    STRATUM_RETURN_IF_ERROR(WaitForCollectives());
     // What the device sums held before the last mid-epoch backup (or the checkpoint this
     // run resumed from), plus what they hold now.
     StepStats epoch_stats = state_.epoch_stats;

@@ -1,6 +1,9 @@
 #include "stratum/worker/multi_worker_job.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
@@ -18,6 +21,29 @@ std::string HostOf(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   return host;
+}
+
+// NCCL sums GPU tensors: refused, with the fix, before any peer is waited for when this
+// build or this worker's replicas cannot use it.
+absl::Status CheckNcclDevices(const std::vector<std::string>& listed) {
+  constexpr char kFix[] =
+      ", or use strategy.communication.implementation RING or AUTO (they sum across workers in "
+      "host memory, also on GPUs)";
+#if STRATUM_WITH_CUDA
+  STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> devices, ResolveLocalDevices(listed));
+  const bool on_gpus = std::all_of(devices.begin(), devices.end(),
+                                   [](const std::string& d) { return d.rfind("GPU:", 0) == 0; });
+  if (on_gpus) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "communication implementation NCCL sums GPU tensors, but this worker's replicas are on [",
+      absl::StrJoin(devices, ", "), "]: set strategy.devices to GPUs (e.g. [\"GPU:0\"])", kFix));
+#else
+  (void)listed;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "communication implementation NCCL needs a build with CUDA and NCCL, and this one has "
+      "neither: rebuild where /usr/local/cuda is installed",
+      kFix));
+#endif
 }
 
 absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions& options,
@@ -40,14 +66,6 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   STRATUM_ASSIGN_OR_RETURN(
       communication.implementation,
       CommunicationImplementationFromName(job.strategy.communication.implementation));
-  if (communication.implementation == CommunicationImplementation::kNccl) {
-    // One NCCL communicator per worker process would need a GPU per worker (NCCL refuses
-    // two ranks on one GPU); the GPU path sums across workers in host memory over the ring.
-    return absl::UnimplementedError(
-        "strategy.communication.implementation NCCL across workers is not implemented: "
-        "workers all-reduce through host memory over the TCP ring, also on GPUs; use RING or "
-        "AUTO");
-  }
   communication.bytes_per_pack = job.strategy.communication.bytes_per_pack;
   communication.timeout = absl::Seconds(job.strategy.communication.timeout_seconds);
   STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data));
@@ -66,8 +84,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   MirroredOptions local;
   local.devices = job.strategy.devices;
   local.cross_device_ops = job.strategy.cross_device_ops;
-  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<MultiWorkerMirroredStrategy> strategy,
-                           MultiWorkerMirroredStrategy::Create(local, std::move(collectives)));
+  STRATUM_ASSIGN_OR_RETURN(
+      std::unique_ptr<MultiWorkerMirroredStrategy> strategy,
+      MultiWorkerMirroredStrategy::Create(local, std::move(collectives), &rendezvous));
   spdlog::info("{} of {} workers in sync, {} local replica(s), global batch {}", rank + 1,
                tasks.size(), strategy->NumLocalReplicas(),
                fit.batch_size_per_replica * strategy->NumReplicasInSync());
@@ -90,6 +109,13 @@ std::vector<TaskKey> MultiWorkerTasks(const ClusterSpec& cluster) {
 
 absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
                                              const MultiWorkerJobOptions& options) {
+  // Refused before the leader is waited for.
+  STRATUM_ASSIGN_OR_RETURN(
+      const CommunicationImplementation implementation,
+      CommunicationImplementationFromName(job.strategy.communication.implementation));
+  if (implementation == CommunicationImplementation::kNccl) {
+    STRATUM_RETURN_IF_ERROR(CheckNcclDevices(job.strategy.devices));
+  }
   const TaskKey leader = MultiWorkerLeader(options.cluster);
   STRATUM_ASSIGN_OR_RETURN(const std::string leader_address,
                            options.cluster.TaskAddress(leader.type, leader.index));

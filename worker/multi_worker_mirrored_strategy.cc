@@ -12,14 +12,23 @@ std::vector<Tensor*> Pointers(std::vector<Tensor>& values) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MultiWorkerMirroredStrategy>> MultiWorkerMirroredStrategy::Create(
-    const MirroredOptions& local, std::unique_ptr<Collectives> collectives) {
+    const MirroredOptions& local, std::unique_ptr<Collectives> collectives,
+    Rendezvous* rendezvous) {
   absl::StatusOr<std::vector<std::string>> devices = ResolveLocalDevices(local.devices);
   if (!devices.ok()) return devices.status();
   absl::StatusOr<std::unique_ptr<CrossDeviceOps>> ops = MakeCrossDeviceOps(
       local.cross_device_ops.empty() ? "ReductionToOneDevice" : local.cross_device_ops);
   if (!ops.ok()) return ops.status();
   return std::unique_ptr<MultiWorkerMirroredStrategy>(new MultiWorkerMirroredStrategy(
-      *std::move(devices), *std::move(ops), local.strategy, std::move(collectives)));
+      *std::move(devices), *std::move(ops), local.strategy, std::move(collectives), rendezvous));
+}
+
+std::vector<std::string> MultiWorkerMirroredStrategy::WorkerNames() const {
+  std::vector<std::string> names;
+  for (int w = 0; w < collectives_->size(); ++w) {
+    names.push_back(collectives_->transport().PeerName(w));
+  }
+  return names;
 }
 
 absl::Status MultiWorkerMirroredStrategy::AllReduceAcrossWorkers(

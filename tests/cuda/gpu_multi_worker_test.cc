@@ -1,5 +1,6 @@
 // Workers on GPUs in multi-worker jobs: MultiWorkerMirrored Fit on the GPU path with two
-// workers in one process (in-memory collectives) keeping bit-identical variables; the same
+// workers in one process (in-memory collectives) keeping bit-identical variables, over the
+// ring and over NCCL (two GPUs; one rank on one GPU; workers sharing a GPU refused); the same
 // with two worker processes sharing GPU:0 through stratum-worker; and a parameter-server
 // job whose workers train on GPU:0. Every test skips, with the reason, when no GPU is
 // visible (as in CI, which builds with CUDA but has no GPU).
@@ -14,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "stratum/cuda/device.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/worker/collective/collectives.h"
 #include "stratum/worker/collective/transport.h"
 #include "stratum/worker/fit.h"
@@ -22,9 +24,11 @@
 namespace stratum {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::LocalCluster;
 using ::testing::Not;
+using testing::StatusIs;
 using testing::TempPath;
 
 #define SKIP_WITHOUT_GPU()                                                                  \
@@ -59,51 +63,88 @@ std::pair<Tensor, Tensor> Examples(int64_t n, uint32_t seed) {
   return {images, labels};
 }
 
-TEST(GpuMultiWorkerFitTest, TwoWorkersKeepBitIdenticalVariablesAndAgree) {
-  SKIP_WITHOUT_GPU();
-  const auto train = Examples(4000, 21);
-  const auto test = Examples(1000, 22);
+// A small learnable job: 4000 training examples, 1000 test examples.
+struct SmallJob {
   FitData data;
-  data.train = Dataset::FromTensorSlices({train.first, train.second});
-  data.test = Dataset::FromTensorSlices({test.first, test.second});
-  data.has_test = true;
-  data.train_examples = 4000;
-  data.test_examples = 1000;
-  data.rescale = 1.0 / 255;
-  const Model model = *Model::FromKerasJson(kModel);
-  const Loss loss = Loss::SparseCategoricalCrossentropy();
-  auto optimizer = *Optimizer::FromKeras(
+  Model model = *Model::FromKerasJson(kModel);
+  Loss loss = Loss::SparseCategoricalCrossentropy();
+  std::unique_ptr<Optimizer> optimizer = *Optimizer::FromKeras(
       nlohmann::json::parse(R"({"class_name": "Adam", "config": {"learning_rate": 0.01}})"));
   FitOptions options;
-  options.epochs = 6;
-  options.batch_size_per_replica = 32;
-  options.progress = ProgressStyle::kNone;
 
-  constexpr int kWorkers = 2;
-  auto group = InProcessTransportGroup::Create(kWorkers);
-  std::vector<absl::StatusOr<FitSummary>> summaries(kWorkers, absl::UnknownError("not run"));
+  explicit SmallJob(int epochs) {
+    const auto train = Examples(4000, 21);
+    const auto test = Examples(1000, 22);
+    data.train = Dataset::FromTensorSlices({train.first, train.second});
+    data.test = Dataset::FromTensorSlices({test.first, test.second});
+    data.has_test = true;
+    data.train_examples = 4000;
+    data.test_examples = 1000;
+    data.rescale = 1.0 / 255;
+    options.epochs = epochs;
+    options.batch_size_per_replica = 32;
+    options.progress = ProgressStyle::kNone;
+  }
+};
+
+// Fits `job` on MultiWorkerMirrored workers in this process, one thread each, over
+// in-memory collectives and one in-memory rendezvous: worker w on devices[w], for
+// epochs[w] epochs (job.options.epochs when empty).
+std::vector<absl::StatusOr<FitSummary>> FitWorkers(
+    const SmallJob& job, const std::vector<std::vector<std::string>>& devices,
+    CommunicationImplementation implementation, absl::Duration timeout,
+    const std::vector<int>& epochs = {}) {
+  const int workers = static_cast<int>(devices.size());
+  auto group = InProcessTransportGroup::Create(workers);
+  std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
+  std::vector<absl::StatusOr<FitSummary>> summaries(devices.size(), absl::UnknownError("not run"));
   std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
+  for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       CommunicationOptions communication;
-      communication.timeout = absl::Seconds(60);
+      communication.implementation = implementation;
+      communication.timeout = timeout;
       auto collectives = Collectives::Create(group->TakeTransport(w), communication);
       if (!collectives.ok()) {
         summaries[w] = collectives.status();
         return;
       }
       MirroredOptions local;
-      local.devices = {"GPU:0"};
-      auto strategy = MultiWorkerMirroredStrategy::Create(local, *std::move(collectives));
+      local.devices = devices[w];
+      auto strategy =
+          MultiWorkerMirroredStrategy::Create(local, *std::move(collectives), rendezvous.get());
       if (!strategy.ok()) {
         summaries[w] = strategy.status();
         return;
       }
-      summaries[w] = Fit(**strategy, model, loss, *optimizer, data, options);
+      FitOptions options = job.options;
+      if (!epochs.empty()) options.epochs = epochs[w];
+      summaries[w] = Fit(**strategy, job.model, job.loss, *job.optimizer, job.data, options);
+      // Gone: its transport looks closed to the others, as a process that exited.
+      group->Close(w);
     });
   }
   for (std::thread& thread : threads) thread.join();
-  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(summaries[w].ok()) << summaries[w].status();
+  return summaries;
+}
+
+void ExpectBitIdenticalVariables(const FitSummary& first, const FitSummary& second) {
+  ASSERT_EQ(second.variables.size(), first.variables.size());
+  for (size_t v = 0; v < first.variables.size(); ++v) {
+    ASSERT_EQ(first.variables[v].byte_size(), second.variables[v].byte_size());
+    EXPECT_EQ(std::memcmp(first.variables[v].data<float>(), second.variables[v].data<float>(),
+                          first.variables[v].byte_size()),
+              0)
+        << "variable " << v << " differs between the workers";
+  }
+}
+
+TEST(GpuMultiWorkerFitTest, TwoWorkersKeepBitIdenticalVariablesAndAgree) {
+  SKIP_WITHOUT_GPU();
+  const SmallJob job(6);
+  const auto summaries = FitWorkers(job, {{"GPU:0"}, {"GPU:0"}}, CommunicationImplementation::kRing,
+                                    absl::Seconds(60));
+  for (const auto& summary : summaries) ASSERT_TRUE(summary.ok()) << summary.status();
   const FitSummary& first = *summaries[0];
   EXPECT_EQ(first.num_workers, 2);
   EXPECT_EQ(first.num_replicas_in_sync, 2);
@@ -114,14 +155,82 @@ TEST(GpuMultiWorkerFitTest, TwoWorkersKeepBitIdenticalVariablesAndAgree) {
   EXPECT_EQ(second.steps, first.steps);
   EXPECT_EQ(second.test_accuracy, first.test_accuracy);
   EXPECT_EQ(second.test_loss, first.test_loss);
-  ASSERT_EQ(second.variables.size(), first.variables.size());
-  for (size_t v = 0; v < first.variables.size(); ++v) {
-    ASSERT_EQ(first.variables[v].byte_size(), second.variables[v].byte_size());
-    EXPECT_EQ(std::memcmp(first.variables[v].data<float>(), second.variables[v].data<float>(),
-                          first.variables[v].byte_size()),
-              0)
-        << "variable " << v << " differs between the workers";
+  ExpectBitIdenticalVariables(first, second);
+}
+
+// Communication NCCL on one GPU: a group of one rank, which sums nothing but takes every
+// step through the NCCL path (formation, all-reduce, the bounded waits, closing).
+TEST(GpuMultiWorkerFitTest, OneWorkerOverNcclTrainsAsTheSingleGpuPath) {
+  SKIP_WITHOUT_GPU();
+  const SmallJob job(3);
+  const auto nccl =
+      FitWorkers(job, {{"GPU:0"}}, CommunicationImplementation::kNccl, absl::Seconds(60));
+  const auto ring =
+      FitWorkers(job, {{"GPU:0"}}, CommunicationImplementation::kRing, absl::Seconds(60));
+  ASSERT_TRUE(nccl[0].ok()) << nccl[0].status();
+  ASSERT_TRUE(ring[0].ok()) << ring[0].status();
+  EXPECT_EQ(nccl[0]->steps, ring[0]->steps);
+  EXPECT_GT(nccl[0]->test_accuracy, 0.85);
+  EXPECT_NEAR(nccl[0]->test_accuracy, ring[0]->test_accuracy, 0.01);
+  ASSERT_EQ(nccl[0]->variables.size(), ring[0]->variables.size());
+  for (size_t v = 0; v < ring[0]->variables.size(); ++v) {
+    const Tensor& a = nccl[0]->variables[v];
+    const Tensor& b = ring[0]->variables[v];
+    ASSERT_EQ(a.num_elements(), b.num_elements());
+    for (int64_t i = 0; i < a.num_elements(); ++i) {
+      ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-3)
+          << "variable " << v << "[" << i << "]";
+    }
   }
+}
+
+// NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the group's formation names
+// the workers that share it, at once, instead of failing deep inside NCCL or hanging.
+TEST(GpuMultiWorkerFitTest, NcclWorkersSharingAGpuAreRefusedByName) {
+  SKIP_WITHOUT_GPU();
+  const SmallJob job(1);
+  const absl::Time start = absl::Now();
+  const auto summaries = FitWorkers(job, {{"GPU:0"}, {"GPU:0"}}, CommunicationImplementation::kNccl,
+                                    absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  for (const auto& summary : summaries) {
+    EXPECT_THAT(summary.status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("rank 0 (replica 0) and rank 1 (replica 0)"),
+                               HasSubstr("RING or AUTO"))));
+  }
+}
+
+#define SKIP_WITHOUT_TWO_GPUS()                                                            \
+  if (cuda::PhysicalGpuCount() < 2) {                                                      \
+    GTEST_SKIP() << "NCCL across workers needs a GPU per rank, and this process sees "     \
+                 << cuda::PhysicalGpuCount() << " GPU(s) (NCCL refuses two ranks on one)"; \
+  }
+
+TEST(GpuMultiWorkerFitTest, TwoWorkersOverNcclKeepBitIdenticalVariables) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const SmallJob job(6);
+  const auto summaries = FitWorkers(job, {{"GPU:0"}, {"GPU:1"}}, CommunicationImplementation::kNccl,
+                                    absl::Seconds(60));
+  for (const auto& summary : summaries) ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summaries[0]->steps, 6 * 62);
+  EXPECT_GT(summaries[0]->test_accuracy, 0.85);
+  EXPECT_EQ(summaries[1]->test_accuracy, summaries[0]->test_accuracy);
+  ExpectBitIdenticalVariables(*summaries[0], *summaries[1]);
+}
+
+// A worker that leaves after one epoch of two: the other's next NCCL all-reduce has no
+// partner. It fails within the timeout naming the job's workers, instead of hanging.
+TEST(GpuMultiWorkerFitTest, AWorkerThatLeavesFailsTheNcclStepWithinTheTimeout) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const SmallJob job(2);
+  const absl::Time start = absl::Now();
+  const auto summaries = FitWorkers(job, {{"GPU:0"}, {"GPU:1"}}, CommunicationImplementation::kNccl,
+                                    absl::Seconds(3), {2, 1});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_TRUE(summaries[1].ok()) << summaries[1].status();
+  ASSERT_FALSE(summaries[0].ok());
+  EXPECT_THAT(summaries[0].status().message(), HasSubstr("rank 1"));
 }
 
 // An example job with every local replica on GPU:0.

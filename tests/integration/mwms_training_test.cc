@@ -10,8 +10,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -78,24 +81,50 @@ TEST(MwmsTrainingTest, TwoWorkersTrainInLockStepAndAgree) {
   EXPECT_EQ(out0.substr(out0.find(line), 40), out1.substr(out1.find(line), 40));
 }
 
-TEST(MwmsTrainingTest, AJobOfAnotherStrategyIsRefusedWithTheFix) {
-  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-  const std::string ps_job = TempPath("ps_job.json");
-  std::ofstream(ps_job) << nlohmann::json::parse(file).dump();
+// Runs stratum-worker alone on `job` with `tf_config` until it exits (20 s at most).
+struct WorkerRun {
+  int shell_code = -1;
+  std::string output;
+};
+absl::StatusOr<WorkerRun> RunWorker(const nlohmann::json& job, const std::string& tf_config) {
+  const std::string path = TempPath("lone_worker_job.json");
+  std::ofstream(path) << job.dump();
   SubprocessOptions options;
-  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-worker", "--job=" + ps_job};
-  options.env = {
-      {"TF_CONFIG",
-       R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"}};
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-worker", "--job=" + path};
+  options.env = {{"TF_CONFIG", tf_config}};
   options.forward_fd = -1;
   options.capture_output = true;
-  auto process = Subprocess::Spawn(std::move(options));
-  ASSERT_TRUE(process.ok()) << process.status();
-  auto exit = (*process)->Wait(absl::Seconds(20));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(exit->ShellCode(), 2);
-  EXPECT_THAT((*process)->output(), HasSubstr("\"parameter_server\": start a parameter_server "
-                                              "job with stratum-launch --job"));
+  STRATUM_ASSIGN_OR_RETURN(auto process, Subprocess::Spawn(std::move(options)));
+  STRATUM_ASSIGN_OR_RETURN(ExitInfo exit, process->Wait(absl::Seconds(20)));
+  return WorkerRun{exit.ShellCode(), process->output()};
+}
+
+TEST(MwmsTrainingTest, AJobOfAnotherStrategyIsRefusedWithTheFix) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  auto run = RunWorker(
+      nlohmann::json::parse(file),
+      R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->shell_code, 2);
+  EXPECT_THAT(run->output, HasSubstr("\"parameter_server\": start a parameter_server "
+                                     "job with stratum-launch --job"));
+}
+
+TEST(MwmsTrainingTest, NcclOnCpuDevicesIsRefusedBeforeTrainingWithTheFix) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_mwms.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["strategy"]["devices"] = {"CPU:0"};
+  job["strategy"]["communication"]["implementation"] = "NCCL";
+  // worker:0 never starts: the refusal comes before any peer is waited for.
+  auto port = PickFreePorts(1);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto run =
+      RunWorker(job, absl::StrCat(R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:)",
+                                  (*port)[0], R"("]}, "task": {"type": "worker", "index": 1}})"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NE(run->shell_code, 0);
+  EXPECT_THAT(run->output, HasSubstr("communication implementation NCCL"));
+  EXPECT_THAT(run->output, HasSubstr("use strategy.communication.implementation RING or AUTO"));
 }
 
 TEST(MwmsTrainingTest, AWorkerThatNeverStartsIsNamedWhenTheWaitEnds) {

@@ -14,6 +14,9 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/testing/status_matchers.h"
+#include "stratum/worker/collective/nccl_across_workers.h"
+#include "stratum/worker/fit.h"
 
 namespace stratum {
 namespace {
@@ -169,6 +172,73 @@ TEST(MultiWorkerMirroredStrategyTest, ADeadWorkerFailsTheStepInsteadOfHangingIt)
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("rank 1"));
+}
+
+TEST(NcclRanksTest, EachWorkersReplicasFollowThoseOfTheWorkersBeforeIt) {
+  const std::vector<std::vector<std::string>> gpus = {
+      {"host-a 0000:1A:00.0", "host-a 0000:1B:00.0"},
+      {"host-b 0000:1A:00.0", "host-b 0000:1B:00.0"},
+      {"host-c 0000:1A:00.0"}};
+  const std::vector<std::string> names = {"chief:0", "worker:0", "worker:1"};
+  const int expected_first[] = {0, 2, 4};
+  for (int w = 0; w < 3; ++w) {
+    auto ranks = PlanNcclRanks(gpus, names, w);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    EXPECT_EQ(ranks->first_rank, expected_first[w]);
+    EXPECT_EQ(ranks->num_ranks, 5);
+  }
+}
+
+TEST(NcclRanksTest, TwoReplicasOnOneGpuAreRefusedNamingBoth) {
+  const std::vector<std::string> names = {"worker:0", "worker:1"};
+  // Two workers on one host's only GPU (the usual mistake on a laptop).
+  EXPECT_THAT(
+      PlanNcclRanks({{"host-a 0000:1A:00.0"}, {"host-a 0000:1A:00.0"}}, names, 1).status(),
+      testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                        ::testing::AllOf(::testing::HasSubstr("worker:0 (replica 0) and worker:1 "
+                                                              "(replica 0) both use GPU \"host-a "
+                                                              "0000:1A:00.0\""),
+                                         ::testing::HasSubstr("RING or AUTO"))));
+  // Logical GPUs: two replicas of one worker on one physical GPU.
+  EXPECT_THAT(
+      PlanNcclRanks({{"host-a 0000:1A:00.0", "host-a 0000:1A:00.0"}, {"host-b x"}}, names, 0)
+          .status(),
+      testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                        ::testing::HasSubstr("worker:0 (replica 0) and worker:0 (replica 1)")));
+  // The same bus id on two hosts is two GPUs.
+  EXPECT_TRUE(PlanNcclRanks({{"host-a 0000:1A:00.0"}, {"host-b 0000:1A:00.0"}}, names, 0).ok());
+  EXPECT_EQ(PlanNcclRanks({{"a"}}, names, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// NCCL sums GPU tensors: a job on the CPU asking for it is refused with the fix, instead of
+// quietly running the ring.
+TEST(MultiWorkerMirroredStrategyTest, NcclOnCpuReplicasIsRefusedWithTheFix) {
+  auto group = InProcessTransportGroup::Create(1);
+  auto collectives = Collectives::Create(group->TakeTransport(0),
+                                         {.implementation = CommunicationImplementation::kNccl});
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  MirroredOptions local;
+  local.devices = {"CPU:0"};
+  auto strategy = MultiWorkerMirroredStrategy::Create(local, *std::move(collectives));
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const Model model = *Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 2]}},
+      {"class_name": "Dense", "config": {"units": 2, "activation": "softmax"}}]}})");
+  auto optimizer = *Optimizer::FromKeras(nlohmann::json::parse(R"({"class_name": "SGD"})"));
+  FitData data;
+  data.train = Dataset::FromTensorSlices(
+      {Tensor::FromVector<float>({2, 2}, {0, 1, 1, 0}), Tensor::FromVector<int32_t>({2}, {0, 1})});
+  data.train_examples = 2;
+  FitOptions options;
+  options.progress = ProgressStyle::kNone;
+  options.batch_size_per_replica = 1;
+  EXPECT_THAT(
+      Fit(**strategy, model, Loss::SparseCategoricalCrossentropy(), *optimizer, data, options)
+          .status(),
+      testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                        ::testing::AllOf(::testing::HasSubstr("NCCL sums GPU tensors"),
+                                         ::testing::HasSubstr("replicas are on the CPU"),
+                                         ::testing::HasSubstr("RING or AUTO"))));
 }
 
 }  // namespace

@@ -43,12 +43,6 @@ absl::StatusOr<CommunicationImplementation> CommunicationImplementationFromName(
 
 absl::StatusOr<std::unique_ptr<Collectives>> Collectives::Create(
     std::unique_ptr<Transport> transport, const CommunicationOptions& options) {
-  if (options.implementation == CommunicationImplementation::kNccl) {
-    // Workers hold their variables in host memory until the GPU path lands (issue 6).
-    return absl::FailedPreconditionError(
-        "communication implementation NCCL needs GPU tensors, and this worker trains on the "
-        "CPU: use RING or AUTO");
-  }
   if (options.bytes_per_pack < 0 || options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("communication options need bytes_per_pack >= 0 and a positive timeout; got ",

@@ -49,7 +49,8 @@ struct CommunicationOptions {
 
 class Collectives {
  public:
-  // FAILED_PRECONDITION for NCCL in a build or on tensors that cannot use it.
+  // These collectives work on host memory (over the transport) whatever the implementation;
+  // with NCCL, GPU gradients go through an NCCL group instead (nccl_across_workers.h).
   static absl::StatusOr<std::unique_ptr<Collectives>> Create(std::unique_ptr<Transport> transport,
                                                              const CommunicationOptions& options);
 
