@@ -82,5 +82,19 @@ TEST(LocalClusterTest, StartFailsClearlyWhenABinaryIsMissing) {
   EXPECT_THAT(cluster.status().message(), HasSubstr("cannot run /nonexistent/stratum-worker"));
 }
 
+// A task that refuses its configuration exits at once: the wait for the cluster ends then,
+// naming it and showing its output, not at healthy_timeout.
+TEST(LocalClusterTest, ATaskThatExitsWhileWaitedForEndsTheWaitAtOnce) {
+  const absl::Time start = absl::Now();
+  auto cluster = LocalCluster::Start({.num_workers = 2,
+                                      .args_by_type = {{"worker", {"--job=/nonexistent/job.json"}}},
+                                      .healthy_timeout = absl::Seconds(60),
+                                      .forward_output = false});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_THAT(cluster.status().message(), HasSubstr("exited before the cluster was healthy"));
+  EXPECT_THAT(cluster.status().message(), HasSubstr("/nonexistent/job.json"));
+}
+
 }  // namespace
 }  // namespace stratum::testing

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "stratum/launch/task_processes.h"
 #include "stratum/net/health.h"
 #include "stratum/util/status_macros.h"
@@ -66,7 +68,24 @@ absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks, absl:
   ClusterWaitOptions wait;
   wait.timeout = timeout;
   wait.optional_jobs.clear();
+  // A task that exits while it is waited for (it refused its configuration) ends the wait
+  // at once, not at the timeout.
+  absl::Notification one_exited, waited;
+  wait.cancel = &one_exited;
+  std::thread watcher([&] {
+    while (!waited.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+      for (const TaskKey& task : tasks) {
+        auto process = processes_.find(task);
+        if (process != processes_.end() && process->second->Poll().has_value()) {
+          one_exited.Notify();
+          return;
+        }
+      }
+    }
+  });
   absl::StatusOr<std::vector<TaskReport>> reports = WaitForClusterHealthy(running, wait);
+  waited.Notify();
+  watcher.join();
   if (reports.ok()) return absl::OkStatus();
   // Say which processes died, which is usually why they never answered.
   std::string exits;
@@ -77,6 +96,10 @@ absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks, absl:
       absl::StrAppend(&exits, "; ", task.ToString(), " ", exit->ToString(), ", output:\n",
                       process->second->output());
     }
+  }
+  if (one_exited.HasBeenNotified()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a task exited before the cluster was healthy", exits));
   }
   return absl::Status(reports.status().code(), absl::StrCat(reports.status().message(), exits));
 }
