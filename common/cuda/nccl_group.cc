@@ -62,7 +62,12 @@ absl::Status NcclGroup::Form() {
   comms_.assign(options_.devices.size(), nullptr);
   STRATUM_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (size_t i = 0; i < options_.devices.size(); ++i) {
-    STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.devices[i]));
+    if (absl::Status set =
+            CudaStatus(cudaSetDevice(options_.devices[i]), "cudaSetDevice", __FILE__, __LINE__);
+        !set.ok()) {
+      ncclGroupEnd();
+      return Abort(set);
+    }
     const ncclResult_t result = ncclCommInitRankConfig(
         &comms_[i], options_.num_ranks, id, options_.first_rank + static_cast<int>(i), &config);
     if (!InProgressOrOk(result)) {
@@ -92,8 +97,10 @@ NcclGroup::~NcclGroup() {
   // in progress forever, so it is bounded too, and aborted when it does not end.
   absl::Status closed = Wait();
   for (ncclComm_t comm : comms_) {
-    if (closed.ok())
-      closed = NcclStatus(ncclCommFinalize(comm), "ncclCommFinalize", __FILE__, __LINE__);
+    const ncclResult_t result = ncclCommFinalize(comm);  // in progress: non-blocking
+    if (closed.ok() && !InProgressOrOk(result)) {
+      closed = NcclStatus(result, "ncclCommFinalize", __FILE__, __LINE__);
+    }
   }
   if (closed.ok()) {
     closed = PollUntil([this] { return Idle(); }, absl::Now() + options_.timeout,
