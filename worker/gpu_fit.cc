@@ -146,10 +146,12 @@ class GpuFit {
   std::map<int, GpuSlot> gpus_;  // by physical device
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
   std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
-  std::unique_ptr<cuda::NcclGroup> nccl_;  // communication NCCL: every replica of every worker
   cuda::PinnedBuffer host_order_[2];
   cuda::PinnedBuffer host_gradients_;  // several workers: the cross-worker all-reduce's buffer
   FitState state_;
+  // Communication NCCL: every replica of every worker. Last, so destroyed first: its bounded
+  // close comes before anything whose release would wait on the device behind a dead peer.
+  std::unique_ptr<cuda::NcclGroup> nccl_;
 };
 
 absl::Status GpuFit::Setup() {
@@ -273,6 +275,7 @@ absl::Status GpuFit::FormNcclGroup(const MultiWorkerMirroredStrategy& strategy) 
   nccl.worker_names = strategy.WorkerNames();
   nccl.devices = physical_;
   nccl.timeout = strategy.communication().timeout;
+  nccl.key_prefix = absl::StrCat("collective/nccl/", strategy.NextGroupGeneration());
   STRATUM_ASSIGN_OR_RETURN(nccl_, FormNcclAcrossWorkers(nccl, *strategy.rendezvous()));
   return absl::OkStatus();
 }

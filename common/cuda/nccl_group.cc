@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -26,8 +29,12 @@ absl::StatusOr<std::string> NewNcclUniqueId() {
 }
 
 absl::StatusOr<std::vector<std::string>> GpuIdentities(const std::vector<int>& devices) {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
+  // The host as NCCL tells hosts apart: its name and this boot's id.
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "?");
+  std::string boot_id;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot_id);
+  const std::string host = boot_id.empty() ? name : absl::StrCat(name, "/", boot_id);
   std::vector<std::string> identities;
   for (int device : devices) {
     char bus[64] = {};
@@ -55,6 +62,14 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(const NcclGroupOpti
 }
 
 absl::Status NcclGroup::Form() {
+  // The environment overrides the config: blocking calls would wait without a deadline.
+  if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+      blocking != nullptr && std::string(blocking) == "1") {
+    return absl::FailedPreconditionError(
+        "NCCL_COMM_BLOCKING=1 is set: NCCL's calls would block without a deadline, and a peer "
+        "that died would hang this worker; unset it (Stratum polls non-blocking communicators "
+        "against strategy.communication.timeout_seconds)");
+  }
   ncclUniqueId id;
   std::memcpy(id.internal, options_.unique_id.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -96,11 +111,19 @@ NcclGroup::~NcclGroup() {
   // Finalize flushes what this rank still owes its peers; a peer that is gone would keep it
   // in progress forever, so it is bounded too, and aborted when it does not end.
   absl::Status closed = Wait();
+  if (aborted_) return;  // Wait gave up: the communicators are gone
+  // One group: blocking communicators (NCCL_COMM_BLOCKING=1) would otherwise wait in the
+  // first Finalize for the local ranks not yet finalized.
+  ncclGroupStart();
   for (ncclComm_t comm : comms_) {
     const ncclResult_t result = ncclCommFinalize(comm);  // in progress: non-blocking
     if (closed.ok() && !InProgressOrOk(result)) {
       closed = NcclStatus(result, "ncclCommFinalize", __FILE__, __LINE__);
     }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (closed.ok() && !InProgressOrOk(ended)) {
+    closed = NcclStatus(ended, "ncclGroupEnd", __FILE__, __LINE__);
   }
   if (closed.ok()) {
     closed = PollUntil([this] { return Idle(); }, absl::Now() + options_.timeout,

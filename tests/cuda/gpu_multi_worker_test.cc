@@ -225,12 +225,17 @@ TEST(GpuMultiWorkerFitTest, AWorkerThatLeavesFailsTheNcclStepWithinTheTimeout) {
   SKIP_WITHOUT_TWO_GPUS();
   const SmallJob job(2);
   const absl::Time start = absl::Now();
+  // The timeout also bounds forming the group (1-3 s on H100s): not too short.
   const auto summaries = FitWorkers(job, {{"GPU:0"}, {"GPU:1"}}, CommunicationImplementation::kNccl,
-                                    absl::Seconds(3), {2, 1});
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+                                    absl::Seconds(15), {2, 1});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(90));
   EXPECT_TRUE(summaries[1].ok()) << summaries[1].status();
   ASSERT_FALSE(summaries[0].ok());
-  EXPECT_THAT(summaries[0].status().message(), HasSubstr("rank 1"));
+  // NCCL may notice the peer's exit itself (UNAVAILABLE) or not at all (the deadline).
+  EXPECT_THAT(summaries[0].status().code(),
+              ::testing::AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kUnavailable))
+      << summaries[0].status();
+  EXPECT_THAT(summaries[0].status().message(), HasSubstr("NCCL all-reduce"));
 }
 
 // An example job with every local replica on GPU:0.

@@ -47,12 +47,6 @@ absl::StatusOr<std::unique_ptr<cuda::NcclGroup>> FormNcclAcrossWorkers(
   STRATUM_ASSIGN_OR_RETURN(std::vector<std::string> mine, cuda::GpuIdentities(options.devices));
   STRATUM_RETURN_IF_ERROR(rendezvous.Set(absl::StrCat(options.key_prefix, "/gpus/", options.worker),
                                          absl::StrJoin(mine, "\n")));
-  const std::string id_key = absl::StrCat(options.key_prefix, "/unique_id");
-  std::string unique_id;
-  if (options.worker == 0) {
-    STRATUM_ASSIGN_OR_RETURN(unique_id, cuda::NewNcclUniqueId());
-    STRATUM_RETURN_IF_ERROR(rendezvous.Set(id_key, absl::BytesToHexString(unique_id)));
-  }
   std::vector<std::vector<std::string>> gpus(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     if (w == options.worker) {
@@ -72,7 +66,13 @@ absl::StatusOr<std::unique_ptr<cuda::NcclGroup>> FormNcclAcrossWorkers(
   }
   STRATUM_ASSIGN_OR_RETURN(NcclRanks ranks,
                            PlanNcclRanks(gpus, options.worker_names, options.worker));
-  if (options.worker != 0) {
+  // Drawn once the job is known to be valid: the id opens NCCL's bootstrap socket.
+  const std::string id_key = absl::StrCat(options.key_prefix, "/unique_id");
+  std::string unique_id;
+  if (options.worker == 0) {
+    STRATUM_ASSIGN_OR_RETURN(unique_id, cuda::NewNcclUniqueId());
+    STRATUM_RETURN_IF_ERROR(rendezvous.Set(id_key, absl::BytesToHexString(unique_id)));
+  } else {
     STRATUM_ASSIGN_OR_RETURN(
         std::string hex,
         rendezvous.Get(id_key, std::max(deadline - absl::Now(), absl::ZeroDuration())));

@@ -31,8 +31,9 @@ namespace stratum::cuda {
 // ncclGetUniqueId's bytes: what every rank needs to join the group.
 absl::StatusOr<std::string> NewNcclUniqueId();
 
-// "<host name> <PCI bus id>" of each device: what NCCL calls the same GPU (it refuses two
-// ranks on one, so the group's callers compare these first and say which workers share).
+// "<host name>/<boot id> <PCI bus id>" of each device: what NCCL calls the same GPU (it
+// refuses two ranks on one, so the group's callers compare these first and say which
+// workers share).
 absl::StatusOr<std::vector<std::string>> GpuIdentities(const std::vector<int>& devices);
 
 struct NcclGroupOptions {

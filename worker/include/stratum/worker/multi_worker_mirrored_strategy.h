@@ -11,6 +11,7 @@
 // thread); the collectives are used from the replica that completes a local reduction.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ class MultiWorkerMirroredStrategy : public MirroredStrategy {
   // Every worker's task name, index = worker.
   std::vector<std::string> WorkerNames() const;
   Rendezvous* rendezvous() const { return rendezvous_; }
+  // A new number on each call, the same sequence on every worker (they make the same calls):
+  // keeps the keys of a second NCCL group (a second Fit) apart from the first's.
+  int NextGroupGeneration() const { return group_generation_++; }
 
  private:
   MultiWorkerMirroredStrategy(std::vector<std::string> devices,
@@ -53,6 +57,7 @@ class MultiWorkerMirroredStrategy : public MirroredStrategy {
 
   std::unique_ptr<Collectives> collectives_;
   Rendezvous* rendezvous_;
+  mutable std::atomic<int> group_generation_{0};
 };
 
 }  // namespace stratum
