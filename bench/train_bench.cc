@@ -5,8 +5,8 @@
 // beside PyTorch trained with Keras' semantics (bench/fmnist_torch_keras.py). One JSON
 // object per figure.
 //
-//   build/bin/train_bench [--epochs=2] [--accuracy_epochs=10] [--accuracy_seeds=10]
-//                         [--torch_accuracy_seeds=5] [--peers_dir=../shared/peers]
+//   build/bin/train_bench [--epochs=2] [--accuracy_epochs=10] [--accuracy_seeds=20]
+//                         [--torch_accuracy_seeds=8] [--peers_dir=../shared/peers]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,8 +30,8 @@
 
 ABSL_FLAG(int, epochs, 2, "Epochs for the speed figures");
 ABSL_FLAG(int, accuracy_epochs, 10, "Epochs for the accuracy figures (0 skips them)");
-ABSL_FLAG(int, accuracy_seeds, 10, "Seeds (1..N) the accuracy figures average over");
-ABSL_FLAG(int, torch_accuracy_seeds, 5,
+ABSL_FLAG(int, accuracy_seeds, 20, "Seeds (1..N) the accuracy figures average over");
+ABSL_FLAG(int, torch_accuracy_seeds, 8,
           "Seeds of the PyTorch run with Keras' semantics (0 skips it; about a minute each)");
 ABSL_FLAG(std::string, peers_dir, STRATUM_SOURCE_DIR "/../shared/peers",
           "Folder of the anchor programs (fmnist_torch.py)");
