@@ -1,11 +1,10 @@
 // Fit on GPUs: the training set (the worker's shard of it with several workers) lives on
-// each GPU (uint8, uploaded once), every epoch's
-// example order is drawn on the host and uploaded ahead of the epoch (pinned memory, a copy
-// stream, events), and every step runs on the replicas' streams without the host waiting:
-// gather + rescale, forward, loss, backward, the cross-device all-reduce of the gradients
-// (several replicas), the optimizer. Loss and accuracy are read once per epoch. The
-// variables come back to host tensors for checkpoints and the summary, so everything
-// downstream of Fit is unchanged.
+// each GPU (uint8, uploaded once), every epoch's example order is drawn on the host and
+// uploaded ahead of the epoch (pinned memory, a copy stream, events), and every step runs
+// on the replicas' streams without the host waiting: gather + rescale, forward, loss,
+// backward, the cross-device all-reduce of the gradients (several replicas), the optimizer.
+// Loss and accuracy are read once per epoch. The variables come back to host tensors for
+// checkpoints and the summary, so everything downstream of Fit is unchanged.
 //
 // Several workers (MultiWorkerMirroredStrategy): the same shards, step counts and lock-step
 // as the CPU path; after the local all-reduce each step's flat gradient buffer goes to
@@ -15,8 +14,8 @@
 // communication NCCL, one NCCL group over every replica of every worker sums the gradients
 // on the devices instead (no local all-reduce, no host copy; NCCL's ring and tree also hand
 // every rank the same bits), and the host waits, with the deadline, only for the all-reduce
-// queued two steps before. Evaluation
-// splits the test set over the workers and sums the totals, as the CPU path does.
+// queued two steps before. Evaluation splits the test set over the workers and sums the
+// totals, as the CPU path does.
 //
 // The order of examples differs from the CPU path's shuffle buffer (a full shuffle per
 // epoch, a function of the seed and the epoch), and dropout masks come from a counter-based
@@ -324,18 +323,16 @@ absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
     offset += rows;
   }
   if (alone) return absl::OkStatus();
+  std::vector<cuda::ReplicaBuffer> buffers;
+  for (const auto& replica : replicas_on_)
+    buffers.push_back({replica->gradients(), &replica->stream()});
+  const int64_t count = replicas_on_[0]->flat_size();
   if (nccl_ != nullptr) {
-    std::vector<cuda::ReplicaBuffer> buffers;
-    for (const auto& replica : replicas_on_)
-      buffers.push_back({replica->gradients(), &replica->stream()});
-    STRATUM_RETURN_IF_ERROR(nccl_->AllReduce(buffers, replicas_on_[0]->flat_size()));
-  } else if (replicas_ > 1) {
-    std::vector<cuda::ReplicaBuffer> buffers;
-    for (const auto& replica : replicas_on_)
-      buffers.push_back({replica->gradients(), &replica->stream()});
-    STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, replicas_on_[0]->flat_size()));
+    STRATUM_RETURN_IF_ERROR(nccl_->AllReduce(buffers, count));  // every replica of the job
+  } else {
+    if (replicas_ > 1) STRATUM_RETURN_IF_ERROR(all_reduce_->AllReduce(buffers, count));
+    if (workers_ > 1) STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers());
   }
-  if (workers_ > 1 && nccl_ == nullptr) STRATUM_RETURN_IF_ERROR(AllReduceAcrossWorkers());
   for (const auto& replica : replicas_on_) STRATUM_RETURN_IF_ERROR(replica->EnqueueUpdate());
   return absl::OkStatus();
 }
