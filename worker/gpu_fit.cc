@@ -113,6 +113,10 @@ class GpuFit {
         options_(options) {}
 
   absl::StatusOr<FitSummary> Run();
+  // After a failed Run: leaves without flushing the NCCL group (its peers may be gone).
+  void AbandonCollectives() {
+    if (nccl_ != nullptr) nccl_->Abandon();
+  }
 
  private:
   absl::Status Setup();
@@ -517,7 +521,9 @@ absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, con
                                      const FitOptions& options) {
   STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(model, loss, optimizer));
   GpuFit fit(strategy, model, loss, optimizer, data, options);
-  return fit.Run();
+  absl::StatusOr<FitSummary> summary = fit.Run();
+  if (!summary.ok()) fit.AbandonCollectives();
+  return summary;
 }
 
 }  // namespace stratum

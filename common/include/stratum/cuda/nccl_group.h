@@ -65,6 +65,10 @@ class NcclGroup final : public DeviceAllReduce {
   // Waits until every all-reduce queued so far has finished: call it before anything that
   // would block the host on these streams (reading metrics, variables).
   absl::Status Wait();
+  // After a failure elsewhere (a peer gone, seen by the host collectives): aborts the
+  // communicators instead of the destructor's flush, which would wait for the peers on
+  // this host until the timeout.
+  void Abandon() { (void)Abort(absl::OkStatus()); }
 
  private:
   explicit NcclGroup(const NcclGroupOptions& options) : options_(options) {}
