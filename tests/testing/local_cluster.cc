@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -174,6 +175,12 @@ bool LocalCluster::WaitForOutput(const TaskKey& task, const std::string& text,
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
+}
+
+std::string LocalCluster::FindInOutput(const TaskKey& task, const std::string& pattern) const {
+  const std::string output = Output(task);
+  std::smatch match;
+  return std::regex_search(output, match, std::regex(pattern)) ? match.str(0) : "";
 }
 
 std::string TempPath(const std::string& name) {

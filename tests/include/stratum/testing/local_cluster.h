@@ -79,6 +79,8 @@ class LocalCluster {
   std::string Output(const TaskKey& task) const;
   // Waits until the task's output contains `text`; false when `timeout` passes first.
   bool WaitForOutput(const TaskKey& task, const std::string& text, absl::Duration timeout) const;
+  // The first match of the regular expression `pattern` in the task's output; "" if none.
+  std::string FindInOutput(const TaskKey& task, const std::string& pattern) const;
   // Stops every task (TERM, then KILL after stop_grace).
   void Stop();
 
