@@ -96,5 +96,17 @@ TEST(LocalClusterTest, ATaskThatExitsWhileWaitedForEndsTheWaitAtOnce) {
   EXPECT_THAT(cluster.status().message(), HasSubstr("/nonexistent/job.json"));
 }
 
+TEST(LocalClusterTest, OutputsAgreeNamesTheTaskThatDiffers) {
+  auto cluster = LocalCluster::Start({.num_workers = 2, .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_TRUE((*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, "serving on").ok());
+  // Every process draws its own incarnation.
+  const absl::Status differ =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, "incarnation [0-9a-f]+");
+  EXPECT_THAT(differ.message(), HasSubstr("worker:1 printed \"incarnation "));
+  const absl::Status missing = (*cluster)->OutputsAgree({{"worker", 0}}, "test accuracy");
+  EXPECT_THAT(missing.message(), HasSubstr("worker:0 printed nothing matching test accuracy"));
+}
+
 }  // namespace
 }  // namespace stratum::testing

@@ -183,6 +183,22 @@ std::string LocalCluster::FindInOutput(const TaskKey& task, const std::string& p
   return std::regex_search(output, match, std::regex(pattern)) ? match.str(0) : "";
 }
 
+absl::Status LocalCluster::OutputsAgree(const std::vector<TaskKey>& tasks,
+                                        const std::string& pattern) const {
+  std::string first;
+  for (const TaskKey& task : tasks) {
+    const std::string found = FindInOutput(task, pattern);
+    if (found.empty() || (!first.empty() && found != first)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          task.ToString(), found.empty() ? " printed nothing matching " : " printed \"",
+          found.empty() ? pattern : absl::StrCat(found, "\", not \"", first, "\""),
+          "; its output:\n", Output(task)));
+    }
+    first = found;
+  }
+  return absl::OkStatus();
+}
+
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name, "_", getpid());

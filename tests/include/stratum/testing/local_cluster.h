@@ -47,6 +47,9 @@ struct LocalClusterOptions {
   bool forward_output = true;
 };
 
+// The figures a training binary prints at its end ("test accuracy A, test loss L").
+inline constexpr char kTestFigures[] = "test accuracy [0-9.]+, test loss [0-9.]+";
+
 // A path under the test's temporary folder, unique to this process: "<tmp>/<name>_<pid>".
 std::string TempPath(const std::string& name);
 
@@ -81,6 +84,9 @@ class LocalCluster {
   bool WaitForOutput(const TaskKey& task, const std::string& text, absl::Duration timeout) const;
   // The first match of the regular expression `pattern` in the task's output; "" if none.
   std::string FindInOutput(const TaskKey& task, const std::string& pattern) const;
+  // OK when `pattern` matches in every task's output and the first matches are all equal;
+  // otherwise names the task that lacks it or differs, with its output.
+  absl::Status OutputsAgree(const std::vector<TaskKey>& tasks, const std::string& pattern) const;
   // Stops every task (TERM, then KILL after stop_grace).
   void Stop();
 
