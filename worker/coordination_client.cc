@@ -16,6 +16,8 @@ constexpr char kRestartAdvice[] = "restart the job; it resumes from the last che
 // A wait's call outlives the wait itself by this much, so that the service's answer (which
 // names the missing tasks) arrives before gRPC's own deadline cuts it off.
 constexpr absl::Duration kWaitSlack = absl::Seconds(5);
+// How long a failing task spends telling the leader why (see ReportError).
+constexpr absl::Duration kReportErrorTimeout = absl::Seconds(2);
 
 void SetTask(const TaskKey& task, proto::CoordinatedTask* out) {
   out->set_type(task.type);
@@ -276,7 +278,10 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   request.set_error_code(static_cast<int>(error.code()));
   request.set_error_message(std::string(error.message()));
   grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
+  // Best effort and bounded tightly: the task is on its way out, and a leader that does
+  // not answer (gone, or cut off by the network) would hold it for the whole rpc_timeout;
+  // the others learn of the failure through their heartbeats anyway.
+  SetDeadline(context, std::min(options_.rpc_timeout, kReportErrorTimeout));
   proto::ReportErrorResponse response;
   return CallStatus("reporting its error", stub_->ReportError(&context, request, &response));
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/task.grpc.pb.h"
+#include "stratum/net/channel.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -72,6 +73,10 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // A second server on a port that is in use must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients ping during long calls to notice a silent peer (ChannelOptions): allow it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kMinKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(server->task_service_.get());
   for (grpc::Service* service : services) builder.RegisterService(service);
   server->server_ = builder.BuildAndStart();

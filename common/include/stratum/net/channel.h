@@ -25,10 +25,21 @@ struct ChannelOptions {
   int connect_timeout_ms = 5000;
   // Explicit message limits (gRPC's default receive limit is 4 MiB).
   int max_message_bytes = 256 * 1024 * 1024;
+  // Keepalive pings while calls are in flight. A peer cut off by the network sends no
+  // reset, so without them a call waits out its whole deadline (minutes, for a training
+  // closure); with them the connection is declared dead, and its calls fail UNAVAILABLE,
+  // within about keepalive_time_ms + keepalive_timeout_ms. Task servers accept pings
+  // down to kMinKeepaliveTimeMs apart.
+  int keepalive_time_ms = 2000;
+  int keepalive_timeout_ms = 5000;
   // Mutual TLS with the cluster's certificates; plaintext when empty. Every client a
   // binary creates takes the options its main built (TaskContext::channel_options()).
   std::optional<TlsCredentials> tls = std::nullopt;
 };
+
+// The shortest interval between keepalive pings a task server accepts (gRPC's default,
+// 5 minutes, would answer Stratum's clients with "too many pings" and close the connection).
+inline constexpr int kMinKeepaliveTimeMs = 1000;
 
 // A channel to "host:port": plaintext, or mutual TLS when `options.tls` is set.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
