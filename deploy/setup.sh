@@ -27,6 +27,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libspdlog-dev libeigen3-dev zlib1g-dev libssl-dev
   libgtest-dev libgmock-dev
+  iproute2  # the tests' simulated hosts (network namespaces)
   dataset-fashion-mnist
 )
 

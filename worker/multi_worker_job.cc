@@ -23,6 +23,23 @@ std::string HostOf(const std::string& address) {
   return host;
 }
 
+// Logs how this worker reaches each peer: "collective links: TCP to worker:1; Unix socket
+// (same host) to worker:2". Whoever reads a slow job's log sees which path it took.
+void LogCollectiveLinks(const Transport& transport, const std::vector<std::string>& names) {
+  std::vector<std::string> tcp, unix_socket;
+  for (int r = 0; r < transport.size(); ++r) {
+    absl::StatusOr<PeerLink> link = TcpPeerLink(transport, r);
+    if (!link.ok()) continue;  // this worker
+    (*link == PeerLink::kTcp ? tcp : unix_socket).push_back(names[static_cast<size_t>(r)]);
+  }
+  std::vector<std::string> parts;
+  if (!tcp.empty()) parts.push_back("TCP to " + absl::StrJoin(tcp, ", "));
+  if (!unix_socket.empty()) {
+    parts.push_back("Unix socket (same host) to " + absl::StrJoin(unix_socket, ", "));
+  }
+  if (!parts.empty()) spdlog::info("collective links: {}", absl::StrJoin(parts, "; "));
+}
+
 // NCCL sums GPU tensors: refused, with the fix, before any peer is waited for when this
 // build or this worker's replicas cannot use it.
 absl::Status CheckNcclDevices(const std::vector<std::string>& listed) {
@@ -79,6 +96,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   CoordinationRendezvous rendezvous(coordination);
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                            ConnectTcpTransport(tcp, rendezvous));
+  LogCollectiveLinks(*transport, tcp.names);
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
                            Collectives::Create(std::move(transport), communication));
   MirroredOptions local;

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/launch/launch_plan.h"
+#include "stratum/testing/network_hosts.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum::testing {
@@ -45,6 +46,11 @@ struct LocalClusterOptions {
   absl::Duration stop_grace = absl::Seconds(5);
   // Forward each task's output to stderr as "[worker:1] ...".
   bool forward_output = true;
+  // Runs each task on a simulated host of its own (in plan order: ps, workers, evaluator,
+  // chief; needs that many), at port 2222 of the host's address. The test's process is
+  // not on that network, so nothing is health-checked: Start and Restart return once the
+  // processes run, and the tasks wait for each other (give them --cluster_timeout).
+  const NetworkHosts* hosts = nullptr;
 };
 
 // The figures a training binary prints at its end ("test accuracy A, test loss L").

@@ -1,0 +1,126 @@
+// Jobs whose tasks run on separate simulated hosts (network namespaces joined by a
+// switch; see NetworkHosts): the collectives and RPCs cross a real network path with no
+// loopback and no same-host Unix sockets, and a host whose cable is pulled drops every
+// packet without a reset, the partition that makes TensorFlow's collectives and RPCs hang.
+// Needs root (CI runs as root); elsewhere these tests skip, saying why.
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "stratum/testing/local_cluster.h"
+#include "stratum/testing/network_hosts.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LocalCluster;
+using testing::NetworkHosts;
+using testing::TempPath;
+
+// Makes `count` hosts, or skips the test where hosts cannot be made (never under CI).
+#define MAKE_HOSTS_OR_SKIP(hosts, count)                                    \
+  if (std::string why = NetworkHosts::Unsupported(); !why.empty()) {        \
+    if (std::getenv("CI") != nullptr) FAIL() << why << " (required in CI)"; \
+    GTEST_SKIP() << why;                                                    \
+  }                                                                         \
+  auto hosts = NetworkHosts::Create(count);                                 \
+  ASSERT_TRUE(hosts.ok()) << hosts.status()
+
+std::string WriteJob(const std::string& example, const std::string& name, int epochs,
+                     int steps_per_epoch) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/" + example);
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["fit"]["epochs"] = epochs;
+  job["fit"]["steps_per_epoch"] = steps_per_epoch;
+  if (job["strategy"].contains("communication")) {
+    job["strategy"]["communication"]["timeout_seconds"] = 5;
+  }
+  job.erase("checkpoint");
+  const std::string path = TempPath(name + ".json");
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> StartMwms(const NetworkHosts& hosts,
+                                                        const std::string& job) {
+  return LocalCluster::Start(
+      {.num_workers = 2,
+       .args_by_type = {{"worker", {"--job=" + job, "--cluster_timeout=30s"}}},
+       .forward_output = false,
+       .hosts = &hosts});
+}
+
+TEST(MultiHostTest, MwmsWorkersOnTwoHostsTrainOverTcpAndAgree) {
+  MAKE_HOSTS_OR_SKIP(hosts, 2);
+  auto cluster = StartMwms(**hosts, WriteJob("fashion_mnist_mwms.json", "hosts_mwms", 1, 60));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(90));
+    ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"worker", w});
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+  }
+  // Another host's abstract Unix socket is out of reach: the peers found that and took TCP.
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("collective links: TCP to worker:1"));
+  EXPECT_THAT((*cluster)->Output({"worker", 1}), HasSubstr("collective links: TCP to worker:0"));
+  const absl::Status agree =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+}
+
+TEST(MultiHostTest, MwmsWorkersSplitByTheNetworkBothStopWithinTheTimeoutNamingTheOther) {
+  MAKE_HOSTS_OR_SKIP(hosts, 2);
+  auto cluster = StartMwms(**hosts, WriteJob("fashion_mnist_mwms.json", "hosts_split", 50, 100));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/50", absl::Seconds(60)))
+      << (*cluster)->Output({"worker", 0});
+  ASSERT_TRUE((*hosts)->Disconnect(1).ok());
+  // Nothing arrives and nothing is refused: only the collectives' deadline (5 s) can end
+  // the wait. Each side stops with an error naming the worker it lost.
+  const absl::Time cut = absl::Now();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(60));
+    ASSERT_TRUE(exit.ok()) << "worker:" << w << " still runs after the network split: "
+                           << (*cluster)->Output({"worker", w});
+    EXPECT_FALSE(exit->success());
+    EXPECT_THAT((*cluster)->Output({"worker", w}), HasSubstr(absl::StrCat("worker:", 1 - w)));
+  }
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(20))
+      << (*cluster)->Output({"worker", 0}) << (*cluster)->Output({"worker", 1});
+}
+
+TEST(MultiHostTest, PsJobFinishesWhenAWorkersHostIsCutOffAndTakesItBackWhenReconnected) {
+  // Plan order: ps:0 on host 0, worker:0 on 1, worker:1 on 2, the chief on 3.
+  MAKE_HOSTS_OR_SKIP(hosts, 4);
+  constexpr int kWorker1Host = 2;
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob("fashion_mnist_ps.json", "hosts_ps", 30, 100)}}},
+       .forward_output = false,
+       .hosts = &**hosts});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/30", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*hosts)->Disconnect(kWorker1Host).ok());
+  // The closure in flight on worker:1 gets no answer and no reset; the coordinator notices
+  // the silent connection and runs it on worker:0, which trains on meanwhile.
+  const std::string down = "worker:1 at " + (*cluster)->Address({"worker", 1}) + " is down";
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, down, absl::Seconds(40)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*hosts)->Reconnect(kWorker1Host).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
+  ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"chief", 0});
+  const std::string output = (*cluster)->Output({"chief", 0});
+  EXPECT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 30/30"));
+  EXPECT_THAT(output, HasSubstr("answers again; it will be set up anew"));
+}
+
+}  // namespace
+}  // namespace stratum
