@@ -122,5 +122,32 @@ TEST(MultiHostTest, PsJobFinishesWhenAWorkersHostIsCutOffAndTakesItBackWhenRecon
   EXPECT_THAT(output, HasSubstr("answers again; it will be set up anew"));
 }
 
+TEST(MultiHostTest, APsWhoseHostIsCutOffIsReportedByNameNotWaitedFor) {
+  // Plan order: ps:0 on host 0, ps:1 on host 1, worker:0 on 2, the chief on 3.
+  MAKE_HOSTS_OR_SKIP(hosts, 4);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob("fashion_mnist_ps.json", "hosts_ps_cut", 50, 100)}}},
+       .forward_output = false,
+       .hosts = &**hosts});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*hosts)->Disconnect(1).ok());
+  const absl::Time cut = absl::Now();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"chief", 0});
+  EXPECT_EQ(exit->exit_code, 1);
+  // No reset comes: the data path's TCP liveness (about 8 s) ends the wait, not the 30 s
+  // deadline of a push (seen 8.5 s; 30.5 s without it).
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(20)) << (*cluster)->Output({"chief", 0});
+  EXPECT_THAT(
+      (*cluster)->Output({"chief", 0}),
+      HasSubstr("a parameter server is unavailable: ps:1 at " + (*cluster)->Address({"ps", 1})));
+}
+
 }  // namespace
 }  // namespace stratum
