@@ -93,6 +93,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   tcp.host = HostOf(own_address);
   for (const TaskKey& task : tasks) tcp.names.push_back(task.ToString());
   tcp.connect_timeout = options.connect_timeout;
+  tcp.abort_check = [&coordination] { return coordination.cluster_error(); };
   CoordinationRendezvous rendezvous(coordination);
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                            ConnectTcpTransport(tcp, rendezvous));

@@ -3,6 +3,7 @@
 // dead peer, a stuck peer, ranks that disagree about sizes, a stranger without the token.
 #include "stratum/worker/collective/collectives.h"
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -37,7 +38,8 @@ struct Group {
   std::shared_ptr<InProcessTransportGroup> in_process;
 };
 
-Group MakeGroup(Kind kind, int n, CommunicationOptions options = {}) {
+Group MakeGroup(Kind kind, int n, CommunicationOptions options = {},
+                std::function<absl::Status()> abort_check = nullptr) {
   Group group;
   std::vector<std::unique_ptr<Transport>> transports(static_cast<size_t>(n));
   if (kind == Kind::kInProcess) {
@@ -52,7 +54,8 @@ Group MakeGroup(Kind kind, int n, CommunicationOptions options = {}) {
         TcpTransportOptions tcp{.rank = r,
                                 .size = n,
                                 .connect_timeout = absl::Seconds(10),
-                                .same_host_unix_sockets = kind == Kind::kUnix};
+                                .same_host_unix_sockets = kind == Kind::kUnix,
+                                .abort_check = abort_check};
         for (int i = 0; i < n; ++i) tcp.names.push_back(absl::StrCat("worker:", i));
         auto transport = ConnectTcpTransport(tcp, *rendezvous);
         statuses[r] = transport.status();
@@ -256,6 +259,27 @@ TEST_P(SocketCollectivesTest, AStuckPeerIsADeadlineNamingIt) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("worker:1"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("timeout"));
+}
+
+TEST_P(SocketCollectivesTest, TheAbortCheckEndsAWaitLongBeforeTheTimeout) {
+  std::atomic<bool> peer_lost{false};
+  Group group = MakeGroup(GetParam(), 2, {.timeout = absl::Seconds(60)}, [&] {
+    return peer_lost ? absl::UnavailableError("worker:1 sent no heartbeat for 11s")
+                     : absl::OkStatus();
+  });
+  std::vector<float> data(1 << 16, 1.0f);
+  // worker:1 never joins; a while later the job learns it is gone.
+  std::thread heartbeats([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    peer_lost = true;
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = group.ranks[0]->AllReduce(ReduceOp::kSum, data.data(), data.size());
+  heartbeats.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "should not wait for the timeout";
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("stopped waiting for worker:1"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("no heartbeat"));
 }
 
 TEST(TcpTransportTest, APeerThatNeverStartsIsNamed) {

@@ -189,8 +189,12 @@ absl::StatusOr<Socket> ConnectUnix(const std::string& name) {
 class TcpTransport : public Transport {
  public:
   TcpTransport(int rank, std::vector<Socket> peers, std::vector<PeerLink> links,
-               std::vector<std::string> names)
-      : rank_(rank), peers_(std::move(peers)), links_(std::move(links)), names_(std::move(names)) {}
+               std::vector<std::string> names, std::function<absl::Status()> abort_check)
+      : rank_(rank),
+        peers_(std::move(peers)),
+        links_(std::move(links)),
+        names_(std::move(names)),
+        abort_check_(std::move(abort_check)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(peers_.size()); }
@@ -214,7 +218,10 @@ class TcpTransport : public Transport {
   std::vector<Socket> peers_;  // peers_[rank_] is unused
   std::vector<PeerLink> links_;
   std::vector<std::string> names_;
+  std::function<absl::Status()> abort_check_;
 };
+
+constexpr int kAbortCheckMs = 200;
 
 absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
                                     absl::Time deadline) {
@@ -319,10 +326,17 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
         fds[count++] = {recv_fd, POLLIN, 0};
       }
     }
-    const int ready = poll(fds, count, MillisecondsUntil(deadline));
+    const int wait_ms = MillisecondsUntil(deadline);
+    const int ready = poll(fds, count, abort_check_ ? std::min(wait_ms, kAbortCheckMs) : wait_ms);
+    const bool waiting_to_receive = received < recv_total;
+    const int peer = waiting_to_receive ? recv.peer : send.peer;
+    if (ready == 0 && abort_check_) {
+      if (absl::Status abort = abort_check_(); !abort.ok()) {
+        return absl::Status(abort.code(), absl::StrCat("stopped waiting for ", PeerName(peer), ": ",
+                                                       abort.message()));
+      }
+    }
     if (ready == 0 && absl::Now() >= deadline) {
-      const bool waiting_to_receive = received < recv_total;
-      const int peer = waiting_to_receive ? recv.peer : send.peer;
       return absl::DeadlineExceededError(absl::StrCat(
           "timed out waiting for ", PeerName(peer),
           waiting_to_receive
@@ -495,8 +509,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
     }
     names.push_back(std::move(name));
   }
-  return std::unique_ptr<Transport>(
-      new TcpTransport(options.rank, std::move(peers), std::move(links), std::move(names)));
+  return std::unique_ptr<Transport>(new TcpTransport(
+      options.rank, std::move(peers), std::move(links), std::move(names), options.abort_check));
 }
 
 absl::StatusOr<PeerLink> TcpPeerLink(const Transport& transport, int rank) {

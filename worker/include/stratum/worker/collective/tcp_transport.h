@@ -18,6 +18,7 @@
 // uses, so a send and a receive progress together and the deadline bounds the whole call.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,11 @@ struct TcpTransportOptions {
   // Reach ranks of this host (same network namespace) over a Unix socket; false: TCP to
   // every rank (to compare the two, or where Unix sockets are not wanted).
   bool same_host_unix_sockets = true;
+  // Called about every 200 ms while an Exchange waits; an error from it ends the wait
+  // with that error. A job passes its coordination service's cluster error, so a peer
+  // that stopped heartbeating (cut off by the network) or reported a failure stops the
+  // collective in seconds rather than at its timeout.
+  std::function<absl::Status()> abort_check = nullptr;
 };
 
 // The kind of socket a transport uses to reach a peer.
