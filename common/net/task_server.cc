@@ -57,6 +57,18 @@ class TaskServer::PlaintextHealthImpl final : public grpc::health::v1::Health::S
   std::atomic<bool> serving_{false};
 };
 
+namespace {
+
+// Clients ping during long calls to notice a silent peer (ChannelOptions): accept their
+// pings, which gRPC's defaults would answer with "too many pings" and a closed connection.
+void AcceptKeepalivePings(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kMinKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     const TaskServerOptions& options, const std::vector<grpc::Service*>& services) {
   // Process-wide switch; must be set before the first ServerBuilder.
@@ -73,10 +85,7 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // A second server on a port that is in use must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Clients ping during long calls to notice a silent peer (ChannelOptions): allow it.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kMinKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  AcceptKeepalivePings(builder);
   builder.RegisterService(server->task_service_.get());
   for (grpc::Service* service : services) builder.RegisterService(service);
   server->server_ = builder.BuildAndStart();
@@ -95,6 +104,7 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     health.AddListeningPort(options.health_listen_address, grpc::InsecureServerCredentials(),
                             &server->health_port_);
     health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    AcceptKeepalivePings(health);
     health.RegisterService(server->plaintext_health_.get());
     server->health_server_ = health.BuildAndStart();
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
