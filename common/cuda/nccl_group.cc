@@ -20,6 +20,10 @@ bool InProgressOrOk(ncclResult_t result) {
   return result == ncclSuccess || result == ncclInProgress;
 }
 
+// How often a wait asks the abort check: a cluster error is a gRPC-free read, but the
+// spin below runs every few microseconds.
+constexpr absl::Duration kAbortCheckInterval = absl::Milliseconds(200);
+
 }  // namespace
 
 absl::StatusOr<std::string> NewNcclUniqueId() {
@@ -151,6 +155,7 @@ absl::StatusOr<bool> NcclGroup::Idle() const {
 
 absl::Status NcclGroup::PollUntil(const std::function<absl::StatusOr<bool>()>& done,
                                   absl::Time deadline, const std::string& what) {
+  absl::Time next_abort_check = absl::Now() + kAbortCheckInterval;
   for (int polls = 0;; ++polls) {
     absl::StatusOr<bool> finished = done();
     // A peer that died shows as an asynchronous error on the communicators.
@@ -166,7 +171,16 @@ absl::Status NcclGroup::PollUntil(const std::function<absl::StatusOr<bool>()>& d
           "checkpoint)")));
     }
     if (*finished) return absl::OkStatus();
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    if (options_.abort_check && now >= next_abort_check) {
+      next_abort_check = now + kAbortCheckInterval;
+      if (absl::Status abort = options_.abort_check(); !abort.ok()) {
+        return Abort(absl::Status(
+            abort.code(), absl::StrCat("gave up on ", what, " (ranks: ", options_.participants,
+                                       "): ", abort.message())));
+      }
+    }
+    if (now >= deadline) {
       return Abort(absl::DeadlineExceededError(absl::StrCat(
           what, " did not finish within ", absl::FormatDuration(options_.timeout), ": one of ",
           options_.participants,

@@ -12,6 +12,7 @@
 #include "stratum/cuda/all_reduce.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/device.h"
+#include "stratum/cuda/nccl_group.h"
 #include "stratum/cuda/replica.h"
 #include "stratum/util/devices.h"
 #include "stratum/worker/fit.h"
@@ -328,6 +329,45 @@ TEST(MirroredReplicasTest, NcclRefusesReplicasThatShareAGpu) {
   auto op = MakeDeviceAllReduce("NcclAllReduce", 1, {0, 0}, {&allocator}, 100);
   EXPECT_EQ(op.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(op.status().message(), HasSubstr("HierarchicalCopyAllReduce"));
+}
+
+// Rank 0 of a two-rank NCCL group whose rank 1 never joins (it runs on one GPU).
+NcclGroupOptions LonelyRank(absl::Duration timeout) {
+  NcclGroupOptions options;
+  options.unique_id = *NewNcclUniqueId();
+  options.num_ranks = 2;
+  options.devices = {0};
+  options.timeout = timeout;
+  options.participants = "worker:0, worker:1";
+  return options;
+}
+
+TEST(NcclGroupTest, APeerThatNeverJoinsEndsFormingTheGroupAtTheTimeout) {
+  SKIP_WITHOUT_GPU();
+  const absl::Time start = absl::Now();
+  auto group = NcclGroup::Create(LonelyRank(absl::Seconds(3)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+  EXPECT_THAT(group.status().message(), HasSubstr("forming the NCCL group of 2 ranks"));
+  EXPECT_THAT(group.status().message(), HasSubstr("worker:0, worker:1"));
+}
+
+// A peer the coordination service reports gone (no heartbeats) ends the wait in about the
+// check interval, not at the collective timeout.
+TEST(NcclGroupTest, TheAbortCheckEndsFormingTheGroupLongBeforeTheTimeout) {
+  SKIP_WITHOUT_GPU();
+  NcclGroupOptions options = LonelyRank(absl::Minutes(5));
+  const absl::Time start = absl::Now();
+  options.abort_check = [start] {
+    return absl::Now() - start < absl::Seconds(1)
+               ? absl::OkStatus()
+               : absl::UnavailableError("worker:1 sent no heartbeat for 11s");
+  };
+  auto group = NcclGroup::Create(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_EQ(group.status().code(), absl::StatusCode::kUnavailable) << group.status();
+  EXPECT_THAT(group.status().message(), HasSubstr("gave up on forming the NCCL group"));
+  EXPECT_THAT(group.status().message(), HasSubstr("worker:1 sent no heartbeat"));
 }
 
 FitData SyntheticFitData(int64_t n, int inputs) {

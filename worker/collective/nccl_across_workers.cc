@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<cuda::NcclGroup>> FormNcclAcrossWorkers(
   group.devices = options.devices;
   group.timeout = options.timeout;
   group.participants = absl::StrJoin(options.worker_names, ", ");
+  group.abort_check = [&rendezvous] { return rendezvous.cluster_error(); };
   return cuda::NcclGroup::Create(group);
 }
 #endif

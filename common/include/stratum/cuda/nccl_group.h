@@ -9,7 +9,9 @@
 // and every wait on them (forming the group, the all-reduces, closing it) polls NCCL's
 // asynchronous error and CUDA's events against a deadline; when it passes, or NCCL reports a
 // failure, the communicators are aborted and the error names the workers of the job and the
-// fix. The host never blocks in a CUDA call behind an NCCL kernel.
+// fix. The waits also poll an abort check (the coordination service's cluster error), so a
+// peer that stopped heartbeating or reported a failure ends them in seconds, not at the
+// timeout. The host never blocks in a CUDA call behind an NCCL kernel.
 //
 // Thread safety: one thread at a time.
 #pragma once
@@ -45,6 +47,9 @@ struct NcclGroupOptions {
   absl::Duration timeout = absl::Minutes(5);
   // Who the ranks are, for errors ("chief:0, worker:0, worker:1").
   std::string participants;
+  // Called about every 200 ms while a wait polls; an error from it aborts the group and
+  // ends the wait with that error (a job passes its coordination service's cluster error).
+  std::function<absl::Status()> abort_check = nullptr;
 };
 
 class NcclGroup final : public DeviceAllReduce {

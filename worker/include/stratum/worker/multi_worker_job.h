@@ -40,6 +40,7 @@ class CoordinationRendezvous : public Rendezvous {
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
     return client_.GetKeyValue(key, timeout);
   }
+  absl::Status cluster_error() const override { return client_.cluster_error(); }
 
  private:
   CoordinationClient& client_;

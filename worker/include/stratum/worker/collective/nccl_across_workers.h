@@ -7,7 +7,8 @@
 //   3. every worker reads the others' GPUs, refuses a job in which two replicas share a GPU
 //      (NCCL would fail with "Duplicate GPU detected"; here the error names the workers),
 //      takes its ranks (the replicas of the workers before it come first) and joins.
-// Every wait has the collectives' timeout as its deadline (cuda/nccl_group.h).
+// Every wait has the collectives' timeout as its deadline (cuda/nccl_group.h), and the
+// group's waits also stop at the rendezvous' cluster error: `rendezvous` must outlive it.
 #pragma once
 
 #include <memory>

@@ -79,6 +79,10 @@ class Rendezvous {
   virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
   // Waits up to `timeout` for `key`; DEADLINE_EXCEEDED naming the key when it never comes.
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  // OK, or why the peers will not come (in a job: the coordination service's cluster error,
+  // set when a task stopped heartbeating or reported a failure). Collectives poll it while
+  // they wait, to stop in seconds rather than at their timeout.
+  virtual absl::Status cluster_error() const { return absl::OkStatus(); }
 };
 
 // A Rendezvous in memory, shared by the ranks of one process (tests, benchmarks).
