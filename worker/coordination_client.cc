@@ -283,7 +283,15 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   // the others learn of the failure through their heartbeats anyway.
   SetDeadline(context, std::min(options_.rpc_timeout, kReportErrorTimeout));
   proto::ReportErrorResponse response;
-  return CallStatus("reporting its error", stub_->ReportError(&context, request, &response));
+  STRATUM_RETURN_IF_ERROR(
+      CallStatus("reporting its error", stub_->ReportError(&context, request, &response)));
+  // Learnt now rather than at the next heartbeat: the caller names the first failure.
+  absl::MutexLock lock(&mutex_);
+  if (cluster_error_.ok()) {
+    cluster_error_ = absl::Status(static_cast<absl::StatusCode>(response.cluster_error_code()),
+                                  response.cluster_error_message());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CoordinationAgent::Disconnect() {

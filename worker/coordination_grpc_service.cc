@@ -108,10 +108,15 @@ grpc::Status GrpcCoordinationService::WaitAtBarrier(grpc::ServerContext* context
 
 grpc::Status GrpcCoordinationService::ReportError(grpc::ServerContext*,
                                                   const proto::ReportErrorRequest* request,
-                                                  proto::ReportErrorResponse*) {
-  return ToGrpcStatus(service_.ReportError(
-      FromProto(request->task()), absl::Status(static_cast<absl::StatusCode>(request->error_code()),
-                                               request->error_message())));
+                                                  proto::ReportErrorResponse* response) {
+  const absl::Status reported = service_.ReportError(
+      FromProto(request->task()),
+      absl::Status(static_cast<absl::StatusCode>(request->error_code()), request->error_message()));
+  if (!reported.ok()) return ToGrpcStatus(reported);
+  const absl::Status first = service_.cluster_error();
+  response->set_cluster_error_code(static_cast<int>(first.code()));
+  response->set_cluster_error_message(std::string(first.message()));
+  return grpc::Status::OK;
 }
 
 }  // namespace stratum

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
@@ -11,6 +13,7 @@
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/tcp_transport.h"
 #include "stratum/worker/coordination_client.h"
+#include "stratum/worker/mirrored_strategy.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
 #include "stratum/worker/training_job.h"
 
@@ -63,6 +66,79 @@ absl::Status CheckNcclDevices(const std::vector<std::string>& listed) {
 #endif
 }
 
+// What every worker of a lock-step job must agree on, by the name a user would look for:
+// what decides the tensors reduced each step, their order and how many steps run, and the
+// cluster. Data file paths, checkpoint.dir and timeouts may differ from host to host.
+nlohmann::json LockStepTerms(const JobSpec& job, const ClusterSpec& cluster, size_t replicas,
+                             const FitData& data) {
+  nlohmann::json cluster_json = cluster.ToJson();
+  return {{"model", job.model},
+          {"compile.optimizer", job.optimizer},
+          {"compile.loss", job.loss},
+          {"compile.metrics", job.metrics},
+          {"fit.epochs", job.fit.epochs},
+          {"fit.steps_per_epoch", job.fit.steps_per_epoch},
+          {"fit.batch_size_per_replica", job.fit.batch_size_per_replica},
+          {"fit.shuffle_buffer", job.fit.shuffle_buffer},
+          {"fit.seed", job.fit.seed},
+          {"fit.validate", job.fit.validate},
+          {"data.rescale", job.data.rescale},
+          {"data.auto_shard_policy", job.data.auto_shard_policy},
+          {"data.train (examples)", data.train_examples},
+          {"data.test (examples)", data.test_examples},
+          {"strategy.devices (replicas)", replicas},
+          {"strategy.communication.implementation", job.strategy.communication.implementation},
+          {"strategy.communication.bytes_per_pack", job.strategy.communication.bytes_per_pack},
+          {"checkpoint.dir (set)", !job.checkpoint.dir.empty()},
+          {"checkpoint.every_steps", job.checkpoint.every_steps},
+          {"TF_CONFIG cluster.chief", cluster_json.value("chief", nlohmann::json::array())},
+          {"TF_CONFIG cluster.worker", cluster_json.value("worker", nlohmann::json::array())}};
+}
+
+// Workers started with different job files (or TF_CONFIG clusters) would train on in
+// lock-step and silently diverge (each applies its own optimizer to the summed gradients),
+// or fail an epoch later with a size mismatch. Each worker compares its terms with the
+// leader's before any collective: FAILED_PRECONDITION naming every term that differs.
+absl::Status CheckSameJobAsLeader(const nlohmann::json& terms, const std::vector<TaskKey>& tasks,
+                                  int rank, absl::Duration timeout, Rendezvous& rendezvous) {
+  constexpr char kKey[] = "job/lock_step_terms";
+  if (rank == 0) return rendezvous.Set(kKey, terms.dump());
+  STRATUM_ASSIGN_OR_RETURN(const std::string leader_dump, rendezvous.Get(kKey, timeout));
+  const nlohmann::json leader = nlohmann::json::parse(leader_dump, nullptr, false);
+  std::vector<std::string> differences;
+  for (const auto& [term, mine] : terms.items()) {
+    const nlohmann::json theirs = leader.is_object() ? leader.value(term, nlohmann::json()) : "?";
+    if (theirs == mine) continue;
+    const std::string a = mine.dump(), b = theirs.dump();
+    differences.push_back(a.size() + b.size() <= 120
+                              ? absl::StrCat(term, " (", a, " here, ", b, " on the leader)")
+                              : term);
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this worker's job differs from the leader's (", tasks[0].ToString(), ") in ",
+      absl::StrJoin(differences, ", "),
+      ": every worker of a multi_worker_mirrored job must run the same job file and the same "
+      "TF_CONFIG cluster; start them all with the same ones"));
+}
+
+// Reports this worker's failure to the coordination service (unless it already knows of
+// one: the first failure is the cluster error) and returns the error to print. When
+// another task failed first, this failure most likely followed from it (a peer that fails
+// exits and closes its connections, so its neighbours in the ring see "worker:3 closed the
+// connection" although worker:2 died), so the first failure leads the message.
+absl::Status FailJob(CoordinationClient& coordination, const absl::Status& error) {
+  if (coordination.cluster_error().ok()) (void)coordination.ReportError(error);
+  const absl::Status first = coordination.cluster_error();
+  const std::string self = coordination.task().ToString();
+  if (first.ok() || absl::StartsWith(first.message(), absl::StrCat(self, " failed: ")) ||
+      absl::StrContains(error.message(), first.message())) {
+    return error;
+  }
+  return absl::Status(first.code(), absl::StrCat(first.message(), "; ", self,
+                                                 " stopped as a result: ", error.message()));
+}
+
 absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions& options,
                                  CoordinationClient& coordination) {
   const std::vector<TaskKey> tasks = MultiWorkerTasks(options.cluster);
@@ -95,6 +171,11 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   tcp.connect_timeout = options.connect_timeout;
   tcp.abort_check = [&coordination] { return coordination.cluster_error(); };
   CoordinationRendezvous rendezvous(coordination);
+  STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> devices,
+                           ResolveLocalDevices(job.strategy.devices));
+  STRATUM_RETURN_IF_ERROR(CheckSameJobAsLeader(
+      LockStepTerms(job, options.cluster, devices.size() * job.strategy.logical_gpus_per_gpu, data),
+      tasks, rank, options.connect_timeout, rendezvous));
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                            ConnectTcpTransport(tcp, rendezvous));
   LogCollectiveLinks(*transport, tcp.names);
@@ -110,7 +191,10 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
                tasks.size(), strategy->NumLocalReplicas(),
                fit.batch_size_per_replica * strategy->NumReplicasInSync());
   auto scope = strategy->Scope();
-  return Fit(*strategy, model, loss, *optimizer, data, fit);
+  absl::StatusOr<FitSummary> summary = Fit(*strategy, model, loss, *optimizer, data, fit);
+  // Reported before the connections close: the peers that see them close learn why.
+  if (!summary.ok()) return FailJob(coordination, summary.status());
+  return summary;
 }
 
 }  // namespace
@@ -147,11 +231,8 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationAgent> agent,
                            CoordinationAgent::Connect(agent_options));
   absl::StatusOr<FitSummary> summary = Train(job, options, *agent);
-  if (!summary.ok()) {
-    // The others learn of it through their heartbeats and stop instead of waiting.
-    (void)agent->ReportError(summary.status());
-    return summary;
-  }
+  // The others learn of it through their heartbeats and stop instead of waiting.
+  if (!summary.ok()) return FailJob(*agent, summary.status());
   // The leader serves the coordination service: nobody leaves before everyone is done.
   STRATUM_RETURN_IF_ERROR(agent->WaitAtBarrier("stratum/end", options.connect_timeout));
   (void)agent->Disconnect();

@@ -139,6 +139,62 @@ TEST(MwmsTrainingTest, AWorkerThatNeverStartsIsNamedWhenTheWaitEnds) {
   EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("is it running?"));
 }
 
+// Workers started with different jobs would otherwise train on and silently diverge (each
+// applies its own optimizer to the summed gradients): both stop before training, naming
+// what differs.
+TEST(MwmsTrainingTest, WorkersWithDifferentJobsAreRefusedNamingWhatDiffers) {
+  const std::string job = WriteJob("mwms_job_a", 1, 10);
+  auto cluster =
+      LocalCluster::Start({.num_workers = 2,
+                           .not_started = {{"worker", 1}},
+                           .args_by_type = {{"worker", {"--job=" + job, "--cluster_timeout=30s"}}},
+                           .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::ifstream file(job);
+  nlohmann::json other = nlohmann::json::parse(file);
+  other["compile"]["optimizer"] = {{"class_name", "SGD"}, {"config", {{"learning_rate", 0.01}}}};
+  other["fit"]["seed"] = 7;
+  auto run = RunWorker(other, (*cluster)->TfConfig({"worker", 1}));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_NE(run->shell_code, 0);
+  EXPECT_THAT(run->output, HasSubstr("differs from the leader's (worker:0) in compile.optimizer"));
+  EXPECT_THAT(run->output, HasSubstr("fit.seed (7 here, 1 on the leader)"));
+  EXPECT_THAT(run->output, HasSubstr("start them all with the same ones"));
+  // The leader stops too, and says why.
+  auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_FALSE(exit->success());
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("worker:1 failed: this worker's job"));
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), ::testing::Not(HasSubstr("Epoch 1/1")));
+}
+
+// Of three workers in a ring, the one killed has a single neighbour that reads from it;
+// the other survivor sees that neighbour close its connections as it exits. Every survivor
+// must still name the worker that died, not the one that left because of it.
+TEST(MwmsTrainingTest, EverySurvivorNamesTheWorkerThatDiedNotTheOnesThatLeftAfterIt) {
+  // Long enough (about 20 s) to be killed in the middle.
+  auto cluster = StartJob(3, WriteJob("mwms_three", 40, 300), TempPath("mwms_three.json"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/40", absl::Seconds(60)))
+      << (*cluster)->Output({"worker", 0});
+  ASSERT_TRUE((*cluster)->Kill({"worker", 2}).ok());
+  for (const TaskKey& survivor : {TaskKey{"worker", 0}, TaskKey{"worker", 1}}) {
+    auto exit = (*cluster)->WaitForExit(survivor, absl::Seconds(30));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_FALSE(exit->success());
+    const std::string output = (*cluster)->Output(survivor);
+    // The error the binary exits with comes last.
+    const size_t error = output.rfind("stratum-worker: ");
+    ASSERT_NE(error, std::string::npos) << output;
+    const std::string last = output.substr(error);
+    // Its headline: the collective that failed when worker:2 left, maybe reported by the
+    // survivor that saw it first.
+    EXPECT_THAT(last, ::testing::ContainsRegex("^stratum-worker: (worker:[01] failed: )?all-reduce "
+                                               "of [0-9]+ bytes over 3 workers: worker:2 at "))
+        << survivor.ToString();
+  }
+}
+
 TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToTheSameResult) {
   // The reference: the same job, uninterrupted.
   const std::string reference_summary = TempPath("mwms_reference.json");

@@ -363,11 +363,21 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int tcp_listen
   while (missing > 0) {
     pollfd fds[2] = {{tcp_listener, POLLIN, 0}, {unix_listener, POLLIN, 0}};
     const nfds_t count = unix_listener >= 0 ? 2 : 1;
-    if (poll(fds, count, MillisecondsUntil(deadline)) == 0 && absl::Now() >= deadline) {
-      std::vector<std::string> absent;
-      for (int r = 0; r < options.rank; ++r) {
-        if (!peers[static_cast<size_t>(r)].valid()) absent.push_back(options.names[r]);
+    const int wait_ms = MillisecondsUntil(deadline);
+    const int ready =
+        poll(fds, count, options.abort_check ? std::min(wait_ms, kAbortCheckMs) : wait_ms);
+    std::vector<std::string> absent;
+    for (int r = 0; r < options.rank; ++r) {
+      if (!peers[static_cast<size_t>(r)].valid()) absent.push_back(options.names[r]);
+    }
+    if (ready == 0 && options.abort_check) {
+      if (absl::Status abort = options.abort_check(); !abort.ok()) {
+        return absl::Status(abort.code(),
+                            absl::StrCat("stopped waiting for ", absl::StrJoin(absent, ", "),
+                                         " to connect for collectives: ", abort.message()));
       }
+    }
+    if (ready == 0 && absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("timed out after ", absl::FormatDuration(options.connect_timeout),
                        " waiting for ", absl::StrJoin(absent, ", "),
@@ -462,6 +472,11 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     absl::StatusOr<std::string> peer_address =
         rendezvous.Get(absl::StrCat(options.key_prefix, "/address/", peer), left);
+    if (absl::Status cluster = rendezvous.cluster_error(); !cluster.ok()) {
+      return absl::Status(cluster.code(),
+                          absl::StrCat("stopped waiting for ", named.names[peer],
+                                       "'s collective address: ", cluster.message()));
+    }
     if (!peer_address.ok()) {
       return absl::DeadlineExceededError(
           absl::StrCat(named.names[peer], " did not publish its collective address within ",

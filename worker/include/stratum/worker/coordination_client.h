@@ -42,7 +42,8 @@ class CoordinationClient {
   // Waits up to `timeout` until every task arrived at barrier `id` (ids are single-use).
   // DEADLINE_EXCEEDED naming the tasks that did not arrive; the cluster error.
   virtual absl::Status WaitAtBarrier(const std::string& id, absl::Duration timeout) = 0;
-  // Reports that this task failed: the error becomes the cluster error every task sees.
+  // Reports that this task failed: the error becomes the cluster error every task sees,
+  // unless another task failed first; either way cluster_error() returns it afterwards.
   virtual absl::Status ReportError(const absl::Status& error) = 0;
   // OK, or why the cluster cannot go on (another task failed, or the leader was lost).
   // Collective code polls it while it waits for peers.
