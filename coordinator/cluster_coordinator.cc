@@ -1,5 +1,7 @@
 #include "stratum/coordinator/cluster_coordinator.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace stratum {
@@ -114,14 +116,37 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
   }
 }
 
+absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condition& condition,
+                                                              absl::Time deadline) {
+  constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (options_.cancel == nullptr) return mutex_.AwaitWithDeadline(condition, deadline);
+    if (mutex_.AwaitWithTimeout(condition, std::min(kCancelPoll, deadline - now))) return true;
+    if (options_.cancel->HasBeenNotified()) {
+      const std::string pending = absl::StrCat(queue_.size(), " closures queued and ", in_flight_,
+                                               " in flight were dropped");
+      CancelQueued(absl::CancelledError("the coordinator was stopped by a signal"));
+      return absl::CancelledError(
+          absl::StrCat("stopped by a signal during training (", pending, ")"));
+    }
+    if (absl::Now() >= deadline) return false;
+  }
+}
+
 absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
     std::string function, std::vector<Tensor> args) {
   absl::MutexLock lock(&mutex_);
   if (!error_.ok()) return TakeError();
+  if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {
+    return absl::CancelledError("stopped by a signal during training");
+  }
   auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
     return static_cast<int>(queue_.size()) < options_.max_queue_size || !error_.ok();
   };
-  mutex_.Await(absl::Condition(&room));
+  absl::StatusOr<bool> waited =
+      AwaitUnlessCancelled(absl::Condition(&room), absl::InfiniteFuture());
+  if (!waited.ok()) return waited.status();
   if (!error_.ok()) return TakeError();
   Pending pending;
   pending.closure.function = std::move(function);
@@ -137,7 +162,9 @@ absl::Status ClusterCoordinator::Join(absl::Duration timeout) {
   absl::MutexLock lock(&mutex_);
   auto idle = [this]()
                   ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
-  if (!mutex_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+  absl::StatusOr<bool> idled = AwaitUnlessCancelled(absl::Condition(&idle), absl::Now() + timeout);
+  if (!idled.ok()) return idled.status();
+  if (!*idled) {
     return absl::DeadlineExceededError(absl::StrCat(
         "Join waited ", absl::FormatDuration(timeout), " with ", queue_.size(),
         " closures queued and ", in_flight_, " in flight: check that the workers are up"));

@@ -211,6 +211,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   }
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.closures_per_worker = std::max(1, options.closures_per_worker);
+  coordinator_options.cancel = options.cancel;
   ClusterCoordinator coordinator(std::move(executors), coordinator_options);
 
   // Test data, evaluated here after each epoch.
@@ -297,18 +298,18 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
     return absl::OkStatus();
   };
-  while (true) {
-    absl::Status trained = train_epochs();
-    if (trained.ok()) break;
-    // Better than TensorFlow: a parameter server that comes back is re-seeded from the last
-    // checkpoint and training goes on, without restarting the job.
+  // Better than TensorFlow: a parameter server that comes back is re-seeded from the last
+  // checkpoint and training goes on, without restarting the job. Another PS failing while
+  // they are re-seeded is waited for the same way.
+  absl::Status failure = train_epochs();
+  while (!failure.ok()) {
     const bool ps_failed =
-        absl::StrContains(trained.message(), "a parameter server is unavailable");
+        absl::StrContains(failure.message(), "a parameter server is unavailable");
     if (!ps_failed || !checkpoints || options.ps_recovery_timeout <= absl::ZeroDuration()) {
-      return trained;
+      return failure;
     }
     std::fprintf(options.out, "%s; waiting up to %s for it to come back\n",
-                 std::string(trained.message()).c_str(),
+                 std::string(failure.message()).c_str(),
                  absl::FormatDuration(options.ps_recovery_timeout).c_str());
     std::fflush(options.out);
     ClusterSpec ps_only;
@@ -318,24 +319,37 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     wait.timeout = options.ps_recovery_timeout;
     wait.cancel = options.cancel;
     wait.channel = options.channel;
+    wait.timeout_flag = "--ps_recovery_timeout";
     if (absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
         !back.ok()) {
+      if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
+        return absl::CancelledError(absl::StrCat(
+            "stopped by a signal while waiting for the parameter servers: ", failure.message()));
+      }
       return absl::UnavailableError(
-          absl::StrCat(trained.message(), "; it did not come back: ", back.status().message()));
+          absl::StrCat(failure.message(), "; it did not come back: ", back.status().message()));
     }
-    if (absl::Status status =
-            variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
-        !status.ok()) {
-      return status;
+    absl::Status reseeded = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
+    absl::StatusOr<std::optional<int64_t>> restored = std::nullopt;
+    if (reseeded.ok()) {
+      restored = checkpoints->RestoreLatest();
+      reseeded = restored.status();
     }
-    absl::StatusOr<std::optional<int64_t>> restored = checkpoints->RestoreLatest();
-    if (!restored.ok()) return restored.status();
+    if (!reseeded.ok()) {
+      // A parameter server that fails again (or another one) is waited for again.
+      if (!absl::IsUnavailable(reseeded) && !absl::IsDeadlineExceeded(reseeded)) return reseeded;
+      failure = absl::UnavailableError(
+          absl::StrCat("a parameter server is unavailable while the others are re-seeded: ",
+                       reseeded.message()));
+      continue;
+    }
     global_step = restored->value_or(0);
     std::fprintf(options.out,
                  "the parameter servers are back: restored the checkpoint at step %lld and "
                  "training goes on\n",
                  static_cast<long long>(global_step));
     std::fflush(options.out);
+    failure = train_epochs();
   }
   if (summary.history.empty() && data->has_test) {
     // The checkpoint already completes the job: report the model it holds.

@@ -39,8 +39,10 @@ PsClient::PsClient(std::string task, std::string address, PsClientOptions option
 std::string PsClient::Peer() const { return absl::StrCat(task_, " at ", address_); }
 
 absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<NamedValue>& initial,
-                                                            const nlohmann::json& optimizer) {
+                                                            const nlohmann::json& optimizer,
+                                                            bool replace) {
   proto::CreateVariablesRequest request;
+  request.set_replace(replace);
   const std::string optimizer_json = optimizer.is_null() ? "" : optimizer.dump();
   for (const NamedValue& variable : initial) {
     proto::VariableDef* def = request.add_variables();

@@ -1,6 +1,7 @@
 #include "stratum/ps/ps_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stratum/net/status.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
@@ -71,8 +72,12 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
             absl::StrCat("optimizer of variable \"", def.name(), "\" is not valid JSON")));
       }
     }
-    absl::StatusOr<bool> created = store_.Create(def.name(), *initial, optimizer);
+    absl::StatusOr<bool> created =
+        store_.Create(def.name(), *initial, optimizer, request->replace());
     if (!created.ok()) return ToGrpcStatus(created.status());
+    if (!*created && request->replace()) {
+      spdlog::info("variable {} started afresh: it held an earlier job's value", def.name());
+    }
     response->add_created(*created);
   }
   return grpc::Status::OK;

@@ -66,7 +66,9 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
       const Tensor& variable = initial[variable_of_shard_[s]];
       values.push_back({shard.name, RowsOf(variable, shard)});
     }
-    return clients_[static_cast<size_t>(task)]->CreateVariables(values, optimizer).status();
+    return clients_[static_cast<size_t>(task)]
+        ->CreateVariables(values, optimizer, /*replace=*/true)
+        .status();
   });
 }
 

@@ -38,7 +38,7 @@ std::string OptimizerName(const nlohmann::json& config) {
 }  // namespace
 
 absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor& initial,
-                                           const nlohmann::json& optimizer_config) {
+                                           const nlohmann::json& optimizer_config, bool replace) {
   if (name.empty()) return absl::InvalidArgumentError("a variable needs a name");
   if (initial.dtype() != DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat("variable \"", name, "\" is ",
@@ -52,6 +52,9 @@ absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor
     optimizer = *std::move(made);
   }
   absl::MutexLock lock(&table_mutex_);
+  const bool existed = variables_.count(name) > 0;
+  // A push in flight keeps the replaced variable alive and updates it, not the new one.
+  if (replace) variables_.erase(name);
   if (auto existing = variables_.find(name); existing != variables_.end()) {
     const Variable& variable = *existing->second;
     absl::MutexLock variable_lock(&variable.mutex);
@@ -78,7 +81,7 @@ absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor
   variable->optimizer = std::move(optimizer);
   variable->optimizer_config = optimizer_config;
   variables_.emplace(name, std::move(variable));
-  return true;
+  return !existed;
 }
 
 absl::StatusOr<std::shared_ptr<VariableStore::Variable>> VariableStore::Find(
@@ -288,11 +291,8 @@ absl::StatusOr<VariableSnapshot> VariableStore::Snapshot(const std::string& name
 
 absl::Status VariableStore::Restore(const VariableSnapshot& snapshot) {
   const std::string& name = snapshot.info.name;
-  {
-    absl::MutexLock lock(&table_mutex_);
-    variables_.erase(name);
-  }
-  absl::StatusOr<bool> created = Create(name, snapshot.value, snapshot.optimizer_config);
+  absl::StatusOr<bool> created =
+      Create(name, snapshot.value, snapshot.optimizer_config, /*replace=*/true);
   if (!created.ok()) return created.status();
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();

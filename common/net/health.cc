@@ -162,8 +162,8 @@ absl::StatusOr<std::vector<TaskReport>> WaitForClusterHealthy(const ClusterSpec&
     return absl::DeadlineExceededError(absl::StrCat(
         missing.size(), missing.size() == 1 ? " task" : " tasks", " never answered within ",
         absl::FormatDuration(options.timeout), ": ", absl::StrJoin(missing, ", "),
-        "; check that each is running and reachable at that address, or raise "
-        "--cluster_timeout"));
+        "; check that each is running and reachable at that address, or raise ",
+        options.timeout_flag));
   }
   return reports;
 }

@@ -1,5 +1,7 @@
 #include "stratum/coordinator/cluster_coordinator.h"
 
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -184,6 +186,27 @@ TEST(ClusterCoordinatorTest, AClosureThatKillsEveryWorkerBecomesAnError) {
   EXPECT_EQ(joined.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(joined.message()), HasSubstr("failed on 3 workers in a row"));
   EXPECT_EQ(value->status(), RemoteValueStatus::kAborted);
+}
+
+// SIGTERM while every worker is down: Join (and Schedule on a full queue) would otherwise
+// wait for a worker to come back, however long that takes.
+TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
+  absl::Notification cancel;
+  Fixture f(1, {.max_queue_size = 1, .cancel = &cancel});
+  f.fakes[0]->DieOnNextCall();  // and never restarted
+  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  std::thread signal([&cancel] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cancel.Notify();
+  });
+  const absl::Time start = absl::Now();
+  absl::Status joined = f.coordinator->Join();
+  signal.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(joined.code(), absl::StatusCode::kCancelled) << joined;
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("stopped by a signal"));
+  EXPECT_EQ(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).status().code(),
+            absl::StatusCode::kCancelled);
 }
 
 TEST(ClusterCoordinatorTest, JoinHasADeadlineThatSaysWhatIsPending) {

@@ -64,6 +64,28 @@ TEST_F(PsServiceTest, CreateIsIdempotentAndConflictsAreNamed) {
               HasSubstr("ps:0 at " + cluster_->Address({"ps", 0}) + ": variable \"w\" exists"));
 }
 
+// A new job's coordinator on long-lived parameter servers: what an earlier job trained
+// (value, update count; even another shape) does not leak into the new one.
+TEST_F(PsServiceTest, CreateWithReplaceStartsExistingVariablesAfresh) {
+  ASSERT_TRUE(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}).ok());
+  const Tensor initial = Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8});
+  auto replaced = client_->CreateVariables({{"w", initial}}, kSgd, /*replace=*/true);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_FALSE((*replaced)[0]);
+  EXPECT_TRUE(Value("w").BitwiseEqual(initial));
+  auto list = client_->ListVariables();
+  ASSERT_TRUE(list.ok());
+  for (const auto& variable : list->variables()) {
+    if (variable.name() == "w") {
+      EXPECT_EQ(variable.updates(), 0);
+    }
+  }
+  auto reshaped = client_->CreateVariables({{"w", Tensor::FromVector<float>({3}, {1, 2, 3})}}, kSgd,
+                                           /*replace=*/true);
+  ASSERT_TRUE(reshaped.ok()) << reshaped.status();
+  EXPECT_EQ(Value("w").shape(), Shape({3}));
+}
+
 TEST_F(PsServiceTest, BadRequestsAreRefusedAndChangeNothing) {
   const Tensor before = Value("w");
   auto expect_refused = [&](absl::Status status, absl::StatusCode code, const std::string& text) {

@@ -10,6 +10,7 @@
 
 #include "nlohmann/json.hpp"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/util/subprocess.h"
 
 namespace stratum {
 namespace {
@@ -222,6 +223,97 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   std::filesystem::remove_all(checkpoints);
+}
+
+// A second parameter server that fails while the first is being re-seeded is waited for
+// the same way, not the end of the job.
+TEST(PsTrainingTest, APsThatFailsWhileAnotherIsReseededIsWaitedForToo) {
+  const std::string checkpoints = TempPath("ckpt_ps_twice");
+  std::filesystem::remove_all(checkpoints);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "ps_twice_job", checkpoints, 50)}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"ps", 0}).ok());
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << (*cluster)->Output({"chief", 0});
+  // ps:0 answers again, and ps:1 dies as the coordinator re-seeds them (or just before).
+  ASSERT_TRUE((*cluster)->Restart({"ps", 0}).ok());
+  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
+  absl::SleepFor(absl::Seconds(2));
+  ASSERT_FALSE((*cluster)->WaitForExit({"chief", 0}, absl::ZeroDuration()).ok())
+      << "the coordinator gave up: " << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Restart({"ps", 1}).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back"));
+  EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
+  std::filesystem::remove_all(checkpoints);
+}
+
+// SIGTERM while every worker is down: the coordinator stops at once instead of waiting for
+// a worker to come back.
+TEST(PsTrainingTest, ASigtermStopsTheCoordinatorWhileNoWorkerIsUp) {
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(50, 100, "no_worker_job")}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Kill({"worker", 0}).ok());
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "is down", absl::Seconds(30)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
+  const absl::Time signalled = absl::Now();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
+  EXPECT_EQ(exit->exit_code, 1);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}), HasSubstr("stopped by a signal during training"));
+}
+
+// Long-lived parameter servers: a new job's coordinator starts from its own initial
+// variables, not from what an earlier job trained on them.
+TEST(PsTrainingTest, ANewJobOnLongLivedPsStartsFromItsOwnInitialVariables) {
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .chief = true,
+                                      .not_started = {{"chief", 0}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const std::string run : {"first", "second"}) {
+    const std::string checkpoints = TempPath("ckpt_" + run);
+    std::filesystem::remove_all(checkpoints);
+    SubprocessOptions options;
+    options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-coordinator",
+                    "--job=" + WriteJob(1, 60, "long_lived_" + run, checkpoints, 60)};
+    options.env = {{"TF_CONFIG", (*cluster)->TfConfig({"chief", 0})}};
+    options.forward_fd = -1;
+    options.capture_output = true;
+    auto process = Subprocess::Spawn(std::move(options));
+    ASSERT_TRUE(process.ok()) << process.status();
+    auto exit = (*process)->Wait(absl::Seconds(60));
+    ASSERT_TRUE(exit.ok() && exit->success()) << (*process)->output();
+    // Every variable of the second job has had its own 60 updates, not 120.
+    std::ifstream pointer(checkpoints + "/checkpoint");
+    const nlohmann::json latest = nlohmann::json::parse(pointer);
+    std::ifstream file(checkpoints + "/" + latest["latest"].get<std::string>() + "/manifest.json");
+    const nlohmann::json manifest = nlohmann::json::parse(file);
+    for (const auto& variable : manifest["files"][0]["variables"]) {
+      EXPECT_EQ(variable["updates"], 60) << run << ": " << variable.dump();
+    }
+    std::filesystem::remove_all(checkpoints);
+  }
 }
 
 TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {

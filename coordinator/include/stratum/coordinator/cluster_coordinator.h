@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stratum/tensor/tensor.h"
 
@@ -82,6 +83,9 @@ struct ClusterCoordinatorOptions {
   int max_queue_size = 128;     // Schedule blocks while this many closures are queued
   int closures_per_worker = 1;  // closures in flight per worker
   int max_attempts = 10;        // a closure that failed on this many workers is an error
+  // Notified (SIGTERM): Schedule and Join stop waiting (for room in the queue, for the
+  // closures, however long the workers stay down) and return CANCELLED.
+  const absl::Notification* cancel = nullptr;
 };
 
 class ClusterCoordinator {
@@ -113,6 +117,10 @@ class ClusterCoordinator {
   // Takes the raised-once error, if any. Requires mutex_.
   absl::Status TakeError() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void CancelQueued(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits for `condition` until `deadline`, checking options_.cancel every 100 ms. Returns
+  // false at the deadline; CANCELLED (and cancels the queue) when cancel was notified.
+  absl::StatusOr<bool> AwaitUnlessCancelled(const absl::Condition& condition, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterCoordinatorOptions options_;
   std::vector<std::unique_ptr<WorkerExecutor>> workers_;

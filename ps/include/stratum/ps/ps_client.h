@@ -44,9 +44,11 @@ class PsClient {
   const std::string& task() const { return task_; }
   const std::string& address() const { return address_; }
 
-  // Creates variables (idempotent for identical specs); returns which were new.
+  // Creates variables (idempotent for identical specs; `replace`: existing ones start
+  // afresh, see VariableStore::Create); returns which were new.
   absl::StatusOr<std::vector<bool>> CreateVariables(const std::vector<NamedValue>& initial,
-                                                    const nlohmann::json& optimizer);
+                                                    const nlohmann::json& optimizer,
+                                                    bool replace = false);
   absl::StatusOr<std::vector<Tensor>> Pull(const std::vector<std::string>& names);
   // Applies the gradients; with `pulled` the updated values come back in the same call.
   absl::Status Push(const std::vector<NamedValue>& gradients,

@@ -23,7 +23,8 @@ class ShardedVariables {
   ShardedVariables(std::vector<std::string> names, std::vector<Shape> shapes,
                    std::vector<ShardSpec> shards, std::vector<std::unique_ptr<PsClient>> clients);
 
-  // Creates every shard with its rows of `initial` and the optimizer (idempotent).
+  // Creates every shard with its rows of `initial` and the optimizer. Shards that exist
+  // (an earlier job's, on a long-lived parameter server) start afresh: the job owns them.
   absl::Status Create(const std::vector<Tensor>& initial, const nlohmann::json& optimizer);
   // The current values, whole.
   absl::StatusOr<std::vector<Tensor>> Pull();

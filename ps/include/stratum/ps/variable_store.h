@@ -52,11 +52,13 @@ class VariableStore {
 
   // Creates `name` with `initial` (float32) and the Keras optimizer `optimizer` (null: no
   // optimizer; ApplyGradient is then refused). Creating an existing variable again with
-  // the same dtype, shape and optimizer is a no-op that returns false (workers and
-  // restarted coordinators may repeat it); a different spec is ALREADY_EXISTS naming the
-  // difference. Returns true when the variable was created.
+  // the same dtype, shape and optimizer is a no-op that returns false; a different spec
+  // is ALREADY_EXISTS naming the difference. With `replace` an existing variable starts
+  // afresh instead (value, optimizer, slots, update count), whatever its spec: a new job's
+  // coordinator initializes its variables, whatever an earlier job left on a long-lived
+  // parameter server. Returns true when no variable of the name existed.
   absl::StatusOr<bool> Create(const std::string& name, const Tensor& initial,
-                              const nlohmann::json& optimizer);
+                              const nlohmann::json& optimizer, bool replace = false);
 
   absl::StatusOr<Tensor> Read(const std::string& name) const;
   // Copies the value of `name`, under its lock, into the memory `destination` returns for
