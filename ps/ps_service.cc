@@ -5,6 +5,7 @@
 #include "stratum/net/status.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/json_depth.h"
 
 namespace stratum {
 namespace {
@@ -66,6 +67,12 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
     }
     nlohmann::json optimizer = nullptr;
     if (!def.optimizer_json().empty()) {
+      if (absl::Status deep = CheckJsonDepth(
+              def.optimizer_json(), absl::StrCat("the optimizer of variable \"", def.name(), "\""),
+              "send a Keras optimizer config");
+          !deep.ok()) {
+        return ToGrpcStatus(deep);
+      }
       optimizer = nlohmann::json::parse(def.optimizer_json(), nullptr, /*allow_exceptions=*/false);
       if (optimizer.is_discarded()) {
         return ToGrpcStatus(absl::InvalidArgumentError(

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/json_depth.h"
 
 namespace stratum {
 absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path) {
@@ -14,7 +15,10 @@ absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path) {
   if (!file) return absl::NotFoundError(absl::StrCat(path, " is missing"));
   std::stringstream text;
   text << file.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json json =
+      JsonNestingDepth(text.str()) > kMaxJsonDepth
+          ? nlohmann::json(nlohmann::json::value_t::discarded)
+          : nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::DataLossError(absl::StrCat(path, " is not a JSON object: it is corrupt"));
   }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "stratum/util/json_depth.h"
 
 namespace stratum {
 namespace {
@@ -128,9 +129,11 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
   for (int i = 0; i < 8; ++i)
     length |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   if (length > bytes.size() - 8) return corrupt("its header runs past the end of the file");
+  const absl::string_view header_text(bytes.data() + 8, length);
+  if (JsonNestingDepth(header_text) > kMaxJsonDepth) return corrupt("its header nests too deep");
   const nlohmann::json header =
-      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(length),
-                            nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(header_text.begin(), header_text.end(), nullptr,
+                            /*allow_exceptions=*/false);
   if (!header.is_object()) return corrupt("its header is not a JSON object");
   const size_t data_start = 8 + length;
   TensorFile file;

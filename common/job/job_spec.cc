@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stratum/util/json_depth.h"
 
 namespace stratum {
 namespace {
@@ -165,6 +166,11 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
                                      absl::string_view base_dir) {
+  if (absl::Status deep = CheckJsonDepth(json_text, absl::StrCat(source, ": the job"),
+                                         "it is not a job file; fix the file");
+      !deep.ok()) {
+    return deep;
+  }
   json root;
   try {
     root = json::parse(json_text.begin(), json_text.end());

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stratum/util/json_depth.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -80,6 +81,11 @@ std::string Where(const std::string& layer, const std::string& class_name) {
 }
 
 absl::StatusOr<json> ParseText(absl::string_view text) {
+  if (absl::Status deep =
+          CheckJsonDepth(text, "the model JSON", "pass the text of Keras' model.to_json()");
+      !deep.ok()) {
+    return deep;
+  }
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {

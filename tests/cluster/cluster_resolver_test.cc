@@ -57,6 +57,14 @@ TEST(TFConfigClusterResolverTest, EmptyTfConfigMeansLocal) {
   EXPECT_EQ(resolver->master(), "");
 }
 
+TEST(TFConfigClusterResolverTest, ADeeplyNestedTfConfigIsRefusedNotACrash) {
+  auto resolver = TFConfigClusterResolver::Create(R"({"cluster": )" + std::string(60000, '[') +
+                                                  std::string(60000, ']') + "}");
+  EXPECT_EQ(resolver.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(resolver.status().message()),
+              HasSubstr("TF_CONFIG nests arrays and objects 60001 levels deep"));
+}
+
 TEST(TFConfigClusterResolverTest, AcceptsAndIgnoresEnvironment) {
   auto resolver = TFConfigClusterResolver::Create(
       Config(R"({"type": "ps", "index": 0})", R"(, "environment": "cloud")"));

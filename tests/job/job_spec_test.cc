@@ -1,4 +1,5 @@
 #include "stratum/job/job_spec.h"
+#include "stratum/util/json_depth.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -86,6 +87,18 @@ TEST(JobSpecTest, MissingFileIsNotFound) {
   auto job = LoadJobSpec("/nonexistent/job.json");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("--job"));
+}
+
+// Printing or walking a value recurses once per level: a job nested 60,000 levels deep
+// crashed the binaries (stack overflow) while its error message was being written.
+TEST(JobSpecTest, ADeeplyNestedJobIsRefusedNotACrash) {
+  const std::string deep = std::string(60000, '[') + std::string(60000, ']');
+  auto job = ParseJobSpec(deep, "deep.json");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("deep.json: the job nests arrays and objects 60000 levels deep"));
+  // Brackets inside strings do not count.
+  EXPECT_EQ(JsonNestingDepth(R"({"a": "[[[[\"[[[", "b": [[1]]})"), 3);
 }
 
 TEST(JobSpecTest, TheShippedExampleParses) {
