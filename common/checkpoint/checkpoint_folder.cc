@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +20,16 @@ namespace fs = std::filesystem;
 constexpr char kLatestFile[] = "checkpoint";
 
 std::string FolderName(int64_t step) { return absl::StrFormat("ckpt-%012d", step); }
+
+// The step of a folder named by FolderName; -1 for any other name.
+int64_t StepOfFolder(const std::string& name) {
+  int64_t step = 0;
+  if (name.size() != 17 || name.rfind("ckpt-", 0) != 0 ||
+      !absl::SimpleAtoi(name.substr(5), &step) || FolderName(step) != name) {
+    return -1;
+  }
+  return step;
+}
 
 }  // namespace
 
@@ -61,13 +72,40 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
 
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {
   const std::string pointer = absl::StrCat(dir, "/", kLatestFile);
-  if (!fs::exists(pointer)) return std::optional<std::string>();
+  if (!fs::exists(pointer)) {
+    // Without the pointer a job starts from scratch and its first save would overwrite
+    // what is there: complete checkpoints without it mean it was lost, not a new job.
+    std::vector<std::string> complete;
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(dir, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("ckpt-", 0) == 0 && fs::exists(entry.path() / "manifest.json")) {
+        complete.push_back(name);
+      }
+    }
+    if (complete.empty()) return std::optional<std::string>();
+    std::sort(complete.begin(), complete.end());
+    const std::string& newest = complete.back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " holds ", complete.size(), " complete checkpoint(s), the newest ", newest,
+        ", but no \"checkpoint\" file naming the latest: it was deleted or lost. To resume "
+        "from the newest, write {\"latest\": \"",
+        newest, "\", \"step\": ", StepOfFolder(newest), "} to ", pointer,
+        "; to train from scratch, remove ", dir, " or set another checkpoint.dir"));
+  }
   absl::StatusOr<nlohmann::json> latest = ReadJsonObjectFile(pointer);
   if (!latest.ok()) return latest.status();
   if (!latest->contains("latest") || !(*latest)["latest"].is_string()) {
     return absl::DataLossError(absl::StrCat(pointer, " names no checkpoint: it is corrupt"));
   }
-  return std::optional<std::string>(absl::StrCat(dir, "/", (*latest)["latest"].get<std::string>()));
+  // Only a folder of this checkpoint directory, as CommitCheckpoint names them.
+  const std::string name = (*latest)["latest"].get<std::string>();
+  if (StepOfFolder(name) < 0) {
+    return absl::DataLossError(absl::StrCat(pointer, " names \"", name,
+                                            "\", not a checkpoint folder of ", dir,
+                                            " (ckpt-<12-digit step>): it is corrupt"));
+  }
+  return std::optional<std::string>(absl::StrCat(dir, "/", name));
 }
 
 }  // namespace stratum

@@ -2,10 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "stratum/checkpoint/checkpoint_folder.h"
 
 namespace stratum {
 namespace {
@@ -79,6 +82,34 @@ TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
   auto read = ReadSafetensors(path, first->crc32);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read->tensors[0].second.data<float>(), 1);
+}
+
+// The folder layout: without its "checkpoint" file a folder of complete checkpoints is not
+// a new job (its first save would overwrite them), and the file may only name a folder of
+// its own directory.
+TEST(CheckpointFolderTest, ALostPointerFileIsRefusedWithTheFixNotOverwritten) {
+  const std::string dir = Path("ckpt_layout");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 5).ok());
+  EXPECT_FALSE(LatestCheckpointFolder(dir)->has_value());  // a half-written folder only
+  ASSERT_TRUE(CommitCheckpoint(dir, 5, {{"step", 5}}, 3).ok());
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 10).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 10, {{"step", 10}}, 3).ok());
+  EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 10));
+
+  std::filesystem::remove(dir + "/checkpoint");
+  auto lost = LatestCheckpointFolder(dir);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(lost.status().message()),
+              HasSubstr("holds 2 complete checkpoint(s), the newest ckpt-000000000010, but no "
+                        "\"checkpoint\" file"));
+  EXPECT_THAT(std::string(lost.status().message()),
+              HasSubstr("{\"latest\": \"ckpt-000000000010\", \"step\": 10}"));
+
+  std::ofstream(dir + "/checkpoint")
+      << R"({"latest": "../elsewhere/ckpt-000000000010", "step": 10})";
+  EXPECT_EQ(LatestCheckpointFolder(dir).status().code(), absl::StatusCode::kDataLoss);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
