@@ -10,7 +10,7 @@
 namespace stratum {
 namespace {
 
-constexpr char kFormat[] = "stratum-fit-checkpoint-1";
+constexpr const char* kFormat = kFitCheckpointFormat;
 constexpr char kFile[] = "state.safetensors";
 
 std::string SlotName(const VariableSpec& variable, const std::string& slot) {

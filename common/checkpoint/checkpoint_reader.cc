@@ -47,6 +47,19 @@ absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir)
   if (!manifest.ok()) return manifest.status();
   result.step = manifest->value("step", int64_t{0});
   const nlohmann::json& files = (*manifest)["files"];
+  if (manifest->value("format", "") == kFitCheckpointFormat) {
+    // Fit's: the variables by name beside their optimizer slots, in one file.
+    if (!files.is_array() || files.size() != 1) {
+      return absl::DataLossError(absl::StrCat(result.folder, "/manifest.json lists no state file"));
+    }
+    absl::StatusOr<TensorFile> read = ReadSafetensors(
+        absl::StrCat(result.folder, "/", files[0].value("file", "")), files[0].value("crc32", 0u));
+    if (!read.ok()) return read.status();
+    for (auto& [name, tensor] : read->tensors) {
+      if (name.find("/slot_") == std::string::npos) result.variables[name] = std::move(tensor);
+    }
+    return result;
+  }
   const nlohmann::json& shards = (*manifest)["shards"];
   if (!files.is_array() || !shards.is_array()) {
     return absl::DataLossError(absl::StrCat(result.folder, "/manifest.json lacks files or shards"));

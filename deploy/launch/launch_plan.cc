@@ -60,6 +60,7 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
     plan.spec.SetTask(order[i].type, order[i].index, absl::StrCat(options.host, ":", ports[i]));
   }
   plan.main_task = options.chief ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
+  plan.workers_train = options.chief_is_worker;
 
   const std::string bin_dir = options.bin_dir.empty() ? "." : options.bin_dir;
   for (const TaskKey& task : order) {

@@ -101,6 +101,8 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
     chief_args.push_back("--summary_json=" + summary_path);
   }
   options.args_by_type = {{kChief, chief_args}, {kWorker, worker_args}};
+  // The evaluator side-car evaluates the job's checkpoints (without a job it only serves).
+  if (!job_path.empty()) options.args_by_type.push_back({kEvaluator, {"--job=" + job_path}});
   return options;
 }
 
@@ -141,8 +143,12 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
         stop_all();
         return exit->ShellCode();
       }
-      Say(absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(),
-                       ") stopped unexpectedly: it ", exit->ToString()));
+      // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
+      // when told to.
+      const bool finished = plan.workers_train && task.task.type != kEvaluator && exit->success();
+      Say(absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(), ")",
+                       finished ? " finished: it " : " stopped unexpectedly: it ",
+                       exit->ToString()));
     }
   }
 }

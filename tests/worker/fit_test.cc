@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {
@@ -246,6 +247,15 @@ TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
     const Tensor& b = whole->variables[v];
     ASSERT_EQ(a.byte_size(), b.byte_size());
     EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.byte_size()), 0) << v;
+  }
+  // The evaluator side-car's reader finds the same variables by name in Fit's checkpoint.
+  auto read = ReadLatestCheckpoint(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->step, 24);
+  ASSERT_EQ(read->variables.size(), model.variables().size());
+  for (size_t v = 0; v < model.variables().size(); ++v) {
+    EXPECT_TRUE(read->variables[model.variables()[v].name].BitwiseEqual(resumed->variables[v]))
+        << model.variables()[v].name;
   }
   std::filesystem::remove_all(dir);
 }

@@ -14,6 +14,10 @@
 
 namespace stratum {
 
+// The manifest format of Fit's checkpoints (stratum-train, MultiWorkerMirrored): one
+// state.safetensors holding the variables by name and their optimizer slots ("<name>/slot_*").
+inline constexpr char kFitCheckpointFormat[] = "stratum-fit-checkpoint-1";
+
 struct CheckpointVariables {
   int64_t step = 0;
   std::string folder;
@@ -27,8 +31,8 @@ absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path);
 // The step of the latest complete checkpoint in `dir`, or nullopt when there is none yet.
 absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& dir);
 
-// Reads the latest complete checkpoint of `dir` (manifest, files, checksums) and joins
-// the shards into whole variables. NOT_FOUND when there is none.
+// Reads the latest complete checkpoint of `dir` (manifest, files, checksums): a PS job's,
+// whose shards it joins into whole variables, or Fit's. NOT_FOUND when there is none.
 absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir);
 
 }  // namespace stratum

@@ -43,6 +43,8 @@ struct LaunchPlan {
   std::vector<PlannedTask> tasks;
   // The task whose exit ends the cluster: the chief, else worker:0.
   TaskKey main_task;
+  // MultiWorkerMirrored: every worker trains and exits when the job is done.
+  bool workers_train = false;
 };
 
 // The binary that runs a task type: chief -> stratum-coordinator (stratum-worker when
