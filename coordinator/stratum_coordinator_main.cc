@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -14,8 +15,10 @@
 #include "stratum/coordinator/ps_training.h"
 #include "stratum/net/health.h"
 #include "stratum/net/task_main.h"
+#include "stratum/ps/placement.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/training_job.h"
 
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(10),
@@ -49,27 +52,32 @@ absl::Status ValidateParameterServerCluster(const ClusterSpec& spec) {
   return absl::OkStatus();
 }
 
-int Train(const TaskContext& context, const std::string& job_path, ShutdownWatcher& shutdown) {
-  absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
-  if (!job.ok()) return ReportFatal(context.binary, job.status());
-  if (job->strategy.type != "parameter_server") {
-    return ReportFatal(context.binary,
-                       absl::InvalidArgumentError(absl::StrCat(
-                           job_path, ": strategy.type is \"", job->strategy.type,
-                           "\", but the coordinator trains parameter_server jobs: set it to "
-                           "\"parameter_server\", or train in one process with stratum-train")));
+// The job and the flags that shape its training, checked before the cluster is waited for
+// (which may take minutes): a wrong job is a configuration error at once.
+absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
+  STRATUM_ASSIGN_OR_RETURN(JobSpec job, LoadJobSpec(job_path));
+  if (job.strategy.type != "parameter_server") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(job_path, ": strategy.type is \"", job.strategy.type,
+                     "\", but the coordinator trains parameter_server jobs: set it to "
+                     "\"parameter_server\", or train in one process with stratum-train"));
   }
+  if (absl::GetFlag(FLAGS_closures_per_worker) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--closures_per_worker is ", absl::GetFlag(FLAGS_closures_per_worker),
+                     ", but a worker needs at least 1 closure in flight: pass 1 or more"));
+  }
+  STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(absl::GetFlag(FLAGS_placement)).status());
+  return job;
+}
+
+int Train(const TaskContext& context, const std::string& job_path, const JobSpec& job,
+          ShutdownWatcher& shutdown) {
   std::ifstream file(job_path);
   std::stringstream text;
   text << file.rdbuf();
   const size_t slash = job_path.rfind('/');
   const std::string base_dir = slash == std::string::npos ? "." : job_path.substr(0, slash);
-  if (absl::GetFlag(FLAGS_closures_per_worker) < 1) {
-    return ReportFatal(context.binary,
-                       absl::InvalidArgumentError(absl::StrCat(
-                           "--closures_per_worker is ", absl::GetFlag(FLAGS_closures_per_worker),
-                           ", but a worker needs at least 1 closure in flight: pass 1 or more")));
-  }
   PsTrainingOptions options;
   options.placement = absl::GetFlag(FLAGS_placement);
   options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
@@ -77,7 +85,7 @@ int Train(const TaskContext& context, const std::string& job_path, ShutdownWatch
   options.cancel = &shutdown.notification();
   options.channel = context.channel_options();
   absl::StatusOr<FitSummary> summary =
-      RunParameterServerJob(*job, text.str(), base_dir, context.resolver.cluster_spec(), options);
+      RunParameterServerJob(job, text.str(), base_dir, context.resolver.cluster_spec(), options);
   if (!summary.ok()) {
     // A bad model, optimizer or data file is the job's configuration (2); anything that
     // happened while training, such as a parameter server that died, is a failure (1).
@@ -105,6 +113,13 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   if (absl::Status status = ValidateParameterServerCluster(spec); !status.ok()) {
     return ReportFatal(context.binary, status);
   }
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  std::optional<JobSpec> job;
+  if (!job_path.empty()) {
+    absl::StatusOr<JobSpec> checked = LoadAndCheckJob(job_path);
+    if (!checked.ok()) return ReportFatal(context.binary, checked.status());
+    job = *std::move(checked);
+  }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
   spdlog::info("serving on {}; waiting up to {} for {} tasks to answer", context.listen_address,
@@ -122,9 +137,8 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   std::fflush(stdout);
   spdlog::info("cluster healthy: {} tasks answered in {}", reports->size(),
                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))));
-  const std::string job_path = absl::GetFlag(FLAGS_job);
-  if (job_path.empty()) return kExitSuccess;
-  return Train(context, job_path, shutdown);
+  if (!job.has_value()) return kExitSuccess;
+  return Train(context, job_path, *job, shutdown);
 }
 
 }  // namespace

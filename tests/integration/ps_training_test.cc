@@ -92,18 +92,20 @@ TEST(PsTrainingTest, SeveralClosuresInFlightPerWorkerSetEachWorkerUpOnce) {
   }
 }
 
+// Refused at once, before the cluster is waited for (here it never comes up).
 TEST(PsTrainingTest, ASingleProcessJobIsRefusedWithTheFix) {
-  auto cluster =
-      LocalCluster::Start({.num_workers = 1,
-                           .num_ps = 1,
-                           .chief = true,
-                           .args_by_type = {{"chief",
-                                             {"--job=" + std::string(STRATUM_SOURCE_DIR) +
-                                              "/examples/fashion_mnist.json"}}},
-                           .forward_output = false});
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 1,
+       .chief = true,
+       .not_started = {{"worker", 0}, {"ps", 0}},
+       .args_by_type = {{"chief",
+                         {"--cluster_timeout=5m", "--job=" + std::string(STRATUM_SOURCE_DIR) +
+                                                      "/examples/fashion_mnist.json"}}},
+       .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
-  ASSERT_TRUE(exit.ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 2);
   EXPECT_THAT((*cluster)->Output({"chief", 0}),
               HasSubstr("strategy.type is \"default\", but the coordinator trains "
