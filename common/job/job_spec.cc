@@ -1,6 +1,8 @@
 #include "stratum/job/job_spec.h"
 
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -46,6 +48,17 @@ class Fields {
       fits = value.is_boolean();
     } else if constexpr (std::is_integral_v<T>) {
       fits = value.is_number_integer() && (std::is_signed_v<T> || value.get<int64_t>() >= 0);
+      // Not wrapped around: 4294967297 epochs is not 1 epoch.
+      const bool in_range =
+          value.is_number_unsigned()
+              ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+              : value.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                    (std::is_same_v<T, uint64_t> ||
+                     value.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+      if (fits && !in_range) {
+        return Error(Path(key), absl::StrCat("is ", value.dump(), ", which is out of range"),
+                     absl::StrCat("write a value up to ", std::numeric_limits<T>::max()));
+      }
     } else if constexpr (std::is_floating_point_v<T>) {
       fits = value.is_number();
     } else {
@@ -55,7 +68,9 @@ class Fields {
       }
     }
     if (!fits) {
-      return Error(Path(key), absl::StrCat("is ", value.dump(), ", which has the wrong type"),
+      std::string shown = value.dump();
+      if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+      return Error(Path(key), absl::StrCat("is ", shown, ", which has the wrong type"),
                    absl::StrCat("write a ", TypeName<T>()));
     }
     out = value.get<T>();
@@ -293,6 +308,22 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  // Read only a plain file of a job's size: a FIFO would block and /dev/zero never ends.
+  constexpr uintmax_t kMaxJobBytes = 64 << 20;
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job file ", path,
+                     " is not a regular file (a folder, a pipe or a device): pass the "
+                     "path of the job's JSON file to --job"));
+  }
+  if (const uintmax_t bytes = std::filesystem::file_size(path, error);
+      !error && bytes > kMaxJobBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job file ", path, " has ", bytes,
+                                                   " bytes, more than a job's ", kMaxJobBytes,
+                                                   ": pass the path of the job's JSON file"));
+  }
   std::ifstream file(path);
   if (!file) {
     return absl::NotFoundError(

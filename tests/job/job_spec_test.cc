@@ -101,6 +101,18 @@ TEST(JobSpecTest, ADeeplyNestedJobIsRefusedNotACrash) {
   EXPECT_EQ(JsonNestingDepth(R"({"a": "[[[[\"[[[", "b": [[1]]})"), 3);
 }
 
+TEST(JobSpecTest, NumbersOutOfRangeAndFilesThatAreNotJobsAreRefused) {
+  auto job = ParseJobSpec(R"({"fit": {"epochs": 4294967297}})", "big.json");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("fit.epochs is 4294967297, which is out of range"));
+  for (const char* path : {"/dev/zero", "/tmp"}) {
+    auto loaded = LoadJobSpec(path);
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("is not a regular file"));
+  }
+}
+
 TEST(JobSpecTest, TheShippedExampleParses) {
   auto job = LoadJobSpec(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist.json");
   ASSERT_TRUE(job.ok()) << job.status();
