@@ -50,11 +50,12 @@ class Fields {
       fits = value.is_number_integer() && (std::is_signed_v<T> || value.get<int64_t>() >= 0);
       // Not wrapped around: 4294967297 epochs is not 1 epoch.
       const bool in_range =
-          value.is_number_unsigned()
-              ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-              : value.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                    (std::is_same_v<T, uint64_t> ||
-                     value.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+          !fits ||
+          (value.is_number_unsigned()
+               ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+               : value.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                     (std::is_same_v<T, uint64_t> ||
+                      value.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max())));
       if (fits && !in_range) {
         return Error(Path(key), absl::StrCat("is ", value.dump(), ", which is out of range"),
                      absl::StrCat("write a value up to ", std::numeric_limits<T>::max()));
