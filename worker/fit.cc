@@ -211,6 +211,19 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
     STRATUM_ASSIGN_OR_RETURN(std::optional<FitState> restored,
                              LoadLatestFitCheckpoint(options.checkpoint_dir, model, optimizer));
     if (restored.has_value()) state = *std::move(restored);
+    // Mid-epoch, the position in the data is a step count of the old batch: with another
+    // global batch (another number of workers or replicas) it would skip or repeat data.
+    const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
+    if (state.step_in_epoch > 0 && state.global_batch > 0 && state.global_batch != global_batch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
+          " stopped in the middle of epoch ", state.epoch + 1, " with a global batch of ",
+          state.global_batch, ", and this run's global batch is ", global_batch, " (",
+          strategy.num_workers(), " worker(s) x ", strategy.NumLocalReplicas(), " replica(s) x ",
+          options.batch_size_per_replica,
+          "): resume with the job's earlier workers and devices, or remove ",
+          options.checkpoint_dir, " to train from scratch"));
+    }
   }
   if (strategy.num_workers() == 1) return state;
   // Header: found, epoch, step_in_epoch, iteration, correct, examples, history bytes.
@@ -254,6 +267,8 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
   const uint8_t* text = payload[0].data<uint8_t>();
   agreed.history = nlohmann::json::parse(text, text + h[6], nullptr, false);
   if (!agreed.history.is_array()) agreed.history = nlohmann::json::array();
+  // The saved figures are the sum over every worker: counted once, by the chief.
+  if (!strategy.is_chief()) agreed.epoch_stats = StepStats{};
   size_t next = 1;
   for (size_t i = 0; i < state.variables.size(); ++i) {
     agreed.variables.push_back(std::move(payload[next++]));
@@ -271,7 +286,11 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
 
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, const FitState& state) {
+                    const FitOptions& options, FitState state) {
+  // The epoch's figures so far are saved summed over the workers (a collective: every
+  // worker saves at the same step), with the global batch they were trained at.
+  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
+  state.global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
   if (strategy.is_chief()) {
     return SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state);
   }
@@ -469,7 +488,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
           iteration % options.checkpoint_every_steps == 0 && step < steps_per_epoch) {
         FitState now{epoch - 1,           step,    iteration, epoch_stats, state.history,
                      variables.primary(), slots[0]};
-        STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, now));
+        STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
       }
     }
     EpochLog log;
@@ -500,7 +519,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     state.history.push_back(EpochLogJson(log));
     if (!options.checkpoint_dir.empty()) {
       FitState now{epoch, 0, iteration, StepStats{}, state.history, variables.primary(), slots[0]};
-      STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, now));
+      STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
     }
   }
 

@@ -46,6 +46,7 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
         {"correct", state.epoch_stats.correct},
         {"examples", state.epoch_stats.examples}}},
       {"history", state.history},
+      {"global_batch", state.global_batch},
       {"optimizer", optimizer.name()},
       {"files", {{{"file", kFile}, {"crc32", written.crc32}, {"bytes", written.bytes}}}}};
   return CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
@@ -87,6 +88,7 @@ absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::strin
   state.epoch_stats.correct = stats.value("correct", int64_t{0});
   state.epoch_stats.examples = stats.value("examples", int64_t{0});
   state.history = manifest.value("history", nlohmann::json::array());
+  state.global_batch = manifest.value("global_batch", int64_t{0});
   const std::vector<std::string> slot_names = optimizer.SlotNames();
   for (const VariableSpec& spec : model.variables()) {
     auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {

@@ -62,7 +62,7 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
                                     const Optimizer& optimizer, const FitOptions& options);
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, const FitState& state);
+                    const FitOptions& options, FitState state);
 
 // Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
 class Progress {

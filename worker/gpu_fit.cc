@@ -400,7 +400,7 @@ absl::Status GpuFit::SaveBackup(int64_t epoch, int64_t step, const StepStats& ep
   now.epoch_stats = epoch_stats;
   now.history = history;
   STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&now.variables, &now.slots));
-  return fit_internal::Backup(strategy_, model_, optimizer_, options_, now);
+  return fit_internal::Backup(strategy_, model_, optimizer_, options_, std::move(now));
 }
 
 absl::StatusOr<FitSummary> GpuFit::Run() {

@@ -242,6 +242,17 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
   EXPECT_EQ(resumed["steps"], reference["steps"]);
   EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
   EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+  // The epoch the kill cut in two reports the figures of the whole epoch over both workers,
+  // as the uninterrupted run does (the checkpoint holds them summed over the workers).
+  ASSERT_EQ(resumed["history"].size(), reference["history"].size());
+  for (size_t e = 0; e < reference["history"].size(); ++e) {
+    EXPECT_NEAR(resumed["history"][e]["loss"].get<double>(),
+                reference["history"][e]["loss"].get<double>(), 1e-4)
+        << "epoch " << e + 1;
+    EXPECT_NEAR(resumed["history"][e]["accuracy"].get<double>(),
+                reference["history"][e]["accuracy"].get<double>(), 1e-4)
+        << "epoch " << e + 1;
+  }
   std::filesystem::remove_all(checkpoints);
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/checkpoint/checkpoint_reader.h"
+#include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {
@@ -257,6 +258,46 @@ TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
     EXPECT_TRUE(read->variables[model.variables()[v].name].BitwiseEqual(resumed->variables[v]))
         << model.variables()[v].name;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Mid-epoch, the checkpoint's position in the data is a count of steps of its global
+// batch: resumed with another one (another number of workers or replicas) it would skip or
+// repeat data, so it is refused with the fix.
+TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchIsRefusedWithTheFix) {
+  const Model model = *Model::FromKerasJson(absl::string_view(kModel));
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_other_batch_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto run = [&](int replicas) {
+    auto strategy = Mirrored(replicas);
+    FitOptions options;
+    options.epochs = 1;
+    options.steps_per_epoch = 12;
+    options.batch_size_per_replica = 8;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = dir;
+    return Fit(*strategy, model, Loss::SparseCategoricalCrossentropy(), *optimizer, Data(400, 100),
+               options);
+  };
+  // What a run of 2 replicas (global batch 16) leaves when it is killed at step 5.
+  FitState state;
+  state.step_in_epoch = 5;
+  state.iteration = 5;
+  state.global_batch = 16;
+  state.variables = model.InitialVariables(1);
+  for (const Tensor& variable : state.variables)
+    state.slots.push_back(optimizer->NewSlots(variable));
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+  auto refused = run(1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      std::string(refused.status().message()),
+      ::testing::HasSubstr("stopped in the middle of epoch 1 with a global batch of 16, and this "
+                           "run's global batch is 8"));
+  auto resumed = run(2);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 5);
   std::filesystem::remove_all(dir);
 }
 

@@ -21,13 +21,14 @@
 namespace stratum {
 
 struct FitState {
-  int64_t epoch = 0;                                 // epochs completed
-  int64_t step_in_epoch = 0;                         // steps completed of the epoch in progress
-  int64_t iteration = 0;                             // optimizer updates applied
-  StepStats epoch_stats;                             // the epoch in progress so far
+  int64_t epoch = 0;          // epochs completed
+  int64_t step_in_epoch = 0;  // steps completed of the epoch in progress
+  int64_t iteration = 0;      // optimizer updates applied
+  StepStats epoch_stats;      // the epoch in progress so far, summed over every worker
   nlohmann::json history = nlohmann::json::array();  // completed epochs' logs
   std::vector<Tensor> variables;
   std::vector<std::vector<Tensor>> slots;  // per variable, optimizer.SlotNames() order
+  int64_t global_batch = 0;                // of the run that saved it; 0: not recorded
 };
 
 // Writes `state` as the checkpoint of step `state.iteration`.
