@@ -49,7 +49,7 @@ struct ClusterWaitOptions {
   // How to connect (TLS).
   ChannelOptions channel = {};
   // The flag that sets `timeout`, named in the error's fix.
-  std::string timeout_flag = "--cluster_timeout";
+  const char* timeout_flag = "--cluster_timeout";
 };
 
 // Polls every task of `spec` in parallel until each required one is healthy. Returns one
