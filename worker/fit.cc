@@ -213,7 +213,7 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
     if (restored.has_value()) state = *std::move(restored);
     // Mid-epoch, the position in the data is a step count of the old batch: with another
     // global batch (another number of workers or replicas) it would skip or repeat data.
-    const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
+    const int64_t global_batch = GlobalBatch(strategy, options);
     if (state.step_in_epoch > 0 && state.global_batch > 0 && state.global_batch != global_batch) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
@@ -290,7 +290,7 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   // The epoch's figures so far are saved summed over the workers (a collective: every
   // worker saves at the same step), with the global batch they were trained at.
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
-  state.global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
+  state.global_batch = GlobalBatch(strategy, options);
   if (strategy.is_chief()) {
     return SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state);
   }
@@ -346,7 +346,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   if (!why_on_cpu.empty() && options.progress != ProgressStyle::kNone) {
     std::fprintf(options.out, "training on the CPU: %s\n", why_on_cpu.c_str());
   }
-  const int64_t global_batch = options.batch_size_per_replica * strategy.NumReplicasInSync();
+  const int64_t global_batch = fit_internal::GlobalBatch(strategy, options);
   const int64_t worker_batch = options.batch_size_per_replica * replicas;
   const bool fixed_steps = options.steps_per_epoch > 0;
   // Several workers train in lock-step: each takes its shard in full batches, and all run

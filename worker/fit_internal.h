@@ -48,6 +48,10 @@ void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t*
 
 // `stats` summed over the workers in sync (a no-op with one).
 absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats);
+// Examples per step over every replica of every worker.
+inline int64_t GlobalBatch(const Strategy& strategy, const FitOptions& options) {
+  return options.batch_size_per_replica * strategy.NumReplicasInSync();
+}
 
 // Seconds on a steady clock.
 double Now();

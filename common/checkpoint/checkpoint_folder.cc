@@ -79,7 +79,7 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
     std::error_code error;
     for (const auto& entry : fs::directory_iterator(dir, error)) {
       const std::string name = entry.path().filename().string();
-      if (name.rfind("ckpt-", 0) == 0 && fs::exists(entry.path() / "manifest.json")) {
+      if (StepOfFolder(name) >= 0 && fs::exists(entry.path() / "manifest.json")) {
         complete.push_back(name);
       }
     }

@@ -366,22 +366,24 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int tcp_listen
     const int wait_ms = MillisecondsUntil(deadline);
     const int ready =
         poll(fds, count, options.abort_check ? std::min(wait_ms, kAbortCheckMs) : wait_ms);
-    std::vector<std::string> absent;
-    for (int r = 0; r < options.rank; ++r) {
-      if (!peers[static_cast<size_t>(r)].valid()) absent.push_back(options.names[r]);
-    }
+    auto absent = [&] {
+      std::vector<std::string> names;
+      for (int r = 0; r < options.rank; ++r) {
+        if (!peers[static_cast<size_t>(r)].valid()) names.push_back(options.names[r]);
+      }
+      return absl::StrJoin(names, ", ");
+    };
     if (ready == 0 && options.abort_check) {
       if (absl::Status abort = options.abort_check(); !abort.ok()) {
         return absl::Status(abort.code(),
-                            absl::StrCat("stopped waiting for ", absl::StrJoin(absent, ", "),
+                            absl::StrCat("stopped waiting for ", absent(),
                                          " to connect for collectives: ", abort.message()));
       }
     }
     if (ready == 0 && absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("timed out after ", absl::FormatDuration(options.connect_timeout),
-                       " waiting for ", absl::StrJoin(absent, ", "),
-                       " to connect for collectives: is it running, and can it reach this host?"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "timed out after ", absl::FormatDuration(options.connect_timeout), " waiting for ",
+          absent(), " to connect for collectives: is it running, and can it reach this host?"));
     }
     for (nfds_t i = 0; i < count; ++i) {
       if ((fds[i].revents & POLLIN) == 0) continue;
