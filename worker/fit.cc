@@ -90,7 +90,44 @@ absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
   return absl::OkStatus();
 }
 
+constexpr char kStoppedEarlyPayload[] = "stratum/stopped-early";
+
+absl::StatusOr<bool> AgreeToStop(const Strategy& strategy, const FitOptions& options,
+                                 int64_t iteration) {
+  const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
+  if (strategy.num_workers() == 1) return here;
+  if (iteration % kStopVoteSteps != 0) return false;
+  Tensor vote(DType::kFloat32, Shape({1}));
+  vote.data<float>()[0] = here ? 1.0f : 0.0f;
+  std::vector<Tensor> votes = {std::move(vote)};
+  STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, votes));
+  return votes[0].data<float>()[0] > 0.5f;
+}
+
+absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
+                          int64_t steps_per_epoch) {
+  const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
+  const std::string where = absl::StrCat("after step ", iteration, " (epoch ", epoch, ", step ",
+                                         step, " of ", steps_per_epoch, ")");
+  absl::Status status = absl::CancelledError(absl::StrCat(
+      "training stopped ", where,
+      here ? ": this process was stopped by a signal"
+           : " because another worker was stopped by a signal",
+      options.checkpoint_dir.empty()
+          ? "; the job has no checkpoint.dir, so its progress is lost: set checkpoint.dir to "
+            "resume after a stop"
+          : absl::StrCat("; the state at step ", iteration, " is saved in ", options.checkpoint_dir,
+                         ": run the same job again to resume from it")));
+  status.SetPayload(kStoppedEarlyPayload, absl::Cord(where));
+  return status;
+}
+
 }  // namespace fit_internal
+
+bool IsStoppedEarly(const absl::Status& status) {
+  return absl::IsCancelled(status) &&
+         status.GetPayload(fit_internal::kStoppedEarlyPayload).has_value();
+}
 
 namespace {
 
@@ -110,6 +147,7 @@ uint64_t DropoutSeed(uint64_t seed, int64_t iteration, int replica) {
 }  // namespace
 
 using fit_internal::Accumulate;
+using fit_internal::AgreeToStop;
 using fit_internal::Backup;
 using fit_internal::EpochLogFromJson;
 using fit_internal::EpochLogJson;
@@ -117,6 +155,7 @@ using fit_internal::Now;
 using fit_internal::Progress;
 using fit_internal::Rows;
 using fit_internal::StartState;
+using fit_internal::StoppedEarly;
 using fit_internal::SumOverWorkers;
 using fit_internal::ToModelInput;
 using fit_internal::Total;
@@ -410,6 +449,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   std::unique_ptr<DistributedIterator> iterator;
   double train_seconds = 0;
   int64_t train_examples = 0;
+  bool stopping = false;  // FitOptions::stop: every worker agreed to stop
   // Resuming: the data sequence is a function of the seed and the epoch, so the epochs
   // and steps already done are replayed from the input pipeline (not trained on).
   if (state.epoch > 0 || state.step_in_epoch > 0) {
@@ -484,11 +524,18 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
       progress.Step(step, epoch_stats.loss_sum / seen,
                     static_cast<double>(epoch_stats.correct) / seen);
-      if (!options.checkpoint_dir.empty() && options.checkpoint_every_steps > 0 &&
-          iteration % options.checkpoint_every_steps == 0 && step < steps_per_epoch) {
+      STRATUM_ASSIGN_OR_RETURN(stopping, AgreeToStop(strategy, options, iteration));
+      const bool periodic =
+          options.checkpoint_every_steps > 0 && iteration % options.checkpoint_every_steps == 0;
+      if (!options.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch) {
         FitState now{epoch - 1,           step,    iteration, epoch_stats, state.history,
                      variables.primary(), slots[0]};
         STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
+      }
+      // Stopped at the epoch's last step: the epoch ends (and is saved) first.
+      if (stopping && step < steps_per_epoch) {
+        progress.Interrupt();
+        return StoppedEarly(options, iteration, epoch, step, steps_per_epoch);
       }
     }
     EpochLog log;
@@ -520,6 +567,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     if (!options.checkpoint_dir.empty()) {
       FitState now{epoch, 0, iteration, StepStats{}, state.history, variables.primary(), slots[0]};
       STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
+    }
+    if (stopping && epoch < options.epochs) {
+      return StoppedEarly(options, iteration, epoch, step, steps_per_epoch);
     }
   }
 

@@ -53,6 +53,18 @@ inline int64_t GlobalBatch(const Strategy& strategy, const FitOptions& options) 
   return options.batch_size_per_replica * strategy.NumReplicasInSync();
 }
 
+// How often workers in sync agree whether to stop (FitOptions::stop), in steps.
+inline constexpr int64_t kStopVoteSteps = 8;
+// Whether training stops after step `iteration` (counted from the job's start): once any
+// worker's FitOptions::stop is notified, every worker answers true after the same step.
+// A collective on the steps it votes at: every worker calls it after every step.
+absl::StatusOr<bool> AgreeToStop(const Strategy& strategy, const FitOptions& options,
+                                 int64_t iteration);
+// The error Fit returns when it stops early after step `iteration` (step `step` of
+// `steps_per_epoch` in epoch `epoch`); IsStoppedEarly is true for it.
+absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
+                          int64_t steps_per_epoch);
+
 // Seconds on a steady clock.
 double Now();
 
@@ -98,6 +110,13 @@ class Progress {
     std::fprintf(out_, "\r%6lld/%lld [%s] - loss: %.4f - accuracy: %.4f",
                  static_cast<long long>(step), static_cast<long long>(steps_), bar.c_str(), loss,
                  accuracy);
+    std::fflush(out_);
+  }
+
+  // Ends a bar left half-drawn (training stopped mid-epoch).
+  void Interrupt() {
+    if (style_ != ProgressStyle::kBar) return;
+    std::fprintf(out_, "\n");
     std::fflush(out_);
   }
 

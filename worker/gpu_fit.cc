@@ -425,6 +425,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   double train_seconds = 0;
   int64_t train_examples = 0;
   const bool validate = options_.validate && data_.has_test;
+  bool stopping = false;  // FitOptions::stop: every worker agreed to stop
   STRATUM_RETURN_IF_ERROR(UploadOrder(state_.epoch));
   for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
     const int64_t index = epoch - 1;
@@ -447,8 +448,10 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       if (step == first_step + 1 && epoch < options_.epochs) {
         STRATUM_RETURN_IF_ERROR(UploadOrder(index + 1));
       }
-      if (!options_.checkpoint_dir.empty() && options_.checkpoint_every_steps > 0 &&
-          iteration % options_.checkpoint_every_steps == 0 && step < steps_per_epoch_) {
+      STRATUM_ASSIGN_OR_RETURN(stopping, fit_internal::AgreeToStop(strategy_, options_, iteration));
+      const bool periodic =
+          options_.checkpoint_every_steps > 0 && iteration % options_.checkpoint_every_steps == 0;
+      if (!options_.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch_) {
         STRATUM_RETURN_IF_ERROR(WaitForCollectives());
         StepStats so_far = state_.epoch_stats;
         for (auto& replica : replicas_on_) {
@@ -458,6 +461,12 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
         // TakeMetrics zeroed the device sums: keep what they held in state_ for the epoch.
         state_.epoch_stats = so_far;
         STRATUM_RETURN_IF_ERROR(SaveBackup(epoch - 1, step, so_far, state_.history, iteration));
+      }
+      // Stopped at the epoch's last step: the epoch ends (and is saved) first.
+      if (stopping && step < steps_per_epoch_) {
+        STRATUM_RETURN_IF_ERROR(WaitForCollectives());
+        progress.Interrupt();
+        return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
       }
     }
     STRATUM_RETURN_IF_ERROR(WaitForCollectives());
@@ -496,6 +505,9 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     state_.history.push_back(fit_internal::EpochLogJson(log));
     if (!options_.checkpoint_dir.empty()) {
       STRATUM_RETURN_IF_ERROR(SaveBackup(epoch, 0, StepStats{}, state_.history, iteration));
+    }
+    if (stopping && epoch < options_.epochs) {
+      return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
     }
   }
   if (data_.has_test) {

@@ -155,6 +155,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   STRATUM_ASSIGN_OR_RETURN(FitOptions fit, FitOptionsFrom(job));
   fit.progress = options.progress;
   fit.out = options.out;
+  fit.stop = options.stop;
   CommunicationOptions communication;
   STRATUM_ASSIGN_OR_RETURN(
       communication.implementation,
@@ -191,9 +192,13 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
                tasks.size(), strategy->NumLocalReplicas(),
                fit.batch_size_per_replica * strategy->NumReplicasInSync());
   auto scope = strategy->Scope();
+  if (options.training_started) options.training_started();
   absl::StatusOr<FitSummary> summary = Fit(*strategy, model, loss, *optimizer, data, fit);
-  // Reported before the connections close: the peers that see them close learn why.
-  if (!summary.ok()) return FailJob(coordination, summary.status());
+  // Reported before the connections close: the peers that see them close learn why. A stop
+  // is not a failure: every worker stopped at the same step.
+  if (!summary.ok() && !IsStoppedEarly(summary.status())) {
+    return FailJob(coordination, summary.status());
+  }
   return summary;
 }
 
@@ -232,7 +237,9 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
                            CoordinationAgent::Connect(agent_options));
   absl::StatusOr<FitSummary> summary = Train(job, options, *agent);
   // The others learn of it through their heartbeats and stop instead of waiting.
-  if (!summary.ok()) return FailJob(*agent, summary.status());
+  if (!summary.ok() && !IsStoppedEarly(summary.status())) {
+    return FailJob(*agent, summary.status());
+  }
   // The leader serves the coordination service: nobody leaves before everyone is done.
   STRATUM_RETURN_IF_ERROR(agent->WaitAtBarrier("stratum/end", options.connect_timeout));
   (void)agent->Disconnect();

@@ -11,6 +11,7 @@
 #include "stratum/util/devices.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
+#include "stratum/util/shutdown.h"
 #include "stratum/worker/training_job.h"
 
 ABSL_FLAG(std::string, job, "", "The job file (JSON), e.g. examples/fashion_mnist.json");
@@ -29,7 +30,8 @@ int Fail(const absl::Status& status) {
   return ExitCodeFor(status);
 }
 
-int Run() {
+int Run(const ShutdownWatcher& shutdown) {
+  StopDeadline deadline(shutdown, absl::Seconds(30));  // a signal before training exits at once
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) {
     return Fail(absl::InvalidArgumentError(
@@ -78,8 +80,16 @@ int Run() {
       static_cast<long long>(data->train_examples));
   std::fflush(stdout);
   auto scope = (*strategy)->Scope();
+  // SIGTERM or SIGINT while training: the state after the current step is saved into
+  // checkpoint.dir (when the job has one) and training stops.
+  deadline.Begin();
+  options.stop = &shutdown.notification();
   absl::StatusOr<FitSummary> summary = Fit(**strategy, *model, *loss, **optimizer, *data, options);
-  if (!summary.ok()) return Fail(summary.status());
+  deadline.End();
+  if (!summary.ok()) {
+    const int code = Fail(summary.status());
+    return IsStoppedEarly(summary.status()) ? 128 + shutdown.signal_number() : code;
+  }
   std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
               summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
               summary->wall_s);
@@ -97,10 +107,13 @@ int Run() {
 }  // namespace stratum
 
 int main(int argc, char** argv) {
-  stratum::ParseFlagsOrExit(argc, argv,
-                            "stratum-train: trains a job in one process, like Keras' fit.\n"
-                            "  stratum-train --job=examples/fashion_mnist.json "
-                            "[--summary-json=PATH] [--epochs=N]\nExit codes: 0 success, 1 "
-                            "failure, 2 configuration error (a bad job file, missing data).");
-  return stratum::Run();
+  stratum::ShutdownWatcher shutdown;  // before any other thread
+  stratum::ParseFlagsOrExit(
+      argc, argv,
+      "stratum-train: trains a job in one process, like Keras' fit.\n"
+      "  stratum-train --job=examples/fashion_mnist.json "
+      "[--summary-json=PATH] [--epochs=N]\nExit codes: 0 success, 1 "
+      "failure, 2 configuration error (a bad job file, missing data), 128+N stopped by "
+      "signal N (after saving the state into the job's checkpoint.dir).");
+  return stratum::Run(shutdown);
 }

@@ -4,7 +4,6 @@
 //                                       the job in lock-step with the others, then exits;
 //   stratum-worker --evaluator --job=J  the evaluator side-car of a PS job.
 #include <cstdio>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +26,9 @@ ABSL_FLAG(std::string, summary_json, "",
           "MultiWorkerMirrored: the chief writes the training summary (JSON) to this path");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "MultiWorkerMirrored: how long to wait for the leader and every peer to join");
+ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(30),
+          "MultiWorkerMirrored: after SIGTERM, how long the workers get to stop at a step they "
+          "agree on and save the job's state there before this one exits anyway");
 ABSL_FLAG(absl::Duration, eval_interval, absl::Seconds(2),
           "With --evaluator: how often to look for a new checkpoint");
 
@@ -36,16 +38,9 @@ namespace {
 // Trains a MultiWorkerMirrored job as this task; returns main's exit code.
 int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatcher& shutdown) {
   const ClusterSpec& cluster = context.resolver.cluster_spec();
-  // A signal stops training at once: checkpoints are written atomically, so nothing is
-  // lost beyond the steps since the last one, and the others see this task leave.
-  std::thread stopper([&shutdown] {
-    shutdown.Wait();
-    if (shutdown.signal_number() != 0) {
-      spdlog::warn("signal {}: stopping training", shutdown.signal_number());
-      std::_Exit(128 + shutdown.signal_number());
-    }
-  });
-  stopper.detach();
+  // A signal during start-up exits at once; during training, every worker stops after a
+  // step they agree on and the job's state is saved there.
+  StopDeadline deadline(shutdown, absl::GetFlag(FLAGS_stop_timeout));
   std::unique_ptr<CoordinationService> coordination;
   std::unique_ptr<GrpcCoordinationService> coordination_grpc;
   std::vector<grpc::Service*> services;
@@ -60,11 +55,18 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
   MultiWorkerJobOptions options{.cluster = cluster,
                                 .task = context.task,
                                 .channel = context.channel_options(),
-                                .connect_timeout = absl::GetFlag(FLAGS_cluster_timeout)};
+                                .connect_timeout = absl::GetFlag(FLAGS_cluster_timeout),
+                                .stop = &shutdown.notification(),
+                                .training_started = [&deadline] { deadline.Begin(); }};
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
   if (coordination_grpc) coordination_grpc->Shutdown();
   (*server)->Shutdown(context.shutdown_grace);
-  if (!summary.ok()) return ReportFatal(context.binary, summary.status());
+  deadline.End();
+  if (!summary.ok()) {
+    const int code = ReportFatal(context.binary, summary.status());
+    const int signal = shutdown.signal_number();
+    return IsStoppedEarly(summary.status()) && signal != 0 ? 128 + signal : code;
+  }
   std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
               summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
               summary->wall_s);
@@ -90,7 +92,8 @@ int main(int argc, char** argv) {
                             "Stratum cluster.\nReads TF_CONFIG (task type \"worker\" or "
                             "\"evaluator\") and serves on the task's address until SIGTERM.\n"
                             "Exit codes: 0 stopped cleanly, 1 failure, 2 configuration or usage "
-                            "error.");
+                            "error, 128+N stopped by signal N (a training worker saves the "
+                            "job's state first).");
   stratum::TaskMainOptions options{.binary = "stratum-worker",
                                    .task_types = {stratum::kWorker, stratum::kEvaluator}};
   if (absl::GetFlag(FLAGS_evaluator)) options.forced_type = stratum::kEvaluator;

@@ -6,6 +6,8 @@
 
 #include <ctime>
 
+#include "spdlog/spdlog.h"
+
 namespace stratum {
 namespace {
 
@@ -49,6 +51,39 @@ void ShutdownWatcher::RequestShutdown() {
 
 bool ShutdownWatcher::WaitFor(absl::Duration timeout) const {
   return requested_.WaitForNotificationWithTimeout(timeout);
+}
+
+StopDeadline::StopDeadline(const ShutdownWatcher& shutdown, absl::Duration timeout) {
+  thread_ = std::thread([this, &shutdown, timeout] {
+    while (!shutdown.WaitFor(absl::Milliseconds(100))) {
+      if (ended_.HasBeenNotified()) return;
+    }
+    const int signal = shutdown.signal_number();
+    if (signal == 0) return;  // RequestShutdown: the program stops by itself
+    if (!stoppable_) {
+      spdlog::warn("signal {}: stopping", signal);
+      std::_Exit(128 + signal);
+    }
+    spdlog::warn(
+        "signal {}: training stops after the next step every worker agrees on, with "
+        "the job's state saved there (within {})",
+        signal, absl::FormatDuration(timeout));
+    if (ended_.WaitForNotificationWithTimeout(timeout)) return;
+    spdlog::error(
+        "signal {}: training did not stop within {}: exiting; the job resumes from its "
+        "last checkpoint",
+        signal, absl::FormatDuration(timeout));
+    std::_Exit(128 + signal);
+  });
+}
+
+StopDeadline::~StopDeadline() {
+  End();
+  thread_.join();
+}
+
+void StopDeadline::End() {
+  if (!end_claimed_.exchange(true)) ended_.Notify();
 }
 
 }  // namespace stratum

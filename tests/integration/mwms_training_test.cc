@@ -256,5 +256,67 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
   std::filesystem::remove_all(checkpoints);
 }
 
+TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJobResumesThere) {
+  const std::string reference_summary = TempPath("mwms_stop_reference.json");
+  {
+    auto cluster = StartJob(2, WriteJob("mwms_stop_reference", 3, 300), reference_summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"worker", 0});
+  }
+  const nlohmann::json reference = ReadJson(reference_summary);
+  ASSERT_TRUE(reference.is_object());
+
+  // No periodic checkpoints: the one the stop writes is the only one mid-epoch.
+  const std::string checkpoints = TempPath("mwms_stop_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  const std::string job = WriteJob("mwms_stop", 3, 300, checkpoints, 0);
+  const std::string summary = TempPath("mwms_stop_resumed.json");
+  std::string stopped_at;
+  {
+    auto cluster = StartJob(2, job, summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/3", absl::Seconds(60)))
+        << (*cluster)->Output({"worker", 0});
+    // As Kubernetes evicts one pod: only worker:1 gets the signal.
+    ASSERT_TRUE((*cluster)->Signal({"worker", 1}, SIGTERM).ok());
+    auto signalled = (*cluster)->WaitForExit({"worker", 1}, absl::Seconds(30));
+    auto other = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(30));
+    ASSERT_TRUE(signalled.ok() && other.ok());
+    const std::string output0 = (*cluster)->Output({"worker", 0});
+    const std::string output1 = (*cluster)->Output({"worker", 1});
+    EXPECT_EQ(signalled->ShellCode(), 128 + SIGTERM) << output1;
+    EXPECT_EQ(other->ShellCode(), 1) << output0;
+    stopped_at = (*cluster)->FindInOutput({"worker", 1}, "training stopped after step [0-9]+");
+    ASSERT_FALSE(stopped_at.empty()) << output1;
+    EXPECT_THAT(output1, HasSubstr("this process was stopped by a signal"));
+    // Both stopped after the same step, and the state there is the latest checkpoint.
+    EXPECT_THAT(output0, HasSubstr(stopped_at + " (epoch 2, step "));
+    EXPECT_THAT(output0, HasSubstr("because another worker was stopped by a signal"));
+    EXPECT_THAT(output0, HasSubstr("run the same job again to resume from it"));
+  }
+  const int64_t step = std::stoll(stopped_at.substr(stopped_at.rfind(' ') + 1));
+  EXPECT_EQ(ReadJson(checkpoints + "/checkpoint")["step"], step);
+  // The stop fell in the middle of epoch 2 (300 steps per epoch).
+  EXPECT_GT(step, 300);
+  EXPECT_LT(step, 600);
+  {
+    auto cluster = StartJob(2, job, summary);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    const std::string output = (*cluster)->Output({"worker", 0});
+    ASSERT_TRUE(exit->success()) << output;
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("resumed from checkpoint step ", step, " ")));
+  }
+  const nlohmann::json resumed = ReadJson(summary);
+  ASSERT_TRUE(resumed.is_object());
+  EXPECT_EQ(resumed["resumed_from_step"], step);
+  EXPECT_EQ(resumed["steps"], reference["steps"]);
+  EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
+  EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+  std::filesystem::remove_all(checkpoints);
+}
+
 }  // namespace
 }  // namespace stratum

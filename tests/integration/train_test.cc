@@ -1,7 +1,11 @@
 // stratum-train as a user runs it: a real (short) Fashion-MNIST job, its summary, and the
 // errors a broken job gets.
+#include <signal.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <gmock/gmock.h>
@@ -128,6 +132,45 @@ TEST(StratumTrainTest, NoJobIsAUsageError) {
   run = RunTrain({"--job=/nonexistent/job.json"});
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("job file /nonexistent/job.json cannot be read"));
+}
+
+TEST(StratumTrainTest, ASigtermSavesTheStateAfterTheStepAndARunAgainResumesThere) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 50;  // far longer than the test waits
+  const std::string checkpoints = TempPath("stopped_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  const std::string path = WriteJob(job, "stopped");
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-train", "--job=" + path,
+                  "--progress=lines"};
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_TRUE(process.ok()) << process.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while ((*process)->output().find("Epoch 1/50") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  (*process)->Signal(SIGTERM);
+  auto exit = (*process)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*process)->output();
+  EXPECT_EQ(exit->exit_code, 128 + SIGTERM) << output;
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(
+      output, match, std::regex("training stopped after step ([0-9]+) \\(epoch ([0-9]+)")))
+      << output;
+  EXPECT_THAT(output, HasSubstr("this process was stopped by a signal; the state at step "));
+  const int64_t step = std::stoll(match[1]);
+  std::ifstream pointer(checkpoints + "/checkpoint");
+  EXPECT_EQ(nlohmann::json::parse(pointer, nullptr, false)["step"], step);
+
+  // Run again to the end of the epoch it stopped in: it resumes from that step.
+  TrainRun resumed = RunTrain({"--job=" + path, "--progress=lines", "--epochs=" + match[2].str()});
+  EXPECT_EQ(resumed.exit.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from checkpoint step " + std::to_string(step)));
+  std::filesystem::remove_all(checkpoints);
 }
 
 }  // namespace

@@ -44,4 +44,25 @@ class ShutdownWatcher {
   std::thread thread_;
 };
 
+// For a main whose work stops cleanly at its own pace once the watcher is notified (Fit
+// with FitOptions::stop saves the job's state first). A signal before Begin exits at once
+// (128 + signal); after Begin, the work gets `timeout` to reach End (or the destructor)
+// before the process exits anyway. Declare it after the ShutdownWatcher it watches.
+class StopDeadline {
+ public:
+  StopDeadline(const ShutdownWatcher& shutdown, absl::Duration timeout);
+  ~StopDeadline();  // End()
+  StopDeadline(const StopDeadline&) = delete;
+  StopDeadline& operator=(const StopDeadline&) = delete;
+
+  void Begin() { stoppable_ = true; }
+  void End();
+
+ private:
+  std::atomic<bool> stoppable_{false};
+  absl::Notification ended_;
+  std::atomic<bool> end_claimed_{false};
+  std::thread thread_;
+};
+
 }  // namespace stratum

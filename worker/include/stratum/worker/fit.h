@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "stratum/data/dataset.h"
 #include "stratum/data/input_context.h"
@@ -50,6 +51,12 @@ struct FitOptions {
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;
   int max_to_keep = 3;
+  // Preemption, as TensorFlow's PreemptionCheckpointHandler: once `stop` is notified (a
+  // SIGTERM) on any worker, every worker finishes the same step, the state there is saved
+  // into checkpoint_dir (when set), and Fit returns an error for which IsStoppedEarly is
+  // true. Workers agree every fit_internal::kStopVoteSteps steps with a 4-byte all-reduce,
+  // whether or not they have a `stop`; one worker looks at every step.
+  const absl::Notification* stop = nullptr;
 };
 
 struct EpochLog {
@@ -87,6 +94,10 @@ struct FitSummary {
 absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Loss& loss,
                                const Optimizer& optimizer, const FitData& data,
                                const FitOptions& options);
+
+// Whether `status` is Fit's answer to FitOptions::stop: training stopped early, at a step
+// every worker agreed on, with the state saved when the job has a checkpoint folder.
+bool IsStoppedEarly(const absl::Status& status);
 
 // The test-set loss and accuracy of `variables`, computed over the strategy's replicas.
 absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,11 @@ struct MultiWorkerJobOptions {
   absl::Duration connect_timeout = absl::Minutes(2);
   ProgressStyle progress = ProgressStyle::kLines;
   FILE* out = stdout;
+  // FitOptions::stop: notified (SIGTERM), every worker stops after the same step and the
+  // job's state is saved there; RunMultiWorkerJob then returns an IsStoppedEarly error.
+  const absl::Notification* stop = nullptr;
+  // Called when training starts, after the start-up waits, when set.
+  std::function<void()> training_started;
 };
 
 // The collectives find each other through the coordination service's key-value store.
