@@ -88,6 +88,10 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
       --in_flight_;
       if (result.ok()) {
         pending.value->Set(*std::move(result));
+      } else if (draining_) {  // stopping: not run again, and not the program's error
+        pending.value->Set(absl::CancelledError(
+            absl::StrCat("the coordinator stopped while the closure failed on ", executor.name(),
+                         ": ", result.status().message())));
       } else if (IsWorkerFailure(result.status()) &&
                  pending.closure.attempts < options_.max_attempts && !stop_) {
         // At least once: another worker (or this one, once back) runs it again.
@@ -176,6 +180,19 @@ absl::StatusOr<bool> ClusterCoordinator::Done() {
   absl::MutexLock lock(&mutex_);
   if (!error_.ok()) return TakeError();
   return queue_.empty() && in_flight_ == 0;
+}
+
+absl::Status ClusterCoordinator::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  draining_ = true;
+  CancelQueued(absl::CancelledError("the coordinator stopped before the closure ran"));
+  auto idle = [this]()
+                  ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
+  if (!mutex_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(in_flight_, " closures were still in flight ",
+                                                    absl::FormatDuration(timeout), " later"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t ClusterCoordinator::retried_closures() const {

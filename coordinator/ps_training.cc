@@ -235,6 +235,44 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   double train_seconds = 0;
   int64_t train_examples = 0;
   const int64_t every = job.checkpoint.every_steps;
+  int64_t saved_step = global_step;  // of the latest checkpoint (or the start)
+  // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
+  // the steps that finished is saved, so that the job started again resumes there.
+  auto stop_early =
+      [&](int epoch, int64_t first_step,
+          const std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>>& scheduled)
+      -> absl::Status {
+    // A step takes milliseconds; a closure still running after this is on a stuck worker.
+    const absl::Status drained = coordinator.Drain(absl::Seconds(10));
+    int64_t finished = first_step;
+    for (const auto& [value, steps] : scheduled) {
+      if (value->status() == RemoteValueStatus::kReady) finished += steps;
+    }
+    const std::string where =
+        absl::StrCat("training stopped after step ", finished, " (epoch ", epoch, ", step ",
+                     finished - (epoch - 1) * steps_per_epoch, " of ", steps_per_epoch,
+                     "): this process was stopped by a signal");
+    if (!checkpoints) {
+      return absl::CancelledError(absl::StrCat(
+          where,
+          "; the job has no checkpoint.dir, so its progress is lost: set checkpoint.dir "
+          "to resume after a stop"));
+    }
+    absl::Status saved = drained;
+    if (saved.ok() && finished != saved_step) saved = checkpoints->Save(finished);
+    if (!saved.ok()) {
+      return absl::CancelledError(absl::StrCat(where, "; the state there could not be saved (",
+                                               saved.message(), "): the job resumes from step ",
+                                               saved_step, " in ", job.checkpoint.dir));
+    }
+    return absl::CancelledError(absl::StrCat(where, "; the state at step ", finished,
+                                             " is saved in ", job.checkpoint.dir,
+                                             ": run the same job again to resume from it"));
+  };
+  auto stopped = [&](const absl::Status& status) {
+    return absl::IsCancelled(status) && options.cancel != nullptr &&
+           options.cancel->HasBeenNotified();
+  };
   // One pass over the remaining epochs; a PS failure ends it early (recovered below).
   auto train_epochs = [&]() -> absl::Status {
     for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
@@ -242,26 +280,33 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       if (global_step >= epoch_end) continue;  // done before the restart
       const double epoch_start = Now();
       const int64_t first_step = global_step;
-      std::vector<std::shared_ptr<RemoteValue>> results;
+      // Each closure's result, with the steps it trains.
+      std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>> scheduled;
       while (global_step < epoch_end) {
         if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
-          return absl::CancelledError("stopped by a signal during training");
+          return stop_early(epoch, first_step, scheduled);
         }
         int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
         if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
         absl::StatusOr<std::shared_ptr<RemoteValue>> value =
             coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
+        if (stopped(value.status())) return stop_early(epoch, first_step, scheduled);
         if (!value.ok()) return value.status();
-        results.push_back(*std::move(value));
+        scheduled.emplace_back(*std::move(value), steps);
         global_step += steps;
         if (checkpoints && every > 0 && global_step % every == 0) {
-          if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+          absl::Status joined = coordinator.Join();
+          if (stopped(joined)) return stop_early(epoch, first_step, scheduled);
+          if (!joined.ok()) return joined;
           if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+          saved_step = global_step;
         }
       }
-      if (absl::Status status = coordinator.Join(); !status.ok()) return status;
+      absl::Status joined = coordinator.Join();
+      if (stopped(joined)) return stop_early(epoch, first_step, scheduled);
+      if (!joined.ok()) return joined;
       double loss_sum = 0, correct = 0, examples = 0;
-      for (const auto& result : results) {
+      for (const auto& [result, steps] : scheduled) {
         absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
         if (!outputs.ok()) return outputs.status();
         loss_sum += *(*outputs)[0].data<float>();
@@ -344,6 +389,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       continue;
     }
     global_step = restored->value_or(0);
+    saved_step = global_step;
     std::fprintf(options.out,
                  "the parameter servers are back: restored the checkpoint at step %lld and "
                  "training goes on\n",

@@ -90,6 +90,9 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
     // A bad model, optimizer or data file is the job's configuration (2); anything that
     // happened while training, such as a parameter server that died, is a failure (1).
     const int code = ReportFatal(context.binary, summary.status());
+    if (absl::IsCancelled(summary.status()) && shutdown.signal_number() != 0) {
+      return 128 + shutdown.signal_number();  // stopped (the state saved, when it could be)
+    }
     return absl::IsInvalidArgument(summary.status()) || absl::IsNotFound(summary.status())
                ? code
                : kExitFailure;
@@ -151,7 +154,8 @@ int main(int argc, char** argv) {
       "stratum-coordinator: the chief of a Stratum parameter-server cluster.\n"
       "Reads TF_CONFIG (task type \"chief\"), waits until every task answers its health "
       "check (--cluster_timeout), prints the cluster and exits.\nExit codes: 0 success, 1 "
-      "failure (e.g. tasks that never answered), 2 configuration or usage error.");
+      "failure (e.g. tasks that never answered), 2 configuration or usage error, 128+N "
+      "stopped by signal N while training (the state saved into checkpoint.dir).");
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(
       {.binary = "stratum-coordinator", .task_types = {stratum::kChief}});
   return stratum::Run(context, shutdown);

@@ -106,11 +106,25 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   return options;
 }
 
+// The order children stop in: first the training program (the chief, or every worker of
+// a MultiWorkerMirrored job), which saves the job's state; then the other workers and the
+// evaluator; the parameter servers last, since the chief's save reads them.
+std::vector<std::vector<Subprocess*>> StopOrder(const LaunchPlan& plan,
+                                                const std::vector<Subprocess*>& children) {
+  std::vector<std::vector<Subprocess*>> stages(3);
+  for (size_t i = 0; i < children.size(); ++i) {
+    const std::string& type = plan.tasks[i].task.type;
+    const bool trains = type == kChief || (plan.workers_train && type == kWorker);
+    stages[trains ? 0 : type == kPs ? 2 : 1].push_back(children[i]);
+  }
+  return stages;
+}
+
 int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
   const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
   std::vector<std::unique_ptr<Subprocess>> children;
   std::vector<Subprocess*> raw;
-  auto stop_all = [&] { StopAll(raw, grace); };
+  auto stop_all = [&] { StopInStages(StopOrder(plan, raw), grace); };
 
   for (const PlannedTask& task : plan.tasks) {
     absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});

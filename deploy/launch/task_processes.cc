@@ -18,15 +18,21 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
 }
 
 void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace) {
-  for (Subprocess* process : processes) {
-    if (process != nullptr) process->Signal(SIGTERM);
-  }
-  const absl::Time deadline = absl::Now() + grace;
-  for (Subprocess* process : processes) {
-    if (process == nullptr) continue;
-    if (process->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) continue;
-    process->Signal(SIGKILL);
-    (void)process->Wait(absl::InfiniteDuration());
+  StopInStages({processes}, grace);
+}
+
+void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace) {
+  for (const std::vector<Subprocess*>& stage : stages) {
+    for (Subprocess* process : stage) {
+      if (process != nullptr) process->Signal(SIGTERM);
+    }
+    const absl::Time deadline = absl::Now() + grace;
+    for (Subprocess* process : stage) {
+      if (process == nullptr) continue;
+      if (process->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) continue;
+      process->Signal(SIGKILL);
+      (void)process->Wait(absl::InfiniteDuration());
+    }
   }
 }
 

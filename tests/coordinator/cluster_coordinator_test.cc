@@ -20,6 +20,7 @@ class FakeWorker : public WorkerExecutor {
   std::string name() const override { return name_; }
 
   absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override {
+    ++started_;
     absl::SleepFor(delay_);
     {
       absl::MutexLock lock(&mutex_);
@@ -61,6 +62,7 @@ class FakeWorker : public WorkerExecutor {
     return executed_;
   }
   absl::Duration delay_ = absl::ZeroDuration();
+  std::atomic<int> started_{0};  // calls of Execute
 
  private:
   std::string name_;
@@ -207,6 +209,31 @@ TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
   EXPECT_THAT(std::string(joined.message()), HasSubstr("stopped by a signal"));
   EXPECT_EQ(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).status().code(),
             absl::StatusCode::kCancelled);
+}
+
+TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedOnes) {
+  Fixture f(2);
+  f.fakes[0]->delay_ = f.fakes[1]->delay_ = absl::Milliseconds(50);
+  f.fakes[1]->DieOnNextCall();  // its closure is not run again while draining
+  std::vector<std::shared_ptr<RemoteValue>> values;
+  for (int i = 0; i < 10; ++i)
+    values.push_back(*f.coordinator->Schedule("step", {Tensor::Scalar(float(i))}));
+  // One closure in flight on each worker.
+  while (f.fakes[0]->started_ == 0 || f.fakes[1]->started_ == 0)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(f.coordinator->Drain(absl::Seconds(10)).ok());
+  int ready = 0, cancelled = 0;
+  for (const auto& value : values) {
+    ASSERT_NE(value->status(), RemoteValueStatus::kNotReady);
+    if (value->status() == RemoteValueStatus::kReady) ++ready;
+    if (absl::IsCancelled(value->Fetch().status())) ++cancelled;
+  }
+  EXPECT_EQ(ready, 1);  // worker:0's closure in flight
+  EXPECT_EQ(cancelled, 9);
+  EXPECT_EQ(f.coordinator->retried_closures(), 0);
+  EXPECT_EQ(f.fakes[0]->executed(), 1);
+  // Nothing was raised to the program.
+  EXPECT_TRUE(f.coordinator->Join(absl::Seconds(1)).ok());
 }
 
 TEST(ClusterCoordinatorTest, JoinHasADeadlineThatSaysWhatIsPending) {

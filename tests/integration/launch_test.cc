@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "nlohmann/json.hpp"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -133,6 +135,33 @@ TEST(LaunchTest, ReportsAChildThatDiesAndStopsOnCtrlC) {
   ASSERT_TRUE(exit.ok());
   EXPECT_EQ(exit->exit_code, 128 + SIGINT);
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+}
+
+TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp) {
+  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(example);
+  job["fit"]["epochs"] = 50;
+  job["fit"]["steps_per_epoch"] = 100;
+  const std::string checkpoints =
+      ::testing::TempDir() + "/launch_stop_ckpt_" + std::to_string(getpid());
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 0}};
+  const std::string path = checkpoints + ".json";
+  std::ofstream(path) << job.dump();
+  auto launcher = Launch({"--job=" + path, "--workers=2", "--ps=2"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/50", 1, absl::Seconds(60))) << launcher->output();
+  launcher->Signal(SIGINT);
+  auto exit = launcher->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 128 + SIGINT) << output;
+  // The chief saved what it trained: the parameter servers were still up.
+  EXPECT_THAT(output, HasSubstr("this process was stopped by a signal; the state at step "));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("a parameter server is unavailable")));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/checkpoint")) << output;
+  EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
+  std::filesystem::remove_all(checkpoints);
+  std::filesystem::remove(path);
 }
 
 TEST(LaunchTest, ChildrenDieWithAKilledLauncher) {

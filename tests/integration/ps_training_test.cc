@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
@@ -280,8 +281,44 @@ TEST(PsTrainingTest, ASigtermStopsTheCoordinatorWhileNoWorkerIsUp) {
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
-  EXPECT_EQ(exit->exit_code, 1);
-  EXPECT_THAT((*cluster)->Output({"chief", 0}), HasSubstr("stopped by a signal during training"));
+  EXPECT_EQ(exit->exit_code, 128 + SIGTERM);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("this process was stopped by a signal; the job has no checkpoint.dir"));
+}
+
+TEST(PsTrainingTest, ASigtermedCoordinatorSavesTheStepsThatFinishedAndResumesThere) {
+  const std::string checkpoints = TempPath("stop_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  // No periodic checkpoint: the one the stop writes is the only one.
+  const std::string job = WriteJob(50, 100, "stop_job", checkpoints, 0);
+  auto cluster = LocalCluster::Start({.num_workers = 2,
+                                      .num_ps = 2,
+                                      .chief = true,
+                                      .args_by_type = {{"chief", {"--job=" + job}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  EXPECT_EQ(exit->exit_code, 128 + SIGTERM) << output;
+  const std::string stopped = (*cluster)->FindInOutput({"chief", 0}, "stopped after step [0-9]+");
+  ASSERT_FALSE(stopped.empty()) << output;
+  const int64_t step = std::stoll(stopped.substr(stopped.rfind(' ') + 1));
+  EXPECT_GT(step, 100);
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("the state at step ", step, " is saved in ")));
+  std::ifstream pointer(checkpoints + "/checkpoint");
+  EXPECT_EQ(nlohmann::json::parse(pointer, nullptr, false)["step"], step);
+
+  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "resumed from the checkpoint at step",
+                                        absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr(absl::StrCat("resumed from the checkpoint at step ", step, " ")));
+  std::filesystem::remove_all(checkpoints);
 }
 
 // Long-lived parameter servers: a new job's coordinator starts from its own initial

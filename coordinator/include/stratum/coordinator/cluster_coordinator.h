@@ -102,6 +102,9 @@ class ClusterCoordinator {
   absl::Status Join(absl::Duration timeout = absl::InfiniteDuration());
   // Whether nothing is queued or in flight; returns the error not yet raised.
   absl::StatusOr<bool> Done();
+  // For stopping early: cancels every closure still queued (its RemoteValue says so) and
+  // waits, even after `cancel`, until none is in flight. DEADLINE_EXCEEDED after `timeout`.
+  absl::Status Drain(absl::Duration timeout);
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // Closures that were put back on the queue because their worker failed.
@@ -132,7 +135,8 @@ class ClusterCoordinator {
   int in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t retried_ ABSL_GUARDED_BY(mutex_) = 0;
-  absl::Status error_ ABSL_GUARDED_BY(mutex_);  // raised once, then cleared
+  absl::Status error_ ABSL_GUARDED_BY(mutex_);     // raised once, then cleared
+  bool draining_ ABSL_GUARDED_BY(mutex_) = false;  // Drain: closures are not run again
 };
 
 }  // namespace stratum

@@ -24,5 +24,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
 // Sends SIGTERM to every process still running, gives them `grace` in all to exit, then
 // SIGKILLs the rest and reaps them all. Null entries are skipped.
 void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace);
+// The same, stage after stage, each with `grace` of its own: a stage is signalled once the
+// one before has exited (so the training program can save while the servers are up).
+void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace);
 
 }  // namespace stratum
