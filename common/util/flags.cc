@@ -10,6 +10,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "stratum/util/exit_codes.h"
 
 namespace stratum {
@@ -34,10 +37,22 @@ bool IsHelpFlag(const char* arg) {
   return false;
 }
 
+// --help lists Stratum's own flags (Abseil's default looks for a main file named after the
+// binary, and found none: "No flags matched").
+bool IsOwnFlagFile(absl::string_view path) { return !absl::StrContains(path, "absl/"); }
+
 }  // namespace
 
 void ParseFlagsOrExit(int argc, char** argv, const char* usage) {
-  absl::SetProgramUsageMessage(usage);
+  // Abseil prints "<binary>: <usage>": a usage that names the binary first is not doubled.
+  const std::string binary = std::strrchr(argv[0], '/') ? std::strrchr(argv[0], '/') + 1 : argv[0];
+  absl::string_view text = usage;
+  absl::ConsumePrefix(&text, binary + ": ");
+  absl::SetProgramUsageMessage(text);
+  absl::FlagsUsageConfig config;
+  config.contains_helpshort_flags = IsOwnFlagFile;
+  config.contains_help_flags = IsOwnFlagFile;
+  absl::SetFlagsUsageConfig(config);
   // Accept --dry-run for --dry_run: Abseil flag names cannot contain '-'.
   static std::vector<std::string> normalized;
   normalized.reserve(argc);

@@ -125,6 +125,15 @@ TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   EXPECT_THAT(run.output, HasSubstr("run the job with stratum-launch --job"));
 }
 
+TEST(StratumTrainTest, HelpListsTheFlags) {
+  TrainRun run = RunTrain({"--help"});
+  EXPECT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, StartsWith("stratum-train: trains a job in one process"));
+  EXPECT_THAT(run.output, HasSubstr("--job (The job file (JSON)"));
+  EXPECT_THAT(run.output, HasSubstr("--summary_json ("));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("No flags matched")));
+}
+
 TEST(StratumTrainTest, NoJobIsAUsageError) {
   TrainRun run = RunTrain({});
   EXPECT_EQ(run.exit.exit_code, 2);
