@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -291,6 +292,15 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
       return fit.Error("fit.batch_size_per_replica",
                        absl::StrCat("is ", job.fit.batch_size_per_replica), "use 1 to 1048576");
     }
+    for (const auto& [name, value, least, fix] :
+         {std::tuple{"fit.steps_per_epoch", job.fit.steps_per_epoch, 0,
+                     "use 0 (one pass over the training data) or a number of steps"},
+          std::tuple{"fit.shuffle_buffer", job.fit.shuffle_buffer, 0,
+                     "use 0 (no shuffling) or a number of examples"},
+          std::tuple{"fit.steps_per_execution", job.fit.steps_per_execution, 1,
+                     "use 1 or more steps per closure"}}) {
+      if (value < least) return fit.Error(name, absl::StrCat("is ", value), fix);
+    }
   }
   if (root.contains("checkpoint")) {
     Fields checkpoint(root["checkpoint"], "checkpoint", source);
@@ -302,6 +312,16 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
                            checkpoint.Get("every_steps", job.checkpoint.every_steps),
                            checkpoint.Get("max_to_keep", job.checkpoint.max_to_keep)}) {
       if (!s.ok()) return s;
+    }
+    if (job.checkpoint.every_steps < 0) {
+      return checkpoint.Error(
+          "checkpoint.every_steps", absl::StrCat("is ", job.checkpoint.every_steps),
+          "use 0 (a checkpoint at every epoch's end only) or a number of steps");
+    }
+    if (job.checkpoint.max_to_keep < 1) {
+      return checkpoint.Error("checkpoint.max_to_keep",
+                              absl::StrCat("is ", job.checkpoint.max_to_keep),
+                              "keep at least 1 checkpoint (the latest)");
     }
     job.checkpoint.dir = Resolve(job.checkpoint.dir, base_dir);
   }

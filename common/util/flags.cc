@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "stratum/util/exit_codes.h"
 
 namespace stratum {
@@ -74,6 +77,18 @@ void ParseFlagsOrExit(int argc, char** argv, const char* usage) {
   g_parsing = true;
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   g_parsing = false;
+  // No wait or deadline of Stratum's is negative (one would spin or expire at once).
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!IsOwnFlagFile(flag->Filename())) continue;
+    const auto value = flag->TryGet<absl::Duration>();
+    if (value.has_value() && *value < absl::ZeroDuration()) {
+      std::fprintf(stderr,
+                   "%s: --%s is %s: a duration cannot be negative; write 0 or more, e.g. %s\n",
+                   binary.c_str(), std::string(name).c_str(), absl::FormatDuration(*value).c_str(),
+                   flag->DefaultValue().c_str());
+      std::exit(kExitUsage);
+    }
+  }
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "%s: unexpected argument \"%s\": every option is a flag (--name=value); "

@@ -134,6 +134,17 @@ TEST(RoleBinariesTest, UnknownFlagIsAUsageErrorAndHelpIsNot) {
   EXPECT_THAT(help.output, HasSubstr("--cluster_timeout"));
 }
 
+TEST(RoleBinariesTest, ANegativeDurationIsAUsageErrorNamingTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> env = {{"TF_CONFIG", ""}};
+  BinaryRun run = RunBinary("stratum-worker", {"--shutdown_grace=-5s"}, env);
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("stratum-worker: --shutdown_grace is -5s: a duration cannot "
+                                    "be negative; write 0 or more, e.g. 3s"));
+  run = RunBinary("stratum-launch", {"--grace-period=-1s", "--dry-run"}, env);
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--grace_period is -1s"));
+}
+
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());

@@ -83,6 +83,23 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
       HasSubstr("fit.epochs is 0"));
 }
 
+TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
+  nlohmann::json job = nlohmann::json::parse(kMinimal);
+  job["checkpoint"] = {{"dir", "/tmp/c"}, {"every_steps", -1}};
+  EXPECT_THAT(ErrorOf(job.dump()),
+              HasSubstr("checkpoint.every_steps is -1: use 0 (a checkpoint at every epoch's end "
+                        "only) or a number of steps"));
+  job["checkpoint"] = {{"dir", "/tmp/c"}, {"max_to_keep", 0}};
+  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("checkpoint.max_to_keep is 0: keep at least 1"));
+  job.erase("checkpoint");
+  job["fit"] = {{"steps_per_epoch", -5}};
+  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.steps_per_epoch is -5: use 0"));
+  job["fit"] = {{"shuffle_buffer", -1}};
+  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.shuffle_buffer is -1"));
+  job["fit"] = {{"steps_per_execution", 0}};
+  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.steps_per_execution is 0: use 1 or more"));
+}
+
 TEST(JobSpecTest, MissingFileIsNotFound) {
   auto job = LoadJobSpec("/nonexistent/job.json");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
