@@ -2,15 +2,14 @@
 // services, waits (with a deadline) until every task of the cluster answers its health
 // check, prints the cluster as a table and exits.
 #include <cstdio>
-
-#include <spdlog/spdlog.h>
-
 #include <fstream>
 #include <optional>
 #include <sstream>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-
+#include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/coordinator/ps_training.h"
 #include "stratum/net/health.h"
@@ -68,6 +67,13 @@ absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
                      ", but a worker needs at least 1 closure in flight: pass 1 or more"));
   }
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(absl::GetFlag(FLAGS_placement)).status());
+  if (!job.checkpoint.dir.empty()) {  // the coordinator writes the manifests
+    STRATUM_RETURN_IF_ERROR(CheckWritableFolder(job.checkpoint.dir, "checkpoint.dir"));
+  }
+  if (!absl::GetFlag(FLAGS_summary_json).empty()) {
+    STRATUM_RETURN_IF_ERROR(
+        CheckWritableFileFolder(absl::GetFlag(FLAGS_summary_json), "--summary_json"));
+  }
   return job;
 }
 

@@ -1,5 +1,6 @@
 #include "stratum/worker/coordination_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -257,6 +258,18 @@ absl::Status CoordinationService::ReportError(const TaskKey& task, const absl::S
   SetClusterError(
       absl::Status(error.code(), absl::StrCat(task.ToString(), " failed: ", error.message())));
   return absl::OkStatus();
+}
+
+bool CoordinationService::AwaitNoTaskConnected(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    const bool none = std::none_of(tasks_.begin(), tasks_.end(), [](const auto& entry) {
+      return entry.second.state == TaskState::kConnected;
+    });
+    if (none) return true;
+    if (shut_down_ || changed_.WaitWithDeadline(&mutex_, deadline)) return false;
+  }
 }
 
 void CoordinationService::CheckHeartbeats() {

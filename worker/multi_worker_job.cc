@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -163,6 +164,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   communication.bytes_per_pack = job.strategy.communication.bytes_per_pack;
   communication.timeout = absl::Seconds(job.strategy.communication.timeout_seconds);
   STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data));
+  if (rank == 0 && !fit.checkpoint_dir.empty()) {  // the chief writes the checkpoints
+    STRATUM_RETURN_IF_ERROR(CheckWritableFolder(fit.checkpoint_dir, "checkpoint.dir"));
+  }
 
   TcpTransportOptions tcp;
   tcp.rank = rank;

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -61,6 +62,18 @@ int Run(const ShutdownWatcher& shutdown) {
 
   absl::StatusOr<FitOptions> fit_options = FitOptionsFrom(*job);
   if (!fit_options.ok()) return Fail(fit_options.status());
+  // Where the job writes, checked before it trains.
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  if (!summary_path.empty()) {
+    if (absl::Status s = CheckWritableFileFolder(summary_path, "--summary_json"); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  if (!job->checkpoint.dir.empty()) {
+    if (absl::Status s = CheckWritableFolder(job->checkpoint.dir, "checkpoint.dir"); !s.ok()) {
+      return Fail(s);
+    }
+  }
   FitOptions options = *fit_options;
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress == "bar") options.progress = ProgressStyle::kBar;
@@ -93,7 +106,6 @@ int Run(const ShutdownWatcher& shutdown) {
   std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
               summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
               summary->wall_s);
-  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
   if (!summary_path.empty()) {
     if (absl::Status status = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
         !status.ok()) {

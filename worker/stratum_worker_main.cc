@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
@@ -50,6 +51,15 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
     coordination_grpc = std::make_unique<GrpcCoordinationService>(*coordination);
     services.push_back(coordination_grpc.get());
   }
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  const bool writes_summary =
+      !summary_path.empty() && context.task == MultiWorkerTasks(cluster).front();
+  if (writes_summary) {
+    if (absl::Status status = CheckWritableFileFolder(summary_path, "--summary_json");
+        !status.ok()) {
+      return ReportFatal(context.binary, status);
+    }
+  }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context, services);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
   MultiWorkerJobOptions options{.cluster = cluster,
@@ -59,6 +69,9 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
                                 .stop = &shutdown.notification(),
                                 .training_started = [&deadline] { deadline.Begin(); }};
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
+  // The others learn the job's first failure from the answers to their own reports: the
+  // leader serves them a moment longer (a task that died is not waited for past this).
+  if (coordination && !summary.ok()) (void)coordination->AwaitNoTaskConnected(absl::Seconds(2));
   if (coordination_grpc) coordination_grpc->Shutdown();
   (*server)->Shutdown(context.shutdown_grace);
   deadline.End();
@@ -71,8 +84,7 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
               summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
               summary->wall_s);
   std::fflush(stdout);
-  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
-  if (!summary_path.empty() && context.task == MultiWorkerTasks(cluster).front()) {
+  if (writes_summary) {
     if (absl::Status written = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
         !written.ok()) {
       return ReportFatal(context.binary, written);

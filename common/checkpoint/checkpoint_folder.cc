@@ -1,6 +1,11 @@
 #include "stratum/checkpoint/checkpoint_folder.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -32,6 +37,42 @@ int64_t StepOfFolder(const std::string& name) {
 }
 
 }  // namespace
+
+namespace {
+
+// Why files cannot be created in `dir` (made when missing); empty when they can.
+std::string WhyNotWritable(const std::string& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return error.message();
+  const std::string probe = absl::StrCat(dir, "/.stratum-write-check-", getpid());
+  const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return std::strerror(errno);
+  close(fd);
+  unlink(probe.c_str());
+  return "";
+}
+
+}  // namespace
+
+absl::Status CheckWritableFolder(const std::string& dir, const std::string& what) {
+  const std::string problem = WhyNotWritable(dir);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " ", dir, " cannot be written (", problem,
+                                                    "): make it a folder this user can write, or "
+                                                    "set ",
+                                                    what, " to one"));
+}
+
+absl::Status CheckWritableFileFolder(const std::string& path, const std::string& what) {
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string folder = (parent.empty() ? fs::path(".") : parent).string();
+  const std::string problem = WhyNotWritable(folder);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " ", path, " cannot be written: its folder ", folder, " cannot (", problem,
+                   "): make it a folder this user can write, or pass another path"));
+}
 
 std::string CheckpointFolder(const std::string& dir, int64_t step) {
   return absl::StrCat(dir, "/", FolderName(step));

@@ -272,6 +272,17 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
   std::filesystem::remove_all(checkpoints);
   const std::string job = WriteJob("mwms_stop", 3, 300, checkpoints, 0);
   const std::string summary = TempPath("mwms_stop_resumed.json");
+  // What a worker killed while saving leaves behind: the next backup removes it.
+  pid_t dead = 0;
+  {
+    auto gone = Subprocess::Spawn({.argv = {"/bin/true"}});
+    ASSERT_TRUE(gone.ok());
+    dead = (*gone)->pid();
+    ASSERT_TRUE((*gone)->Wait(absl::Seconds(10)).ok());
+  }
+  const std::string stale = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                         "/stratum-backup-worker-1-", dead);
+  std::filesystem::create_directories(stale + "/ckpt-000000000025");
   std::string stopped_at;
   {
     auto cluster = StartJob(2, job, summary);
@@ -297,6 +308,7 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
   }
   const int64_t step = std::stoll(stopped_at.substr(stopped_at.rfind(' ') + 1));
   EXPECT_EQ(ReadJson(checkpoints + "/checkpoint")["step"], step);
+  EXPECT_FALSE(std::filesystem::exists(stale));
   // The stop fell in the middle of epoch 2 (300 steps per epoch).
   EXPECT_GT(step, 300);
   EXPECT_LT(step, 600);

@@ -73,6 +73,23 @@ TEST_F(CoordinationServiceTest, ANewIncarnationIsARestartThatFailsTheCluster) {
   EXPECT_THAT(service_.WaitAtBarrier("b", kW2, In(absl::Seconds(5))), restarted);
 }
 
+TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderWaitsForTheOthersToReportOrGoSilent) {
+  RegisterAll();
+  ASSERT_TRUE(service_.ReportError(kW0, absl::UnavailableError("worker:2 closed")).ok());
+  EXPECT_FALSE(service_.AwaitNoTaskConnected(absl::Milliseconds(20)));
+  std::thread reporter([this] {
+    absl::SleepFor(absl::Milliseconds(30));
+    (void)service_.ReportError(kW1, absl::UnavailableError("worker:0 closed"));
+  });
+  EXPECT_FALSE(service_.AwaitNoTaskConnected(absl::Milliseconds(200)));  // worker:2 is silent
+  reporter.join();
+  Advance(absl::Seconds(11));  // worker:2 died: its heartbeats stopped
+  service_.CheckHeartbeats();
+  EXPECT_TRUE(service_.AwaitNoTaskConnected(absl::Seconds(10)));
+  // The first failure stays the cluster error.
+  EXPECT_THAT(std::string(service_.cluster_error().message()), HasSubstr("worker:0 failed"));
+}
+
 TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {
   EXPECT_THAT(service_.Heartbeat(kW1, 7), StatusIs(absl::StatusCode::kFailedPrecondition,
                                                    HasSubstr("worker:1 is not registered")));

@@ -15,6 +15,13 @@
 
 namespace stratum {
 
+// OK when files can be created in `dir` (made when missing); else FAILED_PRECONDITION
+// naming `what` (e.g. "checkpoint.dir"), the folder and the reason. Jobs check where they
+// will write before training, not at their first save or at the end.
+absl::Status CheckWritableFolder(const std::string& dir, const std::string& what);
+// The same for the folder a file will be written into (e.g. what = "--summary_json").
+absl::Status CheckWritableFileFolder(const std::string& path, const std::string& what);
+
 // "<dir>/ckpt-000000000042" for step 42.
 std::string CheckpointFolder(const std::string& dir, int64_t step);
 

@@ -121,6 +121,11 @@ class CoordinationService {
   // becomes the cluster error (UNAVAILABLE, "worker:1 sent no heartbeat for 10s ...").
   void CheckHeartbeats();
 
+  // After a failure, for the leader before it shuts the service down: waits until no task
+  // is still connected (each has reported its own error, learning the first one from the
+  // answer, or disconnected, or gone silent) or `timeout` passes. True when none is left.
+  bool AwaitNoTaskConnected(absl::Duration timeout);
+
   // Wakes every wait with UNAVAILABLE ("the coordination service on worker:0 is shutting
   // down"), which every later call returns too. Idempotent.
   void Shutdown();
