@@ -68,40 +68,45 @@ absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {
 }
 
 absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
-  absl::StatusOr<std::optional<std::string>> folder = Latest();
-  if (!folder.ok()) return folder.status();
-  if (!folder->has_value()) return std::optional<int64_t>();
-  absl::StatusOr<nlohmann::json> manifest = ReadJsonObjectFile(**folder + "/manifest.json");
-  if (!manifest.ok()) return manifest.status();
-  if ((*manifest)["shards"] != ShardMap(variables_.shards())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", **folder,
-        " was written for another model or variable placement (its "
-        "shard map differs from this job's): use the same model, partitioner, placement and "
-        "number of ps tasks, or another checkpoint.dir"));
-  }
-  const nlohmann::json& files = (*manifest)["files"];
-  if (!files.is_array() || static_cast<int>(files.size()) != variables_.num_ps()) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", **folder, " has files for ",
-                                                      files.size(), " ps tasks, but the job has ",
-                                                      variables_.num_ps()));
-  }
-  std::vector<std::future<absl::Status>> restores;
-  for (const nlohmann::json& file : files) {
-    const int task = file.value("ps_task", -1);
-    const std::string path = absl::StrCat(**folder, "/", file.value("file", ""));
-    const uint32_t crc = file.value("crc32", 0u);
-    if (task < 0 || task >= variables_.num_ps()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", **folder, " names ps task ", task));
-    }
-    restores.push_back(std::async(std::launch::async, [this, task, path, crc] {
-      return variables_.client(task).Restore(path, crc);
-    }));
-  }
-  for (auto& restore : restores) {
-    if (absl::Status status = restore.get(); !status.ok()) return status;
-  }
-  return std::optional<int64_t>((*manifest)["step"].get<int64_t>());
+  int64_t step = 0;
+  absl::StatusOr<std::optional<std::string>> restored =
+      RestoreNewestIntact(dir_, [&](const std::string& folder) -> absl::Status {
+        STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest,
+                                 ReadJsonObjectFile(folder + "/manifest.json"));
+        if (manifest["shards"] != ShardMap(variables_.shards())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint ", folder,
+              " was written for another model or variable placement (its "
+              "shard map differs from this job's): use the same model, partitioner, placement "
+              "and number of ps tasks, or another checkpoint.dir"));
+        }
+        const nlohmann::json& files = manifest["files"];
+        if (!files.is_array() || static_cast<int>(files.size()) != variables_.num_ps()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("checkpoint ", folder, " has files for ", files.size(),
+                           " ps tasks, but the job has ", variables_.num_ps()));
+        }
+        std::vector<std::future<absl::Status>> restores;
+        for (const nlohmann::json& file : files) {
+          const int task = file.value("ps_task", -1);
+          const std::string path = absl::StrCat(folder, "/", file.value("file", ""));
+          const uint32_t crc = file.value("crc32", 0u);
+          if (task < 0 || task >= variables_.num_ps()) {
+            return absl::DataLossError(
+                absl::StrCat("checkpoint ", folder, " names ps task ", task));
+          }
+          restores.push_back(std::async(std::launch::async, [this, task, path, crc] {
+            return variables_.client(task).Restore(path, crc);
+          }));
+        }
+        absl::Status all = absl::OkStatus();
+        for (auto& restore : restores) all.Update(restore.get());
+        step = manifest.value("step", int64_t{0});
+        return all;
+      });
+  if (!restored.ok()) return restored.status();
+  if (!restored->has_value()) return std::optional<int64_t>();
+  return std::optional<int64_t>(step);
 }
 
 }  // namespace stratum

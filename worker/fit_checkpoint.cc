@@ -52,29 +52,28 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
   return CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
 }
 
-absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::string& dir,
-                                                                const Model& model,
-                                                                const Optimizer& optimizer) {
-  STRATUM_ASSIGN_OR_RETURN(std::optional<std::string> folder, LatestCheckpointFolder(dir));
-  if (!folder.has_value()) return std::optional<FitState>();
-  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadJsonObjectFile(*folder + "/manifest.json"));
+namespace {
+
+absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Model& model,
+                                           const Optimizer& optimizer) {
+  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadJsonObjectFile(folder + "/manifest.json"));
   if (manifest.value("format", "") != kFormat) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", *folder, " is not a training checkpoint of this kind (format \"",
+        "checkpoint ", folder, " is not a training checkpoint of this kind (format \"",
         manifest.value("format", ""), "\"): point checkpoint.dir at a folder of its own"));
   }
   if (manifest.value("optimizer", "") != optimizer.name()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", *folder, " was written with optimizer ",
+        absl::StrCat("checkpoint ", folder, " was written with optimizer ",
                      manifest.value("optimizer", ""), " but the job uses ", optimizer.name(),
                      ": use the same optimizer or another checkpoint.dir"));
   }
   const nlohmann::json& files = manifest["files"];
   if (!files.is_array() || files.size() != 1) {
-    return absl::DataLossError(absl::StrCat(*folder, "/manifest.json lists no state file"));
+    return absl::DataLossError(absl::StrCat(folder, "/manifest.json lists no state file"));
   }
   STRATUM_ASSIGN_OR_RETURN(TensorFile file,
-                           ReadSafetensors(absl::StrCat(*folder, "/", files[0].value("file", "")),
+                           ReadSafetensors(absl::StrCat(folder, "/", files[0].value("file", "")),
                                            files[0].value("crc32", 0u)));
   std::map<std::string, Tensor> tensors;
   for (auto& [name, tensor] : file.tensors) tensors[name] = std::move(tensor);
@@ -95,7 +94,7 @@ absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::strin
       auto found = tensors.find(name);
       if (found == tensors.end() || found->second.shape() != spec.shape) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint ", *folder, " has no ", name, " of shape ", spec.shape.ToString(),
+            "checkpoint ", folder, " has no ", name, " of shape ", spec.shape.ToString(),
             ": it was written for another model; use the same model or another checkpoint.dir"));
       }
       return std::move(found->second);
@@ -109,7 +108,24 @@ absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::strin
     }
     state.slots.push_back(std::move(slots));
   }
-  return std::optional<FitState>(std::move(state));
+  return state;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::string& dir,
+                                                                const Model& model,
+                                                                const Optimizer& optimizer) {
+  std::optional<FitState> state;
+  STRATUM_ASSIGN_OR_RETURN(
+      std::optional<std::string> folder,
+      RestoreNewestIntact(dir, [&](const std::string& candidate) -> absl::Status {
+        STRATUM_ASSIGN_OR_RETURN(FitState loaded, LoadFitCheckpoint(candidate, model, optimizer));
+        state = std::move(loaded);
+        return absl::OkStatus();
+      }));
+  if (!folder.has_value()) return std::optional<FitState>();
+  return state;
 }
 
 }  // namespace stratum

@@ -100,7 +100,8 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("ckpt-", 0) == 0) folders.push_back(name);
+    // Not the ".damaged" ones set aside by RestoreNewestIntact: they are kept.
+    if (entry.is_directory() && StepOfFolder(name) >= 0) folders.push_back(name);
   }
   std::sort(folders.begin(), folders.end());
   const size_t keep = static_cast<size_t>(std::max(1, max_to_keep));
@@ -147,6 +148,53 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
                                             " (ckpt-<12-digit step>): it is corrupt"));
   }
   return std::optional<std::string>(absl::StrCat(dir, "/", name));
+}
+
+absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
+    const std::string& dir, const std::function<absl::Status(const std::string& folder)>& restore) {
+  STRATUM_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestCheckpointFolder(dir));
+  if (!latest.has_value()) return latest;
+  // The latest, then the complete folders before it, newest first.
+  const int64_t latest_step = StepOfFolder(fs::path(*latest).filename().string());
+  std::vector<std::string> older;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t step = StepOfFolder(name);
+    if (step >= 0 && step < latest_step && fs::exists(entry.path() / "manifest.json")) {
+      older.push_back(name);
+    }
+  }
+  std::sort(older.rbegin(), older.rend());
+  std::vector<std::string> candidates = {*latest};
+  for (const std::string& name : older) candidates.push_back(absl::StrCat(dir, "/", name));
+
+  absl::Status first_error;
+  std::vector<std::string> damaged;
+  for (const std::string& folder : candidates) {
+    const absl::Status restored = restore(folder);
+    if (restored.ok()) {
+      if (damaged.empty()) return std::optional<std::string>(folder);
+      const std::string name = fs::path(folder).filename().string();
+      const nlohmann::json pointer = {{"latest", name}, {"step", StepOfFolder(name)}};
+      STRATUM_RETURN_IF_ERROR(
+          WriteFileAtomically(absl::StrCat(dir, "/", kLatestFile), pointer.dump()));
+      for (const std::string& bad : damaged) {
+        fs::remove_all(bad + ".damaged", error);
+        fs::rename(bad, bad + ".damaged", error);
+      }
+      spdlog::warn(
+          "restored {} instead of the latest checkpoint, which is damaged ({}); the "
+          "damaged one is kept as {}.damaged",
+          folder, std::string(first_error.message()), damaged.front());
+      return std::optional<std::string>(folder);
+    }
+    // A file of a complete checkpoint that is missing is damage too.
+    if (!absl::IsDataLoss(restored) && !absl::IsNotFound(restored)) return restored;
+    if (first_error.ok()) first_error = restored;
+    damaged.push_back(folder);
+  }
+  return first_error;
 }
 
 }  // namespace stratum

@@ -112,5 +112,44 @@ TEST(CheckpointFolderTest, ALostPointerFileIsRefusedWithTheFixNotOverwritten) {
   std::filesystem::remove_all(dir);
 }
 
+// A damaged latest checkpoint does not stop the job: the newest intact one before it is
+// restored and becomes the latest, and the damaged one is kept aside.
+TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
+  const std::string dir = Path("ckpt_fallback");
+  std::filesystem::remove_all(dir);
+  for (int step : {5, 10, 15}) {
+    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
+    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}}, 3).ok());
+  }
+  std::vector<std::string> tried;
+  // 15 has a bad checksum, 10 lost a file, 5 is intact.
+  auto restore = [&](const std::string& folder) -> absl::Status {
+    tried.push_back(std::filesystem::path(folder).filename().string());
+    if (folder == CheckpointFolder(dir, 15)) return absl::DataLossError("crc32 differs");
+    if (folder == CheckpointFolder(dir, 10)) return absl::NotFoundError("ps-1 is missing");
+    return absl::OkStatus();
+  };
+  auto restored = RestoreNewestIntact(dir, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(**restored, CheckpointFolder(dir, 5));
+  EXPECT_EQ(tried, (std::vector<std::string>{"ckpt-000000000015", "ckpt-000000000010",
+                                             "ckpt-000000000005"}));
+  EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 5));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 15) + ".damaged"));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 10) + ".damaged"));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 15)));
+
+  // Another kind of error (the job's own) is returned as it is, and none intact: the
+  // latest's error, with nothing renamed.
+  auto refused = RestoreNewestIntact(
+      dir, [](const std::string&) { return absl::FailedPreconditionError("another model"); });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto none = RestoreNewestIntact(
+      dir, [](const std::string&) { return absl::DataLossError("crc32 differs"); });
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 5)));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace stratum

@@ -125,6 +125,39 @@ TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   EXPECT_THAT(run.output, HasSubstr("run the job with stratum-launch --job"));
 }
 
+TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 50;
+  const std::string checkpoints = TempPath("damaged_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  const std::string path = WriteJob(job, "damaged");
+  TrainRun first = RunTrain({"--job=" + path, "--progress=lines"});
+  ASSERT_EQ(first.exit.exit_code, 0) << first.output;
+  // Flip a byte in the middle of the latest (step 100) state file.
+  const std::string latest = checkpoints + "/ckpt-000000000100/state.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(latest));
+  {
+    std::fstream file(latest, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(std::filesystem::file_size(latest) / 2));
+    const char byte = static_cast<char>(file.peek() ^ 0x5a);
+    file.seekp(file.tellg());
+    file.put(byte);
+  }
+  TrainRun again = RunTrain({"--job=" + path, "--progress=lines", "--epochs=3"});
+  EXPECT_EQ(again.exit.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("ckpt-000000000050 instead of the latest checkpoint, which "
+                                      "is damaged"));
+  EXPECT_THAT(again.output, HasSubstr("resumed from checkpoint step 50 (epoch 2, step 0)"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-000000000100.damaged"));
+  // Trained on, it saved epochs 2 and 3 anew; pruning (3 kept) leaves the damaged one be.
+  for (const char* kept : {"/ckpt-000000000050", "/ckpt-000000000100", "/ckpt-000000000150"}) {
+    EXPECT_TRUE(std::filesystem::exists(checkpoints + kept)) << kept;
+  }
+  std::filesystem::remove_all(checkpoints);
+}
+
 TEST(StratumTrainTest, HelpListsTheFlags) {
   TrainRun run = RunTrain({"--help"});
   EXPECT_EQ(run.exit.exit_code, 0) << run.output;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -36,5 +37,15 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
 // The latest complete checkpoint's folder, or nullopt when `dir` has none yet. DATA_LOSS
 // when the pointer file is corrupt.
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir);
+
+// Restores the latest checkpoint of `dir` with `restore` (given its folder). When that one
+// is damaged (`restore` answers DATA_LOSS: a checksum that does not match, a file that does
+// not parse; or NOT_FOUND: a file it lists is missing), the complete ones before it are tried, newest first; the first that restores
+// becomes the latest ("checkpoint" names it) and the damaged ones are renamed
+// "<folder>.damaged", kept for inspection. Returns the folder restored from, nullopt when
+// `dir` has no checkpoint, or the latest's error when no checkpoint is intact (then nothing
+// is renamed).
+absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
+    const std::string& dir, const std::function<absl::Status(const std::string& folder)>& restore);
 
 }  // namespace stratum
