@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -82,6 +84,34 @@ class ConfigReader {
                        key, ", which Stratum does not support: use a constant learning_rate"));
     }
     return Number(key, default_value, 0.0f, 1e6f);
+  }
+
+  // A key neither this optimizer nor Keras' common options have (a typo such as
+  // "learnin_rate" would otherwise train at the default rate).
+  absl::Status RefuseUnknown(const std::set<std::string>& own) const {
+    static const std::set<std::string> kCommon = {"name",
+                                                  "learning_rate",
+                                                  "lr",
+                                                  "clipnorm",
+                                                  "clipvalue",
+                                                  "global_clipnorm",
+                                                  "weight_decay",
+                                                  "decay",
+                                                  "use_ema",
+                                                  "ema_momentum",
+                                                  "ema_overwrite_frequency",
+                                                  "jit_compile",
+                                                  "is_legacy_optimizer",
+                                                  "loss_scale_factor",
+                                                  "gradient_accumulation_steps"};
+    for (const auto& [key, value] : config_.items()) {
+      if (own.count(key) > 0 || kCommon.count(key) > 0) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", optimizer_, " has config key \"", key, "\", which Keras' ",
+                       optimizer_, " does not have: use learning_rate", own.empty() ? "" : ", ",
+                       absl::StrJoin(own, ", "), " (or remove ", key, ")"));
+    }
+    return absl::OkStatus();
   }
 
   // Keras options Stratum does not implement: refused unless null / false / 0.
@@ -303,6 +333,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
   if (kind == "rmsprop") display = "RMSprop";
   const ConfigReader reader(display, config);
   if (kind == "sgd") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"momentum", "nesterov"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.01f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
@@ -310,6 +341,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     return std::unique_ptr<Optimizer>(new Sgd(lr, momentum, nesterov));
   }
   if (kind == "adam") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"beta_1", "beta_2", "epsilon", "amsgrad"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float beta_1, reader.Number("beta_1", 0.9f, 0.0f, 1.0f));
@@ -318,6 +350,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     return std::unique_ptr<Optimizer>(new Adam(lr, beta_1, beta_2, epsilon));
   }
   if (kind == "adagrad") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"initial_accumulator_value", "epsilon"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float initial,
@@ -326,6 +359,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     return std::unique_ptr<Optimizer>(new Adagrad(lr, initial, epsilon));
   }
   if (kind == "rmsprop") {
+    STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"rho", "momentum", "epsilon", "centered"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));

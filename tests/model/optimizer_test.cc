@@ -238,6 +238,11 @@ TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
   EXPECT_THAT(Refusal(with("SGD", {{"momentum", 1.5}})), HasSubstr("outside [0, 1]"));
   EXPECT_THAT(Refusal(with("RMSprop", {{"centered", 1}})), HasSubstr("not a boolean"));
   EXPECT_THAT(Refusal(42), HasSubstr("neither a name nor a Keras optimizer object"));
+  // A misspelt key would train at the default: refused, naming the keys there are.
+  EXPECT_EQ(Refusal(with("Adam", {{"learnin_rate", 0.1}})),
+            "optimizer Adam has config key \"learnin_rate\", which Keras' Adam does not have: use "
+            "learning_rate, amsgrad, beta_1, beta_2, epsilon (or remove learnin_rate)");
+  EXPECT_THAT(Refusal(with("SGD", {{"beta_1", 0.9}})), HasSubstr("config key \"beta_1\""));
   // Harmless settings are accepted.
   EXPECT_NE(Make(with("Adam", {{"weight_decay", 0}, {"use_ema", false}, {"jit_compile", true}})),
             nullptr);
