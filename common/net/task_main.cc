@@ -291,6 +291,18 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
     context.channel.tls = *std::move(credentials);
   }
   context.listen_address = absl::GetFlag(FLAGS_listen_address);
+  if (!context.listen_address.empty()) {
+    const std::string& listen = context.listen_address;
+    const size_t colon = listen.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      ExitWithUsageError(options.binary,
+                         absl::StrCat("--listen_address \"", listen,
+                                      "\" is not host:port: write e.g. 0.0.0.0:2222 (all "
+                                      "interfaces) or 127.0.0.1:2222"));
+    }
+  }
   if (context.listen_address.empty()) {
     absl::StatusOr<std::string> own =
         context.resolver.cluster_spec().TaskAddress(context.task.type, context.task.index);

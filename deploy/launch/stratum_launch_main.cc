@@ -19,7 +19,8 @@
 #include "stratum/util/shutdown.h"
 
 ABSL_FLAG(int, workers, 2, "Number of worker tasks");
-ABSL_FLAG(int, ps, 2, "Number of parameter-server tasks");
+ABSL_FLAG(int, ps, -1,
+          "Number of parameter-server tasks (default: 2; none for a multi_worker_mirrored job)");
 ABSL_FLAG(bool, chief, false, "Start a chief (stratum-coordinator)");
 ABSL_FLAG(bool, evaluator, false, "Start an evaluator (stratum-worker --evaluator)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address every task listens on");
@@ -66,7 +67,7 @@ std::string AbsolutePath(const std::string& path) {
 absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);
-  options.num_ps = absl::GetFlag(FLAGS_ps);
+  options.num_ps = absl::GetFlag(FLAGS_ps);  // -1: not given
   options.chief = absl::GetFlag(FLAGS_chief);
   options.evaluator = absl::GetFlag(FLAGS_evaluator);
   options.host = absl::GetFlag(FLAGS_host);
@@ -83,6 +84,11 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
     if (!job.ok()) return job.status();
     if (job->strategy.type == "multi_worker_mirrored") {
       // Every worker runs the training program; the leader hosts the coordination service.
+      if (options.num_ps > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            job_path, " is a multi_worker_mirrored job, which has no parameter servers, and --ps ",
+            options.num_ps, " asks for some: leave --ps out (or run a parameter_server job)"));
+      }
       options.num_ps = 0;
       options.chief_is_worker = true;
       worker_args = {"--job=" + job_path, chief_args.front()};
@@ -97,6 +103,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
                        "\", which trains in one process: run it with stratum-train --job"));
     }
   }
+  if (options.num_ps == -1) options.num_ps = 2;  // the default
   if (!summary_path.empty() && !options.chief_is_worker) {
     chief_args.push_back("--summary_json=" + summary_path);
   }

@@ -233,5 +233,22 @@ TEST(LaunchUsageTest, BadCountsAreUsageErrors) {
                                             "one worker"));
 }
 
+TEST(LaunchUsageTest, ParameterServersForAMultiWorkerMirroredJobAreRefused) {
+  const std::string job = std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_mwms.json";
+  auto launcher = Launch({"--job=" + job, "--ps=2", "--dry-run"});
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT(launcher->output(), HasSubstr("is a multi_worker_mirrored job, which has no "
+                                            "parameter servers, and --ps 2 asks for some"));
+  // Without --ps it starts none, and a parameter_server cluster still gets 2 by default.
+  launcher = Launch({"--job=" + job, "--dry-run"});
+  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  EXPECT_THAT(launcher->output(), ::testing::Not(HasSubstr("# ps:")));
+  launcher = Launch({"--dry-run"});
+  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  EXPECT_THAT(launcher->output(), HasSubstr("# ps:1 on"));
+}
+
 }  // namespace
 }  // namespace stratum

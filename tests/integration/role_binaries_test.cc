@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
@@ -143,6 +144,19 @@ TEST(RoleBinariesTest, ANegativeDurationIsAUsageErrorNamingTheFlag) {
   run = RunBinary("stratum-launch", {"--grace-period=-1s", "--dry-run"}, env);
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("--grace_period is -1s"));
+}
+
+TEST(RoleBinariesTest, AListenAddressThatIsNotHostPortIsAUsageError) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG",
+       R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"}};
+  for (const char* listen : {"garbage", "127.0.0.1:99999", ":80"}) {
+    BinaryRun run = RunBinary("stratum-worker", {std::string("--listen_address=") + listen}, env);
+    EXPECT_EQ(run.exit.exit_code, 2) << listen;
+    EXPECT_THAT(run.output,
+                HasSubstr(absl::StrCat("--listen_address \"", listen,
+                                       "\" is not host:port: write e.g. 0.0.0.0:2222")));
+  }
 }
 
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
