@@ -126,6 +126,21 @@ absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoc
   return status;
 }
 
+void SayResumed(const FitOptions& options, const FitState& state) {
+  if (options.progress == ProgressStyle::kNone) return;
+  if (state.epoch >= options.epochs) {
+    std::fprintf(options.out,
+                 "the checkpoint at step %lld in %s already completes this job's %d epochs: its "
+                 "figures are the ones saved (remove %s to train from scratch)\n",
+                 static_cast<long long>(state.iteration), options.checkpoint_dir.c_str(),
+                 options.epochs, options.checkpoint_dir.c_str());
+    return;
+  }
+  std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
+               static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
+               static_cast<long long>(state.step_in_epoch));
+}
+
 }  // namespace fit_internal
 
 bool IsStoppedEarly(const absl::Status& status) {
@@ -483,11 +498,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     } else {
       for (int64_t epoch = 0; epoch < state.epoch; ++epoch) distributed->MakeIterator();
     }
-    if (options.progress != ProgressStyle::kNone) {
-      std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
-                   static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
-                   static_cast<long long>(state.step_in_epoch));
-    }
+    fit_internal::SayResumed(options, state);
   }
 
   for (int epoch = static_cast<int>(state.epoch) + 1; epoch <= options.epochs; ++epoch) {

@@ -65,6 +65,10 @@ absl::StatusOr<bool> AgreeToStop(const Strategy& strategy, const FitOptions& opt
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
                           int64_t steps_per_epoch);
 
+// Says where a Fit that found a checkpoint goes on from (or that the checkpoint already
+// completes the job), unless the options ask for no progress output.
+void SayResumed(const FitOptions& options, const FitState& state);
+
 // Seconds on a steady clock.
 double Now();
 

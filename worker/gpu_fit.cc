@@ -415,11 +415,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     summary.history.push_back(fit_internal::EpochLogFromJson(log));
     summary.steps += summary.history.back().steps;
   }
-  if ((state_.epoch > 0 || state_.step_in_epoch > 0) && options_.progress != ProgressStyle::kNone) {
-    std::fprintf(options_.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
-                 static_cast<long long>(state_.iteration), static_cast<long long>(state_.epoch + 1),
-                 static_cast<long long>(state_.step_in_epoch));
-  }
+  if (state_.epoch > 0 || state_.step_in_epoch > 0) fit_internal::SayResumed(options_, state_);
   fit_internal::Progress progress(options_);
   int64_t iteration = state_.iteration;
   double train_seconds = 0;

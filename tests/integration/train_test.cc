@@ -155,6 +155,11 @@ TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   for (const char* kept : {"/ckpt-000000000050", "/ckpt-000000000100", "/ckpt-000000000150"}) {
     EXPECT_TRUE(std::filesystem::exists(checkpoints + kept)) << kept;
   }
+  // Run once more, the job is complete: it says so and reports the saved figures.
+  TrainRun done = RunTrain({"--job=" + path, "--progress=lines", "--epochs=3"});
+  EXPECT_EQ(done.exit.exit_code, 0) << done.output;
+  EXPECT_THAT(done.output, HasSubstr("the checkpoint at step 150 in " + checkpoints +
+                                     " already completes this job's 3 epochs"));
   std::filesystem::remove_all(checkpoints);
 }
 
