@@ -231,6 +231,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   summary.num_replicas_in_sync = replicas_per_worker;
   summary.num_workers = num_workers;
   summary.num_ps = num_ps;
+  summary.resumed_from_step = global_step;
   DefaultStrategy evaluation;
   double train_seconds = 0;
   int64_t train_examples = 0;
@@ -390,6 +391,11 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
     global_step = restored->value_or(0);
     saved_step = global_step;
+    // The epochs after the checkpoint are trained again: they are reported once, anew.
+    while (!summary.history.empty() &&
+           static_cast<int64_t>(summary.history.back().epoch) * steps_per_epoch > global_step) {
+      summary.history.pop_back();
+    }
     std::fprintf(options.out,
                  "the parameter servers are back: restored the checkpoint at step %lld and "
                  "training goes on\n",

@@ -204,11 +204,14 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
 TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesOn) {
   const std::string checkpoints = TempPath("ckpt_ps");
   std::filesystem::remove_all(checkpoints);
+  const std::string summary = TempPath("ps_back_summary.json");
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,
        .num_ps = 2,
        .chief = true,
-       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "ps_back_job", checkpoints, 50)}}},
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob(3, 100, "ps_back_job", checkpoints, 50),
+                          "--summary_json=" + summary}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
@@ -225,6 +228,12 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
                                 (*cluster)->Address({"ps", 1})));
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
+  // An epoch trained again after the rollback is reported once.
+  std::ifstream file(summary);
+  const nlohmann::json result = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_TRUE(result.is_object()) << output;
+  ASSERT_EQ(result["history"].size(), 3u) << result.dump();
+  for (int e = 0; e < 3; ++e) EXPECT_EQ(result["history"][e]["epoch"], e + 1);
   std::filesystem::remove_all(checkpoints);
 }
 
