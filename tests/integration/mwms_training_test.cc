@@ -55,6 +55,18 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
 }
 
+// The summary of a 2-worker run of the example job, uninterrupted, without checkpoints
+// (null when it failed: the test's ASSERT on is_object() says so).
+nlohmann::json TrainUninterrupted(const std::string& name, int epochs, int steps_per_epoch) {
+  const std::string summary = TempPath(name + "_summary.json");
+  auto cluster = StartJob(2, WriteJob(name, epochs, steps_per_epoch), summary);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return nullptr;
+  auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+  EXPECT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"worker", 0});
+  return ReadJson(summary);
+}
+
 TEST(MwmsTrainingTest, TwoWorkersTrainInLockStepAndAgree) {
   const std::string summary = TempPath("mwms_summary.json");
   auto cluster = StartJob(2, WriteJob("mwms_job", 1, 0), summary);
@@ -197,14 +209,7 @@ TEST(MwmsTrainingTest, EverySurvivorNamesTheWorkerThatDiedNotTheOnesThatLeftAfte
 
 TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToTheSameResult) {
   // The reference: the same job, uninterrupted.
-  const std::string reference_summary = TempPath("mwms_reference.json");
-  {
-    auto cluster = StartJob(2, WriteJob("mwms_reference", 3, 60), reference_summary);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
-    ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"worker", 0});
-  }
-  const nlohmann::json reference = ReadJson(reference_summary);
+  const nlohmann::json reference = TrainUninterrupted("mwms_reference", 3, 60);
   ASSERT_TRUE(reference.is_object());
 
   const std::string checkpoints = TempPath("mwms_ckpt");
@@ -257,14 +262,7 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
 }
 
 TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJobResumesThere) {
-  const std::string reference_summary = TempPath("mwms_stop_reference.json");
-  {
-    auto cluster = StartJob(2, WriteJob("mwms_stop_reference", 3, 300), reference_summary);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
-    ASSERT_TRUE(exit.ok() && exit->success()) << (*cluster)->Output({"worker", 0});
-  }
-  const nlohmann::json reference = ReadJson(reference_summary);
+  const nlohmann::json reference = TrainUninterrupted("mwms_stop_reference", 3, 300);
   ASSERT_TRUE(reference.is_object());
 
   // No periodic checkpoints: the one the stop writes is the only one mid-epoch.
