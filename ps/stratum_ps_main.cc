@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
 #include "stratum/ps/data_path.h"
@@ -36,6 +37,12 @@ int main(int argc, char** argv) {
                             "2 configuration or usage error.");
   const stratum::TaskContext context =
       stratum::ResolveTaskOrExit({.binary = "stratum-ps", .task_types = {stratum::kPs}});
+  if (absl::GetFlag(FLAGS_data_port) < 0 || absl::GetFlag(FLAGS_data_port) > 65535) {
+    return stratum::ReportFatal(context.binary, absl::InvalidArgumentError(absl::StrCat(
+                                                    "--data_port ", absl::GetFlag(FLAGS_data_port),
+                                                    " is not a port: use 1 to 65535, or 0 for any "
+                                                    "free port")));
+  }
   stratum::VariableStore store;
   std::unique_ptr<stratum::PsDataServer> data_server;
   if (absl::GetFlag(FLAGS_data_path) && context.channel.tls) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "stratum/checkpoint/checkpoint_folder.h"
@@ -40,6 +41,11 @@ int Run(const ShutdownWatcher& shutdown) {
   }
   absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
   if (!job.ok()) return Fail(job.status());
+  if (absl::GetFlag(FLAGS_epochs) < 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--epochs ", absl::GetFlag(FLAGS_epochs),
+                     " is negative: pass 1 or more, or 0 (the default) for the job's fit.epochs")));
+  }
   if (absl::GetFlag(FLAGS_epochs) > 0) job->fit.epochs = absl::GetFlag(FLAGS_epochs);
 
   absl::StatusOr<Model> model = Model::FromKerasJson(job->model);

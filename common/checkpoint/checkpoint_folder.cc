@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -65,6 +66,11 @@ absl::Status CheckWritableFolder(const std::string& dir, const std::string& what
 }
 
 absl::Status CheckWritableFileFolder(const std::string& path, const std::string& what) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " ", path, " is a folder: pass the path of a file, e.g. ", path, "/summary.json"));
+  }
   const fs::path parent = fs::path(path).parent_path();
   const std::string folder = (parent.empty() ? fs::path(".") : parent).string();
   const std::string problem = WhyNotWritable(folder);
@@ -152,10 +158,15 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 
 absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
     const std::string& dir, const std::function<absl::Status(const std::string& folder)>& restore) {
-  STRATUM_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestCheckpointFolder(dir));
-  if (!latest.has_value()) return latest;
+  absl::StatusOr<std::optional<std::string>> latest = LatestCheckpointFolder(dir);
+  // A corrupt "checkpoint" file: every complete folder is a candidate, newest first.
+  const absl::Status pointer_error =
+      absl::IsDataLoss(latest.status()) ? latest.status() : absl::OkStatus();
+  if (!latest.ok() && pointer_error.ok()) return latest.status();
+  if (latest.ok() && !latest->has_value()) return latest;
   // The latest, then the complete folders before it, newest first.
-  const int64_t latest_step = StepOfFolder(fs::path(*latest).filename().string());
+  const int64_t latest_step = latest.ok() ? StepOfFolder(fs::path(**latest).filename().string())
+                                          : std::numeric_limits<int64_t>::max();
   std::vector<std::string> older;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
@@ -166,15 +177,16 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
     }
   }
   std::sort(older.rbegin(), older.rend());
-  std::vector<std::string> candidates = {*latest};
+  std::vector<std::string> candidates;
+  if (latest.ok()) candidates.push_back(**latest);
   for (const std::string& name : older) candidates.push_back(absl::StrCat(dir, "/", name));
 
-  absl::Status first_error;
+  absl::Status first_error = pointer_error;
   std::vector<std::string> damaged;
   for (const std::string& folder : candidates) {
     const absl::Status restored = restore(folder);
     if (restored.ok()) {
-      if (damaged.empty()) return std::optional<std::string>(folder);
+      if (first_error.ok()) return std::optional<std::string>(folder);
       const std::string name = fs::path(folder).filename().string();
       const nlohmann::json pointer = {{"latest", name}, {"step", StepOfFolder(name)}};
       STRATUM_RETURN_IF_ERROR(
@@ -183,10 +195,17 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
         fs::remove_all(bad + ".damaged", error);
         fs::rename(bad, bad + ".damaged", error);
       }
-      spdlog::warn(
-          "restored {} instead of the latest checkpoint, which is damaged ({}); the "
-          "damaged one is kept as {}.damaged",
-          folder, std::string(first_error.message()), damaged.front());
+      if (damaged.empty()) {
+        spdlog::warn(
+            "restored {}, the newest intact checkpoint, because {}/{} is damaged ({}); "
+            "it names that one now",
+            folder, dir, kLatestFile, std::string(first_error.message()));
+      } else {
+        spdlog::warn(
+            "restored {} instead of the latest checkpoint, which is damaged ({}); the "
+            "damaged one is kept as {}.damaged",
+            folder, std::string(first_error.message()), damaged.front());
+      }
       return std::optional<std::string>(folder);
     }
     // A file of a complete checkpoint that is missing is damage too.

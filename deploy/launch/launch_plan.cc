@@ -1,5 +1,7 @@
 #include "stratum/launch/launch_plan.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/cluster/cluster_resolver.h"
@@ -35,9 +37,12 @@ std::string BinaryFor(const std::string& task_type, bool chief_is_worker) {
 }
 
 absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
-  if (options.num_workers < 0 || options.num_ps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--workers ", options.num_workers, " and --ps ",
-                                                   options.num_ps, " must not be negative"));
+  for (const auto& [flag, count] :
+       {std::pair{"--workers", options.num_workers}, std::pair{"--ps", options.num_ps}}) {
+    if (count < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is ", count, ", which must not be negative: pass 0 or more"));
+    }
   }
   if (options.num_workers == 0 && !options.chief) {
     return absl::InvalidArgumentError(

@@ -148,6 +148,16 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
       dir, [](const std::string&) { return absl::DataLossError("crc32 differs"); });
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 5)));
+
+  // A corrupt "checkpoint" file: the newest intact folder is restored, and named again.
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 20).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 20, {{"step", 20}}, 5).ok());
+  std::ofstream(dir + "/checkpoint") << "junk";
+  tried.clear();
+  restored = RestoreNewestIntact(dir, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(**restored, CheckpointFolder(dir, 20));
+  EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 20));
   std::filesystem::remove_all(dir);
 }
 

@@ -64,7 +64,9 @@ TEST(LaunchPlanTest, RefusesCountsThatMakeNoCluster) {
           PlanLocalCluster({.num_workers = 0, .num_ps = 1, .chief = true}).status().message()),
       HasSubstr("a parameter-server cluster needs at least one worker"));
   EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = -1}).status().message()),
-              HasSubstr("must not be negative"));
+              HasSubstr("--workers is -1, which must not be negative"));
+  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 1, .num_ps = -2}).status().message()),
+              HasSubstr("--ps is -2, which must not be negative"));
 }
 
 TEST(LaunchPlanTest, DryRunPrintsCopyableShellLines) {

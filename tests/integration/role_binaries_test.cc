@@ -159,6 +159,14 @@ TEST(RoleBinariesTest, AListenAddressThatIsNotHostPortIsAUsageError) {
   }
 }
 
+TEST(RoleBinariesTest, ADataPortThatIsNotAPortIsAUsageError) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG", R"({"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}})"}};
+  BinaryRun run = RunBinary("stratum-ps", {"--data_port=-3"}, env);
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--data_port -3 is not a port"));
+}
+
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());

@@ -172,6 +172,15 @@ TEST(StratumTrainTest, HelpListsTheFlags) {
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("No flags matched")));
 }
 
+TEST(StratumTrainTest, BadFlagValuesAreRefusedBeforeTraining) {
+  TrainRun run = RunTrain({"--job=" + WriteJob(ExampleJob(), "flags"), "--epochs=-1"});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--epochs -1 is negative"));
+  run = RunTrain({"--job=" + WriteJob(ExampleJob(), "flags"), "--summary_json=/tmp"});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--summary_json /tmp is a folder: pass the path of a file"));
+}
+
 TEST(StratumTrainTest, NoJobIsAUsageError) {
   TrainRun run = RunTrain({});
   EXPECT_EQ(run.exit.exit_code, 2);

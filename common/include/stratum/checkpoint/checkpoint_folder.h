@@ -40,9 +40,11 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 
 // Restores the latest checkpoint of `dir` with `restore` (given its folder). When that one
 // is damaged (`restore` answers DATA_LOSS: a checksum that does not match, a file that does
-// not parse; or NOT_FOUND: a file it lists is missing), the complete ones before it are tried, newest first; the first that restores
-// becomes the latest ("checkpoint" names it) and the damaged ones are renamed
-// "<folder>.damaged", kept for inspection. Returns the folder restored from, nullopt when
+// not parse; or NOT_FOUND: a file it lists is missing), the complete ones before it are tried,
+// newest first; the first that restores becomes the latest ("checkpoint" names it) and the damaged
+// ones are renamed
+// "<folder>.damaged", kept for inspection. A corrupt "checkpoint" file is damage too: the
+// newest intact folder is restored and named. Returns the folder restored from, nullopt when
 // `dir` has no checkpoint, or the latest's error when no checkpoint is intact (then nothing
 // is renamed).
 absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
