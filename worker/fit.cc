@@ -96,16 +96,31 @@ absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
 
 constexpr char kStoppedEarlyPayload[] = "stratum/stopped-early";
 
-absl::StatusOr<bool> AgreeToStop(const Strategy& strategy, const FitOptions& options,
-                                 int64_t iteration) {
+absl::StatusOr<bool> StopVote::AfterStep(const Strategy& strategy, const FitOptions& options,
+                                         int64_t iteration) {
   const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
   if (strategy.num_workers() == 1) return here;
-  if (iteration % kStopVoteSteps != 0) return false;
-  Tensor vote(DType::kFloat32, Shape({1}));
+  if (iteration < next_vote_) return false;
+  // This worker's proposal: the steps it trains in about kStopVoteInterval.
+  const double now = Now();
+  double proposal = 1;
+  if (last_vote_iteration_ >= 0 && now > last_vote_time_) {
+    const double steps_per_second =
+        static_cast<double>(iteration - last_vote_iteration_) / (now - last_vote_time_);
+    proposal = std::clamp(std::floor(steps_per_second * kStopVoteInterval), 1.0, 4096.0);
+  }
+  Tensor vote(DType::kFloat32, Shape({2}));
   vote.data<float>()[0] = here ? 1.0f : 0.0f;
+  vote.data<float>()[1] = static_cast<float>(proposal);
   std::vector<Tensor> votes = {std::move(vote)};
   STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, votes));
-  return votes[0].data<float>()[0] > 0.5f;
+  const float* sum = votes[0].data<float>();
+  // The same sums on every worker, so the same next vote.
+  next_vote_ =
+      iteration + std::max<int64_t>(1, static_cast<int64_t>(sum[1]) / strategy.num_workers());
+  last_vote_iteration_ = iteration;
+  last_vote_time_ = now;
+  return sum[0] > 0.5f;
 }
 
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
@@ -166,7 +181,6 @@ uint64_t DropoutSeed(uint64_t seed, int64_t iteration, int replica) {
 }  // namespace
 
 using fit_internal::Accumulate;
-using fit_internal::AgreeToStop;
 using fit_internal::Backup;
 using fit_internal::EpochLogFromJson;
 using fit_internal::EpochLogJson;
@@ -487,6 +501,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   double train_seconds = 0;
   int64_t train_examples = 0;
   bool stopping = false;  // FitOptions::stop: every worker agreed to stop
+  fit_internal::StopVote stop_vote;
   // Resuming: the data sequence is a function of the seed and the epoch, so the epochs
   // and steps already done are replayed from the input pipeline (not trained on).
   if (state.epoch > 0 || state.step_in_epoch > 0) {
@@ -557,7 +572,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
       progress.Step(step, epoch_stats.loss_sum / seen,
                     static_cast<double>(epoch_stats.correct) / seen);
-      STRATUM_ASSIGN_OR_RETURN(stopping, AgreeToStop(strategy, options, iteration));
+      STRATUM_ASSIGN_OR_RETURN(stopping, stop_vote.AfterStep(strategy, options, iteration));
       const bool periodic =
           options.checkpoint_every_steps > 0 && iteration % options.checkpoint_every_steps == 0;
       if (!options.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch) {

@@ -53,13 +53,23 @@ inline int64_t GlobalBatch(const Strategy& strategy, const FitOptions& options) 
   return options.batch_size_per_replica * strategy.NumReplicasInSync();
 }
 
-// How often workers in sync agree whether to stop (FitOptions::stop), in steps.
-inline constexpr int64_t kStopVoteSteps = 8;
-// Whether training stops after step `iteration` (counted from the job's start): once any
-// worker's FitOptions::stop is notified, every worker answers true after the same step.
-// A collective on the steps it votes at: every worker calls it after every step.
-absl::StatusOr<bool> AgreeToStop(const Strategy& strategy, const FitOptions& options,
+// FitOptions::stop across workers: whether training stops after a step, the same answer on
+// every worker. With several workers they vote with an 8-byte all-reduce at steps they all
+// compute alike: each vote also sums every worker's proposal for the next one, the steps
+// it trains in about kStopVoteInterval, so the votes cost little and a stop comes soon.
+class StopVote {
+ public:
+  static constexpr double kStopVoteInterval = 0.1;  // seconds
+
+  // Call after every step (`iteration` counts from the job's start), on every worker.
+  absl::StatusOr<bool> AfterStep(const Strategy& strategy, const FitOptions& options,
                                  int64_t iteration);
+
+ private:
+  int64_t next_vote_ = 0;  // the first step of the run votes
+  int64_t last_vote_iteration_ = -1;
+  double last_vote_time_ = 0;
+};
 // The error Fit returns when it stops early after step `iteration` (step `step` of
 // `steps_per_epoch` in epoch `epoch`); IsStoppedEarly is true for it.
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,

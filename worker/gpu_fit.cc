@@ -422,6 +422,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   int64_t train_examples = 0;
   const bool validate = options_.validate && data_.has_test;
   bool stopping = false;  // FitOptions::stop: every worker agreed to stop
+  fit_internal::StopVote stop_vote;
   STRATUM_RETURN_IF_ERROR(UploadOrder(state_.epoch));
   for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
     const int64_t index = epoch - 1;
@@ -444,7 +445,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       if (step == first_step + 1 && epoch < options_.epochs) {
         STRATUM_RETURN_IF_ERROR(UploadOrder(index + 1));
       }
-      STRATUM_ASSIGN_OR_RETURN(stopping, fit_internal::AgreeToStop(strategy_, options_, iteration));
+      STRATUM_ASSIGN_OR_RETURN(stopping, stop_vote.AfterStep(strategy_, options_, iteration));
       const bool periodic =
           options_.checkpoint_every_steps > 0 && iteration % options_.checkpoint_every_steps == 0;
       if (!options_.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch_) {

@@ -54,7 +54,7 @@ struct FitOptions {
   // Preemption, as TensorFlow's PreemptionCheckpointHandler: once `stop` is notified (a
   // SIGTERM) on any worker, every worker finishes the same step, the state there is saved
   // into checkpoint_dir (when set), and Fit returns an error for which IsStoppedEarly is
-  // true. Workers agree every fit_internal::kStopVoteSteps steps with a 4-byte all-reduce,
+  // true. Workers agree with a tiny all-reduce about every 0.1 s (fit_internal::StopVote),
   // whether or not they have a `stop`; one worker looks at every step.
   const absl::Notification* stop = nullptr;
 };
