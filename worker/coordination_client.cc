@@ -178,8 +178,10 @@ void CoordinationAgent::HeartbeatLoop() {
       return;
     }
     if (status.ok() && response.error_code() != 0) {
+      // The job's first failure, which names its task ("worker:2 failed: ..."), as the
+      // answer to ReportError gives it: the same words whichever way it is learnt.
       SetClusterError(absl::Status(static_cast<absl::StatusCode>(response.error_code()),
-                                   absl::StrCat(Leader(), ": ", response.error_message())));
+                                   response.error_message()));
       return;
     }
     if (status.ok()) {
