@@ -5,6 +5,7 @@
 // job whose workers train on GPU:0. Every test skips, with the reason, when no GPU is
 // visible (as in CI, which builds with CUDA but has no GPU).
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "stratum/cuda/device.h"
 #include "stratum/testing/local_cluster.h"
@@ -89,11 +91,11 @@ struct SmallJob {
 
 // Fits `job` on MultiWorkerMirrored workers in this process, one thread each, over
 // in-memory collectives and one in-memory rendezvous: worker w on devices[w], for
-// epochs[w] epochs (job.options.epochs when empty).
+// epochs[w] epochs (job.options.epochs when empty), stopped by stops[w] (none when empty).
 std::vector<absl::StatusOr<FitSummary>> FitWorkers(
     const SmallJob& job, const std::vector<std::vector<std::string>>& devices,
     CommunicationImplementation implementation, absl::Duration timeout,
-    const std::vector<int>& epochs = {}) {
+    const std::vector<int>& epochs = {}, const std::vector<const absl::Notification*>& stops = {}) {
   const int workers = static_cast<int>(devices.size());
   auto group = InProcessTransportGroup::Create(workers);
   std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
@@ -119,6 +121,7 @@ std::vector<absl::StatusOr<FitSummary>> FitWorkers(
       }
       FitOptions options = job.options;
       if (!epochs.empty()) options.epochs = epochs[w];
+      if (!stops.empty()) options.stop = stops[w];
       summaries[w] = Fit(**strategy, job.model, job.loss, *job.optimizer, job.data, options);
       // Gone: its transport looks closed to the others, as a process that exited.
       group->Close(w);
@@ -156,6 +159,41 @@ TEST(GpuMultiWorkerFitTest, TwoWorkersKeepBitIdenticalVariablesAndAgree) {
   EXPECT_EQ(second.test_accuracy, first.test_accuracy);
   EXPECT_EQ(second.test_loss, first.test_loss);
   ExpectBitIdenticalVariables(first, second);
+}
+
+// Preemption on the GPU path with several workers: a stop on worker 1 alone ends both
+// after the same step (their stop vote), with the state there saved by the chief; the job
+// run again resumes at that step, and its workers end with bit-identical variables.
+TEST(GpuMultiWorkerFitTest, AStopOnOneWorkerStopsBothAtOneStepAndTheRunAgainResumesThere) {
+  SKIP_WITHOUT_GPU();
+  SmallJob job(2);
+  const auto whole = FitWorkers(job, {{"GPU:0"}, {"GPU:0"}}, CommunicationImplementation::kRing,
+                                absl::Seconds(60));
+  ASSERT_TRUE(whole[0].ok()) << whole[0].status();
+  job.options.checkpoint_dir = TempPath("gpu_mwms_stop");
+  std::filesystem::remove_all(job.options.checkpoint_dir);
+  absl::Notification stop;
+  stop.Notify();
+  const auto stopped = FitWorkers(job, {{"GPU:0"}, {"GPU:0"}}, CommunicationImplementation::kRing,
+                                  absl::Seconds(60), {}, {nullptr, &stop});
+  for (const auto& summary : stopped) {
+    ASSERT_TRUE(IsStoppedEarly(summary.status())) << summary.status();
+    EXPECT_THAT(summary.status().message(), HasSubstr("training stopped after step 1 (epoch 1, "
+                                                      "step 1 of 62)"));
+  }
+  EXPECT_THAT(stopped[0].status().message(), HasSubstr("because another worker was stopped"));
+  EXPECT_THAT(stopped[1].status().message(), HasSubstr("this process was stopped by a signal"));
+
+  const auto resumed = FitWorkers(job, {{"GPU:0"}, {"GPU:0"}}, CommunicationImplementation::kRing,
+                                  absl::Seconds(60));
+  for (const auto& summary : resumed) {
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    EXPECT_EQ(summary->resumed_from_step, 1);
+    EXPECT_EQ(summary->steps, whole[0]->steps);
+  }
+  EXPECT_NEAR(resumed[0]->test_accuracy, whole[0]->test_accuracy, 0.005);
+  ExpectBitIdenticalVariables(*resumed[0], *resumed[1]);
+  std::filesystem::remove_all(job.options.checkpoint_dir);
 }
 
 // Communication NCCL on one GPU: a group of one rank, which sums nothing but takes every

@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/notification.h"
+#include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/cuda/all_reduce.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/device.h"
@@ -444,6 +446,56 @@ TEST(GpuFitTest, BacksUpAndResumesFromACheckpoint) {
   EXPECT_EQ(resumed->steps, 60);
   ASSERT_EQ(resumed->history.size(), 3u);
   EXPECT_EQ(resumed->history[2].steps, 20);
+  std::filesystem::remove_all(options.checkpoint_dir);
+}
+
+// Preemption on the GPU path: a stop (a SIGTERM in the binaries) ends training after the
+// step it is seen at, with the state there saved; the run again resumes at that step and
+// ends as the uninterrupted run does.
+TEST(GpuFitTest, AStopSavesTheStepAndTheRunAgainEndsAsTheUninterruptedOne) {
+  SKIP_WITHOUT_GPU();
+  Model model = *Model::FromKerasJson(ModelJson("relu", "softmax"));
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const FitData data = SyntheticFitData(1000, 8);
+  FitOptions options;
+  options.epochs = 2;
+  options.batch_size_per_replica = 50;
+  options.progress = ProgressStyle::kNone;
+  auto one = *OneDeviceStrategy::Create("GPU:0");
+  absl::StatusOr<FitSummary> whole = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  options.checkpoint_dir = ::testing::TempDir() + "/gpu_fit_stop";
+  std::filesystem::remove_all(options.checkpoint_dir);
+  absl::Notification stop;
+  stop.Notify();
+  options.stop = &stop;
+  absl::StatusOr<FitSummary> stopped = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(IsStoppedEarly(stopped.status())) << stopped.status();
+  EXPECT_THAT(stopped.status().message(),
+              HasSubstr("training stopped after step 1 (epoch 1, step 1 of 20): this process was "
+                        "stopped by a signal; the state at step 1 is saved in"));
+  auto saved = ReadLatestCheckpoint(options.checkpoint_dir);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step, 1);
+
+  options.stop = nullptr;
+  absl::StatusOr<FitSummary> resumed = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 1);
+  EXPECT_EQ(resumed->steps, whole->steps);
+  EXPECT_NEAR(resumed->test_accuracy, whole->test_accuracy, 0.005);
+  ASSERT_EQ(resumed->variables.size(), whole->variables.size());
+  for (size_t v = 0; v < whole->variables.size(); ++v) {
+    const Tensor& a = resumed->variables[v];
+    const Tensor& b = whole->variables[v];
+    ASSERT_EQ(a.num_elements(), b.num_elements());
+    for (int64_t i = 0; i < a.num_elements(); ++i) {
+      ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-4)
+          << "variable " << v << "[" << i << "]";
+    }
+  }
   std::filesystem::remove_all(options.checkpoint_dir);
 }
 
