@@ -4,11 +4,14 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "proto/worker.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "stratum/coordinator/checkpoint_manager.h"
@@ -22,6 +25,7 @@
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/process_info.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/training_job.h"
 
 namespace stratum {
@@ -123,6 +127,63 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
 };
 
+// The coordinator's heartbeat to the parameter servers (PsClient::Watch), every 0.5 s on a
+// thread of its own. A PS that got SIGTERM answers "stopping" and, when this coordinator
+// saves checkpoints, serves on until one begun after its signal is written: the training
+// loop writes it at once (TakeStopping), so the PS's restart rolls back to that step.
+class PsWatcher {
+ public:
+  PsWatcher(ShardedVariables& variables, bool saves_checkpoints)
+      : variables_(variables),
+        saves_checkpoints_(saves_checkpoints),
+        reported_(static_cast<size_t>(variables.num_ps()), false),
+        thread_([this] { Run(); }) {}
+  // Tells every PS that this coordinator is done with it: a stop need not wait for it.
+  ~PsWatcher() {
+    done_.Notify();
+    thread_.join();
+    for (int task = 0; task < variables_.num_ps(); ++task) {
+      (void)variables_.client(task).Watch(saves_checkpoints_, /*leaving=*/true);
+    }
+  }
+  PsWatcher(const PsWatcher&) = delete;
+  PsWatcher& operator=(const PsWatcher&) = delete;
+
+  // The parameter servers that began stopping since the last call ("ps:1, ps:0"), or "".
+  std::string TakeStopping() {
+    absl::MutexLock lock(&mutex_);
+    return std::exchange(stopping_, "");
+  }
+
+ private:
+  void Run() {
+    do {
+      for (int task = 0; task < variables_.num_ps(); ++task) {
+        absl::StatusOr<bool> stopping = variables_.client(task).Watch(saves_checkpoints_);
+        // Unreachable: its failure shows in training. Each stop is reported once, until the
+        // PS is seen serving again (restarted).
+        if (!stopping.ok()) continue;
+        const size_t t = static_cast<size_t>(task);
+        if (*stopping && !reported_[t]) {
+          absl::MutexLock lock(&mutex_);
+          stopping_ = stopping_.empty()
+                          ? variables_.client(task).task()
+                          : absl::StrCat(stopping_, ", ", variables_.client(task).task());
+        }
+        reported_[t] = *stopping;
+      }
+    } while (!done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
+  }
+
+  ShardedVariables& variables_;
+  const bool saves_checkpoints_;
+  std::vector<bool> reported_;  // by the watching thread only
+  absl::Mutex mutex_;
+  std::string stopping_ ABSL_GUARDED_BY(mutex_);
+  absl::Notification done_;
+  std::thread thread_;  // last: started once the rest is ready
+};
+
 }  // namespace
 
 absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
@@ -186,6 +247,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       std::fflush(options.out);
     }
   }
+
+  PsWatcher ps_watcher(variables, checkpoints.has_value());
 
   // The workers.
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
@@ -274,6 +337,29 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     return absl::IsCancelled(status) && options.cancel != nullptr &&
            options.cancel->HasBeenNotified();
   };
+  // A parameter server that got SIGTERM waits for a checkpoint: the steps so far, saved
+  // now, are what its restart rolls back to.
+  auto save_for_stopping_ps = [&](const std::string& ps) -> absl::Status {
+    if (!checkpoints) {
+      std::fprintf(options.out,
+                   "%s is stopping (it got a signal) and the job has no checkpoint.dir: the "
+                   "training state on it is lost when it goes\n",
+                   ps.c_str());
+      std::fflush(options.out);
+      return absl::OkStatus();
+    }
+    // Saved even when the latest checkpoint is at this step: the PS waits for a new one
+    // (the same bytes again).
+    STRATUM_RETURN_IF_ERROR(coordinator.Join());
+    STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
+    saved_step = global_step;
+    std::fprintf(options.out,
+                 "%s is stopping (it got a signal): saved the state at step %lld in %s, which "
+                 "training goes on from once it is back\n",
+                 ps.c_str(), static_cast<long long>(global_step), job.checkpoint.dir.c_str());
+    std::fflush(options.out);
+    return absl::OkStatus();
+  };
   // One pass over the remaining epochs; a PS failure ends it early (recovered below).
   auto train_epochs = [&]() -> absl::Status {
     for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
@@ -287,6 +373,11 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
           return stop_early(epoch, first_step, scheduled);
         }
+        if (const std::string ps = ps_watcher.TakeStopping(); !ps.empty()) {
+          if (absl::Status saved = save_for_stopping_ps(ps); !saved.ok()) {
+            return stopped(saved) ? stop_early(epoch, first_step, scheduled) : saved;
+          }
+        }
         int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
         if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
         absl::StatusOr<std::shared_ptr<RemoteValue>> value =
@@ -299,7 +390,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
           absl::Status joined = coordinator.Join();
           if (stopped(joined)) return stop_early(epoch, first_step, scheduled);
           if (!joined.ok()) return joined;
-          if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+          STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
           saved_step = global_step;
         }
       }
@@ -325,7 +416,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       train_examples += static_cast<int64_t>(examples);
       if (data->has_test) {
         absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
-        if (!current.ok()) return current.status();
+        if (!current.ok()) return PsFailure(current.status());
         absl::StatusOr<EpochLog> val =
             EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
         if (!val.ok()) return val.status();

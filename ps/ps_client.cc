@@ -30,6 +30,12 @@ absl::StatusOr<std::vector<Tensor>> DecodeValues(
 
 }  // namespace
 
+absl::Status PsFailure(const absl::Status& status) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
+  return absl::FailedPreconditionError(
+      absl::StrCat("a parameter server is unavailable: ", status.message()));
+}
+
 PsClient::PsClient(std::string task, std::string address, PsClientOptions options)
     : task_(std::move(task)),
       address_(std::move(address)),
@@ -213,6 +219,20 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   Prepare(context, options_.timeout);
   proto::RestoreResponse response;
   return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
+}
+
+absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving) {
+  proto::WatchRequest request;
+  request.set_saves_checkpoints(saves_checkpoints);
+  request.set_leaving(leaving);
+  grpc::ClientContext context;
+  Prepare(context, std::min(options_.timeout, absl::Seconds(1)));
+  proto::WatchResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->Watch(&context, request, &response), Peer());
+      !status.ok()) {
+    return status;
+  }
+  return response.stopping();
 }
 
 }  // namespace stratum

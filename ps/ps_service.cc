@@ -155,6 +155,12 @@ grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVar
 
 grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* request,
                              proto::SaveResponse* response) {
+  // Only a checkpoint begun after the stop holds everything trained before it.
+  bool after_stop;
+  {
+    absl::MutexLock lock(&stop_mutex_);
+    after_stop = stopping_;
+  }
   absl::StatusOr<TensorFile> file = StoreToTensorFile(store_);
   if (!file.ok()) return ToGrpcStatus(file.status());
   absl::StatusOr<WrittenFile> written = WriteSafetensors(request->path(), *file);
@@ -162,6 +168,10 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
   response->set_crc32(written->crc32);
   response->set_bytes(written->bytes);
   AppendVariableStatuses(store_, response->mutable_variables());
+  if (after_stop) {
+    absl::MutexLock lock(&stop_mutex_);
+    saved_since_stopping_ = true;
+  }
   return grpc::Status::OK;
 }
 
@@ -182,6 +192,34 @@ grpc::Status PsService::DataPath(grpc::ServerContext*, const proto::DataPathRequ
   response->set_token(data_path_.token);
   response->set_max_bytes(static_cast<int64_t>(data_path_.max_bytes));
   return grpc::Status::OK;
+}
+
+grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* request,
+                              proto::WatchResponse* response) {
+  absl::MutexLock lock(&stop_mutex_);
+  if (request->leaving()) {
+    last_saving_watch_ = absl::InfinitePast();
+  } else if (request->saves_checkpoints()) {
+    last_saving_watch_ = absl::Now();
+  }
+  response->set_stopping(stopping_);
+  return grpc::Status::OK;
+}
+
+void PsService::BeginStopping() {
+  absl::MutexLock lock(&stop_mutex_);
+  stopping_ = true;
+}
+
+std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
+  absl::MutexLock lock(&stop_mutex_);
+  if (saved_since_stopping_) return "the coordinator saved the job's state";
+  if (absl::Now() - last_saving_watch_ > watch_window) {
+    return last_saving_watch_ == absl::InfinitePast()
+               ? "no coordinator that saves checkpoints is training on it"
+               : "its coordinator is gone";
+  }
+  return "";
 }
 
 }  // namespace stratum

@@ -1,11 +1,13 @@
 // stratum-ps: a parameter-server task. Holds variables and their optimizer state and
 // applies the gradients workers push, as they arrive, on its TF_CONFIG address until
 // SIGTERM/SIGINT. Large pushes and pulls may take its raw data path (--data_path), whose
-// endpoint the gRPC service announces.
+// endpoint the gRPC service announces. After SIGTERM it serves on while its coordinator
+// saves the job's state (PsService::StopNeedNotWait), at most --stop_timeout.
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
 #include "stratum/ps/data_path.h"
@@ -16,6 +18,9 @@ ABSL_FLAG(bool, data_path, true,
           "Serve pushes and pulls also on a raw socket beside gRPC (shared memory for workers "
           "on this host), announced through gRPC; off with TLS, which it does not speak");
 ABSL_FLAG(int, data_port, 0, "The data path's TCP port; 0: any free port");
+ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(20),
+          "After SIGTERM, how long to serve on while the coordinator saves the job's state "
+          "(it is told at once); less than the pod's terminationGracePeriodSeconds");
 
 namespace {
 
@@ -24,6 +29,32 @@ std::string ListenHost(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   return host;
+}
+
+// The coordinator watches every 0.5 s: 2 s without a word means it is gone.
+constexpr absl::Duration kWatchWindow = absl::Seconds(2);
+
+// A PS that goes takes the variables trained since the last checkpoint with it: while a
+// coordinator that saves checkpoints watches, serve on until it has saved (it learns of
+// the stop from its next Watch). A second signal exits at once (ShutdownWatcher).
+void WaitForTheCoordinatorsSave(stratum::PsService& service, absl::Duration timeout) {
+  service.BeginStopping();
+  std::string why = service.StopNeedNotWait(kWatchWindow);
+  if (!why.empty()) return;
+  spdlog::info("serving on until the coordinator has saved the job's state (at most {})",
+               absl::FormatDuration(timeout));
+  const absl::Time deadline = absl::Now() + timeout;
+  while ((why = service.StopNeedNotWait(kWatchWindow)).empty()) {
+    if (absl::Now() >= deadline) {
+      spdlog::warn(
+          "the coordinator saved nothing within --stop_timeout {}: stopping; the job resumes "
+          "from its last checkpoint",
+          absl::FormatDuration(timeout));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  spdlog::info("{}: stopping", why);
 }
 
 }  // namespace
@@ -61,7 +92,9 @@ int main(int argc, char** argv) {
   }
   stratum::PsService service(
       store, data_server != nullptr ? data_server->endpoint() : stratum::DataPathEndpoint{});
-  const int code = stratum::ServeUntilShutdown(context, shutdown, {&service});
+  const int code = stratum::ServeUntilShutdown(context, shutdown, {&service}, [&service] {
+    WaitForTheCoordinatorsSave(service, absl::GetFlag(FLAGS_stop_timeout));
+  });
   if (data_server != nullptr) data_server->Shutdown();
   return code;
 }

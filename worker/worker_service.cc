@@ -162,14 +162,6 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
 
 }  // namespace
 
-// A parameter server that cannot be reached is the job's problem, not this worker's: it
-// must reach the program (naming the PS), not send the closure to another worker.
-absl::Status PsFailure(const absl::Status& status) {
-  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
-  return absl::FailedPreconditionError(
-      absl::StrCat("a parameter server is unavailable: ", status.message()));
-}
-
 // One step of the local replicas on the CPU: the next batch, gradients into gradients[r].
 absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tensor>& values) {
   absl::StatusOr<std::optional<PerReplica<Element>>> batch = batches->GetNext();

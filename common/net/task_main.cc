@@ -340,7 +340,8 @@ absl::StatusOr<std::unique_ptr<TaskServer>> StartTaskServer(
 }
 
 int ServeUntilShutdown(const TaskContext& context, ShutdownWatcher& shutdown,
-                       const std::vector<grpc::Service*>& services) {
+                       const std::vector<grpc::Service*>& services,
+                       const std::function<void()>& serve_on) {
   std::unique_ptr<TaskServer> server;
   if (context.listen_address.empty()) {
     spdlog::info("{} {} is not in the cluster and has no --listen_address: serving nothing",
@@ -358,6 +359,7 @@ int ServeUntilShutdown(const TaskContext& context, ShutdownWatcher& shutdown,
   }
   shutdown.Wait();
   spdlog::info("signal {} received: shutting down", shutdown.signal_number());
+  if (serve_on) serve_on();
   if (server) server->Shutdown(context.shutdown_grace);
   spdlog::info("stopped");
   return kExitSuccess;

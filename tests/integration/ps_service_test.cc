@@ -2,7 +2,11 @@
 // calls workers make, and every bad request refused without harm.
 #include <grpcpp/client_context.h>
 
+#include <signal.h>
+
+#include <atomic>
 #include <limits>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,6 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
+using testing::TempPath;
 
 const nlohmann::json kSgd =
     nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
@@ -216,6 +221,80 @@ TEST(PsServiceDataPathTest, APsWithoutADataPathServesOverGrpc) {
   ASSERT_TRUE(client.Push({{"big", Filled(1 << 18, 2)}}, &pulled).ok());
   EXPECT_TRUE((pulled[0].Flat() == 0).all());
   EXPECT_EQ(client.transport(), "grpc");
+}
+
+// Stopping (proto::WatchRequest): a PS that gets SIGTERM while a coordinator that saves
+// checkpoints watches it serves on, says it is stopping, and exits once a checkpoint begun
+// after the signal is written.
+TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
+  auto watched = client_->Watch(/*saves_checkpoints=*/true);
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  EXPECT_FALSE(*watched);
+  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  bool stopping = false;
+  for (int i = 0; i < 50 && !stopping; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    auto answer = client_->Watch(true);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    stopping = *answer;
+  }
+  ASSERT_TRUE(stopping);
+  // Still serving: the coordinator's last pushes and its save get through.
+  ASSERT_TRUE(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}).ok());
+  absl::SleepFor(absl::Seconds(1));
+  ASSERT_TRUE(client_->Watch(true).ok());
+  EXPECT_FALSE(cluster_->WaitForExit({"ps", 0}, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(client_->Save(TempPath("stopping_ps.safetensors")).ok());
+  auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_THAT(cluster_->Output({"ps", 0}), HasSubstr("the coordinator saved the job's state"));
+}
+
+// No coordinator that saves watches (none ever did, or it said it is leaving): nothing to
+// wait for, the PS stops at once as any server.
+TEST_F(PsServiceTest, ASigtermedPsThatNoSavingCoordinatorWatchesStopsAtOnce) {
+  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true).ok());
+  ASSERT_TRUE(client_->Watch(true, /*leaving=*/true).ok());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(10));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 0);
+  // At most the gRPC server's shutdown grace (3 s), which this test's open channel takes.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(cluster_->Output({"ps", 0}), ::testing::Not(HasSubstr("serving on until")));
+}
+
+// A coordinator that watches but never saves (stuck): the PS goes after --stop_timeout,
+// saying that the job resumes from its last checkpoint.
+TEST(PsServiceStopTest, ASigtermedPsStopsAfterItsStopTimeoutWhenNoSaveComes) {
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .not_started = {{"worker", 0}},
+                                      .args_by_type = {{"ps", {"--stop_timeout=1s"}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  PsClient client("ps:0", (*cluster)->Address({"ps", 0}), {.timeout = absl::Seconds(5)});
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      (void)client.Watch(true);
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*cluster)->Signal({"ps", 0}, SIGTERM).ok());
+  auto exit = (*cluster)->WaitForExit({"ps", 0}, absl::Seconds(10));
+  done = true;
+  watcher.join();
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+  EXPECT_THAT((*cluster)->Output({"ps", 0}),
+              HasSubstr("the coordinator saved nothing within --stop_timeout 1s: stopping; the "
+                        "job resumes from its last checkpoint"));
 }
 
 }  // namespace

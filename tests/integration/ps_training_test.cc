@@ -35,6 +35,33 @@ std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
   return path;
 }
 
+// A job of 50 epochs of 100 steps on 2 workers and 2 PS whose only checkpoints are those
+// a stop asks for, once its first epoch is done; null, with the failure added, otherwise.
+std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
+                                                       const std::string& checkpoints) {
+  std::filesystem::remove_all(checkpoints);
+  const std::string job = WriteJob(50, 100, name, checkpoints, 0);
+  auto cluster = LocalCluster::Start({.num_workers = 2,
+                                      .num_ps = 2,
+                                      .chief = true,
+                                      .args_by_type = {{"chief", {"--job=" + job}}},
+                                      .forward_output = false});
+  if (!cluster.ok()) {
+    ADD_FAILURE() << cluster.status();
+    return nullptr;
+  }
+  if (!(*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60))) {
+    ADD_FAILURE() << (*cluster)->Output({"chief", 0});
+    return nullptr;
+  }
+  return *std::move(cluster);
+}
+
+// The step at the end of `found` ("... step 2814").
+int64_t StepAtTheEnd(const std::string& found) {
+  return std::stoll(found.substr(found.rfind(' ') + 1));
+}
+
 TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
   const std::string summary = TempPath("ps_summary.json");
   auto cluster = LocalCluster::Start(
@@ -297,36 +324,80 @@ TEST(PsTrainingTest, ASigtermStopsTheCoordinatorWhileNoWorkerIsUp) {
 
 TEST(PsTrainingTest, ASigtermedCoordinatorSavesTheStepsThatFinishedAndResumesThere) {
   const std::string checkpoints = TempPath("stop_ckpt");
-  std::filesystem::remove_all(checkpoints);
-  // No periodic checkpoint: the one the stop writes is the only one.
-  const std::string job = WriteJob(50, 100, "stop_job", checkpoints, 0);
-  auto cluster = LocalCluster::Start({.num_workers = 2,
-                                      .num_ps = 2,
-                                      .chief = true,
-                                      .args_by_type = {{"chief", {"--job=" + job}}},
-                                      .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
+  auto cluster = LongJobPastItsFirstEpoch("stop_job", checkpoints);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGTERM).ok());
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  const std::string output = (*cluster)->Output({"chief", 0});
+  const std::string output = cluster->Output({"chief", 0});
   EXPECT_EQ(exit->exit_code, 128 + SIGTERM) << output;
-  const std::string stopped = (*cluster)->FindInOutput({"chief", 0}, "stopped after step [0-9]+");
+  const std::string stopped = cluster->FindInOutput({"chief", 0}, "stopped after step [0-9]+");
   ASSERT_FALSE(stopped.empty()) << output;
-  const int64_t step = std::stoll(stopped.substr(stopped.rfind(' ') + 1));
+  const int64_t step = StepAtTheEnd(stopped);
   EXPECT_GT(step, 100);
   EXPECT_THAT(output, HasSubstr(absl::StrCat("the state at step ", step, " is saved in ")));
   std::ifstream pointer(checkpoints + "/checkpoint");
   EXPECT_EQ(nlohmann::json::parse(pointer, nullptr, false)["step"], step);
 
-  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "resumed from the checkpoint at step",
-                                        absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+  ASSERT_TRUE(cluster->Restart({"chief", 0}).ok());
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "resumed from the checkpoint at step",
+                                     absl::Seconds(60)))
+      << cluster->Output({"chief", 0});
+  EXPECT_THAT(cluster->Output({"chief", 0}),
               HasSubstr(absl::StrCat("resumed from the checkpoint at step ", step, " ")));
+  std::filesystem::remove_all(checkpoints);
+}
+
+// A parameter server that gets SIGTERM (an evicted pod) while a coordinator trains serves on
+// until the coordinator has saved the job's state, so that when it is back the rollback
+// to that checkpoint loses nothing; it exits cleanly right after the save.
+TEST(PsTrainingTest, ASigtermedPsWaitsForTheChiefToSaveSoThatItsRestartLosesNothing) {
+  const std::string checkpoints = TempPath("ps_stop_ckpt");
+  auto cluster = LongJobPastItsFirstEpoch("ps_stop_job", checkpoints);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGTERM).ok());
+  auto ps_exit = cluster->WaitForExit({"ps", 1}, absl::Seconds(30));
+  ASSERT_TRUE(ps_exit.ok()) << ps_exit.status();
+  EXPECT_EQ(ps_exit->exit_code, 0) << cluster->Output({"ps", 1});
+  EXPECT_THAT(cluster->Output({"ps", 1}), HasSubstr("the coordinator saved the job's state"));
+  const std::string saved =
+      cluster->FindInOutput({"chief", 0}, "ps:1 is stopping [^\n]*saved the state at step [0-9]+");
+  ASSERT_FALSE(saved.empty()) << cluster->Output({"chief", 0});
+  const int64_t step = StepAtTheEnd(saved);
+  EXPECT_GT(step, 100);
+
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << cluster->Output({"chief", 0});
+  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_TRUE(
+      cluster->WaitForOutput({"chief", 0}, "the parameter servers are back", absl::Seconds(60)))
+      << cluster->Output({"chief", 0});
+  EXPECT_THAT(
+      cluster->Output({"chief", 0}),
+      HasSubstr(absl::StrCat("restored the checkpoint at step ", step, " and training goes on")));
+  std::filesystem::remove_all(checkpoints);
+}
+
+// Deleting a Kubernetes job signals every pod at once: the parameter servers wait for the
+// coordinator's final save instead of taking the job's state with them.
+TEST(PsTrainingTest, EveryTaskSigtermedAtOnceStillSavesTheJobsState) {
+  const std::string checkpoints = TempPath("all_stop_ckpt");
+  auto cluster = LongJobPastItsFirstEpoch("all_stop_job", checkpoints);
+  ASSERT_NE(cluster, nullptr);
+  const std::vector<TaskKey> tasks = {
+      {"ps", 0}, {"ps", 1}, {"worker", 0}, {"worker", 1}, {"chief", 0}};
+  for (const TaskKey& task : tasks) ASSERT_TRUE(cluster->Signal(task, SIGTERM).ok());
+  for (const TaskKey& task : tasks) {
+    auto exit = cluster->WaitForExit(task, absl::Seconds(30));
+    ASSERT_TRUE(exit.ok()) << task.ToString() << ": " << exit.status();
+  }
+  const std::string output = cluster->Output({"chief", 0});
+  const std::string stopped = cluster->FindInOutput({"chief", 0}, "stopped after step [0-9]+");
+  ASSERT_FALSE(stopped.empty()) << output;
+  const int64_t step = StepAtTheEnd(stopped);
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("the state at step ", step, " is saved in ")));
+  std::ifstream pointer(checkpoints + "/checkpoint");
+  EXPECT_EQ(nlohmann::json::parse(pointer, nullptr, false)["step"], step);
   std::filesystem::remove_all(checkpoints);
 }
 

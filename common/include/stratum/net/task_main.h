@@ -13,6 +13,7 @@
 // here and nowhere else.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,10 +62,12 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options);
 absl::StatusOr<std::unique_ptr<TaskServer>> StartTaskServer(
     const TaskContext& context, const std::vector<grpc::Service*>& services = {});
 
-// Serves until SIGTERM/SIGINT, then shuts down within the grace period. Returns the exit
-// code for main.
+// Serves until SIGTERM/SIGINT, then runs `serve_on` (still serving: work that must finish
+// before the task goes, e.g. a PS waiting for its coordinator's save), then shuts down
+// within the grace period. Returns the exit code for main.
 int ServeUntilShutdown(const TaskContext& context, ShutdownWatcher& shutdown,
-                       const std::vector<grpc::Service*>& services = {});
+                       const std::vector<grpc::Service*>& services = {},
+                       const std::function<void()>& serve_on = {});
 
 // Prints "<binary>: <message>" to stderr and returns the exit code for `status`.
 int ReportFatal(const std::string& binary, const absl::Status& status);

@@ -36,6 +36,12 @@ struct NamedValue {
   Tensor value;
 };
 
+// A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED) is the job's
+// problem, not the caller's: FAILED_PRECONDITION "a parameter server is unavailable: ...",
+// which the coordinator answers by waiting for it and re-seeding it from the last
+// checkpoint (a worker must not retry such a closure elsewhere). Other errors unchanged.
+absl::Status PsFailure(const absl::Status& status);
+
 class PsClient {
  public:
   // `task` names the PS in errors ("ps:0").
@@ -58,6 +64,9 @@ class PsClient {
   // Checkpoints: the PS writes / reads `path` on its own file system.
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
   absl::Status Restore(const std::string& path, uint32_t crc32);
+  // The coordinator's heartbeat (proto::WatchRequest); true when the PS is stopping. A
+  // short deadline of its own: it runs beside training, every 0.5 s.
+  absl::StatusOr<bool> Watch(bool saves_checkpoints, bool leaving = false);
   // How pushes and pulls travel now: "grpc", "tcp" or "shared memory" (the data path's,
   // once it has carried a call).
   std::string transport() const;

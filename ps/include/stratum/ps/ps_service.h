@@ -2,8 +2,15 @@
 // tensors, checks every gradient of a push before it applies the first (a bad request
 // changes nothing), and turns absl::Status into grpc::Status. It also announces where the
 // PS's raw data path listens (DataPath), when it has one. Thread-safe.
+//
+// Stopping (Watch): after SIGTERM, main calls BeginStopping and serves on while
+// StopMayWait() (a coordinator that saves checkpoints watches, and none begun since has
+// been written), so that a PS pod evicted or deleted with its job keeps the job's state.
 #pragma once
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/ps.grpc.pb.h"
 #include "stratum/ps/data_path.h"
 #include "stratum/ps/variable_store.h"
@@ -32,10 +39,24 @@ class PsService final : public proto::ParameterServer::Service {
                        proto::RestoreResponse* response) override;
   grpc::Status DataPath(grpc::ServerContext*, const proto::DataPathRequest* request,
                         proto::DataPathResponse* response) override;
+  grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest* request,
+                     proto::WatchResponse* response) override;
+
+  // From now on Watch answers stopping, and a checkpoint begun from now on ends the wait.
+  void BeginStopping();
+  // Why a stopping PS need not wait any longer ("" while it should): a checkpoint begun
+  // after BeginStopping was written, or no coordinator that saves checkpoints has watched
+  // within `watch_window`.
+  std::string StopNeedNotWait(absl::Duration watch_window) const;
 
  private:
   VariableStore& store_;
   const DataPathEndpoint data_path_;
+  mutable absl::Mutex stop_mutex_;
+  bool stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
+  bool saved_since_stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
+  // The last Watch of a coordinator that saves checkpoints and has not left.
+  absl::Time last_saving_watch_ ABSL_GUARDED_BY(stop_mutex_) = absl::InfinitePast();
 };
 
 }  // namespace stratum
