@@ -127,6 +127,14 @@ int main(int argc, char** argv) {
   }
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
   if (context.task.type == stratum::kEvaluator && !absl::GetFlag(FLAGS_job).empty()) {
+    if (absl::GetFlag(FLAGS_eval_interval) < absl::Milliseconds(100)) {
+      return stratum::ReportFatal(
+          context.binary,
+          absl::InvalidArgumentError(absl::StrCat(
+              "--eval_interval is ", absl::FormatDuration(absl::GetFlag(FLAGS_eval_interval)),
+              ": the evaluator would look for new checkpoints without pause; use 100ms or "
+              "more, e.g. 2s")));
+    }
     absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));
     if (!job.ok()) return stratum::ReportFatal(context.binary, job.status());
     std::unique_ptr<stratum::TaskServer> server;  // health probes keep working

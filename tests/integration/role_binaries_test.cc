@@ -167,6 +167,21 @@ TEST(RoleBinariesTest, ADataPortThatIsNotAPortIsAUsageError) {
   EXPECT_THAT(run.output, HasSubstr("--data_port -3 is not a port"));
 }
 
+// An evaluator that looks for new checkpoints without pause would spin a core.
+TEST(RoleBinariesTest, AnEvalIntervalUnderATenthOfASecondIsAUsageError) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG", R"({"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, )"
+                    R"("task": {"type": "evaluator", "index": 0}})"}};
+  BinaryRun run =
+      RunBinary("stratum-worker",
+                {"--evaluator", "--eval_interval=0s",
+                 "--job=" + std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json"},
+                env);
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--eval_interval is 0: the evaluator would look for new "
+                                    "checkpoints without pause; use 100ms or more, e.g. 2s"));
+}
+
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
