@@ -121,8 +121,8 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {
   const std::string pointer = absl::StrCat(dir, "/", kLatestFile);
   if (!fs::exists(pointer)) {
-    // Without the pointer a job starts from scratch and its first save would overwrite
-    // what is there: complete checkpoints without it mean it was lost, not a new job.
+    // Complete checkpoints without the pointer mean it was lost (damage, which
+    // RestoreNewestIntact repairs), not a new job whose first save would overwrite them.
     std::vector<std::string> complete;
     std::error_code error;
     for (const auto& entry : fs::directory_iterator(dir, error)) {
@@ -134,12 +134,11 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
     if (complete.empty()) return std::optional<std::string>();
     std::sort(complete.begin(), complete.end());
     const std::string& newest = complete.back();
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::DataLossError(absl::StrCat(
         dir, " holds ", complete.size(), " complete checkpoint(s), the newest ", newest,
-        ", but no \"checkpoint\" file naming the latest: it was deleted or lost. To resume "
-        "from the newest, write {\"latest\": \"",
-        newest, "\", \"step\": ", StepOfFolder(newest), "} to ", pointer,
-        "; to train from scratch, remove ", dir, " or set another checkpoint.dir"));
+        ", but no \"checkpoint\" file naming the latest: it was deleted or lost (to train "
+        "from scratch, remove ",
+        dir, " or set another checkpoint.dir)"));
   }
   absl::StatusOr<nlohmann::json> latest = ReadJsonObjectFile(pointer);
   if (!latest.ok()) return latest.status();

@@ -85,9 +85,9 @@ TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
 }
 
 // The folder layout: without its "checkpoint" file a folder of complete checkpoints is not
-// a new job (its first save would overwrite them), and the file may only name a folder of
-// its own directory.
-TEST(CheckpointFolderTest, ALostPointerFileIsRefusedWithTheFixNotOverwritten) {
+// a new job (its first save would overwrite them) but a damaged one, and the file may only
+// name a folder of its own directory.
+TEST(CheckpointFolderTest, ALostPointerFileIsDamageNotANewJob) {
   const std::string dir = Path("ckpt_layout");
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(CreateCheckpointFolder(dir, 5).ok());
@@ -99,12 +99,10 @@ TEST(CheckpointFolderTest, ALostPointerFileIsRefusedWithTheFixNotOverwritten) {
 
   std::filesystem::remove(dir + "/checkpoint");
   auto lost = LatestCheckpointFolder(dir);
-  EXPECT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(lost.status().message()),
               HasSubstr("holds 2 complete checkpoint(s), the newest ckpt-000000000010, but no "
                         "\"checkpoint\" file"));
-  EXPECT_THAT(std::string(lost.status().message()),
-              HasSubstr("{\"latest\": \"ckpt-000000000010\", \"step\": 10}"));
 
   std::ofstream(dir + "/checkpoint")
       << R"({"latest": "../elsewhere/ckpt-000000000010", "step": 10})";
@@ -154,6 +152,13 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
   ASSERT_TRUE(CommitCheckpoint(dir, 20, {{"step", 20}}, 5).ok());
   std::ofstream(dir + "/checkpoint") << "junk";
   tried.clear();
+  restored = RestoreNewestIntact(dir, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(**restored, CheckpointFolder(dir, 20));
+  EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 20));
+
+  // A lost one likewise (not a new job whose first save would overwrite them).
+  std::filesystem::remove(dir + "/checkpoint");
   restored = RestoreNewestIntact(dir, restore);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(**restored, CheckpointFolder(dir, 20));

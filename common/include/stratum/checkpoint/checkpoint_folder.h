@@ -35,7 +35,7 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
                               int max_to_keep);
 
 // The latest complete checkpoint's folder, or nullopt when `dir` has none yet. DATA_LOSS
-// when the pointer file is corrupt.
+// when the pointer file is corrupt, or lost beside complete checkpoints.
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir);
 
 // Restores the latest checkpoint of `dir` with `restore` (given its folder). When that one
@@ -43,7 +43,7 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 // not parse; or NOT_FOUND: a file it lists is missing), the complete ones before it are tried,
 // newest first; the first that restores becomes the latest ("checkpoint" names it) and the damaged
 // ones are renamed
-// "<folder>.damaged", kept for inspection. A corrupt "checkpoint" file is damage too: the
+// "<folder>.damaged", kept for inspection. A corrupt or lost "checkpoint" file is damage: the
 // newest intact folder is restored and named. Returns the folder restored from, nullopt when
 // `dir` has no checkpoint, or the latest's error when no checkpoint is intact (then nothing
 // is renamed).
