@@ -423,24 +423,34 @@ TEST(GpuFitTest, OneGpuAndTwoLogicalGpusReachAccuracy) {
   SetLogicalGpusPerGpu(1);
 }
 
+// Two epochs of 20 steps (1000 examples, batch 50) with Adam on GPU:0.
+struct ShortGpuFit {
+  Model model = *Model::FromKerasJson(ModelJson("relu", "softmax"));
+  Loss loss = Loss::SparseCategoricalCrossentropy();
+  std::unique_ptr<Optimizer> optimizer = *Optimizer::FromKeras("adam");
+  FitData data = SyntheticFitData(1000, 8);
+  std::unique_ptr<OneDeviceStrategy> one = *OneDeviceStrategy::Create("GPU:0");
+  FitOptions options;
+
+  ShortGpuFit() {
+    options.epochs = 2;
+    options.batch_size_per_replica = 50;
+    options.progress = ProgressStyle::kNone;
+  }
+  absl::StatusOr<FitSummary> Run() { return Fit(*one, model, loss, *optimizer, data, options); }
+};
+
 TEST(GpuFitTest, BacksUpAndResumesFromACheckpoint) {
   SKIP_WITHOUT_GPU();
-  Model model = *Model::FromKerasJson(ModelJson("relu", "softmax"));
-  const Loss loss = Loss::SparseCategoricalCrossentropy();
-  auto optimizer = *Optimizer::FromKeras("adam");
-  const FitData data = SyntheticFitData(1000, 8);
-  FitOptions options;
-  options.epochs = 2;
-  options.batch_size_per_replica = 50;
-  options.progress = ProgressStyle::kNone;
+  ShortGpuFit fit;
+  FitOptions& options = fit.options;
   options.checkpoint_dir = ::testing::TempDir() + "/gpu_fit_checkpoint";
   options.checkpoint_every_steps = 7;
   std::filesystem::remove_all(options.checkpoint_dir);
-  auto one = *OneDeviceStrategy::Create("GPU:0");
-  absl::StatusOr<FitSummary> first = Fit(*one, model, loss, *optimizer, data, options);
+  absl::StatusOr<FitSummary> first = fit.Run();
   ASSERT_TRUE(first.ok()) << first.status();
   options.epochs = 3;
-  absl::StatusOr<FitSummary> resumed = Fit(*one, model, loss, *optimizer, data, options);
+  absl::StatusOr<FitSummary> resumed = fit.Run();
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 40);
   EXPECT_EQ(resumed->steps, 60);
@@ -454,16 +464,9 @@ TEST(GpuFitTest, BacksUpAndResumesFromACheckpoint) {
 // ends as the uninterrupted run does.
 TEST(GpuFitTest, AStopSavesTheStepAndTheRunAgainEndsAsTheUninterruptedOne) {
   SKIP_WITHOUT_GPU();
-  Model model = *Model::FromKerasJson(ModelJson("relu", "softmax"));
-  const Loss loss = Loss::SparseCategoricalCrossentropy();
-  auto optimizer = *Optimizer::FromKeras("adam");
-  const FitData data = SyntheticFitData(1000, 8);
-  FitOptions options;
-  options.epochs = 2;
-  options.batch_size_per_replica = 50;
-  options.progress = ProgressStyle::kNone;
-  auto one = *OneDeviceStrategy::Create("GPU:0");
-  absl::StatusOr<FitSummary> whole = Fit(*one, model, loss, *optimizer, data, options);
+  ShortGpuFit fit;
+  FitOptions& options = fit.options;
+  absl::StatusOr<FitSummary> whole = fit.Run();
   ASSERT_TRUE(whole.ok()) << whole.status();
 
   options.checkpoint_dir = ::testing::TempDir() + "/gpu_fit_stop";
@@ -471,7 +474,7 @@ TEST(GpuFitTest, AStopSavesTheStepAndTheRunAgainEndsAsTheUninterruptedOne) {
   absl::Notification stop;
   stop.Notify();
   options.stop = &stop;
-  absl::StatusOr<FitSummary> stopped = Fit(*one, model, loss, *optimizer, data, options);
+  absl::StatusOr<FitSummary> stopped = fit.Run();
   ASSERT_TRUE(IsStoppedEarly(stopped.status())) << stopped.status();
   EXPECT_THAT(stopped.status().message(),
               HasSubstr("training stopped after step 1 (epoch 1, step 1 of 20): this process was "
@@ -481,7 +484,7 @@ TEST(GpuFitTest, AStopSavesTheStepAndTheRunAgainEndsAsTheUninterruptedOne) {
   EXPECT_EQ(saved->step, 1);
 
   options.stop = nullptr;
-  absl::StatusOr<FitSummary> resumed = Fit(*one, model, loss, *optimizer, data, options);
+  absl::StatusOr<FitSummary> resumed = fit.Run();
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 1);
   EXPECT_EQ(resumed->steps, whole->steps);
