@@ -207,6 +207,30 @@ TEST(MwmsTrainingTest, EverySurvivorNamesTheWorkerThatDiedNotTheOnesThatLeftAfte
   }
 }
 
+// Runs the 2-worker `job` again to its end; worker:0's output (empty, with the failure
+// added, when it did not succeed).
+std::string RunAgainToTheEnd(const std::string& job, const std::string& summary) {
+  auto cluster = StartJob(2, job, summary);
+  if (!cluster.ok()) {
+    ADD_FAILURE() << cluster.status();
+    return "";
+  }
+  auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
+  const std::string output = (*cluster)->Output({"worker", 0});
+  if (!exit.ok() || !exit->success()) {
+    ADD_FAILURE() << (exit.ok() ? output : exit.status().ToString());
+    return "";
+  }
+  return output;
+}
+
+// A resumed job ends as the uninterrupted one: the same steps and test figures.
+void ExpectTheSameEnd(const nlohmann::json& resumed, const nlohmann::json& reference) {
+  EXPECT_EQ(resumed["steps"], reference["steps"]);
+  EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
+  EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+}
+
 TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToTheSameResult) {
   // The reference: the same job, uninterrupted.
   const nlohmann::json reference = TrainUninterrupted("mwms_reference", 3, 60);
@@ -231,22 +255,14 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
     EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("worker:1"));
   }
   // Started again, the job resumes from the last checkpoint and ends as if never stopped.
-  {
-    auto cluster = StartJob(2, job, summary);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    const std::string output = (*cluster)->Output({"worker", 0});
-    ASSERT_TRUE(exit->success()) << output;
-    EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
-    EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
-  }
+  const std::string output = RunAgainToTheEnd(job, summary);
+  ASSERT_FALSE(output.empty());
+  EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
   const nlohmann::json resumed = ReadJson(summary);
   ASSERT_TRUE(resumed.is_object());
   EXPECT_GT(resumed["resumed_from_step"].get<int64_t>(), 0);
-  EXPECT_EQ(resumed["steps"], reference["steps"]);
-  EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
-  EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+  ExpectTheSameEnd(resumed, reference);
   // The epoch the kill cut in two reports the figures of the whole epoch over both workers,
   // as the uninterrupted run does (the checkpoint holds them summed over the workers).
   ASSERT_EQ(resumed["history"].size(), reference["history"].size());
@@ -312,21 +328,13 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
   // The stop came within a fraction of a second: after epoch 1, well before the end.
   EXPECT_GT(step, 300);
   EXPECT_LT(step, 6 * 300);
-  {
-    auto cluster = StartJob(2, job, summary);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(120));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    const std::string output = (*cluster)->Output({"worker", 0});
-    ASSERT_TRUE(exit->success()) << output;
-    EXPECT_THAT(output, HasSubstr(absl::StrCat("resumed from checkpoint step ", step, " ")));
-  }
+  const std::string output = RunAgainToTheEnd(job, summary);
+  ASSERT_FALSE(output.empty());
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("resumed from checkpoint step ", step, " ")));
   const nlohmann::json resumed = ReadJson(summary);
   ASSERT_TRUE(resumed.is_object());
   EXPECT_EQ(resumed["resumed_from_step"], step);
-  EXPECT_EQ(resumed["steps"], reference["steps"]);
-  EXPECT_EQ(resumed["test_accuracy"], reference["test_accuracy"]);
-  EXPECT_EQ(resumed["test_loss"], reference["test_loss"]);
+  ExpectTheSameEnd(resumed, reference);
   std::filesystem::remove_all(checkpoints);
 }
 
