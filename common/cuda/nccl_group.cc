@@ -33,12 +33,17 @@ absl::StatusOr<std::string> NewNcclUniqueId() {
 }
 
 absl::StatusOr<std::vector<std::string>> GpuIdentities(const std::vector<int>& devices) {
-  // The host as NCCL tells hosts apart: its name and this boot's id.
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "?");
-  std::string boot_id;
-  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot_id);
-  const std::string host = boot_id.empty() ? name : absl::StrCat(name, "/", boot_id);
+  // The host as NCCL tells hosts apart: NCCL_HOSTID, else its name and this boot's id.
+  std::string host;
+  if (const char* host_id = std::getenv("NCCL_HOSTID"); host_id != nullptr) {
+    host = absl::StrCat("NCCL_HOSTID=", host_id);
+  } else {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "?");
+    std::string boot_id;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot_id);
+    host = boot_id.empty() ? name : absl::StrCat(name, "/", boot_id);
+  }
   std::vector<std::string> identities;
   for (int device : devices) {
     char bus[64] = {};

@@ -1,9 +1,9 @@
 // Workers on GPUs in multi-worker jobs: MultiWorkerMirrored Fit on the GPU path with two
 // workers in one process (in-memory collectives) keeping bit-identical variables, over the
 // ring and over NCCL (two GPUs; one rank on one GPU; workers sharing a GPU refused); the same
-// with two worker processes sharing GPU:0 through stratum-worker; and a parameter-server
-// job whose workers train on GPU:0. Every test skips, with the reason, when no GPU is
-// visible (as in CI, which builds with CUDA but has no GPU).
+// with two worker processes sharing GPU:0 through stratum-worker, over the ring and over a
+// two-rank NCCL group; and a parameter-server job whose workers train on GPU:0. Every test skips,
+// with the reason, when no GPU is visible (as in CI, which builds with CUDA but has no GPU).
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -322,6 +322,77 @@ TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesOnOneGpuTrainInLockStepAndAgree) {
   const absl::Status agree =
       (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
   EXPECT_TRUE(agree.ok()) << agree;
+}
+
+// The MWMS example on GPU:0, its all-reduce over NCCL.
+std::string NcclGpuJob(const std::string& name, int epochs) {
+  const std::string path = GpuJob("fashion_mnist_mwms.json", name, epochs, 0);
+  nlohmann::json job = ReadJson(path);
+  job["strategy"]["communication"]["implementation"] = "NCCL";
+  job["strategy"]["communication"]["timeout_seconds"] = 20;
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+// Two worker processes on GPU:0 that NCCL takes for two hosts: each has its own NCCL_HOSTID,
+// so NCCL forms a real two-rank group and joins the ranks over its socket transport (on
+// the loopback interface), as it joins workers on two machines. Without the ids NCCL
+// refuses two ranks on one GPU, and so does Stratum (NcclWorkersSharingAGpuAreRefusedByName).
+testing::LocalClusterOptions NcclWorkersAsTwoHosts(const std::string& job,
+                                                   const std::string& summary) {
+  testing::LocalClusterOptions options{
+      .num_workers = 2,
+      .args_by_type = {{"worker",
+                        {"--job=" + job, "--summary_json=" + summary, "--cluster_timeout=60s"}}},
+      .forward_output = false};
+  for (int w = 0; w < 2; ++w) {
+    options.env_by_task.push_back(
+        {TaskKey{"worker", w},
+         {{"NCCL_HOSTID", absl::StrCat("stratum-test-host-", w)}, {"NCCL_SOCKET_IFNAME", "lo"}}});
+  }
+  return options;
+}
+
+TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesOverATwoRankNcclGroupTrainInLockStepAndAgree) {
+  SKIP_WITHOUT_GPU();
+  const std::string summary = TempPath("gpu_nccl_summary.json");
+  auto cluster = LocalCluster::Start(NcclWorkersAsTwoHosts(NcclGpuJob("gpu_nccl", 2), summary));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(240));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+  }
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["num_workers"], 2);
+  EXPECT_EQ(result["num_replicas_in_sync"], 2);
+  EXPECT_EQ(result["steps"], 2 * (60000 / 2 / 64));
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.8);
+  const absl::Status agree =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+}
+
+// A worker killed mid-training: the survivor's NCCL all-reduce has no partner, and it exits
+// with an error naming the dead worker instead of hanging.
+TEST(GpuMultiWorkerJobTest, AKilledNcclPeerEndsTheSurvivorWithAnErrorThatNamesIt) {
+  SKIP_WITHOUT_GPU();
+  auto cluster = LocalCluster::Start(
+      NcclWorkersAsTwoHosts(NcclGpuJob("gpu_nccl_kill", 50), TempPath("gpu_nccl_kill.json")));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 2/50", absl::Seconds(120)))
+      << (*cluster)->Output({"worker", 0});
+  ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+  const absl::Time killed = absl::Now();
+  auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(60));
+  EXPECT_FALSE(exit->success());
+  const std::string output = (*cluster)->Output({"worker", 0});
+  const size_t error = output.rfind("stratum-worker: ");
+  ASSERT_NE(error, std::string::npos) << output;
+  EXPECT_THAT(output.substr(error), HasSubstr("worker:1")) << output;
 }
 
 TEST(GpuMultiWorkerJobTest, ParameterServerWorkersTrainOnTheGpu) {

@@ -81,6 +81,9 @@ absl::Status LocalCluster::StartTask(const PlannedTask& task) {
   TaskProcessOptions process;
   process.forward_fd = options_.forward_output ? STDERR_FILENO : -1;
   process.capture_output = true;
+  for (const auto& [key, env] : options_.env_by_task) {
+    if (key == task.task) process.env.insert(process.env.end(), env.begin(), env.end());
+  }
   STRATUM_ASSIGN_OR_RETURN(processes_[task.task], stratum::StartTask(task, process));
   return absl::OkStatus();
 }

@@ -33,9 +33,10 @@ namespace stratum::cuda {
 // ncclGetUniqueId's bytes: what every rank needs to join the group.
 absl::StatusOr<std::string> NewNcclUniqueId();
 
-// "<host name>/<boot id> <PCI bus id>" of each device: what NCCL calls the same GPU (it
-// refuses two ranks on one, so the group's callers compare these first and say which
-// workers share).
+// "<host> <PCI bus id>" of each device: what NCCL calls the same GPU (it refuses two ranks
+// on one, so the group's callers compare these first and say which workers share). The
+// host is told apart as NCCL does: "<host name>/<boot id>", or NCCL_HOSTID where it is set
+// (NCCL then treats processes with different ids as different hosts, even on one GPU).
 absl::StatusOr<std::vector<std::string>> GpuIdentities(const std::vector<int>& devices);
 
 struct NcclGroupOptions {

@@ -16,6 +16,8 @@ namespace stratum {
 struct TaskProcessOptions {
   int forward_fd = 1;  // where the prefixed output goes; -1 for nowhere
   bool capture_output = false;
+  // Set in the task's environment besides TF_CONFIG.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,

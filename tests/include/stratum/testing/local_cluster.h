@@ -40,6 +40,8 @@ struct LocalClusterOptions {
   // Extra flags for every task, and for the tasks of one type.
   std::vector<std::string> all_args;
   std::vector<std::pair<std::string, std::vector<std::string>>> args_by_type;
+  // Environment variables set for one task, on top of this process's own.
+  std::vector<std::pair<TaskKey, std::vector<std::pair<std::string, std::string>>>> env_by_task;
   // Where the binaries are; default: the build's bin folder.
   std::string bin_dir;
   absl::Duration healthy_timeout = absl::Seconds(30);
