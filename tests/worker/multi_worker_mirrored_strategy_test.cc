@@ -210,6 +210,21 @@ TEST(NcclRanksTest, TwoReplicasOnOneGpuAreRefusedNamingBoth) {
   EXPECT_EQ(PlanNcclRanks({{"a"}}, names, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Each worker names its peers with their address and itself without: the refusal must
+// read the same on every worker, or the job prints it once per worker.
+TEST(NcclRanksTest, TheRefusalReadsTheSameOnEveryWorker) {
+  const std::vector<std::vector<std::string>> gpus = {{"host-a 0000:1A:00.0"},
+                                                      {"host-a 0000:1A:00.0"}};
+  const absl::Status on_0 =
+      PlanNcclRanks(gpus, {"worker:0", "worker:1 at 127.0.0.1:2"}, 0).status();
+  const absl::Status on_1 =
+      PlanNcclRanks(gpus, {"worker:0 at 127.0.0.1:1", "worker:1"}, 1).status();
+  EXPECT_THAT(on_0, testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      ::testing::HasSubstr("worker:0 (replica 0) and worker:1 "
+                                                           "(replica 0)")));
+  EXPECT_EQ(on_0, on_1);
+}
+
 // NCCL sums GPU tensors: a job on the CPU asking for it is refused with the fix, instead of
 // quietly running the ring.
 TEST(MultiWorkerMirroredStrategyTest, NcclOnCpuReplicasIsRefusedWithTheFix) {

@@ -22,7 +22,11 @@ absl::StatusOr<NcclRanks> PlanNcclRanks(const std::vector<std::vector<std::strin
   for (size_t w = 0; w < gpus.size(); ++w) {
     if (static_cast<int>(w) == worker) ranks.first_rank = ranks.num_ranks;
     for (size_t r = 0; r < gpus[w].size(); ++r) {
-      const std::string user = absl::StrCat(worker_names[w], " (replica ", r, ")");
+      // Without the address ("worker:1 at host:port"), which a worker gives only for its
+      // peers: every worker then words the refusal alike, and the job reports it once.
+      const std::string& name = worker_names[w];
+      const std::string user =
+          absl::StrCat(name.substr(0, name.find(" at ")), " (replica ", r, ")");
       auto [it, inserted] = user_of.emplace(gpus[w][r], user);
       if (!inserted) {
         return absl::FailedPreconditionError(absl::StrCat(
