@@ -124,20 +124,10 @@ absl::Status CheckSameJobAsLeader(const nlohmann::json& terms, const std::vector
 }
 
 // Reports this worker's failure to the coordination service (unless it already knows of
-// one: the first failure is the cluster error) and returns the error to print. When
-// another task failed first, this failure most likely followed from it (a peer that fails
-// exits and closes its connections, so its neighbours in the ring see "worker:3 closed the
-// connection" although worker:2 died), so the first failure leads the message.
+// one: the first failure is the cluster error) and returns the error to print.
 absl::Status FailJob(CoordinationClient& coordination, const absl::Status& error) {
   if (coordination.cluster_error().ok()) (void)coordination.ReportError(error);
-  const absl::Status first = coordination.cluster_error();
-  const std::string self = coordination.task().ToString();
-  if (first.ok() || absl::StartsWith(first.message(), absl::StrCat(self, " failed: ")) ||
-      absl::StrContains(error.message(), first.message())) {
-    return error;
-  }
-  return absl::Status(first.code(), absl::StrCat(first.message(), "; ", self,
-                                                 " stopped as a result: ", error.message()));
+  return AsSeenByThisWorker(coordination.cluster_error(), coordination.task().ToString(), error);
 }
 
 absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions& options,
@@ -207,6 +197,21 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
 }
 
 }  // namespace
+
+absl::Status AsSeenByThisWorker(const absl::Status& first, const std::string& self,
+                                const absl::Status& error) {
+  if (first.ok()) return error;
+  // The first failure as the coordination service words it: "worker:2 failed: <cause>".
+  constexpr absl::string_view kFailed = " failed: ";
+  const absl::string_view message = first.message();
+  const size_t failed = message.find(kFailed);
+  if (failed == absl::string_view::npos) return error;
+  const absl::string_view task = message.substr(0, failed);
+  const absl::string_view cause = message.substr(failed + kFailed.size());
+  if (task == self || absl::StrContains(error.message(), cause)) return error;
+  return absl::Status(first.code(),
+                      absl::StrCat(message, "; ", self, " stopped as a result: ", error.message()));
+}
 
 TaskKey MultiWorkerLeader(const ClusterSpec& cluster) {
   return cluster.num_tasks(kChief) > 0 ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};

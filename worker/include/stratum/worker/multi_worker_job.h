@@ -58,6 +58,16 @@ TaskKey MultiWorkerLeader(const ClusterSpec& cluster);
 // The tasks that train in lock-step: chief:0 (if any), then every worker, in rank order.
 std::vector<TaskKey> MultiWorkerTasks(const ClusterSpec& cluster);
 
+// What worker `self` reports when its training failed with `error`, given the job's first
+// failure `first` (the cluster error, "worker:2 failed: <cause>"; OK when none is known).
+// Its own error when it failed first, or when its error says what the cause says (every
+// worker finds a bad job alike); else the first failure leads and this one follows:
+// "worker:2 failed: X; worker:0 stopped as a result: Y". A peer that fails exits and closes
+// its connections, so its neighbours see "worker:3 closed the connection" although
+// worker:2 died.
+absl::Status AsSeenByThisWorker(const absl::Status& first, const std::string& self,
+                                const absl::Status& error);
+
 // Trains `job` as `options.task`. The leader's process must serve the coordination
 // service on its TaskServer (see stratum_worker_main.cc) before calling this.
 absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
