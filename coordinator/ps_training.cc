@@ -184,6 +184,32 @@ class PsWatcher {
   std::thread thread_;  // last: started once the rest is ready
 };
 
+// Which process each parameter server is (its TaskService incarnation), asked before
+// variables are created or restored on them: a PS that answers later with another
+// incarnation restarted and lost them. 0 where a PS did not answer (it then counts as
+// restarted).
+std::vector<uint64_t> PsIncarnations(const std::vector<std::string>& addresses,
+                                     const ChannelOptions& channel) {
+  std::vector<uint64_t> incarnations;
+  for (const std::string& address : addresses) {
+    absl::StatusOr<TaskReport> report = GetTaskReport(address, absl::Seconds(5), channel);
+    incarnations.push_back(report.ok() ? report->incarnation : 0);
+  }
+  return incarnations;
+}
+
+// The closures an epoch scheduled, with the steps each trains.
+using ScheduledSteps = std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>>;
+
+// The steps of `scheduled` whose closures finished.
+int64_t FinishedSteps(const ScheduledSteps& scheduled) {
+  int64_t finished = 0;
+  for (const auto& [value, steps] : scheduled) {
+    if (value->status() == RemoteValueStatus::kReady) finished += steps;
+  }
+  return finished;
+}
+
 }  // namespace
 
 absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
@@ -226,6 +252,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         PsClientOptions{.timeout = options.rpc_timeout, .channel = options.channel}));
   }
   ShardedVariables variables(names, shapes, shards, std::move(clients));
+  std::vector<uint64_t> holding_incarnations = PsIncarnations(ps_addresses, options.channel);
   if (absl::Status status = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
       !status.ok()) {
     return status;
@@ -257,6 +284,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     setup.set_job_json(job_json);
     setup.set_job_base_dir(job_base_dir);
     setup.set_coordinator_incarnation(ProcessIncarnation());
+    setup.set_ps_timeout_ms(absl::ToInt64Milliseconds(options.ps_timeout));
     for (const std::string& address : ps_addresses) setup.add_ps_addresses(address);
     for (const ShardSpec& shard : shards) {
       proto::VariablePlacement* placement = setup.add_placements();
@@ -302,16 +330,20 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   int64_t saved_step = global_step;  // of the latest checkpoint (or the start)
   // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
   // the steps that finished is saved, so that the job started again resumes there.
-  auto stop_early =
-      [&](int epoch, int64_t first_step,
-          const std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>>& scheduled)
-      -> absl::Status {
+  // The epoch being trained: kept when a stalled PS answers again (nothing is rolled back),
+  // so that the epoch goes on where it was and reports every step once.
+  struct EpochProgress {
+    int epoch = 0;
+    int64_t first_step = 0;
+    double start = 0;
+    ScheduledSteps scheduled;
+  } progress;
+  int logged_epochs = static_cast<int>(global_step / steps_per_epoch);
+  auto stop_early = [&]() -> absl::Status {
     // A step takes milliseconds; a closure still running after this is on a stuck worker.
     const absl::Status drained = coordinator.Drain(absl::Seconds(10));
-    int64_t finished = first_step;
-    for (const auto& [value, steps] : scheduled) {
-      if (value->status() == RemoteValueStatus::kReady) finished += steps;
-    }
+    const int epoch = progress.epoch;
+    const int64_t finished = progress.first_step + FinishedSteps(progress.scheduled);
     const std::string where =
         absl::StrCat("training stopped after step ", finished, " (epoch ", epoch, ", step ",
                      finished - (epoch - 1) * steps_per_epoch, " of ", steps_per_epoch,
@@ -362,43 +394,39 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   };
   // One pass over the remaining epochs; a PS failure ends it early (recovered below).
   auto train_epochs = [&]() -> absl::Status {
-    for (int epoch = 1; epoch <= job.fit.epochs; ++epoch) {
+    for (int epoch = logged_epochs + 1; epoch <= job.fit.epochs; ++epoch) {
       const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch;
-      if (global_step >= epoch_end) continue;  // done before the restart
-      const double epoch_start = Now();
-      const int64_t first_step = global_step;
-      // Each closure's result, with the steps it trains.
-      std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>> scheduled;
+      if (progress.epoch != epoch) progress = {epoch, global_step, Now(), {}};
       while (global_step < epoch_end) {
         if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
-          return stop_early(epoch, first_step, scheduled);
+          return stop_early();
         }
         if (const std::string ps = ps_watcher.TakeStopping(); !ps.empty()) {
           if (absl::Status saved = save_for_stopping_ps(ps); !saved.ok()) {
-            return stopped(saved) ? stop_early(epoch, first_step, scheduled) : saved;
+            return stopped(saved) ? stop_early() : saved;
           }
         }
         int64_t steps = std::min<int64_t>(steps_per_closure, epoch_end - global_step);
         if (checkpoints && every > 0) steps = std::min(steps, every - global_step % every);
         absl::StatusOr<std::shared_ptr<RemoteValue>> value =
             coordinator.Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
-        if (stopped(value.status())) return stop_early(epoch, first_step, scheduled);
+        if (stopped(value.status())) return stop_early();
         if (!value.ok()) return value.status();
-        scheduled.emplace_back(*std::move(value), steps);
+        progress.scheduled.emplace_back(*std::move(value), steps);
         global_step += steps;
         if (checkpoints && every > 0 && global_step % every == 0) {
           absl::Status joined = coordinator.Join();
-          if (stopped(joined)) return stop_early(epoch, first_step, scheduled);
+          if (stopped(joined)) return stop_early();
           if (!joined.ok()) return joined;
           STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
           saved_step = global_step;
         }
       }
       absl::Status joined = coordinator.Join();
-      if (stopped(joined)) return stop_early(epoch, first_step, scheduled);
+      if (stopped(joined)) return stop_early();
       if (!joined.ok()) return joined;
       double loss_sum = 0, correct = 0, examples = 0;
-      for (const auto& [result, steps] : scheduled) {
+      for (const auto& [result, steps] : progress.scheduled) {
         absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
         if (!outputs.ok()) return outputs.status();
         loss_sum += *(*outputs)[0].data<float>();
@@ -407,8 +435,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       }
       EpochLog log;
       log.epoch = epoch;
-      log.steps = epoch_end - first_step;
-      log.seconds = Now() - epoch_start;
+      log.steps = epoch_end - progress.first_step;
+      log.seconds = Now() - progress.start;
       log.loss = loss_sum / std::max(examples, 1.0);
       log.accuracy = correct / std::max(examples, 1.0);
       log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
@@ -432,6 +460,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                    log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec, log.seconds);
       std::fflush(options.out);
       summary.history.push_back(log);
+      logged_epochs = epoch;
     }
     return absl::OkStatus();
   };
@@ -457,8 +486,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     wait.cancel = options.cancel;
     wait.channel = options.channel;
     wait.timeout_flag = "--ps_recovery_timeout";
-    if (absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
-        !back.ok()) {
+    absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
+    if (!back.ok()) {
       if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
         return absl::CancelledError(absl::StrCat(
             "stopped by a signal while waiting for the parameter servers: ", failure.message()));
@@ -466,6 +495,33 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       return absl::UnavailableError(
           absl::StrCat(failure.message(), "; it did not come back: ", back.status().message()));
     }
+    // Every PS still the process that holds the variables (it stalled, or the network did):
+    // nothing was lost, so nothing is rolled back. The closures that failed are trained
+    // again once their stragglers are done.
+    bool every_ps_kept_its_state = true;
+    for (int task = 0; task < num_ps; ++task) {
+      const uint64_t now = (*back)[static_cast<size_t>(task)].incarnation;
+      if (now == 0 || now != holding_incarnations[static_cast<size_t>(task)]) {
+        every_ps_kept_its_state = false;
+      }
+    }
+    if (every_ps_kept_its_state &&
+        coordinator.Join(options.ps_timeout + absl::Seconds(10)).code() !=
+            absl::StatusCode::kDeadlineExceeded) {
+      std::erase_if(progress.scheduled, [](const auto& closure) {
+        return closure.first->status() != RemoteValueStatus::kReady;
+      });
+      global_step = progress.first_step + FinishedSteps(progress.scheduled);
+      std::fprintf(options.out,
+                   "the parameter servers answer again, each the same process as before (none "
+                   "restarted): their variables are intact, so training goes on from step %lld "
+                   "with nothing rolled back\n",
+                   static_cast<long long>(global_step));
+      std::fflush(options.out);
+      failure = train_epochs();
+      continue;
+    }
+    holding_incarnations = PsIncarnations(ps_addresses, options.channel);
     absl::Status reseeded = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
     absl::StatusOr<std::optional<int64_t>> restored = std::nullopt;
     if (reseeded.ok()) {
@@ -482,9 +538,10 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
     global_step = restored->value_or(0);
     saved_step = global_step;
-    // The epochs after the checkpoint are trained again: they are reported once, anew.
-    while (!summary.history.empty() &&
-           static_cast<int64_t>(summary.history.back().epoch) * steps_per_epoch > global_step) {
+    // The steps after the checkpoint are trained again: their epochs are reported once, anew.
+    progress = {};
+    logged_epochs = static_cast<int>(global_step / steps_per_epoch);
+    while (!summary.history.empty() && summary.history.back().epoch > logged_epochs) {
       summary.history.pop_back();
     }
     std::fprintf(options.out,

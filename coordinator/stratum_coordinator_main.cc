@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to t
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "How long to wait for a parameter server that died to come back before giving up "
           "(its variables are then restored from the last checkpoint); 0 fails at once");
+ABSL_FLAG(absl::Duration, ps_timeout, absl::Seconds(30),
+          "How long a worker's push or pull waits for a parameter server before the PS counts "
+          "as failed and the job waits for it (see --ps_recovery_timeout)");
 ABSL_FLAG(std::string, placement, "balanced_bytes",
           "How variables are placed over the ps tasks: balanced_bytes or round_robin");
 ABSL_FLAG(int, closures_per_worker, 1,
@@ -66,6 +69,12 @@ absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
         absl::StrCat("--closures_per_worker is ", absl::GetFlag(FLAGS_closures_per_worker),
                      ", but a worker needs at least 1 closure in flight: pass 1 or more"));
   }
+  if (absl::GetFlag(FLAGS_ps_timeout) < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ps_timeout is ", absl::FormatDuration(absl::GetFlag(FLAGS_ps_timeout)),
+        ", but a push or pull needs time to reach a parameter server: use 100ms or more, e.g. "
+        "30s"));
+  }
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(absl::GetFlag(FLAGS_placement)).status());
   if (!job.checkpoint.dir.empty()) {  // the coordinator writes the manifests
     STRATUM_RETURN_IF_ERROR(CheckWritableFolder(job.checkpoint.dir, "checkpoint.dir"));
@@ -87,6 +96,7 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
   PsTrainingOptions options;
   options.placement = absl::GetFlag(FLAGS_placement);
   options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
+  options.ps_timeout = absl::GetFlag(FLAGS_ps_timeout);
   options.closures_per_worker = absl::GetFlag(FLAGS_closures_per_worker);
   options.cancel = &shutdown.notification();
   options.channel = context.channel_options();

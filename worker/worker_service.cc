@@ -148,6 +148,8 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   for (int task = 0; task < request.ps_addresses_size(); ++task) {
     PsClientOptions client_options;
     client_options.channel = channel;
+    if (request.ps_timeout_ms() > 0)
+      client_options.timeout = absl::Milliseconds(request.ps_timeout_ms());
     clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task),
                                                  request.ps_addresses(task), client_options));
   }

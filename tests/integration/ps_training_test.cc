@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
+using ::testing::Not;
 using testing::TempPath;
 
 std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
@@ -261,6 +262,50 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   ASSERT_TRUE(result.is_object()) << output;
   ASSERT_EQ(result["history"].size(), 3u) << result.dump();
   for (int e = 0; e < 3; ++e) EXPECT_EQ(result["history"][e]["epoch"], e + 1);
+  std::filesystem::remove_all(checkpoints);
+}
+
+// A PS that stalls past the workers' --ps_timeout (SIGSTOP here; a long pause or a network
+// split in a cluster) fails their closures, but it is the same process when it answers
+// again: its variables are intact, so nothing is rolled back to the last checkpoint.
+TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
+  const std::string checkpoints = TempPath("ckpt_ps_stall");
+  std::filesystem::remove_all(checkpoints);
+  const std::string summary = TempPath("ps_stall_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob(20, 100, "ps_stall_job", checkpoints, 5000),
+                          "--summary_json=" + summary, "--ps_timeout=1s"}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/20", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGSTOP).ok());
+  const bool waited = (*cluster)->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
+  ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGCONT).ok());
+  ASSERT_TRUE(waited) << (*cluster)->Output({"chief", 0});
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
+                                (*cluster)->Address({"ps", 1})));
+  EXPECT_THAT(output, HasSubstr("each the same process as before (none restarted): their "
+                                "variables are intact, so training goes on from step"));
+  // The first checkpoint would be at step 2000, the end: a rollback would start afresh.
+  EXPECT_THAT(output, Not(HasSubstr("restored the checkpoint")));
+  std::ifstream file(summary);
+  const nlohmann::json result = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_TRUE(result.is_object()) << output;
+  EXPECT_EQ(result["steps"], 2000);
+  ASSERT_EQ(result["history"].size(), 20u) << result.dump();
+  for (int e = 0; e < 20; ++e) {
+    EXPECT_EQ(result["history"][e]["epoch"], e + 1);
+    EXPECT_EQ(result["history"][e]["steps"], 100);  // the stalled epoch's line covers all of it
+  }
   std::filesystem::remove_all(checkpoints);
 }
 

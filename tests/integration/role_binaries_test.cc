@@ -182,6 +182,20 @@ TEST(RoleBinariesTest, AnEvalIntervalUnderATenthOfASecondIsAUsageError) {
                                     "checkpoints without pause; use 100ms or more, e.g. 2s"));
 }
 
+// A push needs time to reach a PS: at 0 every closure would fail at once.
+TEST(RoleBinariesTest, APsTimeoutUnderATenthOfASecondIsAUsageError) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], )"
+                    R"("ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}})"}};
+  BinaryRun run = RunBinary("stratum-coordinator",
+                            {"--ps_timeout=0s", "--job=" + std::string(STRATUM_SOURCE_DIR) +
+                                                    "/examples/fashion_mnist_ps.json"},
+                            env);
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--ps_timeout is 0, but a push or pull needs time to reach a "
+                                    "parameter server: use 100ms or more"));
+}
+
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());

@@ -26,6 +26,9 @@ struct PsTrainingOptions {
   // previous one's steps (the worker runs them one at a time).
   int closures_per_worker = 1;
   absl::Duration rpc_timeout = absl::Minutes(2);
+  // How long a worker's push or pull waits for a parameter server before the PS counts as
+  // failed (the job then waits for it, see ps_recovery_timeout).
+  absl::Duration ps_timeout = absl::Seconds(30);
   // How long to wait for a PS that died to come back (then its variables are restored from
   // the last checkpoint); zero: fail at once. Needs checkpoint.dir.
   absl::Duration ps_recovery_timeout = absl::Minutes(5);
