@@ -505,6 +505,16 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         every_ps_kept_its_state = false;
       }
     }
+    // A variable missing on a PS that never restarted was never there: training again
+    // would meet it again.
+    if (every_ps_kept_its_state && absl::StrContains(failure.message(), kPsLostItsVariables)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          failure.message(),
+          "; yet every parameter server is the process this coordinator "
+          "created the variables on, so something else placed them otherwise: is another "
+          "coordinator training a different job on these parameter servers? Give each job "
+          "parameter servers of its own"));
+    }
     if (every_ps_kept_its_state &&
         coordinator.Join(options.ps_timeout + absl::Seconds(10)).code() !=
             absl::StatusCode::kDeadlineExceeded) {

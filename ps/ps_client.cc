@@ -2,6 +2,7 @@
 
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/status.h"
@@ -31,6 +32,12 @@ absl::StatusOr<std::vector<Tensor>> DecodeValues(
 }  // namespace
 
 absl::Status PsFailure(const absl::Status& status) {
+  // VariableStore::Find's answer: a PS that restarted between two calls holds nothing.
+  if (absl::IsNotFound(status) &&
+      absl::StrContains(status.message(), "does not exist on this parameter server")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
+  }
   if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
   return absl::FailedPreconditionError(
       absl::StrCat("a parameter server is unavailable: ", status.message()));

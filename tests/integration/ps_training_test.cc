@@ -284,7 +284,8 @@ TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/20", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
   ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGSTOP).ok());
-  const bool waited = (*cluster)->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
+  const bool waited =
+      (*cluster)->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
   ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGCONT).ok());
   ASSERT_TRUE(waited) << (*cluster)->Output({"chief", 0});
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
@@ -306,6 +307,35 @@ TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
     EXPECT_EQ(result["history"][e]["epoch"], e + 1);
     EXPECT_EQ(result["history"][e]["steps"], 100);  // the stalled epoch's line covers all of it
   }
+  std::filesystem::remove_all(checkpoints);
+}
+
+// A PS that restarts while no worker calls it (here the workers are paused around it; in a
+// cluster, steps that compute longer than the restart takes) is not seen down at all: the
+// next push finds it without the job's variables. It is re-seeded all the same.
+TEST(PsTrainingTest, APsThatRestartedBetweenTwoPushesIsReseededToo) {
+  const std::string checkpoints = TempPath("ckpt_ps_quick");
+  std::filesystem::remove_all(checkpoints);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(20, 100, "ps_quick_job", checkpoints, 50)}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/20", absl::Seconds(60)))
+      << (*cluster)->Output({"chief", 0});
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE((*cluster)->Signal({"worker", w}, SIGSTOP).ok());
+  const absl::Status killed = (*cluster)->Kill({"ps", 1});
+  const absl::Status restarted = killed.ok() ? (*cluster)->Restart({"ps", 1}) : killed;
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE((*cluster)->Signal({"worker", w}, SIGCONT).ok());
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  EXPECT_THAT(output, HasSubstr("Epoch 20/20"));
   std::filesystem::remove_all(checkpoints);
 }
 

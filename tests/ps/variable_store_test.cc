@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/ps/ps_client.h"
+
 namespace stratum {
 namespace {
 
@@ -27,6 +29,21 @@ TEST(VariableStoreTest, CreateReadAssign) {
   ASSERT_TRUE(rows.ok());
   EXPECT_TRUE(rows->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {7, 8, 7, 8, 5, 6})));
   EXPECT_EQ(store.total_bytes(), 16);
+}
+
+// A PS that restarted between two calls answers a push of a variable it no longer has:
+// for the caller that is a failure of the PS, which the coordinator recovers from.
+TEST(VariableStoreTest, AMissingVariableIsAPsFailureForItsCaller) {
+  VariableStore restarted;
+  const absl::Status missing = restarted.Read("dense/kernel").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  const absl::Status failure = PsFailure(missing);
+  EXPECT_EQ(failure.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(failure), HasSubstr("a parameter server is unavailable: "));
+  EXPECT_THAT(Message(failure), HasSubstr(kPsLostItsVariables));
+  // Other errors are the caller's own.
+  const absl::Status bad = absl::InvalidArgumentError("shape [3] does not match [2, 2]");
+  EXPECT_EQ(PsFailure(bad), bad);
 }
 
 TEST(VariableStoreTest, ReadIntoCopiesWhereTheCallerSays) {
