@@ -295,6 +295,27 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
 }
 
+// Both workers of a 2-epoch MWMS example job on GPU:0 ended well, with the summary at
+// `summary`, and report the same test figures (they hold the same variables).
+void ExpectTwoWorkersTrainedTwoEpochsAlike(LocalCluster& cluster, const std::string& summary) {
+  for (int w = 0; w < 2; ++w) {
+    auto exit = cluster.WaitForExit({"worker", w}, absl::Seconds(240));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << cluster.Output({"worker", w});
+    EXPECT_THAT(cluster.Output({"worker", w}), Not(HasSubstr("training on the CPU")));
+  }
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["num_workers"], 2);
+  EXPECT_EQ(result["num_replicas_in_sync"], 2);
+  // Two epochs: each worker trains its half of the data in full batches of 64.
+  EXPECT_EQ(result["steps"], 2 * (60000 / 2 / 64));
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.8);
+  const absl::Status agree =
+      cluster.OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+}
+
 TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesOnOneGpuTrainInLockStepAndAgree) {
   SKIP_WITHOUT_GPU();
   const std::string summary = TempPath("gpu_mwms_summary.json");
@@ -305,23 +326,7 @@ TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesOnOneGpuTrainInLockStepAndAgree) {
                           "--summary_json=" + summary, "--cluster_timeout=60s"}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  for (int w = 0; w < 2; ++w) {
-    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(180));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
-    EXPECT_THAT((*cluster)->Output({"worker", w}), Not(HasSubstr("training on the CPU")));
-  }
-  const nlohmann::json result = ReadJson(summary);
-  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
-  EXPECT_EQ(result["num_workers"], 2);
-  EXPECT_EQ(result["num_replicas_in_sync"], 2);
-  // Two epochs: each worker trains its half of the data in full batches of 64.
-  EXPECT_EQ(result["steps"], 2 * (60000 / 2 / 64));
-  EXPECT_GT(result["test_accuracy"].get<double>(), 0.8);
-  // Both workers hold the same variables, so they report the same test figures.
-  const absl::Status agree =
-      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
-  EXPECT_TRUE(agree.ok()) << agree;
+  ExpectTwoWorkersTrainedTwoEpochsAlike(**cluster, summary);
 }
 
 // The MWMS example on GPU:0, its all-reduce over NCCL.
@@ -358,20 +363,7 @@ TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesOverATwoRankNcclGroupTrainInLockSt
   const std::string summary = TempPath("gpu_nccl_summary.json");
   auto cluster = LocalCluster::Start(NcclWorkersAsTwoHosts(NcclGpuJob("gpu_nccl", 2), summary));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  for (int w = 0; w < 2; ++w) {
-    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(240));
-    ASSERT_TRUE(exit.ok()) << exit.status();
-    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
-  }
-  const nlohmann::json result = ReadJson(summary);
-  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
-  EXPECT_EQ(result["num_workers"], 2);
-  EXPECT_EQ(result["num_replicas_in_sync"], 2);
-  EXPECT_EQ(result["steps"], 2 * (60000 / 2 / 64));
-  EXPECT_GT(result["test_accuracy"].get<double>(), 0.8);
-  const absl::Status agree =
-      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
-  EXPECT_TRUE(agree.ok()) << agree;
+  ExpectTwoWorkersTrainedTwoEpochsAlike(**cluster, summary);
 }
 
 // A worker killed mid-training: the survivor's NCCL all-reduce has no partner, and it exits

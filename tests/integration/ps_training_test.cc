@@ -36,26 +36,36 @@ std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
   return path;
 }
 
-// A job of 50 epochs of 100 steps on 2 workers and 2 PS whose only checkpoints are those
-// a stop asks for, once its first epoch is done; null, with the failure added, otherwise.
-std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
-                                                       const std::string& checkpoints) {
-  std::filesystem::remove_all(checkpoints);
-  const std::string job = WriteJob(50, 100, name, checkpoints, 0);
-  auto cluster = LocalCluster::Start({.num_workers = 2,
+// A chief training the job file `job` of `epochs` epochs (with `chief_args` besides
+// --job) on `workers` workers and 2 PS, once its first epoch is done; null, with the
+// failure added, otherwise.
+std::unique_ptr<LocalCluster> PsJobPastItsFirstEpoch(const std::string& job, int epochs,
+                                                     std::vector<std::string> chief_args = {},
+                                                     int workers = 2) {
+  chief_args.insert(chief_args.begin(), "--job=" + job);
+  auto cluster = LocalCluster::Start({.num_workers = workers,
                                       .num_ps = 2,
                                       .chief = true,
-                                      .args_by_type = {{"chief", {"--job=" + job}}},
+                                      .args_by_type = {{"chief", chief_args}},
                                       .forward_output = false});
   if (!cluster.ok()) {
     ADD_FAILURE() << cluster.status();
     return nullptr;
   }
-  if (!(*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60))) {
+  if (!(*cluster)->WaitForOutput({"chief", 0}, absl::StrCat("Epoch 1/", epochs),
+                                 absl::Seconds(60))) {
     ADD_FAILURE() << (*cluster)->Output({"chief", 0});
     return nullptr;
   }
   return *std::move(cluster);
+}
+
+// A job of 50 epochs of 100 steps on 2 workers and 2 PS whose only checkpoints are those
+// a stop asks for, once its first epoch is done; null, with the failure added, otherwise.
+std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
+                                                       const std::string& checkpoints) {
+  std::filesystem::remove_all(checkpoints);
+  return PsJobPastItsFirstEpoch(WriteJob(50, 100, name, checkpoints, 0), 50);
 }
 
 // The step at the end of `found` ("... step 2814").
@@ -169,24 +179,17 @@ TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRe
 }
 
 TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 1,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief", {"--job=" + WriteJob(50, 100, "ps_dies_job")}}},
-       .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(50, 100, "ps_dies_job"), 50, {}, 1);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
   const absl::Time killed = absl::Now();
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 1);
   EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
   EXPECT_THAT(
-      (*cluster)->Output({"chief", 0}),
-      HasSubstr("a parameter server is unavailable: ps:1 at " + (*cluster)->Address({"ps", 1})));
+      cluster->Output({"chief", 0}),
+      HasSubstr("a parameter server is unavailable: ps:1 at " + cluster->Address({"ps", 1})));
 }
 
 TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
@@ -233,27 +236,19 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   const std::string checkpoints = TempPath("ckpt_ps");
   std::filesystem::remove_all(checkpoints);
   const std::string summary = TempPath("ps_back_summary.json");
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 2,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief",
-                         {"--job=" + WriteJob(3, 100, "ps_back_job", checkpoints, 50),
-                          "--summary_json=" + summary}}},
-       .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Restart({"ps", 1}).ok());
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_back_job", checkpoints, 50), 3,
+                                        {"--summary_json=" + summary});
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << cluster->Output({"chief", 0});
+  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  const std::string output = (*cluster)->Output({"chief", 0});
+  const std::string output = cluster->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
-                                (*cluster)->Address({"ps", 1})));
+                                cluster->Address({"ps", 1})));
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   // An epoch trained again after the rollback is reported once.
@@ -272,28 +267,20 @@ TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
   const std::string checkpoints = TempPath("ckpt_ps_stall");
   std::filesystem::remove_all(checkpoints);
   const std::string summary = TempPath("ps_stall_summary.json");
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 2,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief",
-                         {"--job=" + WriteJob(20, 100, "ps_stall_job", checkpoints, 5000),
-                          "--summary_json=" + summary, "--ps_timeout=1s"}}},
-       .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/20", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGSTOP).ok());
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(20, 100, "ps_stall_job", checkpoints, 5000), 20,
+                                        {"--summary_json=" + summary, "--ps_timeout=1s"});
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGSTOP).ok());
   const bool waited =
-      (*cluster)->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
-  ASSERT_TRUE((*cluster)->Signal({"ps", 1}, SIGCONT).ok());
-  ASSERT_TRUE(waited) << (*cluster)->Output({"chief", 0});
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+      cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
+  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGCONT).ok());
+  ASSERT_TRUE(waited) << cluster->Output({"chief", 0});
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  const std::string output = (*cluster)->Output({"chief", 0});
+  const std::string output = cluster->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
-                                (*cluster)->Address({"ps", 1})));
+                                cluster->Address({"ps", 1})));
   EXPECT_THAT(output, HasSubstr("each the same process as before (none restarted): their "
                                 "variables are intact, so training goes on from step"));
   // The first checkpoint would be at step 2000, the end: a rollback would start afresh.
@@ -316,23 +303,16 @@ TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
 TEST(PsTrainingTest, APsThatRestartedBetweenTwoPushesIsReseededToo) {
   const std::string checkpoints = TempPath("ckpt_ps_quick");
   std::filesystem::remove_all(checkpoints);
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 2,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief", {"--job=" + WriteJob(20, 100, "ps_quick_job", checkpoints, 50)}}},
-       .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/20", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  for (int w = 0; w < 2; ++w) ASSERT_TRUE((*cluster)->Signal({"worker", w}, SIGSTOP).ok());
-  const absl::Status killed = (*cluster)->Kill({"ps", 1});
-  const absl::Status restarted = killed.ok() ? (*cluster)->Restart({"ps", 1}) : killed;
-  for (int w = 0; w < 2; ++w) ASSERT_TRUE((*cluster)->Signal({"worker", w}, SIGCONT).ok());
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(20, 100, "ps_quick_job", checkpoints, 50), 20);
+  ASSERT_NE(cluster, nullptr);
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(cluster->Signal({"worker", w}, SIGSTOP).ok());
+  const absl::Status killed = cluster->Kill({"ps", 1});
+  const absl::Status restarted = killed.ok() ? cluster->Restart({"ps", 1}) : killed;
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(cluster->Signal({"worker", w}, SIGCONT).ok());
   ASSERT_TRUE(restarted.ok()) << restarted;
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  const std::string output = (*cluster)->Output({"chief", 0});
+  const std::string output = cluster->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 20/20"));
@@ -344,28 +324,22 @@ TEST(PsTrainingTest, APsThatRestartedBetweenTwoPushesIsReseededToo) {
 TEST(PsTrainingTest, APsThatFailsWhileAnotherIsReseededIsWaitedForToo) {
   const std::string checkpoints = TempPath("ckpt_ps_twice");
   std::filesystem::remove_all(checkpoints);
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 1,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "ps_twice_job", checkpoints, 50)}}},
-       .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
-      << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"ps", 0}).ok());
-  ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
-      << (*cluster)->Output({"chief", 0});
+  auto cluster =
+      PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_twice_job", checkpoints, 50), 3, {}, 1);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Kill({"ps", 0}).ok());
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << cluster->Output({"chief", 0});
   // ps:0 answers again, and ps:1 dies as the coordinator re-seeds them (or just before).
-  ASSERT_TRUE((*cluster)->Restart({"ps", 0}).ok());
-  ASSERT_TRUE((*cluster)->Kill({"ps", 1}).ok());
+  ASSERT_TRUE(cluster->Restart({"ps", 0}).ok());
+  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
   absl::SleepFor(absl::Seconds(2));
-  ASSERT_FALSE((*cluster)->WaitForExit({"chief", 0}, absl::ZeroDuration()).ok())
-      << "the coordinator gave up: " << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Restart({"ps", 1}).ok());
-  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_FALSE(cluster->WaitForExit({"chief", 0}, absl::ZeroDuration()).ok())
+      << "the coordinator gave up: " << cluster->Output({"chief", 0});
+  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  const std::string output = (*cluster)->Output({"chief", 0});
+  const std::string output = cluster->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("the parameter servers are back"));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
