@@ -354,6 +354,12 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
           "; the job has no checkpoint.dir, so its progress is lost: set checkpoint.dir "
           "to resume after a stop"));
     }
+    if (finished == 0) {
+      return absl::CancelledError(
+          absl::StrCat(where,
+                       "; nothing was trained yet, so nothing is saved: run the same job again to "
+                       "start it"));
+    }
     absl::Status saved = drained;
     if (saved.ok() && finished != saved_step) saved = checkpoints->Save(finished);
     if (!saved.ok()) {
@@ -425,6 +431,10 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       absl::Status joined = coordinator.Join();
       if (stopped(joined)) return stop_early();
       if (!joined.ok()) return joined;
+      if (checkpoints && every <= 0) {  // every_steps 0: at each epoch's end
+        STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
+        saved_step = global_step;
+      }
       double loss_sum = 0, correct = 0, examples = 0;
       for (const auto& [result, steps] : progress.scheduled) {
         absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
@@ -554,10 +564,16 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     while (!summary.history.empty() && summary.history.back().epoch > logged_epochs) {
       summary.history.pop_back();
     }
-    std::fprintf(options.out,
-                 "the parameter servers are back: restored the checkpoint at step %lld and "
-                 "training goes on\n",
-                 static_cast<long long>(global_step));
+    if (restored->has_value()) {
+      std::fprintf(options.out,
+                   "the parameter servers are back: restored the checkpoint at step %lld and "
+                   "training goes on\n",
+                   static_cast<long long>(global_step));
+    } else {
+      std::fprintf(options.out,
+                   "the parameter servers are back, but no checkpoint was written yet: training "
+                   "starts again from step 0\n");
+    }
     std::fflush(options.out);
     failure = train_epochs();
   }
@@ -574,7 +590,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     if (!test.ok()) return test.status();
     summary.test_loss = test->val_loss;
     summary.test_accuracy = test->val_accuracy;
-  } else if (checkpoints && (every <= 0 || global_step % every != 0)) {
+  } else if (checkpoints && global_step != saved_step) {
     if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
   }
   summary.steps = global_step;  // the job's step counter, across restarts

@@ -61,11 +61,12 @@ std::unique_ptr<LocalCluster> PsJobPastItsFirstEpoch(const std::string& job, int
 }
 
 // A job of 50 epochs of 100 steps on 2 workers and 2 PS whose only checkpoints are those
-// a stop asks for, once its first epoch is done; null, with the failure added, otherwise.
+// a stop asks for (every_steps is past its end), once its first epoch is done; null, with
+// the failure added, otherwise.
 std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
                                                        const std::string& checkpoints) {
   std::filesystem::remove_all(checkpoints);
-  return PsJobPastItsFirstEpoch(WriteJob(50, 100, name, checkpoints, 0), 50);
+  return PsJobPastItsFirstEpoch(WriteJob(50, 100, name, checkpoints, 1000000), 50);
 }
 
 // The step at the end of `found` ("... step 2814").
@@ -74,20 +75,27 @@ int64_t StepAtTheEnd(const std::string& found) {
 }
 
 TEST(PsTrainingTest, TrainsFashionMnistOnTwoWorkersAndTwoPs) {
+  const std::string checkpoints = TempPath("ckpt_ps_job");
+  std::filesystem::remove_all(checkpoints);
   const std::string summary = TempPath("ps_summary.json");
-  auto cluster = LocalCluster::Start(
-      {.num_workers = 2,
-       .num_ps = 2,
-       .chief = true,
-       .args_by_type = {{"chief",
-                         {"--job=" + WriteJob(2, 100, "ps_job"), "--summary_json=" + summary}}},
-       .forward_output = false});
+  auto cluster =
+      LocalCluster::Start({.num_workers = 2,
+                           .num_ps = 2,
+                           .chief = true,
+                           .args_by_type = {{"chief",
+                                             {"--job=" + WriteJob(2, 100, "ps_job", checkpoints, 0),
+                                              "--summary_json=" + summary}}},
+                           .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = (*cluster)->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("Epoch 2/2 - 100 steps on 2 workers"));
+  // every_steps 0: a checkpoint at each epoch's end.
+  EXPECT_THAT(output, HasSubstr("checkpoint at step 100 written"));
+  EXPECT_THAT(output, HasSubstr("checkpoint at step 200 written"));
+  std::filesystem::remove_all(checkpoints);
   std::ifstream file(summary);
   const nlohmann::json result = nlohmann::json::parse(file);
   EXPECT_EQ(result["strategy"], "ParameterServerStrategy");
