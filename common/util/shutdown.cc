@@ -22,6 +22,9 @@ sigset_t ShutdownSignals() {
 }  // namespace
 
 ShutdownWatcher::ShutdownWatcher() {
+  // A closed output (the launcher killed, `| head`) must not kill the process before its
+  // stop saves the job's state: the write fails instead.
+  signal(SIGPIPE, SIG_IGN);
   sigset_t set = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   thread_ = std::thread([this] { Run(); });

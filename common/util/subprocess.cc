@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);  // The parent may block SIGTERM/SIGINT.
+    signal(SIGPIPE, SIG_DFL);                  // and ignore SIGPIPE (ShutdownWatcher)
     dup2(output_pipe[1], STDOUT_FILENO);
     dup2(output_pipe[1], STDERR_FILENO);
     const int devnull = open("/dev/null", O_RDONLY);

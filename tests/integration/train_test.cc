@@ -163,6 +163,30 @@ TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   std::filesystem::remove_all(checkpoints);
 }
 
+// Its output's reader gone (`| head`, or the launcher that collects it killed): the run
+// goes on and writes its checkpoints, instead of dying of SIGPIPE at its next line.
+TEST(StratumTrainTest, AClosedOutputDoesNotEndTheRun) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 50;
+  const std::string checkpoints = TempPath("closed_output_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  const std::string status_file = TempPath("closed_output_status");
+  // `true` exits at once, so stratum-train writes into a pipe that no one reads.
+  const std::string command = "bash -c '" + std::string(STRATUM_BIN_DIR) +
+                              "/stratum-train --job=" + WriteJob(job, "closed_output") +
+                              " --progress=lines 2>&1 | true; echo ${PIPESTATUS[0]} > " +
+                              status_file + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::ifstream status(status_file);
+  int exit_code = -1;
+  status >> exit_code;
+  EXPECT_EQ(exit_code, 0);
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-000000000100"));
+  std::filesystem::remove_all(checkpoints);
+}
+
 TEST(StratumTrainTest, HelpListsTheFlags) {
   TrainRun run = RunTrain({"--help"});
   EXPECT_EQ(run.exit.exit_code, 0) << run.output;

@@ -5,7 +5,8 @@
 // two signals in the calling thread, every thread started afterwards inherits that mask,
 // and a private thread receives them with sigtimedwait. A second signal while shutting
 // down exits at once (code 128 + signal), for a user who does not want to wait.
-// Child processes must unblock the signals before exec (Subprocess does).
+// Child processes must unblock the signals before exec (Subprocess does). SIGPIPE is
+// ignored: a closed stdout makes writes fail, it does not end the process.
 #pragma once
 
 #include <atomic>
