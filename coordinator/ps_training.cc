@@ -328,8 +328,6 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   int64_t train_examples = 0;
   const int64_t every = job.checkpoint.every_steps;
   int64_t saved_step = global_step;  // of the latest checkpoint (or the start)
-  // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
-  // the steps that finished is saved, so that the job started again resumes there.
   // The epoch being trained: kept when a stalled PS answers again (nothing is rolled back),
   // so that the epoch goes on where it was and reports every step once.
   struct EpochProgress {
@@ -339,6 +337,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     ScheduledSteps scheduled;
   } progress;
   int logged_epochs = static_cast<int>(global_step / steps_per_epoch);
+  // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
+  // the steps that finished is saved, so that the job started again resumes there.
   auto stop_early = [&]() -> absl::Status {
     // A step takes milliseconds; a closure still running after this is on a stuck worker.
     const absl::Status drained = coordinator.Drain(absl::Seconds(10));
