@@ -76,9 +76,6 @@ absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
         "30s"));
   }
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(absl::GetFlag(FLAGS_placement)).status());
-  if (!job.checkpoint.dir.empty()) {  // the coordinator writes the manifests
-    STRATUM_RETURN_IF_ERROR(CheckWritableFolder(job.checkpoint.dir, "checkpoint.dir"));
-  }
   if (!absl::GetFlag(FLAGS_summary_json).empty()) {
     STRATUM_RETURN_IF_ERROR(
         CheckWritableFileFolder(absl::GetFlag(FLAGS_summary_json), "--summary_json"));
@@ -138,6 +135,12 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
     absl::StatusOr<JobSpec> checked = LoadAndCheckJob(job_path);
     if (!checked.ok()) return ReportFatal(context.binary, checked.status());
     job = *std::move(checked);
+  }
+  std::optional<CheckpointFolderLock> checkpoint_lock;  // the coordinator writes the manifests
+  if (job.has_value() && !job->checkpoint.dir.empty()) {
+    absl::StatusOr<CheckpointFolderLock> lock = LockCheckpointFolder(job->checkpoint.dir);
+    if (!lock.ok()) return ReportFatal(context.binary, lock.status());
+    checkpoint_lock = *std::move(lock);
   }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context);
   if (!server.ok()) return ReportFatal(context.binary, server.status());

@@ -1,6 +1,7 @@
 #include "stratum/worker/multi_worker_job.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -154,8 +155,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   communication.bytes_per_pack = job.strategy.communication.bytes_per_pack;
   communication.timeout = absl::Seconds(job.strategy.communication.timeout_seconds);
   STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data));
+  std::optional<CheckpointFolderLock> checkpoint_lock;
   if (rank == 0 && !fit.checkpoint_dir.empty()) {  // the chief writes the checkpoints
-    STRATUM_RETURN_IF_ERROR(CheckWritableFolder(fit.checkpoint_dir, "checkpoint.dir"));
+    STRATUM_ASSIGN_OR_RETURN(checkpoint_lock, LockCheckpointFolder(fit.checkpoint_dir));
   }
 
   TcpTransportOptions tcp;

@@ -1,6 +1,7 @@
 // stratum-train: trains a job in one process with the Default, OneDevice, Mirrored or
 // CentralStorage strategy, the way Keras' model.fit does, and can write a summary JSON.
 #include <cstdio>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -75,10 +76,11 @@ int Run(const ShutdownWatcher& shutdown) {
       return Fail(s);
     }
   }
+  std::optional<CheckpointFolderLock> checkpoint_lock;
   if (!job->checkpoint.dir.empty()) {
-    if (absl::Status s = CheckWritableFolder(job->checkpoint.dir, "checkpoint.dir"); !s.ok()) {
-      return Fail(s);
-    }
+    absl::StatusOr<CheckpointFolderLock> lock = LockCheckpointFolder(job->checkpoint.dir);
+    if (!lock.ok()) return Fail(lock.status());
+    checkpoint_lock = *std::move(lock);
   }
   FitOptions options = *fit_options;
   const std::string progress = absl::GetFlag(FLAGS_progress);

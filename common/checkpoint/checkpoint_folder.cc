@@ -1,6 +1,7 @@
 #include "stratum/checkpoint/checkpoint_folder.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,11 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
@@ -24,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kLatestFile[] = "checkpoint";
+constexpr char kManifestFile[] = "manifest.json";
 
 std::string FolderName(int64_t step) { return absl::StrFormat("ckpt-%012d", step); }
 
@@ -80,6 +85,64 @@ absl::Status CheckWritableFileFolder(const std::string& path, const std::string&
                    "): make it a folder this user can write, or pass another path"));
 }
 
+CheckpointFolderLock::CheckpointFolderLock(CheckpointFolderLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)) {}
+
+CheckpointFolderLock& CheckpointFolderLock::operator=(CheckpointFolderLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+CheckpointFolderLock::~CheckpointFolderLock() {
+  if (fd_ >= 0) close(fd_);  // releases the flock
+}
+
+absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir,
+                                                          absl::Duration wait) {
+  STRATUM_RETURN_IF_ERROR(CheckWritableFolder(dir, "checkpoint.dir"));
+  const std::string path = absl::StrCat(dir, "/.lock");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint.dir ", dir, ": cannot open ", path, " (", std::strerror(errno),
+                     "): make it a file this user can write, or set another checkpoint.dir"));
+  }
+  const absl::Time deadline = absl::Now() + wait;
+  bool told = false;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      spdlog::warn("cannot lock {} ({}): nothing keeps a second job from writing {} meanwhile",
+                   path, std::strerror(errno), dir);
+      return CheckpointFolderLock(fd);
+    }
+    char text[512] = {};
+    const ssize_t read = pread(fd, text, sizeof(text) - 1, 0);
+    const std::string holder(absl::StripTrailingAsciiWhitespace(read > 0 ? text : "?"));
+    if (absl::Now() >= deadline) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", dir, " is in use by another job (", holder,
+          "): two jobs writing one folder resume and delete each other's checkpoints; let that "
+          "job finish or stop it, or give this one another checkpoint.dir"));
+    }
+    if (!told) spdlog::info("waiting for {} to release {}", holder, path);
+    told = true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string owner =
+      absl::StrCat("pid ", getpid(), " on ", host, ", ", program_invocation_short_name, ", since ",
+                   absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, owner.data(), owner.size(), 0) < 0) {
+    spdlog::debug("cannot note the owner in {}: {}", path, std::strerror(errno));
+  }
+  return CheckpointFolderLock(fd);
+}
+
 std::string CheckpointFolder(const std::string& dir, int64_t step) {
   return absl::StrCat(dir, "/", FolderName(step));
 }
@@ -99,20 +162,26 @@ absl::StatusOr<std::string> CreateCheckpointFolder(const std::string& dir, int64
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohmann::json& manifest,
                               int max_to_keep) {
   const std::string folder = CheckpointFolder(dir, step);
-  STRATUM_RETURN_IF_ERROR(WriteFileAtomically(folder + "/manifest.json", manifest.dump(2)));
+  STRATUM_RETURN_IF_ERROR(
+      WriteFileAtomically(absl::StrCat(folder, "/", kManifestFile), manifest.dump(2)));
   const nlohmann::json latest = {{"latest", FolderName(step)}, {"step", step}};
   STRATUM_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLatestFile), latest.dump()));
-  std::vector<std::string> folders;
+  // Only complete folders (with a manifest) count against max_to_keep; a half-written one
+  // (a save cut short) is no checkpoint, so it never pushes out the one just written, and
+  // it goes. Not the ".damaged" ones set aside by RestoreNewestIntact: they are kept.
+  std::vector<std::string> complete;
+  std::vector<std::string> leftovers;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    // Not the ".damaged" ones set aside by RestoreNewestIntact: they are kept.
-    if (entry.is_directory() && StepOfFolder(name) >= 0) folders.push_back(name);
+    if (!entry.is_directory() || StepOfFolder(name) < 0) continue;
+    (fs::exists(entry.path() / kManifestFile) ? complete : leftovers).push_back(name);
   }
-  std::sort(folders.begin(), folders.end());
+  std::sort(complete.begin(), complete.end());
   const size_t keep = static_cast<size_t>(std::max(1, max_to_keep));
-  for (size_t i = 0; i + keep < folders.size(); ++i) {
-    fs::remove_all(absl::StrCat(dir, "/", folders[i]), error);
+  for (size_t i = 0; i + keep < complete.size(); ++i) leftovers.push_back(complete[i]);
+  for (const std::string& name : leftovers) {
+    if (name != FolderName(step)) fs::remove_all(absl::StrCat(dir, "/", name), error);
   }
   spdlog::info("checkpoint at step {} written to {}", step, folder);
   return absl::OkStatus();
@@ -127,7 +196,7 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
     std::error_code error;
     for (const auto& entry : fs::directory_iterator(dir, error)) {
       const std::string name = entry.path().filename().string();
-      if (StepOfFolder(name) >= 0 && fs::exists(entry.path() / "manifest.json")) {
+      if (StepOfFolder(name) >= 0 && fs::exists(entry.path() / kManifestFile)) {
         complete.push_back(name);
       }
     }
@@ -171,7 +240,7 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
     const int64_t step = StepOfFolder(name);
-    if (step >= 0 && step < latest_step && fs::exists(entry.path() / "manifest.json")) {
+    if (step >= 0 && step < latest_step && fs::exists(entry.path() / kManifestFile)) {
       older.push_back(name);
     }
   }
@@ -199,11 +268,14 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
             "restored {}, the newest intact checkpoint, because {}/{} is damaged ({}); "
             "it names that one now",
             folder, dir, kLatestFile, std::string(first_error.message()));
-      } else {
+      } else if (fs::exists(damaged.front() + ".damaged")) {
         spdlog::warn(
             "restored {} instead of the latest checkpoint, which is damaged ({}); the "
             "damaged one is kept as {}.damaged",
             folder, std::string(first_error.message()), damaged.front());
+      } else {
+        spdlog::warn("restored {} instead of the latest checkpoint, {}, which is gone ({})", folder,
+                     damaged.front(), std::string(first_error.message()));
       }
       return std::optional<std::string>(folder);
     }

@@ -110,6 +110,53 @@ TEST(CheckpointFolderTest, ALostPointerFileIsDamageNotANewJob) {
   std::filesystem::remove_all(dir);
 }
 
+// A folder left half-written (a save cut short: data files, no manifest) is not a
+// checkpoint: pruning never counts it against max_to_keep, so the one just written stays,
+// and the leftover goes.
+TEST(CheckpointFolderTest, PruningCountsOnlyCompleteCheckpoints) {
+  const std::string dir = Path("ckpt_prune");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 100, {{"step", 100}}, 1).ok());
+  for (int step : {50, 200}) {
+    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
+    std::ofstream(CheckpointFolder(dir, step) + "/state.safetensors.tmp.999") << "partial";
+  }
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 150).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 150, {{"step", 150}}, 1).ok());
+  EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 150));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 150) + "/manifest.json"));
+  for (int gone : {50, 100, 200}) {
+    EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, gone))) << gone;
+  }
+  // With room for two, the previous complete one stays too.
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 300).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 300, {{"step", 300}}, 2).ok());
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 150)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 300)));
+  std::filesystem::remove_all(dir);
+}
+
+// One job writes a checkpoint folder at a time; a second is refused with the holder named,
+// and the folder is free again once the first lets go.
+TEST(CheckpointFolderTest, OneJobAtATimeWritesAFolder) {
+  const std::string dir = Path("ckpt_lock");
+  std::filesystem::remove_all(dir);
+  {
+    absl::StatusOr<CheckpointFolderLock> first = LockCheckpointFolder(dir);
+    ASSERT_TRUE(first.ok()) << first.status();
+    absl::StatusOr<CheckpointFolderLock> second =
+        LockCheckpointFolder(dir, absl::Milliseconds(200));
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(second.status().message()),
+                HasSubstr("checkpoint.dir " + dir + " is in use by another job (pid " +
+                          std::to_string(getpid()) + " on "));
+    EXPECT_THAT(std::string(second.status().message()), HasSubstr("another checkpoint.dir"));
+  }
+  EXPECT_TRUE(LockCheckpointFolder(dir, absl::ZeroDuration()).ok());
+  std::filesystem::remove_all(dir);
+}
+
 // A damaged latest checkpoint does not stop the job: the newest intact one before it is
 // restored and becomes the latest, and the damaged one is kept aside.
 TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {

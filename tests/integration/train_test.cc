@@ -232,6 +232,12 @@ TEST(StratumTrainTest, ASigtermSavesTheStateAfterTheStepAndARunAgainResumesThere
   while ((*process)->output().find("Epoch 1/50") == std::string::npos && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  // A second run of the job meanwhile would resume and prune the first's checkpoints.
+  TrainRun second = RunTrain({"--job=" + path, "--progress=lines"});
+  EXPECT_EQ(second.exit.exit_code, 2) << second.output;
+  EXPECT_THAT(second.output,
+              HasSubstr("checkpoint.dir " + checkpoints + " is in use by another job (pid " +
+                        std::to_string((*process)->pid()) + " on "));
   (*process)->Signal(SIGTERM);
   auto exit = (*process)->Wait(absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();

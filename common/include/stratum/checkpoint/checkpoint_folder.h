@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace stratum {
@@ -22,6 +23,30 @@ namespace stratum {
 absl::Status CheckWritableFolder(const std::string& dir, const std::string& what);
 // The same for the folder a file will be written into (e.g. what = "--summary_json").
 absl::Status CheckWritableFileFolder(const std::string& path, const std::string& what);
+
+// Held by the one job that writes a checkpoint folder, for as long as it runs: an flock on
+// "<dir>/.lock", which the kernel releases when the process ends however it ends, so a
+// lock is never stale. Two jobs writing one folder would resume each other's checkpoints
+// and prune each other's folders.
+class CheckpointFolderLock {
+ public:
+  explicit CheckpointFolderLock(int fd) : fd_(fd) {}
+  CheckpointFolderLock(CheckpointFolderLock&& other) noexcept;
+  CheckpointFolderLock& operator=(CheckpointFolderLock&& other) noexcept;
+  CheckpointFolderLock(const CheckpointFolderLock&) = delete;
+  CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;
+  ~CheckpointFolderLock();
+
+ private:
+  int fd_;
+};
+
+// Takes the lock of `dir` (made when missing) for this process, waiting up to `wait` for
+// a holder that is finishing (a job restarted while its previous run still saves). Then
+// FAILED_PRECONDITION naming the holder (pid, host, program, since when) and the fix. A
+// file system without flock gets a warning and no lock rather than no training.
+absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir,
+                                                          absl::Duration wait = absl::Seconds(5));
 
 // "<dir>/ckpt-000000000042" for step 42.
 std::string CheckpointFolder(const std::string& dir, int64_t step);
