@@ -109,6 +109,7 @@ TaskReport WaitForTask(const TaskKey& task, const std::string& address, absl::Ti
   // The health service answered; who is it? (A task that is not Stratum's may not say.)
   absl::StatusOr<TaskReport> details = ReportOn(channel, absl::Seconds(2));
   if (details.ok()) {
+    report.answers_as = details->task;
     report.binary = details->binary;
     report.version = details->version;
     report.incarnation = details->incarnation;
@@ -157,6 +158,22 @@ absl::StatusOr<std::vector<TaskReport>> WaitForClusterHealthy(const ClusterSpec&
       missing.push_back(absl::StrCat(report.task.ToString(), " at ", report.address, " (",
                                      report.last_error, ")"));
     }
+  }
+  // An address that leads to another task (a typo in TF_CONFIG, a port given twice) would
+  // fail later with an error that names neither.
+  std::vector<std::string> misplaced;
+  for (const TaskReport& report : reports) {
+    if (!report.healthy || report.answers_as.type.empty() || report.answers_as == report.task) {
+      continue;
+    }
+    misplaced.push_back(absl::StrCat(report.task.ToString(), " at ", report.address,
+                                     " answers as ", report.answers_as.ToString(), " (",
+                                     report.binary, ", pid ", report.pid, ")"));
+  }
+  if (!misplaced.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster spec gives tasks the addresses of others: ", absl::StrJoin(misplaced, "; "),
+        "; give each task its own address in TF_CONFIG, the one it serves on"));
   }
   if (!missing.empty()) {
     return absl::DeadlineExceededError(absl::StrCat(

@@ -99,6 +99,34 @@ TEST(WaitForClusterHealthyTest, ReportsEveryTask) {
   EXPECT_THAT(table, HasSubstr("SERVING"));
 }
 
+// TF_CONFIG that gives a task another's address (ps:1 at ps:0's port under another name, ps
+// at a worker's port) is refused with both tasks named, not trained on.
+TEST(WaitForClusterHealthyTest, AnAddressThatLeadsToAnotherTaskIsNamed) {
+  ClusterSpec spec;
+  const std::string worker = FreeAddress();
+  const std::string ps = FreeAddress();
+  spec.SetTask("worker", 0, worker);
+  spec.SetTask("ps", 0, ps);
+  spec.SetTask("ps", 1, "localhost" + ps.substr(ps.find(':')));
+  auto worker_server = Serve({"worker", 0}, worker);
+  auto ps_server = Serve({"ps", 0}, ps);
+  auto reports = WaitForClusterHealthy(spec, {.timeout = absl::Seconds(10)});
+  EXPECT_EQ(reports.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(reports.status().message()),
+              HasSubstr("ps:1 at localhost" + ps.substr(ps.find(':')) +
+                        " answers as ps:0 (health_test, pid " + std::to_string(getpid()) + ")"));
+  EXPECT_THAT(std::string(reports.status().message()), HasSubstr("give each task its own address"));
+
+  ClusterSpec swapped;
+  swapped.SetTask("worker", 0, ps);
+  swapped.SetTask("ps", 0, worker);
+  reports = WaitForClusterHealthy(swapped, {.timeout = absl::Seconds(10)});
+  EXPECT_THAT(std::string(reports.status().message()),
+              HasSubstr("worker:0 at " + ps + " answers as ps:0 (health_test, pid "));
+  EXPECT_THAT(std::string(reports.status().message()),
+              HasSubstr("ps:0 at " + worker + " answers as worker:0"));
+}
+
 TEST(WaitForClusterHealthyTest, NamesTasksThatNeverAnswerWithinTheDeadline) {
   ClusterSpec spec;
   const std::string worker = FreeAddress();

@@ -22,6 +22,7 @@ struct TaskReport {
   bool healthy = false;
   std::string last_error;  // why the last check failed, when !healthy
   // From TaskService.GetTaskStatus (empty when the task is not a Stratum task).
+  TaskKey answers_as;  // the task it says it is: `task` unless the cluster spec is wrong
   std::string binary;
   std::string version;
   uint64_t incarnation = 0;
