@@ -1,8 +1,10 @@
 #include "stratum/coordinator/ps_training.h"
 
 #include <grpcpp/client_context.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -22,6 +24,7 @@
 #include "stratum/net/channel.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/process_info.h"
@@ -38,13 +41,17 @@ double Now() {
 // One worker over gRPC: sets the job up on first use and again after the worker restarts.
 class GrpcWorkerExecutor : public WorkerExecutor {
  public:
+  // `may_set_up_again`: asked before the job is set up on the worker again; an error ends
+  // the job instead (this coordinator lost the cluster to another one).
   GrpcWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
-                     absl::Duration timeout, ChannelOptions channel)
+                     absl::Duration timeout, ChannelOptions channel,
+                     std::function<absl::Status()> may_set_up_again)
       : task_(std::move(task)),
         address_(std::move(address)),
         setup_(std::move(setup)),
         timeout_(timeout),
         channel_(std::move(channel)),
+        may_set_up_again_(std::move(may_set_up_again)),
         stub_(proto::WorkerService::NewStub(MakeChannel(address_, channel_))) {}
 
   std::string name() const override { return absl::StrCat(task_, " at ", address_); }
@@ -90,6 +97,8 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::StatusOr<uint64_t> EnsureSetUp() {
     absl::MutexLock lock(&setup_mutex_);
     if (set_up_) return generation_;
+    // A worker that lost its job may have been set up by another coordinator since.
+    if (generation_ > 0) STRATUM_RETURN_IF_ERROR(may_set_up_again_());
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     proto::SetupJobResponse response;
@@ -121,6 +130,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   proto::SetupJobRequest setup_;
   absl::Duration timeout_;
   ChannelOptions channel_;
+  std::function<absl::Status()> may_set_up_again_;
   std::unique_ptr<proto::WorkerService::Stub> stub_;
   absl::Mutex setup_mutex_;
   bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
@@ -154,12 +164,26 @@ class PsWatcher {
     absl::MutexLock lock(&mutex_);
     return std::exchange(stopping_, "");
   }
+  // FAILED_PRECONDITION once another coordinator took a PS over from this one (it was not
+  // heard from for the PS's lease: stalled, or cut off): then this one must stop.
+  absl::Status Lost() {
+    absl::MutexLock lock(&mutex_);
+    return lost_;
+  }
+  // Lost() after a heartbeat to every PS now, for a decision that cannot wait for the next.
+  absl::Status CheckHold() {
+    for (int task = 0; task < variables_.num_ps(); ++task) {
+      Heard(variables_.client(task).Watch(saves_checkpoints_).status());
+    }
+    return Lost();
+  }
 
  private:
   void Run() {
     do {
       for (int task = 0; task < variables_.num_ps(); ++task) {
         absl::StatusOr<bool> stopping = variables_.client(task).Watch(saves_checkpoints_);
+        Heard(stopping.status());
         // Unreachable: its failure shows in training. Each stop is reported once, until the
         // PS is seen serving again (restarted).
         if (!stopping.ok()) continue;
@@ -175,14 +199,38 @@ class PsWatcher {
     } while (!done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
   }
 
+  // Notes a heartbeat refused because another coordinator holds the PS now.
+  void Heard(const absl::Status& watched) {
+    if (!absl::IsFailedPrecondition(watched) ||
+        !absl::StrContains(watched.message(), kHeldByAnotherCoordinator)) {
+      return;
+    }
+    absl::MutexLock lock(&mutex_);
+    if (!lost_.ok()) return;
+    lost_ = absl::FailedPreconditionError(
+        absl::StrCat(watched.message(),
+                     ": this coordinator was not heard from for a while (stalled or cut off), "
+                     "so it stops and leaves the job to the other"));
+  }
+
   ShardedVariables& variables_;
   const bool saves_checkpoints_;
   std::vector<bool> reported_;  // by the watching thread only
   absl::Mutex mutex_;
   std::string stopping_ ABSL_GUARDED_BY(mutex_);
+  absl::Status lost_ ABSL_GUARDED_BY(mutex_);
   absl::Notification done_;
   std::thread thread_;  // last: started once the rest is ready
 };
+
+// This coordinator as the parameter servers name it when they refuse another one.
+std::string CoordinatorDescription(const ClusterSpec& cluster) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  absl::StatusOr<std::string> address = cluster.TaskAddress(kChief, 0);
+  return absl::StrCat("the coordinator chief:0", address.ok() ? " at " + *address : "", ", pid ",
+                      getpid(), " on ", host);
+}
 
 // Which process each parameter server is (its TaskService incarnation), asked before
 // variables are created or restored on them: a PS that answers later with another
@@ -245,11 +293,15 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   if (absl::Status status = PlaceShards(shards, num_ps, *policy); !status.ok()) return status;
   std::vector<std::string> ps_addresses;
   std::vector<std::unique_ptr<PsClient>> clients;
+  const PsClientOptions ps_client_options{
+      .timeout = options.rpc_timeout,
+      .channel = options.channel,
+      .coordinator = CoordinatorDescription(cluster),
+      .coordinator_address = cluster.TaskAddress(kChief, 0).value_or("")};
   for (int task = 0; task < num_ps; ++task) {
     ps_addresses.push_back(*cluster.TaskAddress(kPs, task));
-    clients.push_back(std::make_unique<PsClient>(
-        absl::StrCat("ps:", task), ps_addresses.back(),
-        PsClientOptions{.timeout = options.rpc_timeout, .channel = options.channel}));
+    clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses.back(),
+                                                 ps_client_options));
   }
   ShardedVariables variables(names, shapes, shards, std::move(clients));
   std::vector<uint64_t> holding_incarnations = PsIncarnations(ps_addresses, options.channel);
@@ -298,7 +350,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     setup.set_worker_index(index);
     executors.push_back(std::make_unique<GrpcWorkerExecutor>(
         absl::StrCat("worker:", index), *cluster.TaskAddress(kWorker, index), std::move(setup),
-        options.rpc_timeout, options.channel));
+        options.rpc_timeout, options.channel, [&ps_watcher] { return ps_watcher.CheckHold(); }));
   }
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.closures_per_worker = std::max(1, options.closures_per_worker);
@@ -407,6 +459,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
           return stop_early();
         }
+        STRATUM_RETURN_IF_ERROR(ps_watcher.Lost());
         if (const std::string ps = ps_watcher.TakeStopping(); !ps.empty()) {
           if (absl::Status saved = save_for_stopping_ps(ps); !saved.ok()) {
             return stopped(saved) ? stop_early() : saved;

@@ -1,18 +1,29 @@
 #include "stratum/ps/ps_client.h"
 
 #include <grpcpp/client_context.h>
+#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/status.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 namespace {
 
 void Prepare(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// This process, as the coordinator that creates and watches variables.
+void SetCoordinator(const PsClientOptions& options, proto::CoordinatorId* id) {
+  id->set_incarnation(ProcessIncarnation());
+  id->set_description(options.coordinator.empty()
+                          ? absl::StrCat("a coordinator with pid ", getpid())
+                          : options.coordinator);
+  id->set_address(options.coordinator_address);
 }
 
 absl::StatusOr<std::vector<Tensor>> DecodeValues(
@@ -56,6 +67,7 @@ absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<Na
                                                             bool replace) {
   proto::CreateVariablesRequest request;
   request.set_replace(replace);
+  SetCoordinator(options_, request.mutable_coordinator());
   const std::string optimizer_json = optimizer.is_null() ? "" : optimizer.dump();
   for (const NamedValue& variable : initial) {
     proto::VariableDef* def = request.add_variables();
@@ -232,6 +244,7 @@ absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving) {
   proto::WatchRequest request;
   request.set_saves_checkpoints(saves_checkpoints);
   request.set_leaving(leaving);
+  SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
   Prepare(context, std::min(options_.timeout, absl::Seconds(1)));
   proto::WatchResponse response;

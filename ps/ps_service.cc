@@ -59,6 +59,13 @@ void AppendVariableStatuses(const VariableStore& store,
 grpc::Status PsService::CreateVariables(grpc::ServerContext*,
                                         const proto::CreateVariablesRequest* request,
                                         proto::CreateVariablesResponse* response) {
+  // A holder that just died (a coordinator restarted at once) falls silent within the lease.
+  if (absl::Status claimed =
+          lease_.Claim(request->coordinator().incarnation(), request->coordinator().description(),
+                       request->coordinator().address(), lease_.lease() + absl::Seconds(1));
+      !claimed.ok()) {
+    return ToGrpcStatus(claimed);
+  }
   for (const proto::VariableDef& def : request->variables()) {
     absl::StatusOr<Tensor> initial = TensorFromProto(def.initial_value());
     if (!initial.ok()) {
@@ -196,6 +203,14 @@ grpc::Status PsService::DataPath(grpc::ServerContext*, const proto::DataPathRequ
 
 grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* request,
                               proto::WatchResponse* response) {
+  if (request->leaving()) {
+    lease_.Release(request->coordinator().incarnation());
+  } else if (absl::Status held = lease_.Claim(request->coordinator().incarnation(),
+                                              request->coordinator().description(),
+                                              request->coordinator().address());
+             !held.ok()) {
+    return ToGrpcStatus(held);
+  }
   absl::MutexLock lock(&stop_mutex_);
   if (request->leaving()) {
     last_saving_watch_ = absl::InfinitePast();

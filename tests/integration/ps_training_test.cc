@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
 
@@ -67,6 +68,18 @@ std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
                                                        const std::string& checkpoints) {
   std::filesystem::remove_all(checkpoints);
   return PsJobPastItsFirstEpoch(WriteJob(50, 100, name, checkpoints, 1000000), 50);
+}
+
+// A coordinator process of its own (not the cluster's chief) with `tf_config`, training `job`.
+std::unique_ptr<Subprocess> SpawnCoordinator(const std::string& tf_config, const std::string& job) {
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-coordinator", "--job=" + job};
+  options.env = {{"TF_CONFIG", tf_config}};
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  return process.ok() ? *std::move(process) : nullptr;
 }
 
 // The step at the end of `found` ("... step 2814").
@@ -470,16 +483,11 @@ TEST(PsTrainingTest, ANewJobOnLongLivedPsStartsFromItsOwnInitialVariables) {
   for (const std::string run : {"first", "second"}) {
     const std::string checkpoints = TempPath("ckpt_" + run);
     std::filesystem::remove_all(checkpoints);
-    SubprocessOptions options;
-    options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-coordinator",
-                    "--job=" + WriteJob(1, 60, "long_lived_" + run, checkpoints, 60)};
-    options.env = {{"TF_CONFIG", (*cluster)->TfConfig({"chief", 0})}};
-    options.forward_fd = -1;
-    options.capture_output = true;
-    auto process = Subprocess::Spawn(std::move(options));
-    ASSERT_TRUE(process.ok()) << process.status();
-    auto exit = (*process)->Wait(absl::Seconds(60));
-    ASSERT_TRUE(exit.ok() && exit->success()) << (*process)->output();
+    auto process = SpawnCoordinator((*cluster)->TfConfig({"chief", 0}),
+                                    WriteJob(1, 60, "long_lived_" + run, checkpoints, 60));
+    ASSERT_NE(process, nullptr);
+    auto exit = process->Wait(absl::Seconds(60));
+    ASSERT_TRUE(exit.ok() && exit->success()) << process->output();
     // Every variable of the second job has had its own 60 updates, not 120.
     std::ifstream pointer(checkpoints + "/checkpoint");
     const nlohmann::json latest = nlohmann::json::parse(pointer);
@@ -490,6 +498,45 @@ TEST(PsTrainingTest, ANewJobOnLongLivedPsStartsFromItsOwnInitialVariables) {
     }
     std::filesystem::remove_all(checkpoints);
   }
+}
+
+// A second coordinator on a cluster that another one trains on (started by mistake, or with
+// another job) is refused by the parameter servers, naming the first. Once the first has
+// been silent past the PS's lease (here: stopped), the second takes over; the first, when it
+// comes back, stops rather than train against it.
+TEST(PsTrainingTest, OneCoordinatorAtATimeTrainsOnAClusterAndOneTakenOverStops) {
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(5000, 100, "fenced_first"), 5000);  // hours
+  ASSERT_NE(cluster, nullptr);
+  nlohmann::json tf_config = nlohmann::json::parse(cluster->TfConfig({"chief", 0}));
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  tf_config["cluster"]["chief"][0] = absl::StrCat("127.0.0.1:", *port);
+  const std::string first =
+      absl::StrCat("the coordinator chief:0 at ", cluster->Address({"chief", 0}), ", pid ",
+                   cluster->Pid({"chief", 0}), " on ");
+  const std::string second_job = WriteJob(2, 100, "fenced_second");
+
+  auto refused = SpawnCoordinator(tf_config.dump(), second_job);
+  ASSERT_NE(refused, nullptr);
+  auto exit = refused->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_FALSE(exit->success()) << refused->output();
+  EXPECT_THAT(refused->output(),
+              HasSubstr("this parameter server is held by another coordinator (" + first));
+
+  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGSTOP).ok());
+  auto takeover = SpawnCoordinator(tf_config.dump(), second_job);
+  ASSERT_NE(takeover, nullptr);
+  exit = takeover->Wait(absl::Seconds(60));
+  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGCONT).ok());
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_TRUE(exit->success()) << takeover->output();
+  EXPECT_THAT(takeover->output(), HasSubstr("Epoch 2/2"));
+  auto first_exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(first_exit.ok()) << first_exit.status();
+  EXPECT_FALSE(first_exit->success());
+  EXPECT_THAT(cluster->Output({"chief", 0}),
+              HasSubstr("that took it over: this coordinator was not heard from for a while"));
 }
 
 TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {

@@ -29,6 +29,10 @@ struct PsClientOptions {
   int64_t data_path_min_bytes = 0;
   // Through shared memory when the PS runs on this host.
   bool shared_memory = true;
+  // How a coordinator names itself to the PS in CreateVariables and Watch, which claim the
+  // PS for this process (stratum/ps/coordinator_lease.h); "" for "a coordinator with pid N".
+  std::string coordinator;
+  std::string coordinator_address;  // where it serves, "" when it does not
 };
 
 struct NamedValue {

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/ps.grpc.pb.h"
+#include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/data_path.h"
 #include "stratum/ps/variable_store.h"
 
@@ -20,8 +21,10 @@ namespace stratum {
 class PsService final : public proto::ParameterServer::Service {
  public:
   // `data_path`: the endpoint of this PS's PsDataServer (a tcp_port of 0 for none).
-  explicit PsService(VariableStore& store, DataPathEndpoint data_path = {})
-      : store_(store), data_path_(std::move(data_path)) {}
+  // `lease`: how long a coordinator's silence lets another take this PS over.
+  explicit PsService(VariableStore& store, DataPathEndpoint data_path = {},
+                     absl::Duration lease = absl::Seconds(5))
+      : store_(store), data_path_(std::move(data_path)), lease_(lease) {}
 
   grpc::Status CreateVariables(grpc::ServerContext*, const proto::CreateVariablesRequest* request,
                                proto::CreateVariablesResponse* response) override;
@@ -52,6 +55,7 @@ class PsService final : public proto::ParameterServer::Service {
  private:
   VariableStore& store_;
   const DataPathEndpoint data_path_;
+  CoordinatorLease lease_;
   mutable absl::Mutex stop_mutex_;
   bool stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
   bool saved_since_stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
