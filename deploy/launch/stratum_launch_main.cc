@@ -38,6 +38,14 @@ ABSL_FLAG(std::string, job, "",
           "trains it; implies --chief. multi_worker_mirrored: every worker (and the chief, "
           "if --chief) trains it; no ps tasks are started");
 ABSL_FLAG(std::string, summary_json, "", "Handed to the chief: where to write the summary");
+ABSL_FLAG(int, max_restarts, 3,
+          "How many times a server task that fails (a parameter server, a parameter_server "
+          "job's worker, the evaluator) is started again, a second after it died; 0: never. "
+          "A multi_worker_mirrored job is not restarted task by task: run it again to resume "
+          "from its checkpoint");
+ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
+          "Handed to the chief of a parameter_server job: how long it waits for a failed "
+          "parameter server to come back");
 
 namespace stratum {
 namespace {
@@ -97,6 +105,9 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
     } else if (job->strategy.type == "parameter_server") {
       options.chief = true;
       chief_args.push_back("--job=" + job_path);
+      chief_args.push_back(
+          absl::StrCat("--ps_recovery_timeout=",
+                       absl::FormatDuration(absl::GetFlag(FLAGS_ps_recovery_timeout))));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(job_path, " uses strategy \"", job->strategy.type,
@@ -146,6 +157,11 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
     children.push_back(*std::move(child));
   }
 
+  // A failed server task is started again (as a cluster manager would) unless it failed
+  // on its configuration (exit 2: it would fail the same way again).
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  std::vector<int> restarts(children.size(), 0);
+  std::vector<absl::Time> restart_at(children.size(), absl::InfiniteFuture());
   std::map<size_t, bool> reported;
   while (true) {
     if (shutdown.WaitFor(absl::Milliseconds(50))) {
@@ -167,9 +183,37 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
       // when told to.
       const bool finished = plan.workers_train && task.task.type != kEvaluator && exit->success();
+      const bool restart = !plan.workers_train && !exit->success() && exit->exit_code != 2 &&
+                           restarts[i] < max_restarts;
+      std::string what = restart ? absl::StrCat("; starting it again in 1s (restart ",
+                                                restarts[i] + 1, " of ", max_restarts, ")")
+                                 : "";
+      if (!restart && !exit->success() && !plan.workers_train && max_restarts > 0) {
+        what = exit->exit_code == 2
+                   ? "; not started again: it would fail the same way"
+                   : absl::StrCat("; not started again: it failed ", max_restarts + 1, " times");
+      }
       Say(absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(), ")",
-                       finished ? " finished: it " : " stopped unexpectedly: it ",
-                       exit->ToString()));
+                       finished ? " finished: it " : " stopped unexpectedly: it ", exit->ToString(),
+                       what));
+      if (restart) restart_at[i] = absl::Now() + absl::Seconds(1);
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (restart_at[i] > absl::Now()) continue;
+      restart_at[i] = absl::InfiniteFuture();
+      ++restarts[i];
+      const PlannedTask& task = plan.tasks[i];
+      absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});
+      if (!child.ok()) {
+        Say(absl::StrCat("cannot start ", task.task.ToString(),
+                         " again: ", child.status().message()));
+        continue;
+      }
+      Say(absl::StrCat("started ", task.task.ToString(), " on ", task.address, " (pid ",
+                       (*child)->pid(), ") again"));
+      raw[i] = child->get();
+      children[i] = *std::move(child);
+      reported[i] = false;
     }
   }
 }

@@ -121,20 +121,64 @@ TEST(LaunchTest, SigtermStopsEveryChild) {
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
 }
 
-TEST(LaunchTest, ReportsAChildThatDiesAndStopsOnCtrlC) {
-  auto launcher = Launch({"--workers=2", "--ps=1"});
+// A server task that dies is reported and started again on its address, as a cluster
+// manager would, up to --max_restarts times.
+TEST(LaunchTest, RestartsAServerThatDiesReportsItAndStopsOnCtrlC) {
+  auto launcher = Launch({"--workers=2", "--ps=1", "--max_restarts=1"});
   ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 3)) << launcher->output();
   const auto pids = ChildPids(launcher->output());
   ASSERT_EQ(kill(pids.at("worker:1"), SIGKILL), 0);
-  ASSERT_TRUE(WaitForOutput(*launcher, "[launch] worker:1 (pid " +
-                                           std::to_string(pids.at("worker:1")) +
-                                           ") stopped unexpectedly: it was killed by signal 9"))
+  ASSERT_TRUE(
+      WaitForOutput(*launcher, "[launch] worker:1 (pid " + std::to_string(pids.at("worker:1")) +
+                                   ") stopped unexpectedly: it was killed by signal 9 (SIGKILL); "
+                                   "starting it again in 1s (restart 1 of 1)"))
+      << launcher->output();
+  ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 4)) << launcher->output();
+  const auto restarted = ChildPids(launcher->output());
+  ASSERT_NE(restarted.at("worker:1"), pids.at("worker:1"));
+  std::smatch address;
+  const std::string output = launcher->output();
+  ASSERT_TRUE(std::regex_search(output, address, std::regex(R"(started worker:1 on (\S+))")));
+  EXPECT_THAT(output, HasSubstr("[launch] started worker:1 on " + address[1].str() + " (pid " +
+                                std::to_string(restarted.at("worker:1")) + ") again"));
+  ASSERT_EQ(kill(restarted.at("worker:1"), SIGKILL), 0);
+  ASSERT_TRUE(WaitForOutput(*launcher, "not started again: it failed 2 times"))
       << launcher->output();
   launcher->Signal(SIGINT);
   auto exit = launcher->Wait(absl::Seconds(10));
   ASSERT_TRUE(exit.ok());
   EXPECT_EQ(exit->exit_code, 128 + SIGINT);
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+  EXPECT_TRUE(AllGone(restarted, absl::Seconds(1)));
+}
+
+// Under the launcher, a parameter server that dies mid-job is started again and the chief
+// re-seeds it from the last checkpoint: the job ends as if nothing happened.
+TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
+  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(example);
+  job["fit"]["epochs"] = 4;
+  job["fit"]["steps_per_epoch"] = 100;
+  const std::string checkpoints =
+      ::testing::TempDir() + "/launch_ps_ckpt_" + std::to_string(getpid());
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 50}};
+  const std::string path = checkpoints + ".json";
+  std::ofstream(path) << job.dump();
+  auto launcher = Launch({"--job=" + path, "--workers=2", "--ps=2"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
+  ASSERT_EQ(kill(ChildPids(launcher->output()).at("ps:1"), SIGKILL), 0);
+  auto exit = launcher->Wait(absl::Seconds(90));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("[launch] started ps:1 on "));
+  EXPECT_THAT(output, HasSubstr(") again"));
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
+  EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
+  std::filesystem::remove_all(checkpoints);
+  std::filesystem::remove(path);
 }
 
 TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp) {
