@@ -283,17 +283,23 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
     STRATUM_ASSIGN_OR_RETURN(std::optional<FitState> restored,
                              LoadLatestFitCheckpoint(options.checkpoint_dir, model, optimizer));
     if (restored.has_value()) state = *std::move(restored);
-    // Mid-epoch, the position in the data is a step count of the old batch: with another
-    // global batch (another number of workers or replicas) it would skip or repeat data.
+    // Mid-epoch, the position in the data is a step count of the old batch over the old
+    // shards: with another global batch, or the data sharded over another number of
+    // workers, it would skip or repeat data.
     const int64_t global_batch = GlobalBatch(strategy, options);
-    if (state.step_in_epoch > 0 && state.global_batch > 0 && state.global_batch != global_batch) {
+    const bool other_batch = state.global_batch > 0 && state.global_batch != global_batch;
+    const bool other_shards = state.num_workers > 0 && state.num_workers != strategy.num_workers();
+    if (state.step_in_epoch > 0 && (other_batch || other_shards)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
           " stopped in the middle of epoch ", state.epoch + 1, " with a global batch of ",
-          state.global_batch, ", and this run's global batch is ", global_batch, " (",
-          strategy.num_workers(), " worker(s) x ", strategy.NumLocalReplicas(), " replica(s) x ",
-          options.batch_size_per_replica,
-          "): resume with the job's earlier workers and devices, or remove ",
+          state.global_batch,
+          state.num_workers > 0 ? absl::StrCat(" over ", state.num_workers, " worker(s)") : "",
+          ", and this run has a global batch of ", global_batch, " over ", strategy.num_workers(),
+          " worker(s) (", strategy.num_workers(), " x ", strategy.NumLocalReplicas(),
+          " replica(s) x ", options.batch_size_per_replica,
+          "): its place in the data would not be the same; resume with the job's earlier "
+          "workers and devices, or remove ",
           options.checkpoint_dir, " to train from scratch"));
     }
   }
@@ -379,6 +385,7 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   // worker saves at the same step), with the global batch they were trained at.
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
   state.global_batch = GlobalBatch(strategy, options);
+  state.num_workers = strategy.num_workers();
   if (strategy.is_chief()) {
     return SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state);
   }

@@ -47,6 +47,7 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
         {"examples", state.epoch_stats.examples}}},
       {"history", state.history},
       {"global_batch", state.global_batch},
+      {"num_workers", state.num_workers},
       {"optimizer", optimizer.name()},
       {"files", {{{"file", kFile}, {"crc32", written.crc32}, {"bytes", written.bytes}}}}};
   return CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
@@ -88,6 +89,7 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Mode
   state.epoch_stats.examples = stats.value("examples", int64_t{0});
   state.history = manifest.value("history", nlohmann::json::array());
   state.global_batch = manifest.value("global_batch", int64_t{0});
+  state.num_workers = manifest.value("num_workers", int64_t{0});
   const std::vector<std::string> slot_names = optimizer.SlotNames();
   for (const VariableSpec& spec : model.variables()) {
     auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {

@@ -262,9 +262,9 @@ TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
 }
 
 // Mid-epoch, the checkpoint's position in the data is a count of steps of its global
-// batch: resumed with another one (another number of workers or replicas) it would skip or
-// repeat data, so it is refused with the fix.
-TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchIsRefusedWithTheFix) {
+// batch over its workers' shards: resumed with another batch or number of workers it would
+// skip or repeat data, so it is refused with the fix.
+TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTheFix) {
   const Model model = *Model::FromKerasJson(absl::string_view(kModel));
   auto optimizer = *Optimizer::FromKeras("adam");
   const std::string dir = ::testing::TempDir() + "/fit_other_batch_" + std::to_string(getpid());
@@ -294,10 +294,21 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchIsRefusedWithTheFix) {
   EXPECT_THAT(
       std::string(refused.status().message()),
       ::testing::HasSubstr("stopped in the middle of epoch 1 with a global batch of 16, and this "
-                           "run's global batch is 8"));
+                           "run has a global batch of 8 over 1 worker(s) (1 x 1 replica(s) x 8)"));
   auto resumed = run(2);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 5);
+
+  // The same global batch over another number of workers splits the data otherwise (each
+  // worker reads its own shard): refused too.
+  state.iteration = 30;
+  state.num_workers = 2;
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+  refused = run(2);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("with a global batch of 16 over 2 worker(s), and this run has a "
+                                   "global batch of 16 over 1 worker(s)"));
   std::filesystem::remove_all(dir);
 }
 

@@ -29,6 +29,7 @@ struct FitState {
   std::vector<Tensor> variables;
   std::vector<std::vector<Tensor>> slots;  // per variable, optimizer.SlotNames() order
   int64_t global_batch = 0;                // of the run that saved it; 0: not recorded
+  int64_t num_workers = 0;  // that the data was sharded over in that run; 0: not recorded
 };
 
 // Writes `state` as the checkpoint of step `state.iteration`.
