@@ -216,13 +216,14 @@ absl::Status AsSeenByThisWorker(const absl::Status& first, const std::string& se
 }
 
 TaskKey MultiWorkerLeader(const ClusterSpec& cluster) {
-  return cluster.num_tasks(kChief) > 0 ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
+  const std::vector<TaskKey> tasks = MultiWorkerTasks(cluster);
+  return tasks.empty() ? TaskKey{kWorker, 0} : tasks.front();
 }
 
 std::vector<TaskKey> MultiWorkerTasks(const ClusterSpec& cluster) {
   std::vector<TaskKey> tasks;
   if (cluster.num_tasks(kChief) > 0) tasks.push_back({kChief, 0});
-  for (int i = 0; i < cluster.num_tasks(kWorker); ++i) tasks.push_back({kWorker, i});
+  for (int index : cluster.task_indices(kWorker)) tasks.push_back({kWorker, index});
   return tasks;
 }
 

@@ -288,7 +288,15 @@ bool IsChief(const ClusterSpec& spec, absl::string_view type, int index) {
 
 absl::StatusOr<int> IdInCluster(const ClusterSpec& spec, absl::string_view type, int index) {
   if (type == kChief) return 0;
-  if (type == kWorker) return index + (spec.HasJob(kChief) ? 1 : 0);
+  if (type == kWorker) {
+    // Its place among the workers, so that a sparse job ({"0": ..., "2": ...}, as Kubeflow
+    // may write it) still numbers them 0..n-1; the index itself when they are dense.
+    const std::vector<int> indices = spec.task_indices(kWorker);
+    const auto at = std::lower_bound(indices.begin(), indices.end(), index);
+    const int place =
+        at != indices.end() && *at == index ? static_cast<int>(at - indices.begin()) : index;
+    return place + (spec.HasJob(kChief) ? 1 : 0);
+  }
   if (type == kEvaluator) return index;
   return absl::InvalidArgumentError(absl::StrCat("a task of type \"", type,
                                                  "\" has no id in the cluster: only chief, "

@@ -199,6 +199,13 @@ TEST(ChiefRulesTest, IdInClusterFollowsTensorFlow) {
 
   auto no_chief = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"]})"));
   EXPECT_EQ(*IdInCluster(*no_chief, "worker", 1), 1);
+
+  // A sparse worker job (Kubeflow's form) is numbered without its gaps.
+  auto sparse = ClusterSpec::FromJson(Json(R"({"worker": {"0": "w:1", "2": "w:2", "5": "w:3"}})"));
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ(*IdInCluster(*sparse, "worker", 0), 0);
+  EXPECT_EQ(*IdInCluster(*sparse, "worker", 2), 1);
+  EXPECT_EQ(*IdInCluster(*sparse, "worker", 5), 2);
 }
 
 TEST(ChiefRulesTest, WorkerCountFollowsTensorFlow) {

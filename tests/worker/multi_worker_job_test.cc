@@ -33,5 +33,16 @@ TEST(AsSeenByThisWorkerTest, TheSameErrorAsTheFirstFailureIsSaidOnce) {
   EXPECT_EQ(AsSeenByThisWorker(first, "worker:1", refusal), refusal);
 }
 
+// A sparse worker job trains like a dense one: its workers in index order, the first leading.
+TEST(MultiWorkerTasksTest, ASparseWorkerJobKeepsItsIndicesInRankOrder) {
+  ClusterSpec sparse;
+  sparse.SetTask(kWorker, 2, "w:2");
+  sparse.SetTask(kWorker, 5, "w:5");
+  EXPECT_EQ(MultiWorkerTasks(sparse), (std::vector<TaskKey>{{kWorker, 2}, {kWorker, 5}}));
+  EXPECT_EQ(MultiWorkerLeader(sparse), (TaskKey{kWorker, 2}));
+  sparse.SetTask(kChief, 0, "c:0");
+  EXPECT_EQ(MultiWorkerLeader(sparse), (TaskKey{kChief, 0}));
+}
+
 }  // namespace
 }  // namespace stratum

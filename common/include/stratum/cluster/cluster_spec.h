@@ -94,8 +94,9 @@ absl::Status ValidateTask(const ClusterSpec& spec, absl::string_view type, int i
 absl::StatusOr<TaskKey> ChiefTask(const ClusterSpec& spec);
 bool IsChief(const ClusterSpec& spec, absl::string_view type, int index);
 
-// TensorFlow's id_in_cluster: chief 0; workers after it (from 1 when there is a chief);
-// an evaluator its own index. A ps has no id (INVALID_ARGUMENT).
+// TensorFlow's id_in_cluster: chief 0; workers after it (from 1 when there is a chief) in
+// index order, numbered without the gaps a sparse worker job has; an evaluator its own
+// index. A ps has no id (INVALID_ARGUMENT).
 absl::StatusOr<int> IdInCluster(const ClusterSpec& spec, absl::string_view type, int index);
 
 // TensorFlow's worker_count: chief plus workers, or the evaluators for an evaluator.

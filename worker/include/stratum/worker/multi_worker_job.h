@@ -52,7 +52,8 @@ class CoordinationRendezvous : public Rendezvous {
   CoordinationClient& client_;
 };
 
-// The leader of the job: chief:0 when the cluster has a chief, else worker:0.
+// The leader of the job: chief:0 when the cluster has a chief, else the first worker
+// (worker:0, unless the worker job is sparse).
 TaskKey MultiWorkerLeader(const ClusterSpec& cluster);
 
 // The tasks that train in lock-step: chief:0 (if any), then every worker, in rank order.
