@@ -144,14 +144,11 @@ class GrpcWorkerExecutor : public WorkerExecutor {
 class PsWatcher {
  public:
   PsWatcher(ShardedVariables& variables, bool saves_checkpoints)
-      : variables_(variables),
-        saves_checkpoints_(saves_checkpoints),
-        reported_(static_cast<size_t>(variables.num_ps()), false),
-        thread_([this] { Run(); }) {}
+      : variables_(variables), saves_checkpoints_(saves_checkpoints) {}
   // Tells every PS that this coordinator is done with it: a stop need not wait for it.
   ~PsWatcher() {
     done_.Notify();
-    thread_.join();
+    for (std::thread& thread : threads_) thread.join();
     for (int task = 0; task < variables_.num_ps(); ++task) {
       (void)variables_.client(task).Watch(saves_checkpoints_, /*leaving=*/true);
     }
@@ -159,43 +156,68 @@ class PsWatcher {
   PsWatcher(const PsWatcher&) = delete;
   PsWatcher& operator=(const PsWatcher&) = delete;
 
+  // Claims every PS for this coordinator (stratum/ps/coordinator_lease.h) before variables
+  // are created or re-seeded there, and starts the heartbeats that keep the claims. When a
+  // PS refuses (another coordinator holds it), the ones claimed are released again.
+  absl::Status Claim() {
+    for (int task = 0; task < variables_.num_ps(); ++task) {
+      absl::Status claimed = variables_.client(task)
+                                 .Watch(saves_checkpoints_, /*leaving=*/false, /*claim=*/true)
+                                 .status();
+      if (absl::IsFailedPrecondition(claimed)) {
+        for (int held = 0; held < task; ++held) {
+          (void)variables_.client(held).Watch(saves_checkpoints_, /*leaving=*/true);
+        }
+        return claimed;
+      }
+      // Unreachable: the creation that follows meets it as a PS failure.
+    }
+    if (threads_.empty()) {
+      for (int task = 0; task < variables_.num_ps(); ++task) {
+        threads_.emplace_back([this, task] { Run(task); });
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // The parameter servers that began stopping since the last call ("ps:1, ps:0"), or "".
   std::string TakeStopping() {
     absl::MutexLock lock(&mutex_);
     return std::exchange(stopping_, "");
   }
-  // FAILED_PRECONDITION once another coordinator took a PS over from this one (it was not
-  // heard from for the PS's lease: stalled, or cut off): then this one must stop.
+  // FAILED_PRECONDITION once a PS refuses this coordinator (another one holds it now): then
+  // this one must stop.
   absl::Status Lost() {
     absl::MutexLock lock(&mutex_);
     return lost_;
   }
-  // Lost() after a heartbeat to every PS now, for a decision that cannot wait for the next.
+  // Lost() after a heartbeat to every PS now, for what must not happen once the PSs are
+  // another coordinator's (a save, setting a worker up again).
   absl::Status CheckHold() {
-    for (int task = 0; task < variables_.num_ps(); ++task) {
+    for (int task = 0; task < variables_.num_ps() && Lost().ok(); ++task) {
       Heard(variables_.client(task).Watch(saves_checkpoints_).status());
     }
     return Lost();
   }
 
  private:
-  void Run() {
+  // The heartbeat to one PS, on a thread of its own, so that a PS that does not answer
+  // (1 s per try) does not delay the others' past the lease.
+  void Run(int task) {
+    bool reported = false;  // each stop is reported once, until the PS serves again
     do {
-      for (int task = 0; task < variables_.num_ps(); ++task) {
-        absl::StatusOr<bool> stopping = variables_.client(task).Watch(saves_checkpoints_);
-        Heard(stopping.status());
-        // Unreachable: its failure shows in training. Each stop is reported once, until the
-        // PS is seen serving again (restarted).
-        if (!stopping.ok()) continue;
-        const size_t t = static_cast<size_t>(task);
-        if (*stopping && !reported_[t]) {
-          absl::MutexLock lock(&mutex_);
-          stopping_ = stopping_.empty()
-                          ? variables_.client(task).task()
-                          : absl::StrCat(stopping_, ", ", variables_.client(task).task());
-        }
-        reported_[t] = *stopping;
+      absl::StatusOr<bool> stopping = variables_.client(task).Watch(saves_checkpoints_);
+      Heard(stopping.status());
+      if (!Lost().ok()) return;  // the PSs are another coordinator's: nothing to keep
+      // Unreachable: its failure shows in training.
+      if (!stopping.ok()) continue;
+      if (*stopping && !reported) {
+        absl::MutexLock lock(&mutex_);
+        stopping_ = stopping_.empty()
+                        ? variables_.client(task).task()
+                        : absl::StrCat(stopping_, ", ", variables_.client(task).task());
       }
+      reported = *stopping;
     } while (!done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
   }
 
@@ -208,19 +230,16 @@ class PsWatcher {
     absl::MutexLock lock(&mutex_);
     if (!lost_.ok()) return;
     lost_ = absl::FailedPreconditionError(
-        absl::StrCat(watched.message(),
-                     ": this coordinator was not heard from for a while (stalled or cut off), "
-                     "so it stops and leaves the job to the other"));
+        absl::StrCat(watched.message(), "; this coordinator stops and leaves the job to it"));
   }
 
   ShardedVariables& variables_;
   const bool saves_checkpoints_;
-  std::vector<bool> reported_;  // by the watching thread only
   absl::Mutex mutex_;
   std::string stopping_ ABSL_GUARDED_BY(mutex_);
   absl::Status lost_ ABSL_GUARDED_BY(mutex_);
   absl::Notification done_;
-  std::thread thread_;  // last: started once the rest is ready
+  std::vector<std::thread> threads_;  // one per PS, once the PSs are claimed
 };
 
 // This coordinator as the parameter servers name it when they refuse another one.
@@ -305,6 +324,9 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   }
   ShardedVariables variables(names, shapes, shards, std::move(clients));
   std::vector<uint64_t> holding_incarnations = PsIncarnations(ps_addresses, options.channel);
+  // One coordinator at a time: the PSs are claimed before anything is created on them.
+  PsWatcher ps_watcher(variables, /*saves_checkpoints=*/!job.checkpoint.dir.empty());
+  STRATUM_RETURN_IF_ERROR(ps_watcher.Claim());
   if (absl::Status status = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
       !status.ok()) {
     return status;
@@ -327,7 +349,11 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
   }
 
-  PsWatcher ps_watcher(variables, checkpoints.has_value());
+  // A save writes what the PSs hold: never once they are another coordinator's.
+  auto save = [&](int64_t step) -> absl::Status {
+    STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
+    return checkpoints->Save(step);
+  };
 
   // The workers.
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
@@ -413,7 +439,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                        "start it"));
     }
     absl::Status saved = drained;
-    if (saved.ok() && finished != saved_step) saved = checkpoints->Save(finished);
+    if (saved.ok() && finished != saved_step) saved = save(finished);
     if (!saved.ok()) {
       return absl::CancelledError(absl::StrCat(where, "; the state there could not be saved (",
                                                saved.message(), "): the job resumes from step ",
@@ -441,7 +467,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     // Saved even when the latest checkpoint is at this step: the PS waits for a new one
     // (the same bytes again).
     STRATUM_RETURN_IF_ERROR(coordinator.Join());
-    STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
+    STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
     saved_step = global_step;
     std::fprintf(options.out,
                  "%s is stopping (it got a signal): saved the state at step %lld in %s, which "
@@ -477,7 +503,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
           absl::Status joined = coordinator.Join();
           if (stopped(joined)) return stop_early();
           if (!joined.ok()) return joined;
-          STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
+          STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
           saved_step = global_step;
         }
       }
@@ -485,7 +511,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       if (stopped(joined)) return stop_early();
       if (!joined.ok()) return joined;
       if (checkpoints && every <= 0) {  // every_steps 0: at each epoch's end
-        STRATUM_RETURN_IF_ERROR(PsFailure(checkpoints->Save(global_step)));
+        STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
         saved_step = global_step;
       }
       double loss_sum = 0, correct = 0, examples = 0;
@@ -595,7 +621,10 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       continue;
     }
     holding_incarnations = PsIncarnations(ps_addresses, options.channel);
-    absl::Status reseeded = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
+    absl::Status reseeded = ps_watcher.Claim();
+    if (reseeded.ok()) {
+      reseeded = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
+    }
     absl::StatusOr<std::optional<int64_t>> restored = std::nullopt;
     if (reseeded.ok()) {
       restored = checkpoints->RestoreLatest();
@@ -644,7 +673,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     summary.test_loss = test->val_loss;
     summary.test_accuracy = test->val_accuracy;
   } else if (checkpoints && global_step != saved_step) {
-    if (absl::Status status = checkpoints->Save(global_step); !status.ok()) return status;
+    if (absl::Status status = save(global_step); !status.ok()) return status;
   }
   summary.steps = global_step;  // the job's step counter, across restarts
   summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);

@@ -24,6 +24,9 @@ void SetCoordinator(const PsClientOptions& options, proto::CoordinatorId* id) {
                           ? absl::StrCat("a coordinator with pid ", getpid())
                           : options.coordinator);
   id->set_address(options.coordinator_address);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  id->set_host(host);
 }
 
 absl::StatusOr<std::vector<Tensor>> DecodeValues(
@@ -240,13 +243,15 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
 }
 
-absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving) {
+absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving, bool claim) {
   proto::WatchRequest request;
   request.set_saves_checkpoints(saves_checkpoints);
   request.set_leaving(leaving);
+  request.set_claim(claim);
   SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
-  Prepare(context, std::min(options_.timeout, absl::Seconds(1)));
+  // A claim may wait out the lease of a holder that just died (about 6 s).
+  Prepare(context, claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1)));
   proto::WatchResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Watch(&context, request, &response), Peer());
       !status.ok()) {

@@ -59,12 +59,8 @@ void AppendVariableStatuses(const VariableStore& store,
 grpc::Status PsService::CreateVariables(grpc::ServerContext*,
                                         const proto::CreateVariablesRequest* request,
                                         proto::CreateVariablesResponse* response) {
-  // A holder that just died (a coordinator restarted at once) falls silent within the lease.
-  if (absl::Status claimed =
-          lease_.Claim(request->coordinator().incarnation(), request->coordinator().description(),
-                       request->coordinator().address(), lease_.lease() + absl::Seconds(1));
-      !claimed.ok()) {
-    return ToGrpcStatus(claimed);
+  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+    return ToGrpcStatus(held);
   }
   for (const proto::VariableDef& def : request->variables()) {
     absl::StatusOr<Tensor> initial = TensorFromProto(def.initial_value());
@@ -203,18 +199,27 @@ grpc::Status PsService::DataPath(grpc::ServerContext*, const proto::DataPathRequ
 
 grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* request,
                               proto::WatchResponse* response) {
+  const proto::CoordinatorId& id = request->coordinator();
+  // A leaving coordinator ends the wait of a stopping PS, unless another holds the PS (the
+  // one the PS waits for).
+  bool left = false;
   if (request->leaving()) {
-    lease_.Release(request->coordinator().incarnation());
-  } else if (absl::Status held = lease_.Claim(request->coordinator().incarnation(),
-                                              request->coordinator().description(),
-                                              request->coordinator().address());
-             !held.ok()) {
+    left = lease_.Release(id.incarnation()) || lease_.Heartbeat(id.incarnation()).ok();
+  } else if (request->claim()) {
+    // A holder that just died falls silent within the lease: wait that long for it.
+    if (absl::Status claimed =
+            lease_.Claim({id.incarnation(), id.description(), id.address(), id.host()},
+                         lease_.lease() + absl::Seconds(1));
+        !claimed.ok()) {
+      return ToGrpcStatus(claimed);
+    }
+  } else if (absl::Status held = lease_.Heartbeat(id.incarnation()); !held.ok()) {
     return ToGrpcStatus(held);
   }
   absl::MutexLock lock(&stop_mutex_);
-  if (request->leaving()) {
+  if (left) {
     last_saving_watch_ = absl::InfinitePast();
-  } else if (request->saves_checkpoints()) {
+  } else if (!request->leaving() && request->saves_checkpoints()) {
     last_saving_watch_ = absl::Now();
   }
   response->set_stopping(stopping_);

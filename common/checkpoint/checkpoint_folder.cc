@@ -104,7 +104,9 @@ absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir
                                                           absl::Duration wait) {
   STRATUM_RETURN_IF_ERROR(CheckWritableFolder(dir, "checkpoint.dir"));
   const std::string path = absl::StrCat(dir, "/.lock");
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Another user's lock file in a shared folder: flock needs no write access.
+  if (fd < 0 && errno == EACCES) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint.dir ", dir, ": cannot open ", path, " (", std::strerror(errno),
@@ -268,6 +270,11 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
             "restored {}, the newest intact checkpoint, because {}/{} is damaged ({}); "
             "it names that one now",
             folder, dir, kLatestFile, std::string(first_error.message()));
+      } else if (fs::exists(damaged.front())) {
+        spdlog::warn(
+            "restored {} instead of the latest checkpoint, {}, which is damaged ({}) and could "
+            "not be set aside as .damaged",
+            folder, damaged.front(), std::string(first_error.message()));
       } else if (fs::exists(damaged.front() + ".damaged")) {
         spdlog::warn(
             "restored {} instead of the latest checkpoint, which is damaged ({}); the "

@@ -40,9 +40,9 @@ ABSL_FLAG(std::string, job, "",
 ABSL_FLAG(std::string, summary_json, "", "Handed to the chief: where to write the summary");
 ABSL_FLAG(int, max_restarts, 3,
           "How many times a server task that fails (a parameter server, a parameter_server "
-          "job's worker, the evaluator) is started again, a second after it died; 0: never. "
-          "A multi_worker_mirrored job is not restarted task by task: run it again to resume "
-          "from its checkpoint");
+          "job's worker, the evaluator of such a job) is started again, a second after it "
+          "died; 0: never. A multi_worker_mirrored job is not restarted task by task: run it "
+          "again to resume from its checkpoint");
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "Handed to the chief of a parameter_server job: how long it waits for a failed "
           "parameter server to come back");

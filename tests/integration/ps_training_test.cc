@@ -536,7 +536,9 @@ TEST(PsTrainingTest, OneCoordinatorAtATimeTrainsOnAClusterAndOneTakenOverStops) 
   ASSERT_TRUE(first_exit.ok()) << first_exit.status();
   EXPECT_FALSE(first_exit->success());
   EXPECT_THAT(cluster->Output({"chief", 0}),
-              HasSubstr("that took it over: this coordinator was not heard from for a while"));
+              HasSubstr("took it over after this coordinator was silent for "));
+  EXPECT_THAT(cluster->Output({"chief", 0}),
+              HasSubstr("; this coordinator stops and leaves the job to it"));
 }
 
 TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {

@@ -12,50 +12,61 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kFirst = 11, kSecond = 22;
+const CoordinatorClaimant kFirst = {11, "first", "a:1", "host-a"};
+const CoordinatorClaimant kSecond = {22, "second", "b:2", "host-b"};
 
 TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom) {
   CoordinatorLease lease(absl::Milliseconds(300));
-  ASSERT_TRUE(lease.Claim(kFirst, "chief:0 at a:1", "a:1").ok());
-  const absl::Status refused = lease.Claim(kSecond, "chief:0 at b:2", "b:2");
+  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  const absl::Status refused = lease.Claim(kSecond);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr(std::string("this parameter server ") + kHeldByAnotherCoordinator +
-                        " (chief:0 at a:1), heard from "));
+                        " (first), heard from "));
   EXPECT_THAT(std::string(refused.message()), HasSubstr("stop that one first"));
+  // Nor may it change the variables or heartbeat meanwhile; an anonymous caller neither.
+  EXPECT_FALSE(lease.Heartbeat(kSecond.incarnation).ok());
+  EXPECT_FALSE(lease.Heartbeat(0).ok());
   // The holder's heartbeats keep it through a wait longer than the lease.
   std::thread heartbeats([&lease] {
     for (int i = 0; i < 8; ++i) {
-      EXPECT_TRUE(lease.Claim(kFirst, "chief:0 at a:1", "a:1").ok());
+      EXPECT_TRUE(lease.Heartbeat(kFirst.incarnation).ok());
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
-  EXPECT_FALSE(lease.Claim(kSecond, "chief:0 at b:2", "b:2", absl::Milliseconds(600)).ok());
+  EXPECT_FALSE(lease.Claim(kSecond, absl::Milliseconds(600)).ok());
   heartbeats.join();
-  // A caller that does not say who it is is let through, and holds nothing.
-  EXPECT_TRUE(lease.Claim(0, "", "").ok());
 }
 
 TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
   CoordinatorLease lease(absl::Milliseconds(200));
-  ASSERT_TRUE(lease.Claim(kFirst, "first", "a:1").ok());
+  // Heartbeats do not claim: a PS nobody holds answers them, and stays free.
+  EXPECT_TRUE(lease.Heartbeat(kSecond.incarnation).ok());
+  ASSERT_TRUE(lease.Claim(kFirst).ok());
   const absl::Time start = absl::Now();
-  EXPECT_TRUE(lease.Claim(kSecond, "second", "b:2", absl::Seconds(5)).ok());
+  EXPECT_TRUE(lease.Claim(kSecond, absl::Seconds(5)).ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // once the holder fell silent
-  lease.Release(kSecond);
-  const absl::Status back = lease.Claim(kFirst, "first", "a:1");
-  EXPECT_THAT(std::string(back.message()), HasSubstr("(second) that took it over"));
+  EXPECT_TRUE(lease.Release(kSecond.incarnation));
+  for (const absl::Status& back : {lease.Heartbeat(kFirst.incarnation), lease.Claim(kFirst)}) {
+    EXPECT_THAT(std::string(back.message()),
+                HasSubstr("second took it over after this coordinator was silent for "));
+  }
+  EXPECT_FALSE(lease.Release(kFirst.incarnation));
 }
 
 TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnce) {
   CoordinatorLease lease(absl::Seconds(60));
-  ASSERT_TRUE(lease.Claim(kFirst, "first", "a:1").ok());
-  lease.Release(kSecond);  // not the holder's: nothing changes
-  EXPECT_FALSE(lease.Claim(kSecond, "second", "b:2").ok());
-  lease.Release(kFirst);
-  EXPECT_TRUE(lease.Claim(kSecond, "second", "b:2").ok());
-  EXPECT_TRUE(lease.Claim(kFirst + 1, "second, restarted", "b:2").ok());
-  EXPECT_FALSE(lease.Claim(kSecond, "second", "b:2").ok());  // the old process, if it was not dead
+  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  EXPECT_FALSE(lease.Release(kSecond.incarnation));  // not the holder's: nothing changes
+  EXPECT_FALSE(lease.Claim(kSecond).ok());
+  EXPECT_TRUE(lease.Release(kFirst.incarnation));
+  EXPECT_TRUE(lease.Claim(kSecond).ok());
+  // The same address on another host is another coordinator, not a restart.
+  EXPECT_FALSE(lease.Claim({33, "elsewhere", "b:2", "host-c"}).ok());
+  EXPECT_TRUE(lease.Claim({44, "second, restarted", "b:2", "host-b"}).ok());
+  EXPECT_THAT(std::string(lease.Heartbeat(kSecond.incarnation).message()),
+              HasSubstr("second, restarted took it over: it serves on this coordinator's address "
+                        "on the same host"));
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // Which coordinator a parameter server trains for. Two coordinators on one cluster (a
 // second one started by mistake, an old one that came back after a pause) would re-seed
 // each other's variables and overwrite each other's checkpoints while both report success.
-// The coordinator that creates the variables holds the PS; its heartbeats (Watch, every
-// 0.5 s) keep it. Another coordinator gets the PS only once the holder has been silent for
-// the lease (it died, or stalled and lost it: its next heartbeat is refused and it stops),
-// or at once when it restarted (a new process serving on the holder's address).
-// Thread-safe.
+// A coordinator claims every PS before it creates variables there; its heartbeats (Watch,
+// every 0.5 s) keep the claim. Another coordinator may claim the PS only once the holder has
+// been silent for the lease (it died, or stalled: it is then refused for good and stops),
+// or at once when it is the holder restarted (a new process serving on the holder's address
+// on the same host). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -19,38 +19,48 @@
 
 namespace stratum {
 
+// A coordinator as it presents itself; incarnation 0 is a caller that does not say (it
+// holds nothing and is let through wherever no other coordinator holds the PS).
+struct CoordinatorClaimant {
+  uint64_t incarnation = 0;
+  std::string who;      // for people, e.g. "the coordinator chief:0 at host:port, pid 12 on h"
+  std::string address;  // where it serves (TF_CONFIG's chief address), "" when it does not
+  std::string host;     // the host it runs on
+};
+
 class CoordinatorLease {
  public:
   explicit CoordinatorLease(absl::Duration lease = absl::Seconds(5)) : lease_(lease) {}
 
-  // For the coordinator `incarnation` (described by `who`, e.g. "chief:0 at host:port, pid
-  // 12", serving on `address`): OK when it holds the PS or may take it, and then it holds
-  // it from now. A holder heard from within the lease makes this wait up to `wait` for it
-  // to fall silent, then FAILED_PRECONDITION naming the holder; unless the holder served on
-  // the same (non-empty) address: then this is its restart, and takes over at once.
-  // Incarnation 0 (a caller that does not say) is let through and holds nothing.
-  absl::Status Claim(uint64_t incarnation, const std::string& who, const std::string& address,
+  // Takes the PS for `claimant` (or keeps it). A holder heard from within the lease makes
+  // this wait up to `wait` for it to fall silent, then FAILED_PRECONDITION naming it.
+  absl::Status Claim(const CoordinatorClaimant& claimant,
                      absl::Duration wait = absl::ZeroDuration());
-  // The holder is done with the PS: another coordinator may take it at once.
-  void Release(uint64_t incarnation);
+  // A heartbeat, or a call that changes the PS's variables: OK (and the hold kept) for the
+  // holder, and for anyone while no live coordinator holds the PS; FAILED_PRECONDITION for
+  // a coordinator that another took the PS over from, or while another holds it.
+  absl::Status Heartbeat(uint64_t incarnation);
+  // The holder is done with the PS: another coordinator may take it at once. False when
+  // `incarnation` did not hold it (then nothing changes).
+  bool Release(uint64_t incarnation);
 
   absl::Duration lease() const { return lease_; }
 
  private:
   bool HolderSilent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status RefusalFor(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const absl::Duration lease_;
   absl::Mutex mutex_;
   uint64_t holder_ ABSL_GUARDED_BY(mutex_) = 0;  // 0: none
-  std::string holder_who_ ABSL_GUARDED_BY(mutex_);
-  std::string holder_address_ ABSL_GUARDED_BY(mutex_);
+  CoordinatorClaimant holder_claim_ ABSL_GUARDED_BY(mutex_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
-  // Holders that were taken over from, refused for good (one per takeover, few), and who
-  // took over from each.
+  // Holders that were taken over from, refused for good (one per takeover, few), with how
+  // it happened.
   absl::flat_hash_map<uint64_t, std::string> replaced_ ABSL_GUARDED_BY(mutex_);
 };
 
-// How a refusal begins, for callers that tell it from other failed preconditions.
+// Part of every refusal, for callers that tell it from other failed preconditions.
 inline constexpr char kHeldByAnotherCoordinator[] = "is held by another coordinator";
 
 }  // namespace stratum

@@ -29,8 +29,8 @@ struct PsClientOptions {
   int64_t data_path_min_bytes = 0;
   // Through shared memory when the PS runs on this host.
   bool shared_memory = true;
-  // How a coordinator names itself to the PS in CreateVariables and Watch, which claim the
-  // PS for this process (stratum/ps/coordinator_lease.h); "" for "a coordinator with pid N".
+  // How a coordinator names itself to the PS in CreateVariables and Watch (see
+  // stratum/ps/coordinator_lease.h); "" for "a coordinator with pid N".
   std::string coordinator;
   std::string coordinator_address;  // where it serves, "" when it does not
 };
@@ -73,8 +73,9 @@ class PsClient {
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
   absl::Status Restore(const std::string& path, uint32_t crc32);
   // The coordinator's heartbeat (proto::WatchRequest); true when the PS is stopping. A
-  // short deadline of its own: it runs beside training, every 0.5 s.
-  absl::StatusOr<bool> Watch(bool saves_checkpoints, bool leaving = false);
+  // short deadline of its own: it runs beside training, every 0.5 s. `claim`: takes the PS
+  // for this coordinator (stratum/ps/coordinator_lease.h), with the usual deadline.
+  absl::StatusOr<bool> Watch(bool saves_checkpoints, bool leaving = false, bool claim = false);
   // How pushes and pulls travel now: "grpc", "tcp" or "shared memory" (the data path's,
   // once it has carried a call).
   std::string transport() const;
