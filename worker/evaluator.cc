@@ -7,6 +7,7 @@
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/training_job.h"
 
@@ -30,18 +31,19 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   DefaultStrategy strategy;
   std::optional<int64_t> evaluated;
   spdlog::info("evaluator watching {}", job.checkpoint.dir);
-  while (!shutdown.WaitFor(poll_interval)) {
+  // One pass over the latest checkpoint: evaluated when it is new.
+  auto evaluate_latest = [&]() -> absl::Status {
     absl::StatusOr<std::optional<int64_t>> latest = LatestCheckpointStep(job.checkpoint.dir);
     if (!latest.ok()) {
       spdlog::warn("{}", std::string(latest.status().message()));
-      continue;
+      return absl::OkStatus();
     }
-    if (!latest->has_value() || *latest == evaluated) continue;
+    if (!latest->has_value() || *latest == evaluated) return absl::OkStatus();
     absl::StatusOr<CheckpointVariables> checkpoint = ReadLatestCheckpoint(job.checkpoint.dir);
     if (!checkpoint.ok()) {
       spdlog::warn("cannot read the latest checkpoint yet: {}",
                    std::string(checkpoint.status().message()));
-      continue;
+      return absl::OkStatus();
     }
     std::vector<Tensor> variables;
     for (const VariableSpec& spec : model->variables()) {
@@ -67,6 +69,14 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
         !status.ok()) {
       spdlog::warn("{}", std::string(status.message()));
     }
+    return absl::OkStatus();
+  };
+  // Stopped (the job is over, or the side-car is evicted): one last pass first, so that the
+  // final checkpoint, often written just before the stop, is evaluated too.
+  bool stopping = false;
+  while (!stopping) {
+    stopping = shutdown.WaitFor(poll_interval);
+    STRATUM_RETURN_IF_ERROR(evaluate_latest());
   }
   return absl::OkStatus();
 }

@@ -208,6 +208,34 @@ TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp)
   std::filesystem::remove(path);
 }
 
+// The evaluator side-car, stopped with the cluster once the job is done, evaluates the
+// final checkpoint first (it is written just before the end, within the evaluator's poll
+// interval): evaluation.json is the trained model's.
+TEST(LaunchTest, TheEvaluatorEvaluatesTheFinalCheckpointBeforeItStops) {
+  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(example);
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 100;
+  const std::string checkpoints =
+      ::testing::TempDir() + "/launch_eval_ckpt_" + std::to_string(getpid());
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 0}};
+  const std::string path = checkpoints + ".json";
+  std::ofstream(path) << job.dump();
+  auto launcher = Launch({"--job=" + path, "--workers=1", "--ps=1", "--evaluator"});
+  auto exit = launcher->Wait(absl::Seconds(90));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  std::ifstream file(checkpoints + "/evaluation.json");
+  const nlohmann::json evaluation = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_TRUE(evaluation.is_object()) << output;
+  EXPECT_EQ(evaluation["step"], 200) << output;
+  EXPECT_GT(evaluation["val_accuracy"].get<double>(), 0.6);
+  std::filesystem::remove_all(checkpoints);
+  std::filesystem::remove(path);
+}
+
 TEST(LaunchTest, ChildrenDieWithAKilledLauncher) {
   auto launcher = Launch({"--workers=1", "--ps=1"});
   ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 2)) << launcher->output();
