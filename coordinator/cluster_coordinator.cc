@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
 
 namespace stratum {
 namespace {
@@ -36,7 +38,7 @@ void RemoteValue::Set(absl::StatusOr<ClosureOutputs> result) {
 
 ClusterCoordinator::ClusterCoordinator(std::vector<std::unique_ptr<WorkerExecutor>> workers,
                                        ClusterCoordinatorOptions options)
-    : options_(options), workers_(std::move(workers)) {
+    : options_(options), workers_(std::move(workers)), waiting_for_worker_(workers_.size(), 0) {
   for (int slot = 0; slot < options_.closures_per_worker; ++slot) {
     for (size_t worker = 0; worker < workers_.size(); ++worker) {
       threads_.emplace_back([this, worker] { WorkerLoop(worker); });
@@ -116,8 +118,39 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
         }
       }
     }
-    if (wait_for_worker && !executor.WaitUntilAvailable(stop_).ok()) return;
+    if (!wait_for_worker) continue;
+    CountDown(worker, +1);
+    const absl::Status back = executor.WaitUntilAvailable(stop_);
+    CountDown(worker, -1);
+    if (!back.ok()) return;
   }
+}
+
+void ClusterCoordinator::CountDown(size_t worker, int change) {
+  absl::MutexLock lock(&mutex_);
+  waiting_for_worker_[worker] += change;
+  const bool every_worker_down = std::all_of(waiting_for_worker_.begin(), waiting_for_worker_.end(),
+                                             [](int waiting) { return waiting > 0; });
+  if (!every_worker_down) {
+    every_worker_down_since_ = absl::InfiniteFuture();
+  } else if (every_worker_down_since_ == absl::InfiniteFuture()) {
+    every_worker_down_since_ = absl::Now();
+    spdlog::warn("every worker is down: training waits for one to come back, for up to {}",
+                 absl::FormatDuration(options_.worker_recovery_timeout));
+  }
+}
+
+void ClusterCoordinator::CheckEveryWorkerDown() {
+  if (!error_.ok() || absl::Now() - every_worker_down_since_ <= options_.worker_recovery_timeout) {
+    return;
+  }
+  std::vector<std::string> names;
+  for (const auto& worker : workers_) names.push_back(worker->name());
+  error_ = absl::UnavailableError(absl::StrCat(
+      "every worker has been down for ", absl::FormatDuration(options_.worker_recovery_timeout),
+      " (", absl::StrJoin(names, ", "),
+      "), so no closure can run: start them again, or raise --worker_recovery_timeout"));
+  CancelQueued(absl::CancelledError(absl::StrCat("cancelled: ", error_.message())));
 }
 
 absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condition& condition,
@@ -125,9 +158,10 @@ absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condit
   constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
   while (true) {
     const absl::Time now = absl::Now();
-    if (options_.cancel == nullptr) return mutex_.AwaitWithDeadline(condition, deadline);
     if (mutex_.AwaitWithTimeout(condition, std::min(kCancelPoll, deadline - now))) return true;
-    if (options_.cancel->HasBeenNotified()) {
+    CheckEveryWorkerDown();
+    if (!error_.ok() && condition.Eval()) return true;
+    if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {
       const std::string pending = absl::StrCat(queue_.size(), " closures queued and ", in_flight_,
                                                " in flight were dropped");
       CancelQueued(absl::CancelledError("the coordinator was stopped by a signal"));

@@ -381,6 +381,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.closures_per_worker = std::max(1, options.closures_per_worker);
   coordinator_options.cancel = options.cancel;
+  coordinator_options.worker_recovery_timeout = options.worker_recovery_timeout;
   ClusterCoordinator coordinator(std::move(executors), coordinator_options);
 
   // Test data, evaluated here after each epoch.

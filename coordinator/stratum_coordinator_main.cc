@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to t
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "How long to wait for a parameter server that died to come back before giving up "
           "(its variables are then restored from the last checkpoint); 0 fails at once");
+ABSL_FLAG(absl::Duration, worker_recovery_timeout, absl::Minutes(5),
+          "How long every worker may be down at once (closures wait for one to come back) "
+          "before the job fails naming them");
 ABSL_FLAG(absl::Duration, ps_timeout, absl::Seconds(30),
           "How long a worker's push or pull waits for a parameter server before the PS counts "
           "as failed and the job waits for it (see --ps_recovery_timeout)");
@@ -93,6 +96,7 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
   PsTrainingOptions options;
   options.placement = absl::GetFlag(FLAGS_placement);
   options.ps_recovery_timeout = absl::GetFlag(FLAGS_ps_recovery_timeout);
+  options.worker_recovery_timeout = absl::GetFlag(FLAGS_worker_recovery_timeout);
   options.ps_timeout = absl::GetFlag(FLAGS_ps_timeout);
   options.closures_per_worker = absl::GetFlag(FLAGS_closures_per_worker);
   options.cancel = &shutdown.notification();

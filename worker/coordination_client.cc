@@ -101,6 +101,13 @@ std::string CoordinationAgent::Leader() const {
 absl::Status CoordinationAgent::CallStatus(const std::string& what,
                                            const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // The service lives in the leader's process: a job cannot go on without it.
+    return absl::UnavailableError(absl::StrCat(
+        options_.task.ToString(), " lost the ", Leader(), " while ", what, " (",
+        status.error_message(), "); ", options_.leader_name,
+        " died or is unreachable, and the job cannot go on without it: ", kRestartAdvice));
+  }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat(options_.task.ToString(), " ", what, ": ", Leader(), ": ",
                                    status.error_message()));

@@ -211,6 +211,32 @@ TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
             absl::StatusCode::kCancelled);
 }
 
+// Every worker down past worker_recovery_timeout ends Join with an error naming them (TF
+// waits without end); a worker back in time resets the clock.
+TEST(ClusterCoordinatorTest, EveryWorkerDownPastTheRecoveryTimeoutIsAnErrorNamingThem) {
+  Fixture f(2, {.worker_recovery_timeout = absl::Milliseconds(300)});
+  for (FakeWorker* fake : f.fakes) fake->DieOnNextCall();  // and never restarted
+  auto first = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
+  auto second = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
+  const absl::Time start = absl::Now();
+  absl::Status joined = f.coordinator->Join(absl::Seconds(10));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_EQ(joined.code(), absl::StatusCode::kUnavailable) << joined;
+  EXPECT_THAT(std::string(joined.message()),
+              HasSubstr("every worker has been down for 300ms (worker:0, worker:1), so no "
+                        "closure can run: start them again, or raise --worker_recovery_timeout"));
+  EXPECT_EQ(first->status(), RemoteValueStatus::kAborted);
+
+  // One worker back within the timeout: the closures run there and nothing fails.
+  Fixture g(2, {.worker_recovery_timeout = absl::Milliseconds(500)});
+  for (FakeWorker* fake : g.fakes) fake->DieOnNextCall();
+  auto value = *g.coordinator->Schedule("step", {Tensor::Scalar(0)});
+  absl::SleepFor(absl::Milliseconds(200));
+  g.fakes[1]->Restart();
+  EXPECT_TRUE(g.coordinator->Join(absl::Seconds(10)).ok());
+  EXPECT_EQ(Output(value), 1.0f);
+}
+
 TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedOnes) {
   Fixture f(2);
   f.fakes[0]->delay_ = f.fakes[1]->delay_ = absl::Milliseconds(50);

@@ -181,6 +181,12 @@ TEST_F(CoordinationGrpcTest, AgentsNoticeALostLeader) {
   server_->Shutdown(absl::ZeroDuration());
   const auto lost = StatusIs(absl::StatusCode::kUnavailable,
                              HasSubstr("lost the coordination service on worker:0 at " + address_));
+  // A call meanwhile says so at once, in the same words, not as a bare gRPC error.
+  EXPECT_THAT(agents_[2]->SetKeyValue("k", "v"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("worker:2 lost the coordination service on worker:0 at " +
+                                       address_ + " while setting key \"k\""),
+                             HasSubstr("the job cannot go on without it: restart the job"))));
   EXPECT_THAT(WaitForClusterError(*agents_[1], 3 * kHeartbeatTimeout), lost);
 }
 

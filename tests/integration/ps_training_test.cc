@@ -187,7 +187,8 @@ TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRe
   ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "worker:1 at", absl::Seconds(30)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());
+  const absl::Status restarted = (*cluster)->Restart({"worker", 1});
+  ASSERT_TRUE(restarted.ok()) << restarted;
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = (*cluster)->Output({"chief", 0});

@@ -86,6 +86,9 @@ struct ClusterCoordinatorOptions {
   // Notified (SIGTERM): Schedule and Join stop waiting (for room in the queue, for the
   // closures, however long the workers stay down) and return CANCELLED.
   const absl::Notification* cancel = nullptr;
+  // Every worker down this long ends the waits with UNAVAILABLE naming them (TensorFlow
+  // waits without end); one coming back in time resets it.
+  absl::Duration worker_recovery_timeout = absl::Minutes(5);
 };
 
 class ClusterCoordinator {
@@ -120,8 +123,13 @@ class ClusterCoordinator {
   // Takes the raised-once error, if any. Requires mutex_.
   absl::Status TakeError() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void CancelQueued(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Waits for `condition` until `deadline`, checking options_.cancel every 100 ms. Returns
-  // false at the deadline; CANCELLED (and cancels the queue) when cancel was notified.
+  // One of `worker`'s threads begins (+1) or ends (-1) waiting for it to come back.
+  void CountDown(size_t worker, int change);
+  // Makes it the error when every worker has been down past worker_recovery_timeout.
+  void CheckEveryWorkerDown() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits for `condition` until `deadline`, checking options_.cancel and whether every
+  // worker has been down too long every 100 ms. Returns false at the deadline; CANCELLED
+  // (and cancels the queue) when cancel was notified.
   absl::StatusOr<bool> AwaitUnlessCancelled(const absl::Condition& condition, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
@@ -137,6 +145,8 @@ class ClusterCoordinator {
   int64_t retried_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mutex_);     // raised once, then cleared
   bool draining_ ABSL_GUARDED_BY(mutex_) = false;  // Drain: closures are not run again
+  std::vector<int> waiting_for_worker_ ABSL_GUARDED_BY(mutex_);  // threads, per worker
+  absl::Time every_worker_down_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
 };
 
 }  // namespace stratum

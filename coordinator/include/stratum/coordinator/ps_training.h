@@ -32,6 +32,9 @@ struct PsTrainingOptions {
   // How long to wait for a PS that died to come back (then its variables are restored from
   // the last checkpoint); zero: fail at once. Needs checkpoint.dir.
   absl::Duration ps_recovery_timeout = absl::Minutes(5);
+  // How long every worker may be down at once before the job fails (closures wait for a
+  // worker to come back until then).
+  absl::Duration worker_recovery_timeout = absl::Minutes(5);
   FILE* out = stdout;
   const absl::Notification* cancel = nullptr;  // stop early (SIGTERM)
   ChannelOptions channel = {};                 // how to reach the workers and ps (TLS)
