@@ -184,7 +184,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   STRATUM_ASSIGN_OR_RETURN(
       std::unique_ptr<MultiWorkerMirroredStrategy> strategy,
       MultiWorkerMirroredStrategy::Create(local, std::move(collectives), &rendezvous));
-  spdlog::info("{} of {} workers in sync, {} local replica(s), global batch {}", rank + 1,
+  spdlog::info("rank {} of {} workers in sync, {} local replica(s), global batch {}", rank,
                tasks.size(), strategy->NumLocalReplicas(),
                fit.batch_size_per_replica * strategy->NumReplicasInSync());
   auto scope = strategy->Scope();

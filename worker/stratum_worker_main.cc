@@ -39,6 +39,12 @@ namespace {
 // Trains a MultiWorkerMirrored job as this task; returns main's exit code.
 int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatcher& shutdown) {
   const ClusterSpec& cluster = context.resolver.cluster_spec();
+  if (absl::Status status =
+          CheckDurationFlag("--cluster_timeout", absl::GetFlag(FLAGS_cluster_timeout),
+                            absl::Seconds(1), "the workers need time to meet", "2m");
+      !status.ok()) {
+    return ReportFatal(context.binary, status);
+  }
   // A signal during start-up exits at once; during training, every worker stops after a
   // step they agree on and the job's state is saved there.
   StopDeadline deadline(shutdown, absl::GetFlag(FLAGS_stop_timeout));
@@ -127,13 +133,11 @@ int main(int argc, char** argv) {
   }
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
   if (context.task.type == stratum::kEvaluator && !absl::GetFlag(FLAGS_job).empty()) {
-    if (absl::GetFlag(FLAGS_eval_interval) < absl::Milliseconds(100)) {
-      return stratum::ReportFatal(
-          context.binary,
-          absl::InvalidArgumentError(absl::StrCat(
-              "--eval_interval is ", absl::FormatDuration(absl::GetFlag(FLAGS_eval_interval)),
-              ": the evaluator would look for new checkpoints without pause; use 100ms or "
-              "more, e.g. 2s")));
+    if (absl::Status status = stratum::CheckDurationFlag(
+            "--eval_interval", absl::GetFlag(FLAGS_eval_interval), absl::Milliseconds(100),
+            "the evaluator would look for new checkpoints without pause", "2s");
+        !status.ok()) {
+      return stratum::ReportFatal(context.binary, status);
     }
     absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));
     if (!job.ok()) return stratum::ReportFatal(context.binary, job.status());

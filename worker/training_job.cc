@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "stratum/data/idx.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -38,6 +39,13 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& 
   options.num_packs = spec.num_packs;
   if (spec.type == "default") return std::unique_ptr<Strategy>(new DefaultStrategy());
   if (spec.type == "one_device") {
+    if (spec.devices.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "strategy.devices lists ", spec.devices.size(), " devices (",
+          absl::StrJoin(spec.devices, ", "),
+          "), but one_device trains on one: list one, or use \"mirrored\" to train on all of "
+          "them"));
+    }
     auto strategy = OneDeviceStrategy::Create(spec.devices.empty() ? "CPU:0" : spec.devices[0]);
     if (!strategy.ok()) return strategy.status();
     return std::unique_ptr<Strategy>(std::move(*strategy));

@@ -154,11 +154,10 @@ absl::StatusOr<TFConfigClusterResolver> TFConfigClusterResolver::Create(
         STRATUM_ASSIGN_OR_RETURN(task, ParseTask(value));
       } else if (key == "rpc_layer" || key == "environment") {
         if (!value.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("TF_CONFIG ", key, " is ", Shorten(value),
-                           ", not a string: write it as "
-                           "\"grpc\"",
-                           key == "environment" ? " or \"cloud\"" : ""));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "TF_CONFIG ", key, " is ", Shorten(value), ", not a string: ",
+              key == "environment" ? "write it as \"cloud\" (Kubeflow's value) or leave it out"
+                                   : "write it as \"grpc\""));
         }
         (key == "rpc_layer" ? resolver.rpc_layer_ : resolver.environment_) =
             value.get<std::string>();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,16 @@ absl::StatusOr<Loss> FromName(const std::string& name, bool from_logits) {
 
 // Refuses a config key whose value is not the harmless default.
 absl::Status CheckConfig(const std::string& class_name, const nlohmann::json& config) {
+  // A key no Keras loss of these has (a typo such as "from_logit" would otherwise be ignored).
+  static const std::set<std::string> kKnown = {
+      "name", "reduction", "from_logits", "label_smoothing", "ignore_class", "axis", "dtype", "fn"};
+  for (const auto& [key, value] : config.items()) {
+    if (kKnown.count(key) > 0) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss ", class_name, " has config key \"", key,
+        "\", which Keras' losses do not have: check its spelling (from_logits, reduction, "
+        "name, ...) or remove it"));
+  }
   auto has = [&](const char* key) { return config.contains(key) && !config[key].is_null(); };
   if (has("label_smoothing") &&
       !(config["label_smoothing"].is_number() && config["label_smoothing"].get<double>() == 0)) {

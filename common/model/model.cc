@@ -287,7 +287,31 @@ absl::Status RefuseSet(const std::string& where, const json& config,
   return absl::OkStatus();
 }
 
+// A key neither this layer nor Keras' base Layer has (a typo such as "activaton" would
+// otherwise be ignored, and the layer built without it).
+absl::Status RefuseUnknown(const std::string& where, const json& config,
+                           std::initializer_list<const char*> own) {
+  static const std::set<std::string> kBase = {
+      "name",        "trainable", "dtype",    "batch_input_shape",   "batch_shape",
+      "input_shape", "dynamic",   "autocast", "activity_regularizer"};
+  for (const auto& [key, value] : config.items()) {
+    if (kBase.count(key) > 0 ||
+        std::any_of(own.begin(), own.end(), [&key](const char* k) { return key == k; })) {
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has config key \"", key, "\", which Keras' layer does not have: ",
+        "check its spelling (this layer takes ", absl::StrJoin(own, ", "), ") or remove it"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Layer> ParseDense(Layer layer, const std::string& where, const json& config) {
+  STRATUM_RETURN_IF_ERROR(
+      RefuseUnknown(where, config,
+                    {"units", "activation", "use_bias", "kernel_initializer", "bias_initializer",
+                     "kernel_regularizer", "bias_regularizer", "kernel_constraint",
+                     "bias_constraint", "lora_rank", "lora_alpha", "quantization_config"}));
   STRATUM_RETURN_IF_ERROR(
       RefuseSet(where, config,
                 {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
@@ -354,6 +378,7 @@ absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
   if (layer.class_name == "Dense") return ParseDense(std::move(layer), where, config);
   STRATUM_RETURN_IF_ERROR(RefuseSet(where, config, {"activity_regularizer"}));
   if (layer.class_name == "Flatten") {
+    STRATUM_RETURN_IF_ERROR(RefuseUnknown(where, config, {"data_format"}));
     layer.kind = LayerKind::kFlatten;
     if (const json* format = Find(config, "data_format")) {
       if (*format != "channels_first" && *format != "channels_last") {
@@ -365,6 +390,7 @@ absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
     return layer;
   }
   if (layer.class_name == "Activation") {
+    STRATUM_RETURN_IF_ERROR(RefuseUnknown(where, config, {"activation"}));
     layer.kind = LayerKind::kActivation;
     const auto activation = config.find("activation");
     if (activation == config.end()) {
@@ -377,6 +403,7 @@ absl::StatusOr<Layer> ParseLayer(const json& spec, size_t index,
     return layer;
   }
   if (layer.class_name == "Dropout") {
+    STRATUM_RETURN_IF_ERROR(RefuseUnknown(where, config, {"rate", "noise_shape", "seed"}));
     layer.kind = LayerKind::kDropout;
     STRATUM_RETURN_IF_ERROR(RefuseSet(where, config, {"noise_shape"}));
     const json* rate = Find(config, "rate");

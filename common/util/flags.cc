@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "stratum/util/exit_codes.h"
@@ -96,6 +97,14 @@ void ParseFlagsOrExit(int argc, char** argv, const char* usage) {
                  argv[0], positional[1]);
     std::exit(kExitUsage);
   }
+}
+
+absl::Status CheckDurationFlag(absl::string_view flag, absl::Duration value, absl::Duration minimum,
+                               absl::string_view why, absl::string_view example) {
+  if (value >= minimum) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(flag, " is ", absl::FormatDuration(value), ": ",
+                                                 why, "; use ", absl::FormatDuration(minimum),
+                                                 " or more, e.g. ", example));
 }
 
 }  // namespace stratum

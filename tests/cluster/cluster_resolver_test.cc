@@ -71,6 +71,11 @@ TEST(TFConfigClusterResolverTest, AcceptsAndIgnoresEnvironment) {
   ASSERT_TRUE(resolver.ok()) << resolver.status();
   EXPECT_EQ(resolver->environment(), "cloud");
   EXPECT_EQ(resolver->task_type(), "ps");
+  auto refused = TFConfigClusterResolver::Create(
+      Config(R"({"type": "ps", "index": 0})", R"(, "environment": 5)"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("TF_CONFIG environment is 5, not a string: write it as \"cloud\" "
+                        "(Kubeflow's value) or leave it out"));
 }
 
 TEST(TFConfigClusterResolverTest, AcceptsKubeflowSparseWorkers) {

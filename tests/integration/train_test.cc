@@ -125,6 +125,16 @@ TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   EXPECT_THAT(run.output, HasSubstr("run the job with stratum-launch --job"));
 }
 
+// one_device trains on one device: a second one listed is not silently dropped.
+TEST(StratumTrainTest, OneDeviceWithSeveralDevicesIsRefusedWithTheFix) {
+  nlohmann::json job = ExampleJob();
+  job["strategy"] = {{"type", "one_device"}, {"devices", {"CPU:0", "CPU:1"}}};
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "one_device")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("strategy.devices lists 2 devices (CPU:0, CPU:1), but "
+                                    "one_device trains on one: list one, or use \"mirrored\""));
+}
+
 TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   nlohmann::json job = ExampleJob();
   job["fit"]["epochs"] = 2;

@@ -54,6 +54,18 @@ TEST(JobSpecTest, ReadsEverySection) {
 
 TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
   EXPECT_THAT(ErrorOf("{"), HasSubstr("job.json: the job is not valid JSON"));
+  // A key given twice (JSON keeps the last one without a word) is refused with its place.
+  EXPECT_EQ(ErrorOf(R"({"fit": {"epochs": 5, "epochs": 50}})"),
+            "job.json: key \"epochs\" appears twice in \"fit\" (JSON would keep the last "
+            "silently): keep one");
+  EXPECT_THAT(ErrorOf(R"({"model": {"config": {"layers": [{"config": {}}, {"config": {"units": 1,
+                 "units": 2}}]}}})"),
+              HasSubstr("key \"units\" appears twice in \"model.config.layers[].config\""));
+  EXPECT_THAT(ErrorOf(R"({"fit": {}, "fit": {}})"),
+              HasSubstr("key \"fit\" appears twice in the top object"));
+  // The same key in two objects is no repeat.
+  EXPECT_THAT(ErrorOf(R"({"model": {"name": "a", "config": {"name": "b"}}})"),
+              ::testing::Not(HasSubstr("appears twice")));
   EXPECT_THAT(ErrorOf(R"({"modle": {}})"),
               HasSubstr("job.json: job field modle is not a field Stratum knows: use "));
   EXPECT_THAT(ErrorOf(R"({"compile": {"loss": "mse"}, "data": {}})"),

@@ -69,6 +69,11 @@ TEST(LossTest, RefusesUnsupportedLossesByName) {
   EXPECT_THAT(Refusal(json{{"class_name", "SparseCategoricalCrossentropy"},
                            {"config", {{"from_logits", "yes"}}}}),
               HasSubstr("which is not a boolean"));
+  EXPECT_EQ(Refusal(json{{"class_name", "SparseCategoricalCrossentropy"},
+                         {"config", {{"from_logit", true}}}}),
+            "loss SparseCategoricalCrossentropy has config key \"from_logit\", which Keras' "
+            "losses do not have: check its spelling (from_logits, reduction, name, ...) or "
+            "remove it");
   EXPECT_THAT(Refusal(json{{"class_name", "Huber"}, {"config", json::object()}}),
               HasSubstr("loss \"Huber\" is not supported by Stratum"));
   EXPECT_THAT(Refusal(7), HasSubstr("neither a loss name nor a Keras loss object"));

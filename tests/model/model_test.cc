@@ -125,6 +125,17 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Activation", "config": {"activation":
                 "swish"}})")),
               HasSubstr("has activation \"swish\""));
+  // A misspelt option is not ignored (the layer would be built without it).
+  EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
+                "activaton": "relu"}})")),
+            "model layer \"d\" (Dense) has config key \"activaton\", which Keras' layer does not "
+            "have: check its spelling (this layer takes units, activation, use_bias, "
+            "kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer, "
+            "kernel_constraint, bias_constraint, lora_rank, lora_alpha, quantization_config) or "
+            "remove it");
+  EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Dropout", "config": {"rate": 0.1,
+                "rte": 0.5}})")),
+              HasSubstr("has config key \"rte\""));
   for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
                           "kernel_constraint", "bias_constraint"}) {
     EXPECT_EQ(Refusal(WithLayer(std::string(R"({"class_name": "Dense", "config": {"name": "d",
