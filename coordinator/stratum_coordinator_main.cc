@@ -72,13 +72,12 @@ absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
         absl::StrCat("--closures_per_worker is ", absl::GetFlag(FLAGS_closures_per_worker),
                      ", but a worker needs at least 1 closure in flight: pass 1 or more"));
   }
-  if (absl::GetFlag(FLAGS_ps_timeout) < absl::Milliseconds(100)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ps_timeout is ", absl::FormatDuration(absl::GetFlag(FLAGS_ps_timeout)),
-        ", but a push or pull needs time to reach a parameter server: use 100ms or more, e.g. "
-        "30s"));
-  }
-  STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(absl::GetFlag(FLAGS_placement)).status());
+  STRATUM_RETURN_IF_ERROR(
+      CheckDurationFlag("--ps_timeout", absl::GetFlag(FLAGS_ps_timeout), absl::Milliseconds(100),
+                        "a push or pull needs time to reach a parameter server", "30s"));
+  // The job's own errors now, not once the whole cluster has answered (minutes later).
+  STRATUM_RETURN_IF_ERROR(
+      CheckParameterServerJob(job, PsTrainingOptions{.placement = absl::GetFlag(FLAGS_placement)}));
   if (!absl::GetFlag(FLAGS_summary_json).empty()) {
     STRATUM_RETURN_IF_ERROR(
         CheckWritableFileFolder(absl::GetFlag(FLAGS_summary_json), "--summary_json"));
@@ -131,6 +130,12 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
 int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   const ClusterSpec& spec = context.resolver.cluster_spec();
   if (absl::Status status = ValidateParameterServerCluster(spec); !status.ok()) {
+    return ReportFatal(context.binary, status);
+  }
+  if (absl::Status status =
+          CheckDurationFlag("--cluster_timeout", absl::GetFlag(FLAGS_cluster_timeout),
+                            absl::Seconds(1), "the tasks need time to answer", "10m");
+      !status.ok()) {
     return ReportFatal(context.binary, status);
   }
   const std::string job_path = absl::GetFlag(FLAGS_job);

@@ -3,11 +3,15 @@
 // the tasks that never came up.
 #include <signal.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
@@ -192,8 +196,47 @@ TEST(RoleBinariesTest, APsTimeoutUnderATenthOfASecondIsAUsageError) {
                                                     "/examples/fashion_mnist_ps.json"},
                             env);
   EXPECT_EQ(run.exit.exit_code, 2) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("--ps_timeout is 0, but a push or pull needs time to reach a "
-                                    "parameter server: use 100ms or more"));
+  EXPECT_THAT(run.output, HasSubstr("--ps_timeout is 0: a push or pull needs time to reach a "
+                                    "parameter server; use 100ms or more, e.g. 30s"));
+}
+
+// A job the coordinator cannot train is refused before it waits for the cluster (which may
+// take minutes to come up, or never), not once every task has answered.
+TEST(RoleBinariesTest, TheCoordinatorRefusesABadJobBeforeItWaitsForTheCluster) {
+  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(example);
+  job["model"]["config"]["layers"][1]["class_name"] = "Conv2D";
+  const std::string path = ::testing::TempDir() + "/conv_job_" + std::to_string(getpid()) + ".json";
+  std::ofstream(path) << job.dump();
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], )"
+                    R"("ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}})"}};
+  const absl::Time start = absl::Now();
+  BinaryRun run = RunBinary("stratum-coordinator", {"--job=" + path}, env);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // the cluster wait is 10 minutes
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("has class \"Conv2D\", which Stratum does not support"));
+  std::remove(path.c_str());
+}
+
+// A cluster wait of 0 would give up before any task could answer.
+TEST(RoleBinariesTest, AClusterTimeoutUnderASecondIsAUsageError) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], )"
+                    R"("ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}})"}};
+  BinaryRun run = RunBinary("stratum-coordinator", {"--cluster_timeout=0"}, env);
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--cluster_timeout is 0: the tasks need time to answer; use "
+                                    "1s or more, e.g. 10m"));
+  const std::vector<std::pair<std::string, std::string>> worker_env = {
+      {"TF_CONFIG", R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, )"
+                    R"("task": {"type": "worker", "index": 0}})"}};
+  run = RunBinary("stratum-worker",
+                  {"--cluster_timeout=0s", "--job=" + std::string(STRATUM_SOURCE_DIR) +
+                                               "/examples/fashion_mnist_mwms.json"},
+                  worker_env);
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--cluster_timeout is 0: the workers need time to meet"));
 }
 
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {

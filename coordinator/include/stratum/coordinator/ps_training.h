@@ -40,6 +40,10 @@ struct PsTrainingOptions {
   ChannelOptions channel = {};                 // how to reach the workers and ps (TLS)
 };
 
+// What RunParameterServerJob would refuse in the job itself (model, loss, optimizer,
+// partitioner, placement), checked before the cluster is waited for.
+absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options);
+
 // `job_json` is the job file's text and `job_base_dir` its folder, handed to the workers.
 absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
                                                  const std::string& job_base_dir,
