@@ -80,9 +80,9 @@ absl::Status CheckWritableFileFolder(const std::string& path, const std::string&
   const std::string folder = (parent.empty() ? fs::path(".") : parent).string();
   const std::string problem = WhyNotWritable(folder);
   if (problem.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, " ", path, " cannot be written: its folder ", folder, " cannot (", problem,
-                   "): make it a folder this user can write, or pass another path"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " ", path, " cannot be written: no file can be created in its folder ", folder, " (",
+      problem, "): make it a folder this user can write, or pass another path"));
 }
 
 CheckpointFolderLock::CheckpointFolderLock(CheckpointFolderLock&& other) noexcept
