@@ -75,6 +75,28 @@ bool AllGone(const std::map<std::string, pid_t>& pids, absl::Duration timeout) {
   }
 }
 
+// The example parameter_server job, `epochs` of 100 steps, checkpointing every
+// `every_steps` (0: at each epoch's end) into a fresh folder; both removed at the end.
+struct PsJobFile {
+  PsJobFile(const std::string& name, int epochs, int every_steps)
+      : checkpoints(::testing::TempDir() + "/" + name + "_ckpt_" + std::to_string(getpid())),
+        path(checkpoints + ".json") {
+    std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+    nlohmann::json job = nlohmann::json::parse(example);
+    job["fit"]["epochs"] = epochs;
+    job["fit"]["steps_per_epoch"] = 100;
+    std::filesystem::remove_all(checkpoints);
+    job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", every_steps}};
+    std::ofstream(path) << job.dump();
+  }
+  ~PsJobFile() {
+    std::filesystem::remove_all(checkpoints);
+    std::filesystem::remove(path);
+  }
+  const std::string checkpoints;
+  const std::string path;
+};
+
 TEST(LaunchTest, MainJobComesUpHealthyAndExitsZeroLeavingNothing) {
   auto launcher = Launch({"--chief", "--workers=2", "--ps=2"});
   auto exit = launcher->Wait(absl::Seconds(60));
@@ -155,17 +177,8 @@ TEST(LaunchTest, RestartsAServerThatDiesReportsItAndStopsOnCtrlC) {
 // Under the launcher, a parameter server that dies mid-job is started again and the chief
 // re-seeds it from the last checkpoint: the job ends as if nothing happened.
 TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
-  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-  nlohmann::json job = nlohmann::json::parse(example);
-  job["fit"]["epochs"] = 4;
-  job["fit"]["steps_per_epoch"] = 100;
-  const std::string checkpoints =
-      ::testing::TempDir() + "/launch_ps_ckpt_" + std::to_string(getpid());
-  std::filesystem::remove_all(checkpoints);
-  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 50}};
-  const std::string path = checkpoints + ".json";
-  std::ofstream(path) << job.dump();
-  auto launcher = Launch({"--job=" + path, "--workers=2", "--ps=2"});
+  const PsJobFile job("launch_ps", 4, 50);
+  auto launcher = Launch({"--job=" + job.path, "--workers=2", "--ps=2"});
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
   ASSERT_EQ(kill(ChildPids(launcher->output()).at("ps:1"), SIGKILL), 0);
   auto exit = launcher->Wait(absl::Seconds(90));
@@ -177,22 +190,11 @@ TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
   EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
-  std::filesystem::remove_all(checkpoints);
-  std::filesystem::remove(path);
 }
 
 TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp) {
-  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-  nlohmann::json job = nlohmann::json::parse(example);
-  job["fit"]["epochs"] = 50;
-  job["fit"]["steps_per_epoch"] = 100;
-  const std::string checkpoints =
-      ::testing::TempDir() + "/launch_stop_ckpt_" + std::to_string(getpid());
-  std::filesystem::remove_all(checkpoints);
-  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 0}};
-  const std::string path = checkpoints + ".json";
-  std::ofstream(path) << job.dump();
-  auto launcher = Launch({"--job=" + path, "--workers=2", "--ps=2"});
+  const PsJobFile job("launch_stop", 50, 0);
+  auto launcher = Launch({"--job=" + job.path, "--workers=2", "--ps=2"});
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/50", 1, absl::Seconds(60))) << launcher->output();
   launcher->Signal(SIGINT);
   auto exit = launcher->Wait(absl::Seconds(30));
@@ -202,38 +204,25 @@ TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp)
   // The chief saved what it trained: the parameter servers were still up.
   EXPECT_THAT(output, HasSubstr("this process was stopped by a signal; the state at step "));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("a parameter server is unavailable")));
-  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/checkpoint")) << output;
+  EXPECT_TRUE(std::filesystem::exists(job.checkpoints + "/checkpoint")) << output;
   EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
-  std::filesystem::remove_all(checkpoints);
-  std::filesystem::remove(path);
 }
 
 // The evaluator side-car, stopped with the cluster once the job is done, evaluates the
 // final checkpoint first (it is written just before the end, within the evaluator's poll
 // interval): evaluation.json is the trained model's.
 TEST(LaunchTest, TheEvaluatorEvaluatesTheFinalCheckpointBeforeItStops) {
-  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-  nlohmann::json job = nlohmann::json::parse(example);
-  job["fit"]["epochs"] = 2;
-  job["fit"]["steps_per_epoch"] = 100;
-  const std::string checkpoints =
-      ::testing::TempDir() + "/launch_eval_ckpt_" + std::to_string(getpid());
-  std::filesystem::remove_all(checkpoints);
-  job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 0}};
-  const std::string path = checkpoints + ".json";
-  std::ofstream(path) << job.dump();
-  auto launcher = Launch({"--job=" + path, "--workers=1", "--ps=1", "--evaluator"});
+  const PsJobFile job("launch_eval", 2, 0);
+  auto launcher = Launch({"--job=" + job.path, "--workers=1", "--ps=1", "--evaluator"});
   auto exit = launcher->Wait(absl::Seconds(90));
   ASSERT_TRUE(exit.ok());
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
-  std::ifstream file(checkpoints + "/evaluation.json");
+  std::ifstream file(job.checkpoints + "/evaluation.json");
   const nlohmann::json evaluation = nlohmann::json::parse(file, nullptr, false);
   ASSERT_TRUE(evaluation.is_object()) << output;
   EXPECT_EQ(evaluation["step"], 200) << output;
   EXPECT_GT(evaluation["val_accuracy"].get<double>(), 0.6);
-  std::filesystem::remove_all(checkpoints);
-  std::filesystem::remove(path);
 }
 
 TEST(LaunchTest, ChildrenDieWithAKilledLauncher) {
