@@ -166,9 +166,9 @@ absl::StatusOr<std::vector<TaskReport>> WaitForClusterHealthy(const ClusterSpec&
     if (!report.healthy || report.answers_as.type.empty() || report.answers_as == report.task) {
       continue;
     }
-    misplaced.push_back(absl::StrCat(report.task.ToString(), " at ", report.address,
-                                     " answers as ", report.answers_as.ToString(), " (",
-                                     report.binary, ", pid ", report.pid, ")"));
+    misplaced.push_back(absl::StrCat(report.task.ToString(), " at ", report.address, " answers as ",
+                                     report.answers_as.ToString(), " (", report.binary, ", pid ",
+                                     report.pid, ")"));
   }
   if (!misplaced.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
