@@ -244,11 +244,9 @@ class PsWatcher {
 
 // This coordinator as the parameter servers name it when they refuse another one.
 std::string CoordinatorDescription(const ClusterSpec& cluster) {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
   absl::StatusOr<std::string> address = cluster.TaskAddress(kChief, 0);
   return absl::StrCat("the coordinator chief:0", address.ok() ? " at " + *address : "", ", pid ",
-                      getpid(), " on ", host);
+                      getpid(), " on ", HostName());
 }
 
 // Which process each parameter server is (its TaskService incarnation), asked before

@@ -24,9 +24,7 @@ void SetCoordinator(const PsClientOptions& options, proto::CoordinatorId* id) {
                           ? absl::StrCat("a coordinator with pid ", getpid())
                           : options.coordinator);
   id->set_address(options.coordinator_address);
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  id->set_host(host);
+  id->set_host(HostName());
 }
 
 absl::StatusOr<std::vector<Tensor>> DecodeValues(

@@ -20,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -134,11 +135,9 @@ absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir
     told = true;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  const std::string owner =
-      absl::StrCat("pid ", getpid(), " on ", host, ", ", program_invocation_short_name, ", since ",
-                   absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
+  const std::string owner = absl::StrCat(
+      "pid ", getpid(), " on ", HostName(), ", ", program_invocation_short_name, ", since ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
   if (ftruncate(fd, 0) != 0 || pwrite(fd, owner.data(), owner.size(), 0) < 0) {
     spdlog::debug("cannot note the owner in {}: {}", path, std::strerror(errno));
   }

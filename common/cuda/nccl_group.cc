@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/cuda/cuda_check.h"
+#include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum::cuda {
@@ -38,11 +39,9 @@ absl::StatusOr<std::vector<std::string>> GpuIdentities(const std::vector<int>& d
   if (const char* host_id = std::getenv("NCCL_HOSTID"); host_id != nullptr) {
     host = absl::StrCat("NCCL_HOSTID=", host_id);
   } else {
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "?");
     std::string boot_id;
     std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot_id);
-    host = boot_id.empty() ? name : absl::StrCat(name, "/", boot_id);
+    host = boot_id.empty() ? HostName() : absl::StrCat(HostName(), "/", boot_id);
   }
   std::vector<std::string> identities;
   for (int device : devices) {

@@ -1,5 +1,7 @@
 #include "stratum/util/process_info.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <random>
 
@@ -30,6 +32,14 @@ const ProcessFacts& Facts() {
 const char* StratumVersion() { return kStratumVersion; }
 
 uint64_t ProcessIncarnation() { return Facts().incarnation; }
+
+const std::string& HostName() {
+  static const std::string* const name = [] {
+    char buffer[256] = {};
+    return new std::string(gethostname(buffer, sizeof(buffer) - 1) == 0 ? buffer : "?");
+  }();
+  return *name;
+}
 
 double ProcessUptimeSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - Facts().start).count();

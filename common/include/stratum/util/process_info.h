@@ -14,6 +14,9 @@ const char* StratumVersion();
 // A random, non-zero 64-bit id drawn once per process.
 uint64_t ProcessIncarnation();
 
+// This machine's host name ("?" when it cannot be read), read once.
+const std::string& HostName();
+
 // Seconds since ProcessIncarnation() or ProcessUptimeSeconds() was first called (both are
 // called at the start of every main).
 double ProcessUptimeSeconds();
