@@ -422,6 +422,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     ScheduledSteps scheduled;
   } progress;
   int logged_epochs = static_cast<int>(global_step / steps_per_epoch);
+  int printed_epochs = 0;  // the highest epoch whose line this process printed
   // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
   // the steps that finished is saved, so that the job started again resumes there.
   auto stop_early = [&]() -> absl::Status {
@@ -549,11 +550,19 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         summary.test_loss = val->val_loss;
         summary.test_accuracy = val->val_accuracy;
       }
+      // An epoch printed before a rollback is trained again from the checkpoint: its line
+      // says so, since its figures cover only the steps trained again.
+      const std::string again = epoch <= printed_epochs
+                                    ? absl::StrCat(" (trained again from step ",
+                                                   progress.first_step, " after the rollback)")
+                                    : "";
+      printed_epochs = std::max(printed_epochs, epoch);
       std::fprintf(options.out,
-                   "Epoch %d/%d - %lld steps on %d workers - loss %.4f - accuracy %.4f - val_loss "
-                   "%.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
-                   epoch, job.fit.epochs, static_cast<long long>(log.steps), num_workers, log.loss,
-                   log.accuracy, log.val_loss, log.val_accuracy, log.examples_per_sec, log.seconds);
+                   "Epoch %d/%d%s - %lld steps on %d workers - loss %.4f - accuracy %.4f - "
+                   "val_loss %.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
+                   epoch, job.fit.epochs, again.c_str(), static_cast<long long>(log.steps),
+                   num_workers, log.loss, log.accuracy, log.val_loss, log.val_accuracy,
+                   log.examples_per_sec, log.seconds);
       std::fflush(options.out);
       summary.history.push_back(log);
       logged_epochs = epoch;

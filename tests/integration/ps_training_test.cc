@@ -282,6 +282,24 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   std::filesystem::remove_all(checkpoints);
 }
 
+// A rollback to before the end of an epoch already reported trains its tail again; that
+// epoch's second line says so (its figures cover only the steps trained again).
+TEST(PsTrainingTest, AnEpochTrainedAgainAfterARollbackSaysSo) {
+  const std::string checkpoints = TempPath("ckpt_ps_again");
+  auto cluster = LongJobPastItsFirstEpoch("ps_again_job", checkpoints);
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+      << cluster->Output({"chief", 0});
+  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  // No checkpoint yet (every_steps is past the end): training starts again from step 0.
+  EXPECT_TRUE(cluster->WaitForOutput(
+      {"chief", 0}, "Epoch 1/50 (trained again from step 0 after the rollback) - 100 steps",
+      absl::Seconds(60)))
+      << cluster->Output({"chief", 0});
+  std::filesystem::remove_all(checkpoints);
+}
+
 // A PS that stalls past the workers' --ps_timeout (SIGSTOP here; a long pause or a network
 // split in a cluster) fails their closures, but it is the same process when it answers
 // again: its variables are intact, so nothing is rolled back to the last checkpoint.
