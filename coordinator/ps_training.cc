@@ -278,9 +278,7 @@ int64_t FinishedSteps(const ScheduledSteps& scheduled) {
 }  // namespace
 
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options) {
-  STRATUM_RETURN_IF_ERROR(Model::FromKerasJson(job.model).status());
-  STRATUM_RETURN_IF_ERROR(Loss::FromKeras(job.loss).status());
-  STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
+  STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
   STRATUM_RETURN_IF_ERROR(PartitionerFromJson(job.strategy.variable_partitioner).status());
   return PlacementPolicyFromName(options.placement).status();
 }

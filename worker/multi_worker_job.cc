@@ -230,6 +230,7 @@ std::vector<TaskKey> MultiWorkerTasks(const ClusterSpec& cluster) {
 absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
                                              const MultiWorkerJobOptions& options) {
   // Refused before the leader is waited for.
+  STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
   STRATUM_ASSIGN_OR_RETURN(
       const CommunicationImplementation implementation,
       CommunicationImplementationFromName(job.strategy.communication.implementation));

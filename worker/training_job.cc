@@ -10,24 +10,37 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/data/idx.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {
 namespace {
 
+int64_t Rows(const Shape& shape) { return shape.rank() == 0 ? 1 : shape.dim(0); }
+
+absl::Status CheckRowsAgree(const DataSourceSpec& source, const Shape& images,
+                            const Shape& labels) {
+  if (Rows(images) == Rows(labels)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(source.images, " has ", Rows(images), " images but ", source.labels, " has ",
+                   Rows(labels), " labels: give the label file that belongs to these images"));
+}
+
 absl::StatusOr<Dataset> LoadSource(const DataSourceSpec& source, int64_t& examples) {
-  absl::StatusOr<Tensor> images = ReadIdxFile(source.images);
-  if (!images.ok()) return images.status();
-  absl::StatusOr<Tensor> labels = ReadIdxFile(source.labels);
-  if (!labels.ok()) return labels.status();
-  if (images->rows() != labels->rows()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source.images, " has ", images->rows(), " images but ", source.labels, " has ",
-                     labels->rows(), " labels: give the label file that belongs to these images"));
-  }
-  examples = images->rows();
-  return Dataset::FromTensorSlices({*std::move(images), *std::move(labels)});
+  STRATUM_ASSIGN_OR_RETURN(Tensor images, ReadIdxFile(source.images));
+  STRATUM_ASSIGN_OR_RETURN(Tensor labels, ReadIdxFile(source.labels));
+  STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape(), labels.shape()));
+  examples = images.rows();
+  return Dataset::FromTensorSlices({std::move(images), std::move(labels)});
+}
+
+absl::Status CheckSourceHeaders(const DataSourceSpec& source) {
+  STRATUM_ASSIGN_OR_RETURN(const IdxHeader images, ReadIdxHeader(source.images));
+  STRATUM_ASSIGN_OR_RETURN(const IdxHeader labels, ReadIdxHeader(source.labels));
+  return CheckRowsAgree(source, images.shape, labels.shape);
 }
 
 }  // namespace
@@ -96,6 +109,16 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   options.seed = spec.seed;
   options.validate = spec.validate;
   return options;
+}
+
+absl::Status CheckTrainingJob(const JobSpec& job) {
+  STRATUM_RETURN_IF_ERROR(Model::FromKerasJson(job.model).status());
+  STRATUM_RETURN_IF_ERROR(Loss::FromKeras(job.loss).status());
+  STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
+  STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
+  STRATUM_RETURN_IF_ERROR(CheckSourceHeaders(job.data.train));
+  if (job.data.test.images.empty()) return absl::OkStatus();
+  return CheckSourceHeaders(job.data.test);
 }
 
 }  // namespace stratum

@@ -179,13 +179,10 @@ absl::Status ReadUpTo(const std::string& path, gzFile file, size_t limit, std::s
   return absl::OkStatus();
 }
 
-// The decompressed (when gzipped; gzread passes plain files through) header and data. Reads
-// the header first and stops soon after the data outgrows what the header declares, so a
-// small gzip bomb is refused without inflating it.
-absl::StatusOr<std::string> ReadContent(const std::string& path) {
+absl::StatusOr<gzFile> OpenIdx(const std::string& path) {
   errno = 0;
-  GzFile file(gzopen(path.c_str(), "rb"));
-  if (file.get() == nullptr) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) {
     const int error = errno;
     if (error == ENOENT || error == ENOTDIR) {
       return absl::NotFoundError(
@@ -194,12 +191,17 @@ absl::StatusOr<std::string> ReadContent(const std::string& path) {
     return absl::ErrnoToStatus(error, absl::StrCat("cannot open IDX file \"", path,
                                                    "\": check that it is a readable file"));
   }
-  gzbuffer(file.get(), 1 << 20);
-  std::string content;
-  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), 4, content));
+  gzbuffer(file, 1 << 20);
+  return file;
+}
+
+// Reads the header of the just-opened `file` into `content` and refuses a declared size
+// Stratum would not read.
+absl::StatusOr<Header> ReadHeader(const std::string& path, gzFile file, std::string& content) {
+  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file, 4, content));
   STRATUM_RETURN_IF_ERROR(CheckPrefix(path, content));
-  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), HeaderSize(content) - 4, content));
-  STRATUM_ASSIGN_OR_RETURN(const Header header, ParseHeader(path, content));
+  STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file, HeaderSize(content) - 4, content));
+  STRATUM_ASSIGN_OR_RETURN(Header header, ParseHeader(path, content));
   if (header.overflow || header.data_bytes > kMaxDataBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "IDX file \"", path, "\" is corrupt: its header declares shape ", header.shape.ToString(),
@@ -207,6 +209,25 @@ absl::StatusOr<std::string> ReadContent(const std::string& path) {
         " data bytes, more than the 16 GiB Stratum reads from one file; download or reinstall "
         "the file, or split the data set into smaller files"));
   }
+  return header;
+}
+
+absl::Status CheckSupported(const std::string& path, const Header& header, uint8_t code) {
+  if (header.type.supported) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrFormat(
+      "IDX file \"%s\" holds %s elements (type byte 0x%02X), which Stratum does not read: "
+      "convert it to ubyte (0x08), int32 (0x0C) or float32 (0x0D)",
+      path, header.type.name, code));
+}
+
+// The decompressed (when gzipped; gzread passes plain files through) header and data. Reads
+// the header first and stops soon after the data outgrows what the header declares, so a
+// small gzip bomb is refused without inflating it.
+absl::StatusOr<std::string> ReadContent(const std::string& path) {
+  STRATUM_ASSIGN_OR_RETURN(gzFile opened, OpenIdx(path));
+  GzFile file(opened);
+  std::string content;
+  STRATUM_ASSIGN_OR_RETURN(const Header header, ReadHeader(path, file.get(), content));
   STRATUM_RETURN_IF_ERROR(ReadUpTo(path, file.get(), header.data_bytes + kProbeBytes, content));
   const uint64_t available = content.size() - header.size;
   if (available > header.data_bytes + kProbeBytes - 1) {
@@ -232,12 +253,7 @@ absl::StatusOr<Tensor> ParseIdx(const std::string& path, const std::string& cont
         " data bytes after its ", header.size, "-byte header; download or reinstall the file"));
   }
   const auto* bytes = reinterpret_cast<const unsigned char*>(content.data());
-  if (!type.supported) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "IDX file \"%s\" holds %s elements (type byte 0x%02X), which Stratum does not read: "
-        "convert it to ubyte (0x08), int32 (0x0C) or float32 (0x0D)",
-        path, type.name, bytes[2]));
-  }
+  STRATUM_RETURN_IF_ERROR(CheckSupported(path, header, bytes[2]));
   Tensor tensor(type.dtype, header.shape);
   const unsigned char* data = bytes + header.size;
   if (type.size == 1) {
@@ -276,6 +292,15 @@ absl::Status CheckPair(const std::string& dir, const char* images_name, const Te
 absl::StatusOr<Tensor> ReadIdxFile(const std::string& path) {
   STRATUM_ASSIGN_OR_RETURN(std::string content, ReadContent(path));
   return ParseIdx(path, content);
+}
+
+absl::StatusOr<IdxHeader> ReadIdxHeader(const std::string& path) {
+  STRATUM_ASSIGN_OR_RETURN(gzFile opened, OpenIdx(path));
+  GzFile file(opened);
+  std::string content;
+  STRATUM_ASSIGN_OR_RETURN(const Header header, ReadHeader(path, file.get(), content));
+  STRATUM_RETURN_IF_ERROR(CheckSupported(path, header, static_cast<unsigned char>(content[2])));
+  return IdxHeader{.dtype = header.type.dtype, .shape = header.shape};
 }
 
 absl::StatusOr<MnistLikeData> LoadFashionMnist(const std::string& dir) {

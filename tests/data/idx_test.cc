@@ -182,6 +182,27 @@ TEST(IdxTest, UnsupportedAndUnknownTypes) {
   EXPECT_THAT(Message(unknown.status()), HasSubstr("unknown element type byte 0x07"));
 }
 
+// The header alone: what a process checks before a long wait. The data part is not read,
+// so a file whose data is cut short passes here and is refused by ReadIdxFile.
+TEST(IdxTest, ReadIdxHeaderReadsOnlyTheHeader) {
+  TempDir dir;
+  absl::StatusOr<IdxHeader> header =
+      ReadIdxHeader(dir.WriteGz("short.gz", UbyteIdx({2, 5}, {1, 2, 3})));
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->dtype, DType::kUInt8);
+  EXPECT_EQ(header->shape, Shape({2, 5}));
+
+  absl::StatusOr<IdxHeader> missing = ReadIdxHeader(dir.path() + "/none.gz");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(missing.status()), HasSubstr("dataset-fashion-mnist"));
+  absl::StatusOr<IdxHeader> f64 =
+      ReadIdxHeader(dir.Write("d.idx", IdxBytes(0x0E, {1}, std::string(8, '\0'))));
+  EXPECT_EQ(f64.status().code(), absl::StatusCode::kUnimplemented);
+  absl::StatusOr<IdxHeader> text = ReadIdxHeader(dir.Write("t.txt", "hello"));
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(text.status()), HasSubstr("is not an IDX file"));
+}
+
 TEST(IdxTest, LoadFashionMnistChecksThatCountsAgree) {
   TempDir dir;
   dir.WriteGz("train-images-idx3-ubyte.gz", UbyteIdx({3, 2, 2}, std::vector<uint8_t>(12, 1)));

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -200,23 +201,63 @@ TEST(RoleBinariesTest, APsTimeoutUnderATenthOfASecondIsAUsageError) {
                                     "parameter server; use 100ms or more, e.g. 30s"));
 }
 
-// A job the coordinator cannot train is refused before it waits for the cluster (which may
-// take minutes to come up, or never), not once every task has answered.
-TEST(RoleBinariesTest, TheCoordinatorRefusesABadJobBeforeItWaitsForTheCluster) {
-  std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-  nlohmann::json job = nlohmann::json::parse(example);
-  job["model"]["config"]["layers"][1]["class_name"] = "Conv2D";
-  const std::string path = ::testing::TempDir() + "/conv_job_" + std::to_string(getpid()) + ".json";
+// Runs `binary` with TF_CONFIG `tf_config` (a cluster none of whose other tasks is up) on
+// the example job `example` as `change` leaves it. A job the binary cannot train must be
+// refused before it waits for the cluster (which may take minutes to come up, or never),
+// not once every task has answered: the run must exit 2 well inside the 10-minute wait.
+BinaryRun RunChangedJobWithoutCluster(const std::string& binary, const std::string& tf_config,
+                                      const std::string& example,
+                                      const std::function<void(nlohmann::json&)>& change) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/" + example);
+  nlohmann::json job = nlohmann::json::parse(file);
+  change(job);
+  const std::string path =
+      ::testing::TempDir() + "/changed_job_" + std::to_string(getpid()) + ".json";
   std::ofstream(path) << job.dump();
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TF_CONFIG", R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], )"
-                    R"("ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}})"}};
-  const absl::Time start = absl::Now();
-  BinaryRun run = RunBinary("stratum-coordinator", {"--job=" + path}, env);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // the cluster wait is 10 minutes
-  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("has class \"Conv2D\", which Stratum does not support"));
+  BinaryRun run = RunBinary(binary, {"--job=" + path}, {{"TF_CONFIG", tf_config}});
   std::remove(path.c_str());
+  EXPECT_LT(run.took, absl::Seconds(20));
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  return run;
+}
+
+constexpr char kChiefOfAClusterThatIsDown[] =
+    R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},)"
+    R"( "task": {"type": "chief", "index": 0}})";
+
+// worker:1 of two multi-worker workers on free ports, worker:0 (the leader) not up.
+std::string SecondOfTwoWorkers() {
+  auto ports = PickFreePorts(2);
+  EXPECT_TRUE(ports.ok()) << ports.status();
+  if (!ports.ok()) return "";
+  return absl::StrCat(R"({"cluster": {"worker": ["127.0.0.1:)", (*ports)[0], R"(", "127.0.0.1:)",
+                      (*ports)[1], R"("]}, "task": {"type": "worker", "index": 1}})");
+}
+
+TEST(RoleBinariesTest, TheCoordinatorRefusesABadModelBeforeItWaitsForTheCluster) {
+  BinaryRun run = RunChangedJobWithoutCluster(
+      "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
+      [](nlohmann::json& job) { job["model"]["config"]["layers"][1]["class_name"] = "Conv2D"; });
+  EXPECT_THAT(run.output, HasSubstr("has class \"Conv2D\", which Stratum does not support"));
+}
+
+TEST(RoleBinariesTest, TheCoordinatorRefusesAMissingDataFileBeforeItWaitsForTheCluster) {
+  BinaryRun run = RunChangedJobWithoutCluster(
+      "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
+      [](nlohmann::json& job) { job["data"]["test"]["labels"] = "/nonexistent/t10k-labels.gz"; });
+  EXPECT_THAT(run.output, HasSubstr("IDX file \"/nonexistent/t10k-labels.gz\" not found"));
+}
+
+TEST(RoleBinariesTest, AMultiWorkerWorkerRefusesABadJobBeforeItWaitsForTheLeader) {
+  BinaryRun typo = RunChangedJobWithoutCluster(
+      "stratum-worker", SecondOfTwoWorkers(), "fashion_mnist_mwms.json",
+      [](nlohmann::json& job) { job["compile"]["optimizer"]["config"]["learning_rat"] = 0.01; });
+  EXPECT_THAT(typo.output, HasSubstr("learning_rat"));
+  BinaryRun not_idx = RunChangedJobWithoutCluster(
+      "stratum-worker", SecondOfTwoWorkers(), "fashion_mnist_mwms.json", [](nlohmann::json& job) {
+        job["data"]["train"]["images"] = STRATUM_SOURCE_DIR "/README.md";
+      });
+  EXPECT_THAT(not_idx.output, HasSubstr("README.md\" is not an IDX file"));
 }
 
 // A cluster wait of 0 would give up before any task could answer.

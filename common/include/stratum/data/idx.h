@@ -26,6 +26,17 @@ inline constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-m
 // (e.g. PERMISSION_DENIED) when it cannot be opened or read.
 absl::StatusOr<Tensor> ReadIdxFile(const std::string& path);
 
+// What an IDX file's header declares.
+struct IdxHeader {
+  DType dtype;
+  Shape shape;
+};
+
+// The header of an IDX file, read without its data: a quick check, before a long wait,
+// that the file is there, readable and IDX of a type Stratum reads. Errors as ReadIdxFile
+// for the header; a data part that is truncated or corrupt is found only by ReadIdxFile.
+absl::StatusOr<IdxHeader> ReadIdxHeader(const std::string& path);
+
 // An MNIST-shaped data set: images [n, rows, cols] and labels [n], uint8.
 struct MnistLikeData {
   Tensor train_images;

@@ -41,7 +41,8 @@ struct PsTrainingOptions {
 };
 
 // What RunParameterServerJob would refuse in the job itself (model, loss, optimizer,
-// partitioner, placement), checked before the cluster is waited for.
+// partitioner, placement, the headers of the data files), checked before the cluster is
+// waited for.
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options);
 
 // `job_json` is the job file's text and `job_base_dir` its folder, handed to the workers.

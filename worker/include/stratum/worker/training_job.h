@@ -24,4 +24,10 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
 // and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
 absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 
+// What training the job would refuse in the job itself, checked quickly, before a process
+// waits for its peers (which may take minutes): the model, loss, optimizer and fit
+// options, and the headers of the data files (there, readable, IDX, as many labels as
+// images). LoadFitData still finds a truncated or corrupt data part.
+absl::Status CheckTrainingJob(const JobSpec& job);
+
 }  // namespace stratum
