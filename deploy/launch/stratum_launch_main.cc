@@ -40,9 +40,9 @@ ABSL_FLAG(std::string, job, "",
 ABSL_FLAG(std::string, summary_json, "", "Handed to the chief: where to write the summary");
 ABSL_FLAG(int, max_restarts, 3,
           "How many times a server task that fails (a parameter server, a parameter_server "
-          "job's worker, the evaluator of such a job) is started again, a second after it "
-          "died; 0: never. A multi_worker_mirrored job is not restarted task by task: run it "
-          "again to resume from its checkpoint");
+          "job's worker, an evaluator) is started again, a second after it died; and how many "
+          "times a multi_worker_mirrored job whose worker failed is started again as a whole "
+          "(its workers train in lock-step), resuming from its checkpoint; 0: never");
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "Handed to the chief of a parameter_server job: how long it waits for a failed "
           "parameter server to come back");
@@ -158,11 +158,17 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
   }
 
   // A failed server task is started again (as a cluster manager would) unless it failed
-  // on its configuration (exit 2: it would fail the same way again).
+  // on its configuration (exit 2: it would fail the same way again). The workers of a
+  // MultiWorkerMirrored job train in lock-step, so one that fails takes the job down: they
+  // are all stopped and started again, and the job resumes from its checkpoint.
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
   std::vector<int> restarts(children.size(), 0);
   std::vector<absl::Time> restart_at(children.size(), absl::InfiniteFuture());
   std::map<size_t, bool> reported;
+  int job_restarts = 0;
+  auto trains = [&](size_t i) {
+    return plan.workers_train && plan.tasks[i].task.type != kEvaluator;
+  };
   while (true) {
     if (shutdown.WaitFor(absl::Milliseconds(50))) {
       Say(absl::StrCat("signal ", shutdown.signal_number(), ": stopping ", children.size(),
@@ -175,6 +181,25 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       if (!exit.has_value() || reported[i]) continue;
       reported[i] = true;
       const PlannedTask& task = plan.tasks[i];
+      const std::string who = absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(), ")");
+      if (trains(i) && !exit->success() && exit->exit_code != 2 && job_restarts < max_restarts) {
+        ++job_restarts;
+        Say(absl::StrCat(who, " stopped unexpectedly: it ", exit->ToString(),
+                         "; the workers train in lock-step, so every one is stopped and the job "
+                         "starts again in 1s (restart ",
+                         job_restarts, " of ", max_restarts,
+                         "), resuming from its last checkpoint (from the start when the job has "
+                         "no checkpoint.dir)"));
+        std::vector<Subprocess*> training;
+        for (size_t t = 0; t < children.size(); ++t) {
+          if (!trains(t)) continue;
+          training.push_back(raw[t]);
+          reported[t] = true;  // their exits now are this stop's
+          restart_at[t] = absl::Now() + absl::Seconds(1);
+        }
+        StopAll(training, grace);
+        break;
+      }
       if (task.task == plan.main_task) {
         Say(absl::StrCat(task.task.ToString(), " ", exit->ToString(), "; stopping the others"));
         stop_all();
@@ -182,20 +207,24 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       }
       // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
       // when told to.
-      const bool finished = plan.workers_train && task.task.type != kEvaluator && exit->success();
-      const bool restart = !plan.workers_train && !exit->success() && exit->exit_code != 2 &&
-                           restarts[i] < max_restarts;
+      const bool finished = trains(i) && exit->success();
+      const bool restartable = !trains(i) && max_restarts > 0;
+      const bool restart =
+          !trains(i) && !exit->success() && exit->exit_code != 2 && restarts[i] < max_restarts;
       std::string what = restart ? absl::StrCat("; starting it again in 1s (restart ",
                                                 restarts[i] + 1, " of ", max_restarts, ")")
                                  : "";
-      if (!restart && !exit->success() && !plan.workers_train && max_restarts > 0) {
+      if (!restart && !exit->success() && restartable) {
         what = exit->exit_code == 2
                    ? "; not started again: it would fail the same way"
                    : absl::StrCat("; not started again: it failed ", max_restarts + 1, " times");
       }
-      Say(absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(), ")",
-                       finished ? " finished: it " : " stopped unexpectedly: it ", exit->ToString(),
-                       what));
+      if (trains(i) && !exit->success() && exit->exit_code != 2) {
+        what =
+            absl::StrCat("; the job is not started again: it failed ", max_restarts + 1, " times");
+      }
+      Say(absl::StrCat(who, finished ? " finished: it " : " stopped unexpectedly: it ",
+                       exit->ToString(), what));
       if (restart) restart_at[i] = absl::Now() + absl::Seconds(1);
     }
     for (size_t i = 0; i < children.size(); ++i) {

@@ -75,21 +75,23 @@ bool AllGone(const std::map<std::string, pid_t>& pids, absl::Duration timeout) {
   }
 }
 
-// The example parameter_server job, `epochs` of 100 steps, checkpointing every
-// `every_steps` (0: at each epoch's end) into a fresh folder; both removed at the end.
-struct PsJobFile {
-  PsJobFile(const std::string& name, int epochs, int every_steps)
+// The example job `example` (the parameter_server one unless named), `epochs` of 100
+// steps, checkpointing every `every_steps` (0: at each epoch's end) into a fresh folder;
+// both removed at the end.
+struct JobFile {
+  JobFile(const std::string& name, int epochs, int every_steps,
+          const std::string& example = "fashion_mnist_ps.json")
       : checkpoints(::testing::TempDir() + "/" + name + "_ckpt_" + std::to_string(getpid())),
         path(checkpoints + ".json") {
-    std::ifstream example(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
-    nlohmann::json job = nlohmann::json::parse(example);
+    std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/" + example);
+    nlohmann::json job = nlohmann::json::parse(file);
     job["fit"]["epochs"] = epochs;
     job["fit"]["steps_per_epoch"] = 100;
     std::filesystem::remove_all(checkpoints);
     job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", every_steps}};
     std::ofstream(path) << job.dump();
   }
-  ~PsJobFile() {
+  ~JobFile() {
     std::filesystem::remove_all(checkpoints);
     std::filesystem::remove(path);
   }
@@ -177,7 +179,7 @@ TEST(LaunchTest, RestartsAServerThatDiesReportsItAndStopsOnCtrlC) {
 // Under the launcher, a parameter server that dies mid-job is started again and the chief
 // re-seeds it from the last checkpoint: the job ends as if nothing happened.
 TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
-  const PsJobFile job("launch_ps", 4, 50);
+  const JobFile job("launch_ps", 4, 50);
   auto launcher = Launch({"--job=" + job.path, "--workers=2", "--ps=2"});
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
   ASSERT_EQ(kill(ChildPids(launcher->output()).at("ps:1"), SIGKILL), 0);
@@ -192,8 +194,29 @@ TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
   EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
 }
 
+// Under the launcher, a multi_worker_mirrored job whose worker dies is started again as a
+// whole (its workers train in lock-step) and resumes from its last checkpoint.
+TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
+  const JobFile job("launch_mwms", 4, 50, "fashion_mnist_mwms.json");
+  auto launcher = Launch({"--job=" + job.path, "--workers=2"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
+  ASSERT_EQ(kill(ChildPids(launcher->output()).at("worker:1"), SIGKILL), 0);
+  auto exit = launcher->Wait(absl::Seconds(120));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("stopped unexpectedly: it was killed by signal 9 (SIGKILL); the "
+                                "workers train in lock-step, so every one is stopped and the "
+                                "job starts again in 1s (restart 1 of 3)"));
+  EXPECT_TRUE(std::regex_search(output, std::regex(R"(started worker:0 on \S+ \(pid \d+\) again)")))
+      << output;
+  EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
+  EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
+  EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
+}
+
 TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp) {
-  const PsJobFile job("launch_stop", 50, 0);
+  const JobFile job("launch_stop", 50, 0);
   auto launcher = Launch({"--job=" + job.path, "--workers=2", "--ps=2"});
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/50", 1, absl::Seconds(60))) << launcher->output();
   launcher->Signal(SIGINT);
@@ -212,7 +235,7 @@ TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp)
 // final checkpoint first (it is written just before the end, within the evaluator's poll
 // interval): evaluation.json is the trained model's.
 TEST(LaunchTest, TheEvaluatorEvaluatesTheFinalCheckpointBeforeItStops) {
-  const PsJobFile job("launch_eval", 2, 0);
+  const JobFile job("launch_eval", 2, 0);
   auto launcher = Launch({"--job=" + job.path, "--workers=1", "--ps=1", "--evaluator"});
   auto exit = launcher->Wait(absl::Seconds(90));
   ASSERT_TRUE(exit.ok());
