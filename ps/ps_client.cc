@@ -195,6 +195,7 @@ absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vecto
 
 absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
   proto::AssignRequest request;
+  SetCoordinator(options_, request.mutable_coordinator());
   for (const NamedValue& value : values) {
     proto::NamedTensor* message = request.add_values();
     message->set_name(value.name);
@@ -235,6 +236,7 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   proto::RestoreRequest request;
   request.set_path(path);
   request.set_crc32(crc32);
+  SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
   Prepare(context, options_.timeout);
   proto::RestoreResponse response;

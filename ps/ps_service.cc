@@ -135,6 +135,9 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
 
 grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest* request,
                                proto::AssignResponse*) {
+  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+    return ToGrpcStatus(held);
+  }
   for (const proto::NamedTensor& message : request->values()) {
     absl::StatusOr<Tensor> value = TensorFromProto(message.tensor());
     if (!value.ok()) {
@@ -180,6 +183,9 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
 
 grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreRequest* request,
                                 proto::RestoreResponse* response) {
+  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+    return ToGrpcStatus(held);
+  }
   absl::StatusOr<TensorFile> file = ReadSafetensors(request->path(), request->crc32());
   if (!file.ok()) return ToGrpcStatus(file.status());
   absl::StatusOr<int> restored = RestoreStoreFromTensorFile(store_, *file);

@@ -15,6 +15,7 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 namespace {
@@ -125,6 +126,42 @@ TEST_F(PsServiceTest, BadRequestsAreRefusedAndChangeNothing) {
 
   EXPECT_TRUE(Value("w").BitwiseEqual(before));
   EXPECT_EQ(client_->ListVariables()->refused_non_finite(), 1);
+}
+
+// While a coordinator holds the PS, another one's Assign or Restore (a coordinator that was
+// taken over, or a second job by mistake) is refused and changes nothing.
+TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRefused) {
+  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  const Tensor before = Value("w");
+  auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
+  proto::CoordinatorId other;
+  other.set_incarnation(ProcessIncarnation() + 1);
+  other.set_description("the other coordinator");
+  proto::AssignRequest assign;
+  *assign.mutable_coordinator() = other;
+  proto::NamedTensor* value = assign.add_values();
+  value->set_name("w");
+  TensorToProto(Tensor::FromVector<float>({2, 2}, {9, 9, 9, 9}), value->mutable_tensor());
+  grpc::ClientContext assign_context;
+  proto::AssignResponse assigned;
+  grpc::Status status = stub->Assign(&assign_context, assign, &assigned);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("held by another coordinator"));
+
+  proto::RestoreRequest restore;
+  *restore.mutable_coordinator() = other;
+  restore.set_path(TempPath("never_read.safetensors"));
+  grpc::ClientContext restore_context;
+  proto::RestoreResponse restored;
+  status = stub->Restore(&restore_context, restore, &restored);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("held by another coordinator"));
+
+  EXPECT_TRUE(Value("w").BitwiseEqual(before));
+  // The holder's own Assign goes through.
+  const Tensor mine = Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8});
+  ASSERT_TRUE(client_->Assign({{"w", mine}}).ok());
+  EXPECT_TRUE(Value("w").BitwiseEqual(mine));
 }
 
 TEST_F(PsServiceTest, OversizedMessagesAreRefusedAndThePsLivesOn) {

@@ -29,7 +29,7 @@ struct PsClientOptions {
   int64_t data_path_min_bytes = 0;
   // Through shared memory when the PS runs on this host.
   bool shared_memory = true;
-  // How a coordinator names itself to the PS in CreateVariables and Watch (see
+  // How a coordinator names itself to the PS in CreateVariables, Assign, Restore and Watch (see
   // stratum/ps/coordinator_lease.h); "" for "a coordinator with pid N".
   std::string coordinator;
   std::string coordinator_address;  // where it serves, "" when it does not
