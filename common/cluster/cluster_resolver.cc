@@ -4,7 +4,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "stratum/util/devices.h"
-#include "stratum/util/json_depth.h"
+#include "stratum/util/json_text.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -21,18 +21,8 @@ std::string Shorten(const nlohmann::json& value) {
 }
 
 absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text) {
-  if (absl::Status deep = CheckJsonDepth(
-          text, "TF_CONFIG", absl::StrCat("set it to a JSON object such as ", kExample));
-      !deep.ok()) {
-    return deep;
-  }
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TF_CONFIG is not valid JSON (error at byte ", error.byte,
-                     "): set it to a JSON object such as ", kExample));
-  }
+  return ParseJsonText(text, "TF_CONFIG", "TF_CONFIG",
+                       absl::StrCat("set it to a JSON object such as ", kExample));
 }
 
 struct ParsedTask {

@@ -9,7 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "stratum/util/json_depth.h"
+#include "stratum/util/json_text.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -183,62 +184,9 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
                                      absl::string_view base_dir) {
-  if (absl::Status deep = CheckJsonDepth(json_text, absl::StrCat(source, ": the job"),
-                                         "it is not a job file; fix the file");
-      !deep.ok()) {
-    return deep;
-  }
-  json root;
-  // JSON lets a key repeat in one object, and the last one silently wins: a job edited by
-  // hand ("epochs" twice) would train otherwise than its author read it.
-  struct Container {
-    std::string name;  // "fit", "layers[]"
-    bool array = false;
-    std::set<std::string> keys;  // of an object
-  };
-  std::vector<Container> open;
-  std::string last_key, repeated, repeated_in;
-  auto check_keys = [&](int, json::parse_event_t event, json& parsed) {
-    const bool in_array = !open.empty() && open.back().array;
-    const std::string name = open.empty() ? ""
-                             : in_array   ? absl::StrCat(open.back().name, "[]")
-                                          : last_key;
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        open.push_back({name, event == json::parse_event_t::array_start, {}});
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        open.pop_back();
-        break;
-      case json::parse_event_t::key:
-        last_key = parsed.get<std::string>();
-        if (!open.back().keys.insert(last_key).second && repeated.empty()) {
-          repeated = last_key;
-          for (size_t i = 1; i < open.size(); ++i) {
-            if (!open[i].array)
-              absl::StrAppend(&repeated_in, repeated_in.empty() ? "" : ".", open[i].name);
-          }
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    root = json::parse(json_text.begin(), json_text.end(), check_keys);
-  } catch (const json::parse_error& error) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": the job is not valid JSON (error at byte ", error.byte, "): fix the file"));
-  }
-  if (!repeated.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": key \"", repeated, "\" appears twice in ",
-                     repeated_in.empty() ? "the top object" : absl::StrCat("\"", repeated_in, "\""),
-                     " (JSON would keep the last silently): keep one"));
-  }
+  STRATUM_ASSIGN_OR_RETURN(
+      const json root,
+      ParseJsonText(json_text, absl::StrCat(source, ": the job"), source, "fix the file"));
   JobSpec job;
   Fields top(root, "", source);
   if (absl::Status s = top.CheckObject(); !s.ok()) return s;

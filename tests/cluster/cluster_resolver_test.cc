@@ -175,6 +175,20 @@ TEST(TFConfigValidationTest, NotJson) {
                          "object such as {\"cluster\""));
 }
 
+TEST(TFConfigValidationTest, ANumberOutOfRange) {
+  EXPECT_THAT(
+      ErrorOf(R"({"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 1e400}})"),
+      StartsWith("TF_CONFIG holds a number out of range ("));
+}
+
+// JSON keeps the last of two equal keys silently: TF_CONFIG would mean another task.
+TEST(TFConfigValidationTest, AKeyGivenTwice) {
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"cluster": {"ps": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "ps", "index": 0}, "task": {"type": "ps", "index": 1}})"),
+      StartsWith("TF_CONFIG: key \"task\" appears twice in the top object"));
+}
+
 TEST(TFConfigValidationTest, NotAnObject) {
   EXPECT_THAT(ErrorOf("[1, 2]"), StartsWith("TF_CONFIG is [1,2], not a JSON object"));
 }

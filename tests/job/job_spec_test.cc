@@ -61,6 +61,9 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
   EXPECT_THAT(ErrorOf(R"({"model": {"config": {"layers": [{"config": {}}, {"config": {"units": 1,
                  "units": 2}}]}}})"),
               HasSubstr("key \"units\" appears twice in \"model.config.layers[].config\""));
+  // A number no double holds (nlohmann throws out_of_range, not parse_error, for it).
+  EXPECT_THAT(ErrorOf(R"({"fit": {"epochs": 1e400}})"),
+              HasSubstr("job.json: the job holds a number out of range ("));
   EXPECT_THAT(ErrorOf(R"({"fit": {}, "fit": {}})"),
               HasSubstr("key \"fit\" appears twice in the top object"));
   // The same key in two objects is no repeat.
