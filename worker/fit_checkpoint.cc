@@ -57,7 +57,7 @@ namespace {
 
 absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Model& model,
                                            const Optimizer& optimizer) {
-  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadJsonObjectFile(folder + "/manifest.json"));
+  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadCheckpointManifest(folder));
   if (manifest.value("format", "") != kFormat) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", folder, " is not a training checkpoint of this kind (format \"",

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -163,8 +164,11 @@ absl::StatusOr<std::string> CreateCheckpointFolder(const std::string& dir, int64
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohmann::json& manifest,
                               int max_to_keep) {
   const std::string folder = CheckpointFolder(dir, step);
+  nlohmann::json sealed = manifest;
+  sealed.erase(kManifestChecksumKey);
+  sealed[kManifestChecksumKey] = ManifestChecksum(sealed);
   STRATUM_RETURN_IF_ERROR(
-      WriteFileAtomically(absl::StrCat(folder, "/", kManifestFile), manifest.dump(2)));
+      WriteFileAtomically(absl::StrCat(folder, "/", kManifestFile), sealed.dump(2)));
   const nlohmann::json latest = {{"latest", FolderName(step)}, {"step", step}};
   STRATUM_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kLatestFile), latest.dump()));
   // Only complete folders (with a manifest) count against max_to_keep; a half-written one
@@ -186,6 +190,35 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohma
   }
   spdlog::info("checkpoint at step {} written to {}", step, folder);
   return absl::OkStatus();
+}
+
+uint32_t ManifestChecksum(const nlohmann::json& manifest) {
+  nlohmann::json rest = manifest;
+  rest.erase(kManifestChecksumKey);
+  const std::string text = rest.dump();  // keys sorted, numbers in their shortest form
+  return static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+}
+
+absl::StatusOr<nlohmann::json> ReadCheckpointManifest(const std::string& folder) {
+  const std::string path = absl::StrCat(folder, "/", kManifestFile);
+  STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadJsonObjectFile(path));
+  // Checkpoints written before the checksum have none; their fields are checked as read.
+  if (manifest.contains(kManifestChecksumKey)) {
+    const nlohmann::json& stored = manifest[kManifestChecksumKey];
+    if (!stored.is_number_unsigned() || stored.get<uint64_t>() != ManifestChecksum(manifest)) {
+      return absl::DataLossError(
+          absl::StrCat(path, " does not match its checksum: it is corrupt or was edited"));
+    }
+  }
+  const int64_t folder_step = StepOfFolder(fs::path(folder).filename().string());
+  const nlohmann::json& step = manifest["step"];
+  if (!step.is_number_integer() || step.get<int64_t>() != folder_step) {
+    return absl::DataLossError(absl::StrCat(path, " gives step ", step.dump(),
+                                            ", but its folder is step ", folder_step,
+                                            ": it is corrupt"));
+  }
+  return manifest;
 }
 
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {
@@ -252,8 +285,16 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
 
   absl::Status first_error = pointer_error;
   std::vector<std::string> damaged;
+  std::string why_damaged;  // each damaged folder and its error
   for (const std::string& folder : candidates) {
-    const absl::Status restored = restore(folder);
+    absl::Status restored;
+    try {
+      restored = restore(folder);
+    } catch (const nlohmann::json::exception& error) {  // a field of the wrong type
+      restored = absl::DataLossError(absl::StrCat(folder, "/", kManifestFile,
+                                                  " has a field Stratum cannot read (",
+                                                  error.what(), "): it is corrupt"));
+    }
     if (restored.ok()) {
       if (first_error.ok()) return std::optional<std::string>(folder);
       const std::string name = fs::path(folder).filename().string();
@@ -289,8 +330,14 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
     if (!absl::IsDataLoss(restored) && !absl::IsNotFound(restored)) return restored;
     if (first_error.ok()) first_error = restored;
     damaged.push_back(folder);
+    absl::StrAppend(&why_damaged, why_damaged.empty() ? "" : "; ",
+                    fs::path(folder).filename().string(), ": ", restored.message());
   }
-  return first_error;
+  if (damaged.empty()) return first_error;  // only the "checkpoint" file, and no folder
+  return absl::DataLossError(absl::StrCat(
+      "no checkpoint in ", dir, " is intact (", why_damaged,
+      "), so training cannot resume: to train from scratch, remove ", dir,
+      " or set another checkpoint.dir; to keep the damaged ones, move them away first"));
 }
 
 }  // namespace stratum

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/util/json_depth.h"
 
@@ -35,7 +36,9 @@ absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& d
   return std::optional<int64_t>((*pointer)["step"].get<int64_t>());
 }
 
-absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir) {
+namespace {
+
+absl::StatusOr<CheckpointVariables> ReadLatestCheckpointOrThrow(const std::string& dir) {
   absl::StatusOr<nlohmann::json> pointer = ReadJsonObjectFile(dir + "/checkpoint");
   if (!pointer.ok()) return pointer.status();
   if (!pointer->contains("latest") || !(*pointer)["latest"].is_string()) {
@@ -43,7 +46,7 @@ absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir)
   }
   CheckpointVariables result;
   result.folder = absl::StrCat(dir, "/", (*pointer)["latest"].get<std::string>());
-  absl::StatusOr<nlohmann::json> manifest = ReadJsonObjectFile(result.folder + "/manifest.json");
+  absl::StatusOr<nlohmann::json> manifest = ReadCheckpointManifest(result.folder);
   if (!manifest.ok()) return manifest.status();
   result.step = manifest->value("step", int64_t{0});
   const nlohmann::json& files = (*manifest)["files"];
@@ -88,6 +91,11 @@ absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir)
                                                 part->value("shard", ""), "\" of \"", variable,
                                                 "\""));
       }
+      if (part->value("first_row", int64_t{0}) < 0) {
+        return absl::DataLossError(absl::StrCat(result.folder, "/manifest.json places shard \"",
+                                                part->value("shard", ""),
+                                                "\" at a negative row: it is corrupt"));
+      }
       const Shape& shape = value->second.shape();
       rows =
           std::max(rows, part->value("first_row", int64_t{0}) + (shape.rank() ? shape.dim(0) : 1));
@@ -112,6 +120,18 @@ absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir)
     result.variables[variable] = std::move(whole);
   }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointVariables> ReadLatestCheckpoint(const std::string& dir) {
+  try {
+    return ReadLatestCheckpointOrThrow(dir);
+  } catch (const nlohmann::json::exception& error) {  // a field of the wrong type
+    return absl::DataLossError(absl::StrCat("the latest checkpoint in ", dir,
+                                            " has a manifest field Stratum cannot read (",
+                                            error.what(), "): it is corrupt"));
+  }
 }
 
 }  // namespace stratum

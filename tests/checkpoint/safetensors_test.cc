@@ -137,6 +137,47 @@ TEST(CheckpointFolderTest, PruningCountsOnlyCompleteCheckpoints) {
   std::filesystem::remove_all(dir);
 }
 
+// A manifest is sealed with its own checksum: one damaged or edited by hand (a step, an
+// epoch) reads as damaged, not as truth, and a field of the wrong type in an old one
+// (written before the checksum) is damage too, never an exception.
+TEST(CheckpointFolderTest, AnEditedOrMistypedManifestIsDamage) {
+  const std::string dir = Path("ckpt_manifest");
+  std::filesystem::remove_all(dir);
+  for (int step : {100, 200}) {
+    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
+    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}, {"epoch", 1}}, 3).ok());
+  }
+  auto manifest = ReadCheckpointManifest(CheckpointFolder(dir, 200));
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ((*manifest)["epoch"], 1);
+  auto rewrite = [&](const nlohmann::json& text) {
+    std::ofstream(CheckpointFolder(dir, 200) + "/manifest.json") << text.dump(2);
+  };
+  nlohmann::json edited = *manifest;
+  edited["epoch"] = 99;
+  rewrite(edited);
+  auto refused = ReadCheckpointManifest(CheckpointFolder(dir, 200));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("does not match its checksum: it is corrupt or was edited"));
+  // Without a checksum (an older checkpoint): the step must still be the folder's.
+  edited = {{"step", -5}};
+  rewrite(edited);
+  EXPECT_THAT(std::string(ReadCheckpointManifest(CheckpointFolder(dir, 200)).status().message()),
+              HasSubstr("gives step -5, but its folder is step 200: it is corrupt"));
+  // A field of the wrong type met while restoring: damage, so the one before is restored.
+  rewrite({{"step", 200}, {"epoch", "one"}});
+  auto restored = RestoreNewestIntact(dir, [](const std::string& folder) -> absl::Status {
+    auto read = ReadCheckpointManifest(folder);
+    if (!read.ok()) return read.status();
+    return (*read)["epoch"].get<int>() == 1 ? absl::OkStatus() : absl::InternalError("?");
+  });
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(**restored, CheckpointFolder(dir, 100));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 200) + ".damaged"));
+  std::filesystem::remove_all(dir);
+}
+
 // One job writes a checkpoint folder at a time; a second is refused with the holder named,
 // and the folder is free again once the first lets go.
 TEST(CheckpointFolderTest, OneJobAtATimeWritesAFolder) {
@@ -192,6 +233,10 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
   auto none = RestoreNewestIntact(
       dir, [](const std::string&) { return absl::DataLossError("crc32 differs"); });
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(
+      std::string(none.status().message()),
+      HasSubstr("no checkpoint in " + dir + " is intact (ckpt-000000000005: crc32 differs)"));
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("remove " + dir));
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 5)));
 
   // A corrupt "checkpoint" file: the newest intact folder is restored, and named again.

@@ -54,8 +54,19 @@ std::string CheckpointFolder(const std::string& dir, int64_t step);
 // Creates the folder of `step` (FAILED_PRECONDITION naming it when it cannot).
 absl::StatusOr<std::string> CreateCheckpointFolder(const std::string& dir, int64_t step);
 
-// Completes the checkpoint of `step` whose files are in place: writes its manifest, points
-// "checkpoint" at it, and prunes the oldest folders beyond `max_to_keep`.
+// The manifest's own checksum: CRC-32 of its compact dump without this key, so that a
+// manifest damaged or edited by hand (a step, an epoch) reads as damaged, not as truth.
+inline constexpr char kManifestChecksumKey[] = "manifest_crc32";
+uint32_t ManifestChecksum(const nlohmann::json& manifest);
+
+// Reads <folder>/manifest.json as CommitCheckpoint wrote it. NOT_FOUND when missing;
+// DATA_LOSS when it is not a JSON object, does not match its checksum, or gives a step
+// other than its folder's.
+absl::StatusOr<nlohmann::json> ReadCheckpointManifest(const std::string& folder);
+
+// Completes the checkpoint of `step` whose files are in place: writes its manifest (with
+// its checksum), points "checkpoint" at it, and prunes the oldest folders beyond
+// `max_to_keep`.
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohmann::json& manifest,
                               int max_to_keep);
 
@@ -70,8 +81,8 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 // ones are renamed
 // "<folder>.damaged", kept for inspection. A corrupt or lost "checkpoint" file is damage: the
 // newest intact folder is restored and named. Returns the folder restored from, nullopt when
-// `dir` has no checkpoint, or the latest's error when no checkpoint is intact (then nothing
-// is renamed).
+// `dir` has no checkpoint, or, when no checkpoint is intact, DATA_LOSS naming each one and
+// its damage (then nothing is renamed).
 absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
     const std::string& dir, const std::function<absl::Status(const std::string& folder)>& restore);
 
