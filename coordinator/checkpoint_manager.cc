@@ -30,7 +30,7 @@ nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
 CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables)
     : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
 
-absl::Status CheckpointManager::Save(int64_t step) {
+absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progress) {
   STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir_, step));
   std::vector<std::future<absl::StatusOr<proto::SaveResponse>>> saves;
   for (int task = 0; task < variables_.num_ps(); ++task) {
@@ -56,10 +56,11 @@ absl::Status CheckpointManager::Save(int64_t step) {
                      {"bytes", saved->bytes()},
                      {"variables", held}});
   }
-  const nlohmann::json manifest = {{"format", "stratum-checkpoint-1"},
-                                   {"step", step},
-                                   {"files", files},
-                                   {"shards", ShardMap(variables_.shards())}};
+  nlohmann::json manifest = {{"format", "stratum-checkpoint-1"},
+                             {"step", step},
+                             {"files", files},
+                             {"shards", ShardMap(variables_.shards())}};
+  if (!progress.is_null()) manifest["progress"] = progress;
   return CommitCheckpoint(dir_, step, manifest, max_to_keep_);
 }
 
@@ -69,10 +70,10 @@ absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {
 
 absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
   int64_t step = 0;
+  nlohmann::json progress;
   absl::StatusOr<std::optional<std::string>> restored =
       RestoreNewestIntact(dir_, [&](const std::string& folder) -> absl::Status {
-        STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest,
-                                 ReadJsonObjectFile(folder + "/manifest.json"));
+        STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadCheckpointManifest(folder));
         if (manifest["shards"] != ShardMap(variables_.shards())) {
           return absl::FailedPreconditionError(absl::StrCat(
               "checkpoint ", folder,
@@ -102,10 +103,13 @@ absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
         absl::Status all = absl::OkStatus();
         for (auto& restore : restores) all.Update(restore.get());
         step = manifest.value("step", int64_t{0});
+        progress = manifest.value("progress", nlohmann::json());
         return all;
       });
   if (!restored.ok()) return restored.status();
+  restored_progress_ = nullptr;
   if (!restored->has_value()) return std::optional<int64_t>();
+  restored_progress_ = std::move(progress);
   return std::optional<int64_t>(step);
 }
 

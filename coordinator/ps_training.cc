@@ -266,6 +266,43 @@ std::vector<uint64_t> PsIncarnations(const std::vector<std::string>& addresses,
 // The closures an epoch scheduled, with the steps each trains.
 using ScheduledSteps = std::vector<std::pair<std::shared_ptr<RemoteValue>, int64_t>>;
 
+// An epoch's training figures so far: sums over its finished steps.
+struct EpochTally {
+  int64_t steps = 0;
+  double loss_sum = 0;
+  double correct = 0;
+  double examples = 0;
+};
+
+nlohmann::json TallyJson(const EpochTally& tally) {
+  return {{"steps", tally.steps},
+          {"loss_sum", tally.loss_sum},
+          {"correct", tally.correct},
+          {"examples", tally.examples}};
+}
+
+EpochTally TallyFromJson(const nlohmann::json& json) {
+  return {.steps = json.value("steps", int64_t{0}),
+          .loss_sum = json.value("loss_sum", 0.0),
+          .correct = json.value("correct", 0.0),
+          .examples = json.value("examples", 0.0)};
+}
+
+// `carried` plus the finished closures of `scheduled`.
+absl::StatusOr<EpochTally> Tally(const EpochTally& carried, const ScheduledSteps& scheduled) {
+  EpochTally tally = carried;
+  for (const auto& [result, steps] : scheduled) {
+    if (result->status() != RemoteValueStatus::kReady) continue;
+    absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
+    if (!outputs.ok()) return outputs.status();
+    tally.steps += steps;
+    tally.loss_sum += *(*outputs)[0].data<float>();
+    tally.correct += *(*outputs)[1].data<float>();
+    tally.examples += *(*outputs)[2].data<float>();
+  }
+  return tally;
+}
+
 // The steps of `scheduled` whose closures finished.
 int64_t FinishedSteps(const ScheduledSteps& scheduled) {
   int64_t finished = 0;
@@ -353,12 +390,6 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     }
   }
 
-  // A save writes what the PSs hold: never once they are another coordinator's.
-  auto save = [&](int64_t step) -> absl::Status {
-    STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
-    return checkpoints->Save(step);
-  };
-
   // The workers.
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
   for (int index : cluster.task_indices(kWorker)) {
@@ -418,8 +449,52 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     int64_t first_step = 0;
     double start = 0;
     ScheduledSteps scheduled;
+    EpochTally carried;  // the epoch's steps before first_step, from its checkpoint
   } progress;
   int logged_epochs = static_cast<int>(global_step / steps_per_epoch);
+  // The epochs and the current epoch's figures so far, saved with each checkpoint so that
+  // a resume (or a rollback after a PS failure) reports every epoch whole.
+  auto progress_json = [&]() -> nlohmann::json {
+    nlohmann::json history = nlohmann::json::array();
+    for (const EpochLog& log : summary.history) history.push_back(EpochLogJson(log));
+    nlohmann::json saved = {{"history", history}};
+    absl::StatusOr<EpochTally> tally = Tally(progress.carried, progress.scheduled);
+    if (progress.epoch > 0 && tally.ok()) {
+      saved["epoch"] = progress.epoch;
+      saved["epoch_tally"] = TallyJson(*tally);
+    }
+    return saved;
+  };
+  // After a restore to `step`: the epochs before it, and the figures of the one it is in.
+  auto resume_progress = [&](int64_t step, const nlohmann::json& saved) {
+    logged_epochs = static_cast<int>(step / steps_per_epoch);
+    summary.history.clear();
+    progress = {logged_epochs + 1, step, Now(), {}, {}};
+    if (!saved.is_object()) return;  // no checkpoint, or one written before the progress
+    try {
+      for (const nlohmann::json& log : saved.value("history", nlohmann::json::array())) {
+        EpochLog read = EpochLogFromJson(log);
+        if (read.epoch <= logged_epochs) summary.history.push_back(read);
+      }
+      if (saved.value("epoch", 0) == logged_epochs + 1) {
+        progress.carried = TallyFromJson(saved.value("epoch_tally", nlohmann::json::object()));
+      }
+    } catch (const nlohmann::json::exception& error) {  // the manifest's checksum passed
+      spdlog::warn(
+          "the checkpoint's record of the epochs is unreadable ({}): the summary "
+          "covers the epochs trained from now on",
+          error.what());
+      summary.history.clear();
+      progress.carried = {};
+    }
+  };
+  if (checkpoints && global_step > 0)
+    resume_progress(global_step, checkpoints->restored_progress());
+  // A save writes what the PSs hold: never once they are another coordinator's.
+  auto save = [&](int64_t step) -> absl::Status {
+    STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
+    return checkpoints->Save(step, progress_json());
+  };
   int printed_epochs = 0;  // the highest epoch whose line this process printed
   // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
   // the steps that finished is saved, so that the job started again resumes there.
@@ -486,7 +561,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   auto train_epochs = [&]() -> absl::Status {
     for (int epoch = logged_epochs + 1; epoch <= job.fit.epochs; ++epoch) {
       const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch;
-      if (progress.epoch != epoch) progress = {epoch, global_step, Now(), {}};
+      if (progress.epoch != epoch) progress = {epoch, global_step, Now(), {}, {}};
       while (global_step < epoch_end) {
         if (options.cancel != nullptr && options.cancel->HasBeenNotified()) {
           return stop_early();
@@ -505,7 +580,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         if (!value.ok()) return value.status();
         progress.scheduled.emplace_back(*std::move(value), steps);
         global_step += steps;
-        if (checkpoints && every > 0 && global_step % every == 0) {
+        // A save at the epoch's end comes after its line, so that the line is in it.
+        if (checkpoints && every > 0 && global_step % every == 0 && global_step != epoch_end) {
           absl::Status joined = coordinator.Join();
           if (stopped(joined)) return stop_early();
           if (!joined.ok()) return joined;
@@ -516,27 +592,20 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       absl::Status joined = coordinator.Join();
       if (stopped(joined)) return stop_early();
       if (!joined.ok()) return joined;
-      if (checkpoints && every <= 0) {  // every_steps 0: at each epoch's end
-        STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
-        saved_step = global_step;
-      }
-      double loss_sum = 0, correct = 0, examples = 0;
-      for (const auto& [result, steps] : progress.scheduled) {
-        absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
-        if (!outputs.ok()) return outputs.status();
-        loss_sum += *(*outputs)[0].data<float>();
-        correct += *(*outputs)[1].data<float>();
-        examples += *(*outputs)[2].data<float>();
-      }
+      absl::StatusOr<EpochTally> tally = Tally(progress.carried, progress.scheduled);
+      if (!tally.ok()) return tally.status();
+      // The figures cover the whole epoch (with its steps before a resume); the speed only
+      // this process's.
+      const double trained = tally->examples - progress.carried.examples;
       EpochLog log;
       log.epoch = epoch;
-      log.steps = epoch_end - progress.first_step;
+      log.steps = tally->steps;
       log.seconds = Now() - progress.start;
-      log.loss = loss_sum / std::max(examples, 1.0);
-      log.accuracy = correct / std::max(examples, 1.0);
-      log.examples_per_sec = examples / std::max(log.seconds, 1e-9);
+      log.loss = tally->loss_sum / std::max(tally->examples, 1.0);
+      log.accuracy = tally->correct / std::max(tally->examples, 1.0);
+      log.examples_per_sec = trained / std::max(log.seconds, 1e-9);
       train_seconds += log.seconds;
-      train_examples += static_cast<int64_t>(examples);
+      train_examples += static_cast<int64_t>(trained);
       if (data->has_test) {
         absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
         if (!current.ok()) return PsFailure(current.status());
@@ -548,8 +617,15 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         summary.test_loss = val->val_loss;
         summary.test_accuracy = val->val_accuracy;
       }
-      // An epoch printed before a rollback is trained again from the checkpoint: its line
-      // says so, since its figures cover only the steps trained again.
+      summary.history.push_back(log);
+      logged_epochs = epoch;
+      // Saved before its line is printed: an epoch reported done is in the checkpoint.
+      if (checkpoints && (every <= 0 || epoch_end % every == 0)) {
+        STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
+        saved_step = global_step;
+      }
+      // An epoch printed before a rollback is trained again from the checkpoint; its line
+      // says so (its figures cover the whole epoch all the same).
       const std::string again = epoch <= printed_epochs
                                     ? absl::StrCat(" (trained again from step ",
                                                    progress.first_step, " after the rollback)")
@@ -562,8 +638,6 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                    num_workers, log.loss, log.accuracy, log.val_loss, log.val_accuracy,
                    log.examples_per_sec, log.seconds);
       std::fflush(options.out);
-      summary.history.push_back(log);
-      logged_epochs = epoch;
     }
     return absl::OkStatus();
   };
@@ -655,11 +729,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     global_step = restored->value_or(0);
     saved_step = global_step;
     // The steps after the checkpoint are trained again: their epochs are reported once, anew.
-    progress = {};
-    logged_epochs = static_cast<int>(global_step / steps_per_epoch);
-    while (!summary.history.empty() && summary.history.back().epoch > logged_epochs) {
-      summary.history.pop_back();
-    }
+    resume_progress(global_step, checkpoints->restored_progress());
     if (restored->has_value()) {
       std::fprintf(options.out,
                    "the parameter servers are back: restored the checkpoint at step %lld and "

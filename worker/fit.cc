@@ -14,11 +14,37 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "fit_internal.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
 
 namespace stratum {
+
+nlohmann::json EpochLogJson(const EpochLog& log) {
+  return {{"epoch", log.epoch},
+          {"steps", log.steps},
+          {"loss", log.loss},
+          {"accuracy", log.accuracy},
+          {"val_loss", log.val_loss},
+          {"val_accuracy", log.val_accuracy},
+          {"examples_per_sec", log.examples_per_sec},
+          {"seconds", log.seconds}};
+}
+
+EpochLog EpochLogFromJson(const nlohmann::json& json) {
+  EpochLog log;
+  log.epoch = json.value("epoch", 0);
+  log.steps = json.value("steps", int64_t{0});
+  log.loss = json.value("loss", 0.0);
+  log.accuracy = json.value("accuracy", 0.0);
+  log.val_loss = json.value("val_loss", 0.0);
+  log.val_accuracy = json.value("val_accuracy", 0.0);
+  log.examples_per_sec = json.value("examples_per_sec", 0.0);
+  log.seconds = json.value("seconds", 0.0);
+  return log;
+}
+
 namespace fit_internal {
 
 double Now() {
@@ -182,8 +208,6 @@ uint64_t DropoutSeed(uint64_t seed, int64_t iteration, int replica) {
 
 using fit_internal::Accumulate;
 using fit_internal::Backup;
-using fit_internal::EpochLogFromJson;
-using fit_internal::EpochLogJson;
 using fit_internal::Now;
 using fit_internal::Progress;
 using fit_internal::Rows;
@@ -249,30 +273,6 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
 
 namespace fit_internal {
 
-nlohmann::json EpochLogJson(const EpochLog& log) {
-  return {{"epoch", log.epoch},
-          {"steps", log.steps},
-          {"loss", log.loss},
-          {"accuracy", log.accuracy},
-          {"val_loss", log.val_loss},
-          {"val_accuracy", log.val_accuracy},
-          {"examples_per_sec", log.examples_per_sec},
-          {"seconds", log.seconds}};
-}
-
-EpochLog EpochLogFromJson(const nlohmann::json& json) {
-  EpochLog log;
-  log.epoch = json.value("epoch", 0);
-  log.steps = json.value("steps", int64_t{0});
-  log.loss = json.value("loss", 0.0);
-  log.accuracy = json.value("accuracy", 0.0);
-  log.val_loss = json.value("val_loss", 0.0);
-  log.val_accuracy = json.value("val_accuracy", 0.0);
-  log.examples_per_sec = json.value("examples_per_sec", 0.0);
-  log.seconds = json.value("seconds", 0.0);
-  return log;
-}
-
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
 // on every worker afterwards: the chief decides and broadcasts.
 absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
@@ -290,6 +290,16 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
     const bool other_batch = state.global_batch > 0 && state.global_batch != global_batch;
     const bool other_shards = state.num_workers > 0 && state.num_workers != strategy.num_workers();
     if (state.step_in_epoch > 0 && (other_batch || other_shards)) {
+      // An epoch's end is a place in the data any cluster can resume from.
+      const int64_t epoch_end = state.iteration - state.step_in_epoch;
+      const std::string epoch_end_folder = CheckpointFolder(options.checkpoint_dir, epoch_end);
+      const std::string or_epoch_end =
+          epoch_end > 0 && std::filesystem::exists(epoch_end_folder + "/manifest.json")
+              ? absl::StrCat("; or, to resume from the end of epoch ", state.epoch,
+                             " with this "
+                             "run's workers, delete the checkpoint folders newer than ",
+                             epoch_end_folder)
+              : "";
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
           " stopped in the middle of epoch ", state.epoch + 1, " with a global batch of ",
@@ -300,7 +310,7 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
           " replica(s) x ", options.batch_size_per_replica,
           "): its place in the data would not be the same; resume with the job's earlier "
           "workers and devices, or remove ",
-          options.checkpoint_dir, " to train from scratch"));
+          options.checkpoint_dir, " to train from scratch", or_epoch_end));
     }
   }
   if (strategy.num_workers() == 1) return state;

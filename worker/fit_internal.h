@@ -83,8 +83,6 @@ void SayResumed(const FitOptions& options, const FitState& state);
 double Now();
 
 void Accumulate(StepStats& into, const StepStats& more);
-nlohmann::json EpochLogJson(const EpochLog& log);
-EpochLog EpochLogFromJson(const nlohmann::json& json);
 
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
 // on every worker afterwards: the chief decides and broadcasts.

@@ -412,7 +412,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   summary.num_workers = workers_;
   summary.resumed_from_step = state_.iteration;
   for (const nlohmann::json& log : state_.history) {
-    summary.history.push_back(fit_internal::EpochLogFromJson(log));
+    summary.history.push_back(EpochLogFromJson(log));
     summary.steps += summary.history.back().steps;
   }
   if (state_.epoch > 0 || state_.step_in_epoch > 0) fit_internal::SayResumed(options_, state_);
@@ -499,7 +499,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     }
     progress.EndEpoch(log, options_.epochs, validate);
     summary.history.push_back(log);
-    state_.history.push_back(fit_internal::EpochLogJson(log));
+    state_.history.push_back(EpochLogJson(log));
     if (!options_.checkpoint_dir.empty()) {
       STRATUM_RETURN_IF_ERROR(SaveBackup(epoch, 0, StepStats{}, state_.history, iteration));
     }

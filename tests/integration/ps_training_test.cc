@@ -214,14 +214,31 @@ TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
       HasSubstr("a parameter server is unavailable: ps:1 at " + cluster->Address({"ps", 1})));
 }
 
+// Every epoch of a job's summary covers the whole epoch once, with its steps before a
+// resume or a rollback (the checkpoint keeps the epochs' record), whatever was restarted.
+void ExpectThreeWholeEpochs(const std::string& summary_path, const std::string& output) {
+  std::ifstream file(summary_path);
+  const nlohmann::json summary = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_TRUE(summary.is_object()) << output;
+  ASSERT_EQ(summary["history"].size(), 3u) << summary.dump();
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_EQ(summary["history"][e]["epoch"], e + 1);
+    EXPECT_EQ(summary["history"][e]["steps"], 100) << summary.dump();
+  }
+  EXPECT_EQ(summary["steps"], 300);
+}
+
 TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   const std::string checkpoints = TempPath("ckpt");
   std::filesystem::remove_all(checkpoints);
+  const std::string summary = TempPath("resume_summary.json");
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,
        .num_ps = 2,
        .chief = true,
-       .args_by_type = {{"chief", {"--job=" + WriteJob(3, 100, "resume_job", checkpoints, 50)}}},
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob(3, 100, "resume_job", checkpoints, 50),
+                          "--summary_json=" + summary}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
@@ -238,6 +255,7 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   EXPECT_GE(std::stoll(output.substr(at + 36)), 100);
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
+  ExpectThreeWholeEpochs(summary, output);
   // The final checkpoint is complete, readable, and only max_to_keep are kept.
   std::ifstream pointer(checkpoints + "/checkpoint");
   const nlohmann::json latest = nlohmann::json::parse(pointer);
@@ -273,12 +291,8 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
                                 cluster->Address({"ps", 1})));
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
-  // An epoch trained again after the rollback is reported once.
-  std::ifstream file(summary);
-  const nlohmann::json result = nlohmann::json::parse(file, nullptr, false);
-  ASSERT_TRUE(result.is_object()) << output;
-  ASSERT_EQ(result["history"].size(), 3u) << result.dump();
-  for (int e = 0; e < 3; ++e) EXPECT_EQ(result["history"][e]["epoch"], e + 1);
+  // An epoch trained again after the rollback is reported once, whole.
+  ExpectThreeWholeEpochs(summary, output);
   std::filesystem::remove_all(checkpoints);
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "stratum/ps/sharded_variables.h"
 
 namespace stratum {
@@ -23,9 +24,13 @@ class CheckpointManager {
  public:
   CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables);
 
-  absl::Status Save(int64_t step);
+  // `progress` (the coordinator's record of the epochs, any JSON) is kept in the manifest
+  // and given back by restored_progress() after a restore.
+  absl::Status Save(int64_t step, const nlohmann::json& progress = nullptr);
   // Restores the latest checkpoint; its step, or nullopt when there is none.
   absl::StatusOr<std::optional<int64_t>> RestoreLatest();
+  // The progress saved with the checkpoint RestoreLatest restored; null when none.
+  const nlohmann::json& restored_progress() const { return restored_progress_; }
   // The latest complete checkpoint's folder, if any.
   absl::StatusOr<std::optional<std::string>> Latest() const;
 
@@ -33,6 +38,7 @@ class CheckpointManager {
   std::string dir_;
   int max_to_keep_;
   ShardedVariables& variables_;
+  nlohmann::json restored_progress_;
 };
 
 }  // namespace stratum

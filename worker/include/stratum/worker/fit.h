@@ -70,6 +70,11 @@ struct EpochLog {
   double seconds = 0;
 };
 
+// An epoch's line in a checkpoint's manifest and in the summary JSON, and back (a missing
+// field reads as 0; a field of another type throws nlohmann::json::type_error).
+nlohmann::json EpochLogJson(const EpochLog& log);
+EpochLog EpochLogFromJson(const nlohmann::json& json);
+
 struct FitSummary {
   std::vector<EpochLog> history;
   double test_loss = 0;
