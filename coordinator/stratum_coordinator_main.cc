@@ -61,6 +61,14 @@ absl::Status ValidateParameterServerCluster(const ClusterSpec& spec) {
 // (which may take minutes): a wrong job is a configuration error at once.
 absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
   STRATUM_ASSIGN_OR_RETURN(JobSpec job, LoadJobSpec(job_path));
+  if (job.strategy.type == "multi_worker_mirrored") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        job_path,
+        ": strategy.type is \"multi_worker_mirrored\", whose workers train the job themselves "
+        "with no coordinator: run stratum-worker --job ",
+        job_path, " as each worker (and as the chief, if any), or stratum-launch --job ",
+        job_path));
+  }
   if (job.strategy.type != "parameter_server") {
     return absl::InvalidArgumentError(
         absl::StrCat(job_path, ": strategy.type is \"", job.strategy.type,

@@ -55,6 +55,11 @@ int Run(const ShutdownWatcher& shutdown) {
   if (!loss.ok()) return Fail(loss.status());
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::FromKeras(job->optimizer);
   if (!optimizer.ok()) return Fail(optimizer.status());
+  if (absl::GetFlag(FLAGS_logical_gpus_per_gpu) < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--logical_gpus_per_gpu is ", absl::GetFlag(FLAGS_logical_gpus_per_gpu),
+        ", which must not be negative: pass 1 or more to split each GPU, or 0 for the job's")));
+  }
   const int logical = absl::GetFlag(FLAGS_logical_gpus_per_gpu) > 0
                           ? absl::GetFlag(FLAGS_logical_gpus_per_gpu)
                           : job->strategy.logical_gpus_per_gpu;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -157,8 +158,8 @@ absl::Status ReadUpTo(const std::string& path, gzFile file, size_t limit, std::s
       int zerr = Z_OK;
       const char* message = gzerror(file, &zerr);
       if (zerr == Z_ERRNO) {
-        return absl::ErrnoToStatus(
-            errno, absl::StrCat("cannot read IDX file \"", path, "\": ", std::strerror(errno)));
+        // ErrnoToStatus appends the errno's text itself.
+        return absl::ErrnoToStatus(errno, absl::StrCat("cannot read IDX file \"", path, "\""));
       }
       return absl::InvalidArgumentError(absl::StrCat(
           "IDX file \"", path, "\" is a corrupt gzip stream after ", old_size,
@@ -180,6 +181,11 @@ absl::Status ReadUpTo(const std::string& path, gzFile file, size_t limit, std::s
 }
 
 absl::StatusOr<gzFile> OpenIdx(const std::string& path) {
+  if (std::error_code error; std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDX file \"", path, "\" is a directory: give the path of an IDX file, e.g. ",
+                     kDefaultFashionMnistDir, "/train-images-idx3-ubyte.gz"));
+  }
   errno = 0;
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +18,10 @@ constexpr int kLowestPort = 20000;
 constexpr int kHighestPort = 32767;
 constexpr int kAttempts = 200;
 
-bool CanBind(const in_addr& address, int port) {
+// 0 when `port` can be bound on `address`, else the errno of the bind (or listen).
+int BindError(const in_addr& address, int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return errno;
   // gRPC binds with SO_REUSEADDR, so a port in TIME_WAIT is usable: test it the same way.
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -27,11 +29,13 @@ bool CanBind(const in_addr& address, int port) {
   socket_address.sin_family = AF_INET;
   socket_address.sin_addr = address;
   socket_address.sin_port = htons(static_cast<uint16_t>(port));
-  const bool bound =
+  const int error =
       bind(fd, reinterpret_cast<sockaddr*>(&socket_address), sizeof(socket_address)) == 0 &&
-      listen(fd, 1) == 0;
+              listen(fd, 1) == 0
+          ? 0
+          : errno;
   close(fd);
-  return bound;
+  return error;
 }
 
 }  // namespace
@@ -47,7 +51,14 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   std::uniform_int_distribution<int> ports(kLowestPort, kHighestPort);
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     const int port = ports(engine);
-    if (CanBind(address, port)) return port;
+    const int error = BindError(address, port);
+    if (error == 0) return port;
+    if (error == EADDRNOTAVAIL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot listen on ", host,
+                       ": it is not an address of this machine; give one of its own, such as "
+                       "127.0.0.1"));
+    }
   }
   return absl::ResourceExhaustedError(absl::StrCat("found no free port on ", host, " in ",
                                                    kAttempts, " tries between ", kLowestPort,

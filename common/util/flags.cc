@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "stratum/util/exit_codes.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 namespace {
@@ -56,6 +57,13 @@ void ParseFlagsOrExit(int argc, char** argv, const char* usage) {
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = IsOwnFlagFile;
   config.contains_help_flags = IsOwnFlagFile;
+  // --version: Stratum's, not Abseil's default (which names only the build type).
+  config.version_string = [] { return absl::StrCat("Stratum ", StratumVersion(), "\n"); };
+  // --help lists flags by their source file without the checkout's path.
+  config.normalize_filename = [](absl::string_view path) {
+    absl::ConsumePrefix(&path, STRATUM_SOURCE_ROOT);
+    return std::string(path);
+  };
   absl::SetFlagsUsageConfig(config);
   // Accept --dry-run for --dry_run: Abseil flag names cannot contain '-'.
   static std::vector<std::string> normalized;

@@ -68,8 +68,8 @@ StopDeadline::StopDeadline(const ShutdownWatcher& shutdown, absl::Duration timeo
       std::_Exit(128 + signal);
     }
     spdlog::warn(
-        "signal {}: training stops after the next step every worker agrees on, with "
-        "the job's state saved there (within {})",
+        "signal {}: training stops after the current step (one step every worker agrees "
+        "on, in a multi-worker job), with the job's state saved there (within {})",
         signal, absl::FormatDuration(timeout));
     if (ended_.WaitForNotificationWithTimeout(timeout)) return;
     spdlog::error(

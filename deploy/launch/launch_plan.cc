@@ -36,12 +36,22 @@ std::string BinaryFor(const std::string& task_type, bool chief_is_worker) {
   return "stratum-worker";
 }
 
+constexpr int kMaxTasksPerType = 256;
+
 absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   for (const auto& [flag, count] :
        {std::pair{"--workers", options.num_workers}, std::pair{"--ps", options.num_ps}}) {
     if (count < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(flag, " is ", count, ", which must not be negative: pass 0 or more"));
+    }
+    // Each task is a process with its own port: far more than one machine runs.
+    if (count > kMaxTasksPerType) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is ", count, ", more than the ", kMaxTasksPerType,
+                       " tasks of a type that stratum-launch starts on one machine: pass "
+                       "fewer, or start the tasks on several machines (--dry-run prints their "
+                       "command lines)"));
     }
   }
   if (options.num_workers == 0 && !options.chief) {

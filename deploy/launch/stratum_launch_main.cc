@@ -73,6 +73,11 @@ std::string AbsolutePath(const std::string& path) {
 }
 
 absl::StatusOr<LaunchOptions> OptionsFromFlags() {
+  if (absl::GetFlag(FLAGS_max_restarts) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts is ", absl::GetFlag(FLAGS_max_restarts),
+                     ", which must not be negative: pass 0 (never restart) or more"));
+  }
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.num_ps = absl::GetFlag(FLAGS_ps);  // -1: not given
@@ -103,6 +108,12 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
       if (!summary_path.empty()) worker_args.push_back("--summary_json=" + summary_path);
       chief_args = worker_args;
     } else if (job->strategy.type == "parameter_server") {
+      if (options.num_ps == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            job_path,
+            " is a parameter_server job, whose variables live on parameter servers, and --ps 0 "
+            "starts none: pass --ps 1 or more (2 when left out)"));
+      }
       options.chief = true;
       chief_args.push_back("--job=" + job_path);
       chief_args.push_back(

@@ -67,6 +67,14 @@ TEST(LaunchPlanTest, RefusesCountsThatMakeNoCluster) {
               HasSubstr("--workers is -1, which must not be negative"));
   EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 1, .num_ps = -2}).status().message()),
               HasSubstr("--ps is -2, which must not be negative"));
+  // A count no machine runs is a usage error, not a long search for free ports.
+  EXPECT_THAT(std::string(PlanLocalCluster({.num_workers = 100000}).status().message()),
+              HasSubstr("--workers is 100000, more than the 256 tasks of a type"));
+  // An address that is not this machine's is named as such.
+  auto elsewhere = PlanLocalCluster({.num_workers = 1, .host = "192.0.2.1"});
+  EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(elsewhere.status().message()),
+              HasSubstr("cannot listen on 192.0.2.1: it is not an address of this machine"));
 }
 
 TEST(LaunchPlanTest, DryRunPrintsCopyableShellLines) {

@@ -334,5 +334,20 @@ TEST(LaunchUsageTest, ParameterServersForAMultiWorkerMirroredJobAreRefused) {
   EXPECT_THAT(launcher->output(), HasSubstr("# ps:1 on"));
 }
 
+TEST(LaunchUsageTest, NoParameterServersForAParameterServerJobAndNegativeRestartsAreRefused) {
+  const std::string job = std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json";
+  auto launcher = Launch({"--job=" + job, "--ps=0", "--dry-run"});
+  auto exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT(launcher->output(), HasSubstr("is a parameter_server job, whose variables live on "
+                                            "parameter servers, and --ps 0 starts none"));
+  launcher = Launch({"--max_restarts=-1", "--dry-run"});
+  exit = launcher->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT(launcher->output(), HasSubstr("--max_restarts is -1, which must not be negative"));
+}
+
 }  // namespace
 }  // namespace stratum
