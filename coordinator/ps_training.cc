@@ -27,6 +27,7 @@
 #include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/json_text.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/training_job.h"
@@ -283,9 +284,9 @@ nlohmann::json TallyJson(const EpochTally& tally) {
 
 EpochTally TallyFromJson(const nlohmann::json& json) {
   return {.steps = json.value("steps", int64_t{0}),
-          .loss_sum = json.value("loss_sum", 0.0),
-          .correct = json.value("correct", 0.0),
-          .examples = json.value("examples", 0.0)};
+          .loss_sum = JsonNumberOr(json, "loss_sum", 0),
+          .correct = JsonNumberOr(json, "correct", 0),
+          .examples = JsonNumberOr(json, "examples", 0)};
 }
 
 // `carried` plus the finished closures of `scheduled`.
@@ -476,7 +477,15 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         EpochLog read = EpochLogFromJson(log);
         if (read.epoch <= logged_epochs) summary.history.push_back(read);
       }
-      if (saved.value("epoch", 0) == logged_epochs + 1) {
+      // A stop right at an epoch's end saved the whole epoch's figures before its line:
+      // that epoch ends again (with no steps left) and is reported then.
+      const int saved_epoch = saved.value("epoch", 0);
+      if (saved_epoch == logged_epochs && logged_epochs > 0 &&
+          (summary.history.empty() || summary.history.back().epoch < saved_epoch)) {
+        logged_epochs = saved_epoch - 1;
+        progress.epoch = saved_epoch;
+      }
+      if (saved_epoch == progress.epoch) {
         progress.carried = TallyFromJson(saved.value("epoch_tally", nlohmann::json::object()));
       }
     } catch (const nlohmann::json::exception& error) {  // the manifest's checksum passed
@@ -495,7 +504,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
     return checkpoints->Save(step, progress_json());
   };
-  int printed_epochs = 0;  // the highest epoch whose line this process printed
+  int printed_epochs = 0;       // the highest epoch whose line this process printed
+  int epochs_trained_here = 0;  // epochs this process ended (and reported)
   // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
   // the steps that finished is saved, so that the job started again resumes there.
   auto stop_early = [&]() -> absl::Status {
@@ -619,11 +629,17 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       }
       summary.history.push_back(log);
       logged_epochs = epoch;
-      // Saved before its line is printed: an epoch reported done is in the checkpoint.
+      // Saved (with its line in the record) before its line is printed: an epoch reported
+      // done is in the checkpoint. A save that fails leaves the epoch to end again.
       if (checkpoints && (every <= 0 || epoch_end % every == 0)) {
-        STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
+        if (absl::Status saved = PsFailure(save(global_step)); !saved.ok()) {
+          summary.history.pop_back();
+          logged_epochs = epoch - 1;
+          return saved;
+        }
         saved_step = global_step;
       }
+      ++epochs_trained_here;
       // An epoch printed before a rollback is trained again from the checkpoint; its line
       // says so (its figures cover the whole epoch all the same).
       const std::string again = epoch <= printed_epochs
@@ -743,7 +759,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     std::fflush(options.out);
     failure = train_epochs();
   }
-  if (summary.history.empty() && data->has_test) {
+  if (epochs_trained_here == 0 && data->has_test) {
     // The checkpoint already completes the job: report the model it holds.
     std::fprintf(options.out,
                  "the checkpoint at step %lld already completes this job's %d epochs: evaluating "

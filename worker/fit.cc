@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "fit_internal.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/util/json_text.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
@@ -36,12 +37,12 @@ EpochLog EpochLogFromJson(const nlohmann::json& json) {
   EpochLog log;
   log.epoch = json.value("epoch", 0);
   log.steps = json.value("steps", int64_t{0});
-  log.loss = json.value("loss", 0.0);
-  log.accuracy = json.value("accuracy", 0.0);
-  log.val_loss = json.value("val_loss", 0.0);
-  log.val_accuracy = json.value("val_accuracy", 0.0);
-  log.examples_per_sec = json.value("examples_per_sec", 0.0);
-  log.seconds = json.value("seconds", 0.0);
+  log.loss = JsonNumberOr(json, "loss", 0);
+  log.accuracy = JsonNumberOr(json, "accuracy", 0);
+  log.val_loss = JsonNumberOr(json, "val_loss", 0);
+  log.val_accuracy = JsonNumberOr(json, "val_accuracy", 0);
+  log.examples_per_sec = JsonNumberOr(json, "examples_per_sec", 0);
+  log.seconds = JsonNumberOr(json, "seconds", 0);
   return log;
 }
 

@@ -5,6 +5,7 @@
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/json_text.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -84,7 +85,7 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Mode
   state.step_in_epoch = manifest.value("step_in_epoch", int64_t{0});
   state.iteration = manifest.value("step", int64_t{0});
   const nlohmann::json stats = manifest.value("epoch_stats", nlohmann::json::object());
-  state.epoch_stats.loss_sum = stats.value("loss_sum", 0.0);
+  state.epoch_stats.loss_sum = JsonNumberOr(stats, "loss_sum", 0);
   state.epoch_stats.correct = stats.value("correct", int64_t{0});
   state.epoch_stats.examples = stats.value("examples", int64_t{0});
   state.history = manifest.value("history", nlohmann::json::array());

@@ -334,7 +334,8 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
                     fs::path(folder).filename().string(), ": ", restored.message());
   }
   if (damaged.empty()) return first_error;  // only the "checkpoint" file, and no folder
-  return absl::DataLossError(absl::StrCat(
+  // Not DATA_LOSS: the job cannot go on until someone acts, so it is not to be retried.
+  return absl::FailedPreconditionError(absl::StrCat(
       "no checkpoint in ", dir, " is intact (", why_damaged,
       "), so training cannot resume: to train from scratch, remove ", dir,
       " or set another checkpoint.dir; to keep the damaged ones, move them away first"));

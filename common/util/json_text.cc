@@ -1,5 +1,6 @@
 #include "stratum/util/json_text.h"
 
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,6 +67,13 @@ absl::StatusOr<nlohmann::json> ParseJsonText(absl::string_view text, absl::strin
                      " (JSON would keep the last silently): keep one"));
   }
   return root;
+}
+
+double JsonNumberOr(const nlohmann::json& object, const char* key, double missing) {
+  const auto found = object.find(key);
+  if (found == object.end()) return missing;
+  if (found->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  return found->get<double>();
 }
 
 }  // namespace stratum

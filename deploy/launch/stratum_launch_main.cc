@@ -187,55 +187,75 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       stop_all();
       return 128 + shutdown.signal_number();
     }
+    // Every exit of this pass first: a worker killed and the peer it took down end within
+    // one poll, and what happens must not depend on which is looked at first.
+    std::vector<std::pair<size_t, ExitInfo>> exits;
     for (size_t i = 0; i < children.size(); ++i) {
       std::optional<ExitInfo> exit = children[i]->Poll();
       if (!exit.has_value() || reported[i]) continue;
       reported[i] = true;
-      const PlannedTask& task = plan.tasks[i];
-      const std::string who = absl::StrCat(task.task.ToString(), " (pid ", children[i]->pid(), ")");
-      if (trains(i) && !exit->success() && exit->exit_code != 2 && job_restarts < max_restarts) {
-        ++job_restarts;
-        Say(absl::StrCat(who, " stopped unexpectedly: it ", exit->ToString(),
-                         "; the workers train in lock-step, so every one is stopped and the job "
-                         "starts again in 1s (restart ",
-                         job_restarts, " of ", max_restarts,
-                         "), resuming from its last checkpoint (from the start when the job has "
-                         "no checkpoint.dir)"));
-        std::vector<Subprocess*> training;
-        for (size_t t = 0; t < children.size(); ++t) {
-          if (!trains(t)) continue;
-          training.push_back(raw[t]);
-          reported[t] = true;  // their exits now are this stop's
-          restart_at[t] = absl::Now() + absl::Seconds(1);
-        }
-        StopAll(training, grace);
-        break;
+      exits.emplace_back(i, *exit);
+    }
+    auto who = [&](size_t i) {
+      return absl::StrCat(plan.tasks[i].task.ToString(), " (pid ", children[i]->pid(), ")");
+    };
+    // A MultiWorkerMirrored worker that failed (not on its configuration) takes the job
+    // down; the one a signal ended is named, since the others failed for want of it.
+    const std::pair<size_t, ExitInfo>* job_failure = nullptr;
+    for (const auto& exit : exits) {
+      if (!trains(exit.first) || exit.second.success() || exit.second.exit_code == 2) continue;
+      if (job_failure == nullptr || (exit.second.signal != 0 && job_failure->second.signal == 0)) {
+        job_failure = &exit;
       }
-      if (task.task == plan.main_task) {
-        Say(absl::StrCat(task.task.ToString(), " ", exit->ToString(), "; stopping the others"));
+    }
+    if (job_failure != nullptr) {
+      const auto& [failed, exit] = *job_failure;
+      if (job_restarts == max_restarts) {
+        Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
+                         "; the job is not started again (it failed ", max_restarts + 1,
+                         " times): stopping the others"));
         stop_all();
-        return exit->ShellCode();
+        return exit.ShellCode();
+      }
+      ++job_restarts;
+      Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
+                       "; the workers train in lock-step, so every one is stopped and the job "
+                       "starts again in 1s (restart ",
+                       job_restarts, " of ", max_restarts,
+                       "), resuming from its last checkpoint (from the start when the job has "
+                       "no checkpoint.dir)"));
+      std::vector<Subprocess*> training;
+      for (size_t t = 0; t < children.size(); ++t) {
+        if (!trains(t)) continue;
+        training.push_back(raw[t]);
+        reported[t] = true;  // their exits now are this stop's
+        restart_at[t] = absl::Now() + absl::Seconds(1);
+      }
+      StopAll(training, grace);
+      exits.clear();
+    }
+    for (const auto& [i, exit] : exits) {
+      const PlannedTask& task = plan.tasks[i];
+      if (task.task == plan.main_task) {
+        Say(absl::StrCat(task.task.ToString(), " ", exit.ToString(), "; stopping the others"));
+        stop_all();
+        return exit.ShellCode();
       }
       // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
       // when told to.
-      const bool finished = trains(i) && exit->success();
-      const bool restartable = !trains(i) && max_restarts > 0;
+      const bool finished = trains(i) && exit.success();
       const bool restart =
-          !trains(i) && !exit->success() && exit->exit_code != 2 && restarts[i] < max_restarts;
+          !trains(i) && !exit.success() && exit.exit_code != 2 && restarts[i] < max_restarts;
       std::string what = restart ? absl::StrCat("; starting it again in 1s (restart ",
                                                 restarts[i] + 1, " of ", max_restarts, ")")
                                  : "";
-      if (!restart && !exit->success() && restartable) {
-        what = exit->exit_code == 2
+      if (!restart && !exit.success() && !trains(i) && max_restarts > 0) {
+        what = exit.exit_code == 2
                    ? "; not started again: it would fail the same way"
                    : absl::StrCat("; not started again: it failed ", max_restarts + 1, " times");
       }
-      if (trains(i) && !exit->success() && exit->exit_code != 2) {
-        what =
-            absl::StrCat("; the job is not started again: it failed ", max_restarts + 1, " times");
-      }
-      Say(absl::StrCat(who, finished ? " finished: it " : " stopped unexpectedly: it ",
-                       exit->ToString(), what));
+      Say(absl::StrCat(who(i), finished ? " finished: it " : " stopped unexpectedly: it ",
+                       exit.ToString(), what));
       if (restart) restart_at[i] = absl::Now() + absl::Seconds(1);
     }
     for (size_t i = 0; i < children.size(); ++i) {

@@ -195,7 +195,8 @@ TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
 }
 
 // Under the launcher, a multi_worker_mirrored job whose worker dies is started again as a
-// whole (its workers train in lock-step) and resumes from its last checkpoint.
+// whole (its workers train in lock-step) and resumes from its last checkpoint. The killed
+// worker is named, not the one that failed for want of it.
 TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
   const JobFile job("launch_mwms", 4, 50, "fashion_mnist_mwms.json");
   auto launcher = Launch({"--job=" + job.path, "--workers=2"});
@@ -205,6 +206,7 @@ TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
   ASSERT_TRUE(exit.ok());
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("[launch] worker:1 (pid"));
   EXPECT_THAT(output, HasSubstr("stopped unexpectedly: it was killed by signal 9 (SIGKILL); the "
                                 "workers train in lock-step, so every one is stopped and the "
                                 "job starts again in 1s (restart 1 of 3)"));

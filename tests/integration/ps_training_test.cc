@@ -256,6 +256,19 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("Epoch 1/3")));
   ExpectThreeWholeEpochs(summary, output);
+  // Run once more, the checkpoint completes the job: it is evaluated, not trained again,
+  // and its record of the epochs is the summary's.
+  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string again = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << again;
+  EXPECT_THAT(again, HasSubstr("the checkpoint at step 300 already completes this job's 3 epochs"));
+  ExpectThreeWholeEpochs(summary, again);
+  std::ifstream final_file(summary);
+  const nlohmann::json final_summary = nlohmann::json::parse(final_file, nullptr, false);
+  ASSERT_TRUE(final_summary.is_object());
+  EXPECT_GT(final_summary["test_accuracy"].get<double>(), 0.5);
   // The final checkpoint is complete, readable, and only max_to_keep are kept.
   std::ifstream pointer(checkpoints + "/checkpoint");
   const nlohmann::json latest = nlohmann::json::parse(pointer);
@@ -297,7 +310,7 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
 }
 
 // A rollback to before the end of an epoch already reported trains its tail again; that
-// epoch's second line says so (its figures cover only the steps trained again).
+// epoch's second line says so.
 TEST(PsTrainingTest, AnEpochTrainedAgainAfterARollbackSaysSo) {
   const std::string checkpoints = TempPath("ckpt_ps_again");
   auto cluster = LongJobPastItsFirstEpoch("ps_again_job", checkpoints);

@@ -81,8 +81,8 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 // ones are renamed
 // "<folder>.damaged", kept for inspection. A corrupt or lost "checkpoint" file is damage: the
 // newest intact folder is restored and named. Returns the folder restored from, nullopt when
-// `dir` has no checkpoint, or, when no checkpoint is intact, DATA_LOSS naming each one and
-// its damage (then nothing is renamed).
+// `dir` has no checkpoint, or, when no checkpoint is intact, FAILED_PRECONDITION naming
+// each one and its damage (then nothing is renamed).
 absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
     const std::string& dir, const std::function<absl::Status(const std::string& folder)>& restore);
 

@@ -17,4 +17,9 @@ namespace stratum {
 absl::StatusOr<nlohmann::json> ParseJsonText(absl::string_view text, absl::string_view what,
                                              absl::string_view where, absl::string_view fix);
 
+// The number `object[key]`, `missing` when the key is absent. JSON has no NaN or Inf, and
+// nlohmann writes them as null: null reads back as NaN (a diverged loss stays diverged).
+// A value of another type throws nlohmann::json::type_error.
+double JsonNumberOr(const nlohmann::json& object, const char* key, double missing);
+
 }  // namespace stratum
