@@ -295,7 +295,7 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
       const int64_t epoch_end = state.iteration - state.step_in_epoch;
       const std::string epoch_end_folder = CheckpointFolder(options.checkpoint_dir, epoch_end);
       const std::string or_epoch_end =
-          epoch_end > 0 && std::filesystem::exists(epoch_end_folder + "/manifest.json")
+          epoch_end > 0 && ReadCheckpointManifest(epoch_end_folder).ok()
               ? absl::StrCat("; or, to resume from the end of epoch ", state.epoch,
                              " with this "
                              "run's workers, delete the checkpoint folders newer than ",
