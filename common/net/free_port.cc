@@ -1,13 +1,17 @@
 #include "stratum/net/free_port.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,6 +21,8 @@ namespace {
 constexpr int kLowestPort = 20000;
 constexpr int kHighestPort = 32767;
 constexpr int kAttempts = 200;
+// Shared by every process on the machine (and every user: sticky and world-writable).
+constexpr char kClaimDir[] = "/tmp/stratum-port-claims";
 
 // 0 when `port` can be bound on `address`, else the errno of the bind (or listen).
 int BindError(const in_addr& address, int port) {
@@ -40,6 +46,27 @@ int BindError(const in_addr& address, int port) {
 
 }  // namespace
 
+bool ClaimPort(int port) {
+  static const bool claims_usable = [] {
+    if (mkdir(kClaimDir, 01777) != 0 && errno != EEXIST) return false;
+    chmod(kClaimDir, 01777);  // mkdir's mode is cut by the umask; ignore failure (not ours)
+    struct stat info;
+    return stat(kClaimDir, &info) == 0 && S_ISDIR(info.st_mode);
+  }();
+  if (!claims_usable) return true;  // nowhere to claim: the bind check alone decides
+  const std::string path = absl::StrCat(kClaimDir, "/", port);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's file
+  if (fd < 0) return true;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return false;  // a live process holds it
+  }
+  // Deliberately never closed: the lock lasts as long as this process, and the kernel drops
+  // it when the process ends, however it ends. Files stay, one per port, for reuse.
+  return true;
+}
+
 absl::StatusOr<int> PickFreePort(const std::string& host) {
   in_addr address;
   if (inet_pton(AF_INET, host.c_str(), &address) != 1) {
@@ -52,7 +79,10 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     const int port = ports(engine);
     const int error = BindError(address, port);
-    if (error == 0) return port;
+    if (error == 0) {
+      if (ClaimPort(port)) return port;
+      continue;  // free now, but picked by another live process that has yet to bind it
+    }
     if (error == EADDRNOTAVAIL) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot listen on ", host,

@@ -1,5 +1,6 @@
 #include "stratum/net/health.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
 #include "stratum/util/process_info.h"
+#include "stratum/util/subprocess.h"
 
 namespace stratum {
 namespace {
@@ -46,6 +48,44 @@ TEST(FreePortTest, PicksDifferentPortsThatCanBeBound) {
   EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
   EXPECT_EQ(sorted.size(), 300u);
   EXPECT_FALSE(PickFreePorts(1, "not-an-address").ok());
+}
+
+// util-linux's flock(1) holding the claim file of `port`, as another process's ClaimPort
+// would; "held" is printed once it holds it.
+std::unique_ptr<Subprocess> HoldClaimElsewhere(int port) {
+  SubprocessOptions options;
+  options.argv = {"/usr/bin/flock", "-n", "/tmp/stratum-port-claims/" + std::to_string(port), "-c",
+                  "echo held; exec sleep 60"};
+  options.forward_fd = -1;
+  options.capture_output = true;
+  absl::StatusOr<std::unique_ptr<Subprocess>> holder = Subprocess::Spawn(options);
+  EXPECT_TRUE(holder.ok()) << holder.status();
+  return holder.ok() ? *std::move(holder) : nullptr;
+}
+
+TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
+  ASSERT_TRUE(PickFreePort().ok());  // makes the claim folder
+  // Below the range PickFreePort draws from, so no test beside this one claims it.
+  const int port = 10000 + getpid() % 10000;
+  std::unique_ptr<Subprocess> holder = HoldClaimElsewhere(port);
+  ASSERT_NE(holder, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (holder->output().find("held") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_THAT(holder->output(), HasSubstr("held"));
+  EXPECT_FALSE(ClaimPort(port));
+
+  // The kernel drops the claim with its process, however it ends.
+  holder->Signal(SIGKILL);
+  ASSERT_TRUE(holder->Wait(absl::Seconds(10)).ok());
+  EXPECT_TRUE(ClaimPort(port));
+  EXPECT_FALSE(ClaimPort(port)) << "a claim is held once, also within one process";
+  std::unique_ptr<Subprocess> refused = HoldClaimElsewhere(port);
+  ASSERT_NE(refused, nullptr);
+  absl::StatusOr<ExitInfo> exit = refused->Wait(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 1) << "flock(1) took a port this process claimed";
 }
 
 TEST(TaskServerTest, ServesHealthAndTaskStatus) {
