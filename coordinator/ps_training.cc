@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -499,9 +500,27 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   };
   if (checkpoints && global_step > 0)
     resume_progress(global_step, checkpoints->restored_progress());
+  // Keras' TerminateOnNaN, checked where it costs little: at each epoch's end and before
+  // each save, so that nothing that is not finite is ever saved.
+  auto check_finite = [&](int64_t step, double loss_sum) -> absl::Status {
+    std::string what;
+    if (!std::isfinite(loss_sum)) {
+      what = "the loss is not finite";
+    } else {
+      absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
+      if (!current.ok()) return current.status();
+      if (!AllFinite(*current)) what = "the variables hold NaN or infinity";
+    }
+    if (what.empty()) return absl::OkStatus();
+    const int epoch = progress.epoch;
+    return TrainingDiverged(what, step, epoch, step - (epoch - 1) * steps_per_epoch,
+                            steps_per_epoch, job.checkpoint.dir);
+  };
   // A save writes what the PSs hold: never once they are another coordinator's.
   auto save = [&](int64_t step) -> absl::Status {
     STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
+    const absl::StatusOr<EpochTally> tally = Tally(progress.carried, progress.scheduled);
+    STRATUM_RETURN_IF_ERROR(check_finite(step, tally.ok() ? tally->loss_sum : 0));
     return checkpoints->Save(step, progress_json());
   };
   int printed_epochs = 0;       // the highest epoch whose line this process printed
@@ -613,6 +632,10 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       log.seconds = Now() - progress.start;
       log.loss = tally->loss_sum / std::max(tally->examples, 1.0);
       log.accuracy = tally->correct / std::max(tally->examples, 1.0);
+      if (!std::isfinite(log.loss)) {
+        return TrainingDiverged(absl::StrCat("the epoch's loss is ", log.loss), global_step, epoch,
+                                steps_per_epoch, steps_per_epoch, job.checkpoint.dir);
+      }
       log.examples_per_sec = trained / std::max(log.seconds, 1e-9);
       train_seconds += log.seconds;
       train_examples += static_cast<int64_t>(trained);

@@ -123,11 +123,12 @@ absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
 
 constexpr char kStoppedEarlyPayload[] = "stratum/stopped-early";
 
-absl::StatusOr<bool> StopVote::AfterStep(const Strategy& strategy, const FitOptions& options,
-                                         int64_t iteration) {
+absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
+                                                     const FitOptions& options, int64_t iteration,
+                                                     bool diverged_here) {
   const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
-  if (strategy.num_workers() == 1) return here;
-  if (iteration < next_vote_) return false;
+  if (strategy.num_workers() == 1) return Agreed{.stop = here, .diverged = diverged_here};
+  if (iteration < next_vote_) return Agreed{};
   // This worker's proposal: the steps it trains in about kStopVoteInterval.
   const double now = Now();
   double proposal = 1;
@@ -136,9 +137,10 @@ absl::StatusOr<bool> StopVote::AfterStep(const Strategy& strategy, const FitOpti
         static_cast<double>(iteration - last_vote_iteration_) / (now - last_vote_time_);
     proposal = std::clamp(std::floor(steps_per_second * kStopVoteInterval), 1.0, 4096.0);
   }
-  Tensor vote(DType::kFloat32, Shape({2}));
+  Tensor vote(DType::kFloat32, Shape({3}));
   vote.data<float>()[0] = here ? 1.0f : 0.0f;
   vote.data<float>()[1] = static_cast<float>(proposal);
+  vote.data<float>()[2] = diverged_here ? 1.0f : 0.0f;
   std::vector<Tensor> votes = {std::move(vote)};
   STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, votes));
   const float* sum = votes[0].data<float>();
@@ -147,7 +149,7 @@ absl::StatusOr<bool> StopVote::AfterStep(const Strategy& strategy, const FitOpti
       iteration + std::max<int64_t>(1, static_cast<int64_t>(sum[1]) / strategy.num_workers());
   last_vote_iteration_ = iteration;
   last_vote_time_ = now;
-  return sum[0] > 0.5f;
+  return Agreed{.stop = sum[0] > 0.5f, .diverged = sum[2] > 0.5f};
 }
 
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
@@ -184,6 +186,21 @@ void SayResumed(const FitOptions& options, const FitState& state) {
 }
 
 }  // namespace fit_internal
+
+absl::Status TrainingDiverged(const std::string& what, int64_t iteration, int epoch, int64_t step,
+                              int64_t steps_per_epoch, const std::string& checkpoint_dir) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "training diverged: ", what, " after step ", iteration, " (epoch ", epoch, ", step ", step,
+      " of ", steps_per_epoch,
+      "), so training stopped there and that state is not saved; lower the optimizer's "
+      "learning_rate (or check data.rescale and that the loss suits the model's output), then "
+      "run the job again",
+      checkpoint_dir.empty()
+          ? ""
+          : absl::StrCat(": it resumes from the newest checkpoint in ", checkpoint_dir,
+                         ", written before the divergence (remove the folder to train from "
+                         "scratch)")));
+}
 
 bool IsStoppedEarly(const absl::Status& status) {
   return absl::IsCancelled(status) &&
@@ -391,7 +408,14 @@ void RemoveBackupsOfDeadWorkers(const std::string& temp) {
 
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, FitState state) {
+                    const FitOptions& options, int64_t steps_per_epoch, FitState state) {
+  if (!AllFinite(state.variables)) {
+    const bool epoch_end = state.step_in_epoch == 0;
+    return TrainingDiverged("the variables hold NaN or infinity", state.iteration,
+                            static_cast<int>(epoch_end ? state.epoch : state.epoch + 1),
+                            epoch_end ? steps_per_epoch : state.step_in_epoch, steps_per_epoch,
+                            options.checkpoint_dir);
+  }
   // The epoch's figures so far are saved summed over the workers (a collective: every
   // worker saves at the same step), with the global batch they were trained at.
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
@@ -409,6 +433,13 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   std::error_code ignored;
   std::filesystem::remove_all(scratch, ignored);
   return saved;
+}
+
+absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t steps,
+                            const FitOptions& options) {
+  if (std::isfinite(loss)) return absl::OkStatus();
+  return TrainingDiverged(absl::StrCat("the epoch's loss is ", loss), iteration, epoch, steps,
+                          steps, options.checkpoint_dir);
 }
 
 }  // namespace fit_internal
@@ -518,7 +549,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   std::unique_ptr<DistributedIterator> iterator;
   double train_seconds = 0;
   int64_t train_examples = 0;
-  bool stopping = false;  // FitOptions::stop: every worker agreed to stop
+  bool stopping = false;       // FitOptions::stop: every worker agreed to stop
+  bool diverged_here = false;  // a step's loss on this worker was not finite
   fit_internal::StopVote stop_vote;
   // Resuming: the data sequence is a function of the seed and the epoch, so the epochs
   // and steps already done are replayed from the input pipeline (not trained on).
@@ -590,13 +622,23 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
       progress.Step(step, epoch_stats.loss_sum / seen,
                     static_cast<double>(epoch_stats.correct) / seen);
-      STRATUM_ASSIGN_OR_RETURN(stopping, stop_vote.AfterStep(strategy, options, iteration));
+      if (!std::isfinite(total.loss_sum)) diverged_here = true;
+      STRATUM_ASSIGN_OR_RETURN(const fit_internal::StopVote::Agreed agreed,
+                               stop_vote.AfterStep(strategy, options, iteration, diverged_here));
+      if (agreed.diverged) {
+        progress.Interrupt();
+        return TrainingDiverged(workers == 1 ? absl::StrCat("the loss is ", total.loss_sum)
+                                             : "a worker's loss is not finite",
+                                iteration, epoch, step, steps_per_epoch, options.checkpoint_dir);
+      }
+      stopping = agreed.stop;
       const bool periodic =
           options.checkpoint_every_steps > 0 && iteration % options.checkpoint_every_steps == 0;
       if (!options.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch) {
         FitState now{epoch - 1,           step,    iteration, epoch_stats, state.history,
                      variables.primary(), slots[0]};
-        STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
+        STRATUM_RETURN_IF_ERROR(
+            Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now)));
       }
       // Stopped at the epoch's last step: the epoch ends (and is saved) first.
       if (stopping && step < steps_per_epoch) {
@@ -614,6 +656,12 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+    if (absl::Status finite =
+            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, options);
+        !finite.ok()) {
+      progress.Interrupt();
+      return finite;
+    }
     log.examples_per_sec = static_cast<double>(trained.examples) / std::max(log.seconds, 1e-9);
     train_seconds += log.seconds;
     train_examples += trained.examples;
@@ -632,7 +680,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     state.history.push_back(EpochLogJson(log));
     if (!options.checkpoint_dir.empty()) {
       FitState now{epoch, 0, iteration, StepStats{}, state.history, variables.primary(), slots[0]};
-      STRATUM_RETURN_IF_ERROR(Backup(strategy, model, optimizer, options, std::move(now)));
+      STRATUM_RETURN_IF_ERROR(
+          Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now)));
     }
     if (stopping && epoch < options.epochs) {
       return StoppedEarly(options, iteration, epoch, step, steps_per_epoch);

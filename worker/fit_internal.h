@@ -54,16 +54,24 @@ inline int64_t GlobalBatch(const Strategy& strategy, const FitOptions& options) 
 }
 
 // FitOptions::stop across workers: whether training stops after a step, the same answer on
-// every worker. With several workers they vote with an 8-byte all-reduce at steps they all
+// every worker, and whether any worker saw its training diverge. With several workers they
+// vote with a 12-byte all-reduce at steps they all
 // compute alike: each vote also sums every worker's proposal for the next one, the steps
 // it trains in about kStopVoteInterval, so the votes cost little and a stop comes soon.
 class StopVote {
  public:
   static constexpr double kStopVoteInterval = 0.1;  // seconds
 
-  // Call after every step (`iteration` counts from the job's start), on every worker.
-  absl::StatusOr<bool> AfterStep(const Strategy& strategy, const FitOptions& options,
-                                 int64_t iteration);
+  // What every worker agreed on after a step: to stop (FitOptions::stop was notified on
+  // some worker), or that training diverged (some worker's loss was not finite).
+  struct Agreed {
+    bool stop = false;
+    bool diverged = false;
+  };
+  // Call after every step (`iteration` counts from the job's start), on every worker;
+  // `diverged_here`: this worker has seen a loss that is not finite.
+  absl::StatusOr<Agreed> AfterStep(const Strategy& strategy, const FitOptions& options,
+                                   int64_t iteration, bool diverged_here);
 
  private:
   int64_t next_vote_ = 0;  // the first step of the run votes
@@ -88,9 +96,16 @@ void Accumulate(StepStats& into, const StepStats& more);
 // on every worker afterwards: the chief decides and broadcasts.
 absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
                                     const Optimizer& optimizer, const FitOptions& options);
-// Every worker runs the save path; only the chief's lands in the job's folder.
+// Every worker runs the save path; only the chief's lands in the job's folder. Variables
+// that are not finite are never saved: training diverged (TrainingDiverged), and every
+// worker, holding the same variables, says so at the same step.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, FitState state);
+                    const FitOptions& options, int64_t steps_per_epoch, FitState state);
+
+// TrainingDiverged when an epoch's loss over every worker is not finite (the same answer
+// on every worker); `steps` of the epoch ended after step `iteration`.
+absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t steps,
+                            const FitOptions& options);
 
 // Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
 class Progress {

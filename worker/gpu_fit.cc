@@ -400,7 +400,8 @@ absl::Status GpuFit::SaveBackup(int64_t epoch, int64_t step, const StepStats& ep
   now.epoch_stats = epoch_stats;
   now.history = history;
   STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&now.variables, &now.slots));
-  return fit_internal::Backup(strategy_, model_, optimizer_, options_, std::move(now));
+  return fit_internal::Backup(strategy_, model_, optimizer_, options_, steps_per_epoch_,
+                              std::move(now));
 }
 
 absl::StatusOr<FitSummary> GpuFit::Run() {
@@ -445,7 +446,11 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       if (step == first_step + 1 && epoch < options_.epochs) {
         STRATUM_RETURN_IF_ERROR(UploadOrder(index + 1));
       }
-      STRATUM_ASSIGN_OR_RETURN(stopping, stop_vote.AfterStep(strategy_, options_, iteration));
+      // The loss stays on the device until the epoch ends: divergence is found there, or
+      // by the check of the variables before a save.
+      STRATUM_ASSIGN_OR_RETURN(const fit_internal::StopVote::Agreed agreed,
+                               stop_vote.AfterStep(strategy_, options_, iteration, false));
+      stopping = agreed.stop;
       const bool periodic =
           options_.checkpoint_every_steps > 0 && iteration % options_.checkpoint_every_steps == 0;
       if (!options_.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch_) {
@@ -483,6 +488,12 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+    if (absl::Status finite =
+            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, options_);
+        !finite.ok()) {
+      progress.Interrupt();
+      return finite;
+    }
     // Every worker trains as many full batches as this one.
     const int64_t trained = (std::min(step * worker_batch_, order_length_) -
                              std::min(first_step * worker_batch_, order_length_)) *

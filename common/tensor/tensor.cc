@@ -1,5 +1,7 @@
 #include "stratum/tensor/tensor.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -139,6 +141,18 @@ bool Tensor::BitwiseEqual(const Tensor& other) const {
 
 std::string Tensor::DebugString() const {
   return absl::StrCat(DTypeName(dtype_), shape_.ToString());
+}
+
+bool AllFinite(const std::vector<Tensor>& tensors) {
+  for (const Tensor& tensor : tensors) {
+    if (tensor.dtype() != DType::kFloat32) continue;
+    const float* values = tensor.data<float>();
+    if (!std::all_of(values, values + tensor.num_elements(),
+                     [](float value) { return std::isfinite(value); })) {
+      return false;
+    }
+  }
+  return true;
 }
 
 absl::StatusOr<Tensor> ConcatRows(const std::vector<Tensor>& parts) {

@@ -117,6 +117,20 @@ TEST(StratumTrainTest, MissingDataNamesThePackage) {
   EXPECT_THAT(run.output, HasSubstr("dataset-fashion-mnist"));
 }
 
+// Pixels scaled past float32's range make the first step's loss NaN: training stops there
+// with the fix, exit 2 (running it again would diverge again), instead of 10 epochs of NaN.
+TEST(StratumTrainTest, ALossThatIsNotFiniteStopsTrainingWithTheFix) {
+  nlohmann::json job = ExampleJob();
+  job["data"]["rescale"] = 1e38;
+  job["fit"]["steps_per_epoch"] = 20;
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "diverging")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("stratum-train: training diverged: the loss is nan after step "
+                                    "1 (epoch 1, step 1 of 20)"));
+  EXPECT_THAT(run.output, HasSubstr("check data.rescale"));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch 1/10")));
+}
+
 TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   nlohmann::json job = ExampleJob();
   job["strategy"] = {{"type", "parameter_server"}};

@@ -1,5 +1,7 @@
 #include "stratum/tensor/tensor.h"
 
+#include <cmath>
+
 #include "stratum/tensor/tensor_proto.h"
 
 #include <gmock/gmock.h>
@@ -44,6 +46,18 @@ TEST(TensorTest, MatrixViewMapsRowMajor) {
   EXPECT_EQ(a.Matrix()(1, 0), 4);
   a.Matrix()(0, 2) = 7;
   EXPECT_EQ(a.data<float>()[2], 7);
+}
+
+TEST(TensorTest, AllFiniteFindsNaNAndInfinityAnywhere) {
+  std::vector<Tensor> tensors = {Tensor::FromVector<float>(Shape({2}), {1, -2}),
+                                 Tensor::FromVector<float>(Shape({3}), {0, 3e38f, -1e-38f}),
+                                 Tensor::FromVector<int32_t>(Shape({1}), {7})};
+  EXPECT_TRUE(AllFinite(tensors));
+  EXPECT_TRUE(AllFinite({}));
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    tensors[1].data<float>()[2] = bad;
+    EXPECT_FALSE(AllFinite(tensors)) << bad;
+  }
 }
 
 TEST(TensorTest, ConcatRowsAndEquality) {

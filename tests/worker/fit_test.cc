@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -9,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -154,6 +156,16 @@ FitData Data(int64_t train, int64_t test) {
   return data;
 }
 
+// Data(train, 100) whose training example `row` has an infinite feature: the step that
+// trains on it (in order, with no shuffle) has a loss that is not finite.
+FitData DataWithAnInfiniteExample(int64_t train, int64_t row) {
+  Element examples = SyntheticData(train, 11);
+  examples[0].data<float>()[row * 8] = INFINITY;
+  FitData data = Data(train, 100);
+  data.train = Dataset::FromTensorSlices(examples);
+  return data;
+}
+
 TEST(FitTest, EverySingleProcessStrategyLearns) {
   const Model model = TestModel();
   const Loss loss = Loss::SparseCategoricalCrossentropy();
@@ -259,6 +271,43 @@ TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
         << model.variables()[v].name;
   }
   std::filesystem::remove_all(dir);
+}
+
+// Keras' TerminateOnNaN, as an error: training stops at the step whose loss is not finite,
+// says where and what to change, and saves nothing from that step on.
+TEST(FitTest, ALossThatIsNotFiniteStopsTrainingWithTheFixAndSavesNothingAfterIt) {
+  const Model model = TestModel();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  for (int replicas : {1, 2}) {
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/fit_diverged_", getpid(), "_", replicas);
+    std::filesystem::remove_all(dir);
+    auto strategy = Mirrored(replicas);
+    FitOptions options;
+    options.epochs = 2;
+    options.batch_size_per_replica = 16 / replicas;
+    options.shuffle_buffer = 0;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = dir;
+    options.checkpoint_every_steps = 2;
+    // Row 100 is in step 7 (rows 96 to 111) of 25.
+    auto summary = Fit(*strategy, model, Loss::SparseCategoricalCrossentropy(), *optimizer,
+                       DataWithAnInfiniteExample(400, 100), options);
+    EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition) << replicas;
+    EXPECT_THAT(
+        std::string(summary.status().message()),
+        ::testing::AllOf(::testing::StartsWith("training diverged: the loss is "),
+                         ::testing::HasSubstr("after step 7 (epoch 1, step 7 of 25)"),
+                         ::testing::HasSubstr("learning_rate"),
+                         ::testing::HasSubstr("resumes from the newest checkpoint in " + dir)));
+    auto newest = ReadLatestCheckpoint(dir);
+    ASSERT_TRUE(newest.ok()) << newest.status();
+    EXPECT_EQ(newest->step, 6) << replicas;
+    for (const auto& [name, value] : newest->variables) {
+      EXPECT_TRUE(AllFinite({value})) << name;
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // Mid-epoch, the checkpoint's position in the data is a count of steps of its global

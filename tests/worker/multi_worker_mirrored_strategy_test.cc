@@ -4,13 +4,19 @@
 // chief's broadcast, and variables identical bit for bit on every worker after every step.
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -157,6 +163,55 @@ TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEv
   }
   // Training moved the variables.
   EXPECT_NE(std::memcmp(seen[0][0].data(), seen[0][kSteps - 1].data(), 64), 0);
+}
+
+// One worker's loss that is not finite stops every worker at the same step with the same
+// error (they vote), never that worker alone, which would leave the others waiting on it;
+// and nothing that is not finite is saved on the way.
+TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryWorkerAlike) {
+  const int n = 2;
+  auto workers = MakeWorkers(n);
+  auto model = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 4]}},
+      {"class_name": "Dense", "config": {"units": 8, "activation": "relu"}},
+      {"class_name": "Dense", "config": {"units": 2, "activation": "softmax"}}]}})");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto optimizer = Optimizer::FromKeras("adam");
+  ASSERT_TRUE(optimizer.ok());
+  constexpr int64_t kExamples = 2000;
+  Tensor x(DType::kFloat32, Shape({kExamples, 4}));
+  Tensor y(DType::kInt32, Shape({kExamples}));
+  for (int64_t i = 0; i < kExamples; ++i) {
+    for (int j = 0; j < 4; ++j) x.data<float>()[i * 4 + j] = static_cast<float>((i + j) % 5);
+    y.data<int32_t>()[i] = static_cast<int32_t>(i % 2);
+  }
+  x.data<float>()[201 * 4] = INFINITY;  // in worker 1's shard only (odd examples), step 7
+  FitData data;
+  data.train = Dataset::FromTensorSlices({x, y});
+  data.train_examples = kExamples;
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/mwms_diverged_", getpid());
+  std::filesystem::remove_all(dir);
+  std::vector<absl::Status> ended(n);
+  OnEveryWorker(n, [&](int w) {
+    FitOptions options;
+    options.epochs = 3;
+    options.batch_size_per_replica = 8;
+    options.shuffle_buffer = 0;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = dir;
+    options.checkpoint_every_steps = 2;
+    ended[w] =
+        Fit(*workers[w], *model, Loss::SparseCategoricalCrossentropy(), **optimizer, data, options)
+            .status();
+  });
+  EXPECT_EQ(ended[0].code(), absl::StatusCode::kFailedPrecondition) << ended[0];
+  EXPECT_THAT(std::string(ended[0].message()), ::testing::StartsWith("training diverged: "));
+  EXPECT_EQ(ended[0], ended[1]);
+  auto newest = ReadLatestCheckpoint(dir);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_LE(newest->step, 6);
+  for (const auto& [name, value] : newest->variables) EXPECT_TRUE(AllFinite({value})) << name;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MultiWorkerMirroredStrategyTest, ADeadWorkerFailsTheStepInsteadOfHangingIt) {
