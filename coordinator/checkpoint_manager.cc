@@ -39,9 +39,11 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
     }));
   }
   nlohmann::json files = nlohmann::json::array();
+  std::vector<std::string> stopping;
   for (int task = 0; task < variables_.num_ps(); ++task) {
     absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
     if (!saved.ok()) return saved.status();
+    if (saved->stopping()) stopping.push_back(variables_.client(task).task());
     nlohmann::json held = nlohmann::json::array();
     for (const proto::VariableStatus& variable : saved->variables()) {
       held.push_back(
@@ -61,7 +63,10 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
                              {"files", files},
                              {"shards", ShardMap(variables_.shards())}};
   if (!progress.is_null()) manifest["progress"] = progress;
-  return CommitCheckpoint(dir_, step, manifest, max_to_keep_);
+  stopping_in_last_save_.clear();
+  STRATUM_RETURN_IF_ERROR(CommitCheckpoint(dir_, step, manifest, max_to_keep_));
+  stopping_in_last_save_ = std::move(stopping);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<std::string>> CheckpointManager::Latest() const {

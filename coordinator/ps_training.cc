@@ -7,12 +7,14 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "proto/worker.grpc.pb.h"
@@ -182,10 +184,20 @@ class PsWatcher {
     return absl::OkStatus();
   }
 
-  // The parameter servers that began stopping since the last call ("ps:1, ps:0"), or "".
+  // The parameter servers that began stopping since the last call ("ps:1, ps:0") and that
+  // no save has covered yet, or "".
   std::string TakeStopping() {
     absl::MutexLock lock(&mutex_);
-    return std::exchange(stopping_, "");
+    return absl::StrJoin(std::exchange(stopping_, {}), ", ");
+  }
+  // A save (whichever: periodic, an epoch's end, a stop) was written after `tasks` began
+  // stopping: they go now, and need no save of their own.
+  void SavedForStopping(const std::vector<std::string>& tasks) {
+    absl::MutexLock lock(&mutex_);
+    for (const std::string& task : tasks) {
+      covered_.insert(task);
+      std::erase(stopping_, task);
+    }
   }
   // FAILED_PRECONDITION once a PS refuses this coordinator (another one holds it now): then
   // this one must stop.
@@ -213,11 +225,14 @@ class PsWatcher {
       if (!Lost().ok()) return;  // the PSs are another coordinator's: nothing to keep
       // Unreachable: its failure shows in training.
       if (!stopping.ok()) continue;
+      const std::string& name = variables_.client(task).task();
       if (*stopping && !reported) {
         absl::MutexLock lock(&mutex_);
-        stopping_ = stopping_.empty()
-                        ? variables_.client(task).task()
-                        : absl::StrCat(stopping_, ", ", variables_.client(task).task());
+        if (!covered_.contains(name)) stopping_.push_back(name);
+      }
+      if (!*stopping) {  // serving (again): a later stop needs a save again
+        absl::MutexLock lock(&mutex_);
+        covered_.erase(name);
       }
       reported = *stopping;
     } while (!done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
@@ -238,7 +253,8 @@ class PsWatcher {
   ShardedVariables& variables_;
   const bool saves_checkpoints_;
   absl::Mutex mutex_;
-  std::string stopping_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::string> stopping_ ABSL_GUARDED_BY(mutex_);
+  std::set<std::string> covered_ ABSL_GUARDED_BY(mutex_);  // stopping, and saved since
   absl::Status lost_ ABSL_GUARDED_BY(mutex_);
   absl::Notification done_;
   std::vector<std::thread> threads_;  // one per PS, once the PSs are claimed
@@ -521,7 +537,17 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     STRATUM_RETURN_IF_ERROR(ps_watcher.CheckHold());
     const absl::StatusOr<EpochTally> tally = Tally(progress.carried, progress.scheduled);
     STRATUM_RETURN_IF_ERROR(check_finite(step, tally.ok() ? tally->loss_sum : 0));
-    return checkpoints->Save(step, progress_json());
+    STRATUM_RETURN_IF_ERROR(checkpoints->Save(step, progress_json()));
+    // A PS that got a signal goes once a save begun after it is written, whichever save.
+    ps_watcher.SavedForStopping(checkpoints->stopping_in_last_save());
+    for (const std::string& ps : checkpoints->stopping_in_last_save()) {
+      std::fprintf(options.out,
+                   "%s is stopping (it got a signal): saved the state at step %lld in %s, which "
+                   "training goes on from once it is back\n",
+                   ps.c_str(), static_cast<long long>(step), job.checkpoint.dir.c_str());
+    }
+    std::fflush(options.out);
+    return absl::OkStatus();
   };
   int printed_epochs = 0;       // the highest epoch whose line this process printed
   int epochs_trained_here = 0;  // epochs this process ended (and reported)
@@ -577,13 +603,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     // Saved even when the latest checkpoint is at this step: the PS waits for a new one
     // (the same bytes again).
     STRATUM_RETURN_IF_ERROR(coordinator.Join());
-    STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));
+    STRATUM_RETURN_IF_ERROR(PsFailure(save(global_step)));  // says so for `ps`
     saved_step = global_step;
-    std::fprintf(options.out,
-                 "%s is stopping (it got a signal): saved the state at step %lld in %s, which "
-                 "training goes on from once it is back\n",
-                 ps.c_str(), static_cast<long long>(global_step), job.checkpoint.dir.c_str());
-    std::fflush(options.out);
     return absl::OkStatus();
   };
   // One pass over the remaining epochs; a PS failure ends it early (recovered below).

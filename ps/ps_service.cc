@@ -174,6 +174,7 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
   response->set_crc32(written->crc32);
   response->set_bytes(written->bytes);
   AppendVariableStatuses(store_, response->mutable_variables());
+  response->set_stopping(after_stop);
   if (after_stop) {
     absl::MutexLock lock(&stop_mutex_);
     saved_since_stopping_ = true;

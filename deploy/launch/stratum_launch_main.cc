@@ -242,13 +242,19 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
         return exit.ShellCode();
       }
       // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
-      // when told to.
+      // when told to, so one that stopped cleanly was stopped from outside (a SIGTERM, as
+      // an evicted pod gets) and the job still needs it, as much as one that failed.
       const bool finished = trains(i) && exit.success();
-      const bool restart =
-          !trains(i) && !exit.success() && exit.exit_code != 2 && restarts[i] < max_restarts;
+      const bool server = !trains(i) && task.task.type != kEvaluator;
+      const bool restart = !trains(i) && (server || !exit.success()) && exit.exit_code != 2 &&
+                           restarts[i] < max_restarts;
       std::string what = restart ? absl::StrCat("; starting it again in 1s (restart ",
                                                 restarts[i] + 1, " of ", max_restarts, ")")
                                  : "";
+      if (server && exit.success()) {
+        what = absl::StrCat(" (it was stopped from outside this launcher, and the job needs it)",
+                            what);
+      }
       if (!restart && !exit.success() && !trains(i) && max_restarts > 0) {
         what = exit.exit_code == 2
                    ? "; not started again: it would fail the same way"

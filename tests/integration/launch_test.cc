@@ -194,6 +194,29 @@ TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
   EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
 }
 
+// A parameter server stopped from outside the launcher (a SIGTERM, as an evicted pod gets)
+// waits for the chief's save and exits cleanly; the launcher starts it again, since the job
+// needs it, and the chief restores that save: the job ends as if nothing happened.
+TEST(LaunchTest, APsJobOutlivesAParameterServerStoppedFromOutside) {
+  const JobFile job("launch_ps_term", 4, 50);
+  auto launcher = Launch({"--job=" + job.path, "--workers=2", "--ps=2"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
+  const int ps = ChildPids(launcher->output()).at("ps:1");
+  ASSERT_EQ(kill(ps, SIGTERM), 0);
+  auto exit = launcher->Wait(absl::Seconds(90));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("ps:1 is stopping (it got a signal): saved the state at step"));
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("[launch] ps:1 (pid ", ps,
+                                             ") stopped unexpectedly: it exited with code 0 (it "
+                                             "was stopped from outside this launcher, and the job "
+                                             "needs it); starting it again in 1s")));
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
+  EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
+}
+
 // Under the launcher, a multi_worker_mirrored job whose worker dies is started again as a
 // whole (its workers train in lock-step) and resumes from its last checkpoint. The killed
 // worker is named, not the one that failed for want of it.

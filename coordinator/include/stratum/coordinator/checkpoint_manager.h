@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
@@ -27,6 +28,9 @@ class CheckpointManager {
   // `progress` (the coordinator's record of the epochs, any JSON) is kept in the manifest
   // and given back by restored_progress() after a restore.
   absl::Status Save(int64_t step, const nlohmann::json& progress = nullptr);
+  // The PS tasks ("ps:1") that were stopping (they got a signal) when the last Save wrote
+  // their files: they go now, their state saved.
+  const std::vector<std::string>& stopping_in_last_save() const { return stopping_in_last_save_; }
   // Restores the latest checkpoint; its step, or nullopt when there is none.
   absl::StatusOr<std::optional<int64_t>> RestoreLatest();
   // The progress saved with the checkpoint RestoreLatest restored; null when none.
@@ -39,6 +43,7 @@ class CheckpointManager {
   int max_to_keep_;
   ShardedVariables& variables_;
   nlohmann::json restored_progress_;
+  std::vector<std::string> stopping_in_last_save_;
 };
 
 }  // namespace stratum
