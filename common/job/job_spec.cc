@@ -177,6 +177,11 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
     return fields.Error("strategy.type", absl::StrCat("is \"", out.type, "\""),
                         absl::StrCat("use ", absl::StrJoin(kTypes, ", ")));
   }
+  if (out.type == "default" && !out.devices.empty()) {
+    return fields.Error("strategy.devices",
+                        "is given for the default strategy, which runs on its one device",
+                        "remove \"devices\", or use strategy.type \"one_device\" or \"mirrored\"");
+  }
   return absl::OkStatus();
 }
 
@@ -259,6 +264,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
                          data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
     if (!s.ok()) return s;
   }
+  if (!(job.data.rescale > 0)) {
+    return data.Error("data.rescale", absl::StrCat("is ", job.data.rescale),
+                      "use a positive factor, such as 0.00392156862745098 (1/255) for pixels");
+  }
 
   if (root.contains("fit")) {
     Fields fit(root["fit"], "fit", source);
@@ -284,14 +293,17 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
       return fit.Error("fit.batch_size_per_replica",
                        absl::StrCat("is ", job.fit.batch_size_per_replica), "use 1 to 1048576");
     }
+    // Counts past 10^12 (years of steps) would only overflow the step arithmetic.
+    constexpr int64_t kMost = 1000000000000;
     for (const auto& [name, value, least, fix] :
          {std::tuple{"fit.steps_per_epoch", job.fit.steps_per_epoch, 0,
-                     "use 0 (one pass over the training data) or a number of steps"},
+                     "use 0 (one pass over the training data) or a number of steps up to "
+                     "1000000000000"},
           std::tuple{"fit.shuffle_buffer", job.fit.shuffle_buffer, 0,
-                     "use 0 (no shuffling) or a number of examples"},
+                     "use 0 (no shuffling) or a number of examples up to 1000000000000"},
           std::tuple{"fit.steps_per_execution", job.fit.steps_per_execution, 1,
-                     "use 1 or more steps per closure"}}) {
-      if (value < least) return fit.Error(name, absl::StrCat("is ", value), fix);
+                     "use 1 or more steps per closure, up to 1000000000000"}}) {
+      if (value < least || value > kMost) return fit.Error(name, absl::StrCat("is ", value), fix);
     }
   }
   if (root.contains("checkpoint")) {

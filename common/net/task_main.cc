@@ -238,6 +238,12 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   if (!absl::GetFlag(FLAGS_task_type).empty()) overrides.task_type = absl::GetFlag(FLAGS_task_type);
   if (options.forced_type) overrides.task_type = options.forced_type;
   if (absl::GetFlag(FLAGS_task_index) >= 0) overrides.task_index = absl::GetFlag(FLAGS_task_index);
+  if (absl::GetFlag(FLAGS_task_index) < -1) {
+    ExitWithUsageError(options.binary,
+                       absl::StrCat("--task_index is ", absl::GetFlag(FLAGS_task_index),
+                                    ": give a task index of 0 or more, or leave it out to use "
+                                    "TF_CONFIG's task.index"));
+  }
   const TlsFiles tls_files = TlsFilesFromFlags();
 
   const TfConfigSource source = ReadTfConfigOrExit(options.binary, !tls_files.empty());
@@ -253,6 +259,19 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   absl::StatusOr<TFConfigClusterResolver> resolver =
       TFConfigClusterResolver::Create(tf_config, overrides);
   if (!resolver.ok()) ExitWithUsageError(options.binary, std::string(resolver.status().message()));
+  // A type forced by a flag (stratum-worker --evaluator) names the task TF_CONFIG describes;
+  // it does not turn another task into it.
+  if (options.forced_type) {
+    absl::StatusOr<TFConfigClusterResolver> as_given = TFConfigClusterResolver::Create(tf_config);
+    if (as_given.ok() && as_given->has_task() && as_given->task_type() != *options.forced_type) {
+      ExitWithUsageError(
+          options.binary,
+          absl::StrCat("this run is the ", *options.forced_type, " task, but TF_CONFIG's task is ",
+                       as_given->task().ToString(), ": set TF_CONFIG's task.type to \"",
+                       *options.forced_type, "\" (or run ", as_given->task().ToString(),
+                       " without the flag that makes it the ", *options.forced_type, ")"));
+    }
+  }
   if (!resolver->has_task()) {
     ExitWithUsageError(options.binary,
                        "TF_CONFIG has no task: add \"task\": {\"type\": \"" +

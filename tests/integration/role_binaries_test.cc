@@ -120,6 +120,19 @@ TEST(RoleBinariesTest, WrongRoleForTheBinaryIsAUsageError) {
               HasSubstr("TF_CONFIG task.type \"worker\" is not a task stratum-ps runs"));
 }
 
+// --evaluator names the task TF_CONFIG describes; it used to turn worker:0 into an evaluator
+// without a word.
+TEST(RoleBinariesTest, TheEvaluatorFlagWithAWorkersTfConfigIsAUsageError) {
+  BinaryRun run = RunBinary(
+      "stratum-worker", {"--evaluator"},
+      {{"TF_CONFIG",
+        R"({"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("this run is the evaluator task, but TF_CONFIG's task is worker:0: set "
+                        "TF_CONFIG's task.type to \"evaluator\""));
+}
+
 TEST(RoleBinariesTest, CoordinatorNeedsPsAndWorkers) {
   BinaryRun run = RunBinary(
       "stratum-coordinator", {},
@@ -290,6 +303,12 @@ TEST(RoleBinariesTest, FlagsOverrideTheTask) {
                                                R"("]}, "task": {"type": "worker", "index": 0}})"}});
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("task.index 5 is out of range"));
+  // -1 is "not given"; below it is no index at all (it used to be ignored).
+  run = RunBinary("stratum-worker", {"--task_index=-4"},
+                  {{"TF_CONFIG", R"({"cluster": {"worker": [")" + address +
+                                     R"("]}, "task": {"type": "worker", "index": 0}})"}});
+  EXPECT_EQ(run.exit.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--task_index is -4: give a task index of 0 or more"));
 }
 
 TEST(RoleBinariesTest, PortInUseExitsOneNamingTheAddress) {

@@ -1,4 +1,5 @@
 #include "stratum/job/job_spec.h"
+#include "absl/strings/str_cat.h"
 #include "stratum/util/json_depth.h"
 
 #include <gmock/gmock.h>
@@ -113,6 +114,32 @@ TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
   EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.shuffle_buffer is -1"));
   job["fit"] = {{"steps_per_execution", 0}};
   EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.steps_per_execution is 0: use 1 or more"));
+}
+
+// Values that parse but mean nothing a user could want, found by a QA pass: each is refused
+// by name with the fix instead of being quietly ignored or trained on.
+TEST(JobSpecTest, ValuesThatCannotBeMeantAreRefusedWithTheFix) {
+  nlohmann::json job = nlohmann::json::parse(kMinimal);
+  job["strategy"] = {{"type", "default"}, {"devices", {"GPU:3"}}};
+  EXPECT_THAT(ErrorOf(job.dump()),
+              HasSubstr("strategy.devices is given for the default strategy, which runs on its "
+                        "one device: remove \"devices\", or use strategy.type \"one_device\" "
+                        "or \"mirrored\""));
+  job.erase("strategy");
+  for (double rescale : {0.0, -0.5}) {
+    job["data"]["rescale"] = rescale;
+    EXPECT_THAT(ErrorOf(job.dump()),
+                HasSubstr(absl::StrCat("data.rescale is ", rescale,
+                                       ": use a positive factor, such as 0.00392156862745098 "
+                                       "(1/255) for pixels")));
+  }
+  job["data"].erase("rescale");
+  job["fit"] = {{"steps_per_epoch", int64_t{1} << 62}};
+  EXPECT_THAT(ErrorOf(job.dump()),
+              HasSubstr("fit.steps_per_epoch is 4611686018427387904: use 0 (one pass over the "
+                        "training data) or a number of steps up to 1000000000000"));
+  job["fit"] = {{"steps_per_epoch", 1000000000000}};
+  EXPECT_TRUE(ParseJobSpec(job.dump(), "job.json", "/jobs").ok());
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {
