@@ -708,8 +708,14 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   while (!failure.ok()) {
     const bool ps_failed =
         absl::StrContains(failure.message(), "a parameter server is unavailable");
-    if (!ps_failed || !checkpoints || options.ps_recovery_timeout <= absl::ZeroDuration()) {
-      return failure;
+    if (!ps_failed || options.ps_recovery_timeout <= absl::ZeroDuration()) return failure;
+    if (!checkpoints) {
+      return absl::Status(
+          failure.code(),
+          absl::StrCat(failure.message(),
+                       "; the job has no checkpoint.dir, so the variables it held are lost and "
+                       "training cannot go on: set checkpoint.dir, and a parameter server that "
+                       "comes back is re-seeded from the last checkpoint while training waits"));
     }
     std::fprintf(options.out, "%s; waiting up to %s for it to come back\n",
                  std::string(failure.message()).c_str(),
