@@ -31,6 +31,7 @@ CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVa
     : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
 
 absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progress) {
+  stopping_in_last_save_.clear();
   STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir_, step));
   std::vector<std::future<absl::StatusOr<proto::SaveResponse>>> saves;
   for (int task = 0; task < variables_.num_ps(); ++task) {
@@ -63,7 +64,6 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
                              {"files", files},
                              {"shards", ShardMap(variables_.shards())}};
   if (!progress.is_null()) manifest["progress"] = progress;
-  stopping_in_last_save_.clear();
   STRATUM_RETURN_IF_ERROR(CommitCheckpoint(dir_, step, manifest, max_to_keep_));
   stopping_in_last_save_ = std::move(stopping);
   return absl::OkStatus();

@@ -516,21 +516,14 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   };
   if (checkpoints && global_step > 0)
     resume_progress(global_step, checkpoints->restored_progress());
-  // Keras' TerminateOnNaN, checked where it costs little: at each epoch's end and before
-  // each save, so that nothing that is not finite is ever saved.
+  // Keras' TerminateOnNaN, checked where it costs nothing: at each epoch's end and before
+  // each save. The variables need no check: every PS refuses a gradient that is not finite.
   auto check_finite = [&](int64_t step, double loss_sum) -> absl::Status {
-    std::string what;
-    if (!std::isfinite(loss_sum)) {
-      what = "the loss is not finite";
-    } else {
-      absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
-      if (!current.ok()) return current.status();
-      if (!AllFinite(*current)) what = "the variables hold NaN or infinity";
-    }
-    if (what.empty()) return absl::OkStatus();
+    if (std::isfinite(loss_sum)) return absl::OkStatus();
     const int epoch = progress.epoch;
-    return TrainingDiverged(what, step, epoch, step - (epoch - 1) * steps_per_epoch,
-                            steps_per_epoch, job.checkpoint.dir);
+    return TrainingDiverged("the loss is not finite", step, epoch,
+                            step - (epoch - 1) * steps_per_epoch, steps_per_epoch,
+                            job.checkpoint.dir);
   };
   // A save writes what the PSs hold: never once they are another coordinator's.
   auto save = [&](int64_t step) -> absl::Status {
@@ -713,9 +706,10 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       return absl::Status(
           failure.code(),
           absl::StrCat(failure.message(),
-                       "; the job has no checkpoint.dir, so the variables it held are lost and "
-                       "training cannot go on: set checkpoint.dir, and a parameter server that "
-                       "comes back is re-seeded from the last checkpoint while training waits"));
+                       "; the job has no checkpoint.dir to re-seed a parameter server from, so "
+                       "training does not wait for it: set checkpoint.dir, and a parameter "
+                       "server that comes back is re-seeded from the last checkpoint while "
+                       "training waits"));
     }
     std::fprintf(options.out, "%s; waiting up to %s for it to come back\n",
                  std::string(failure.message()).c_str(),

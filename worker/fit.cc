@@ -409,16 +409,18 @@ void RemoveBackupsOfDeadWorkers(const std::string& temp) {
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
                     const FitOptions& options, int64_t steps_per_epoch, FitState state) {
-  if (!AllFinite(state.variables)) {
-    const bool epoch_end = state.step_in_epoch == 0;
-    return TrainingDiverged("the variables hold NaN or infinity", state.iteration,
-                            static_cast<int>(epoch_end ? state.epoch : state.epoch + 1),
-                            epoch_end ? steps_per_epoch : state.step_in_epoch, steps_per_epoch,
-                            options.checkpoint_dir);
-  }
   // The epoch's figures so far are saved summed over the workers (a collective: every
   // worker saves at the same step), with the global batch they were trained at.
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
+  // Both the same on every worker: the sum, and the variables (identical bit for bit).
+  const bool loss_finite = std::isfinite(state.epoch_stats.loss_sum);
+  if (!loss_finite || !AllFinite(state.variables)) {
+    const bool epoch_end = state.step_in_epoch == 0;
+    return TrainingDiverged(
+        loss_finite ? "the variables hold NaN or infinity" : "the loss is not finite",
+        state.iteration, static_cast<int>(epoch_end ? state.epoch : state.epoch + 1),
+        epoch_end ? steps_per_epoch : state.step_in_epoch, steps_per_epoch, options.checkpoint_dir);
+  }
   state.global_batch = GlobalBatch(strategy, options);
   state.num_workers = strategy.num_workers();
   if (strategy.is_chief()) {

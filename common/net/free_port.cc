@@ -55,8 +55,8 @@ bool ClaimPort(int port) {
   }();
   if (!claims_usable) return true;  // nowhere to claim: the bind check alone decides
   const std::string path = absl::StrCat(kClaimDir, "/", port);
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's file
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);  // another user's
   if (fd < 0) return true;
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     close(fd);

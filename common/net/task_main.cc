@@ -261,7 +261,7 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   if (!resolver.ok()) ExitWithUsageError(options.binary, std::string(resolver.status().message()));
   // A type forced by a flag (stratum-worker --evaluator) names the task TF_CONFIG describes;
   // it does not turn another task into it.
-  if (options.forced_type) {
+  if (options.forced_type && absl::GetFlag(FLAGS_task_type).empty()) {
     absl::StatusOr<TFConfigClusterResolver> as_given = TFConfigClusterResolver::Create(tf_config);
     if (as_given.ok() && as_given->has_task() && as_given->task_type() != *options.forced_type) {
       ExitWithUsageError(

@@ -1,7 +1,7 @@
 #include "stratum/tensor/tensor.h"
 
 #include <algorithm>
-#include <cmath>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 
@@ -143,16 +143,21 @@ std::string Tensor::DebugString() const {
   return absl::StrCat(DTypeName(dtype_), shape_.ToString());
 }
 
-bool AllFinite(const std::vector<Tensor>& tensors) {
-  for (const Tensor& tensor : tensors) {
-    if (tensor.dtype() != DType::kFloat32) continue;
-    const float* values = tensor.data<float>();
-    if (!std::all_of(values, values + tensor.num_elements(),
-                     [](float value) { return std::isfinite(value); })) {
-      return false;
-    }
+bool AllFinite(const Tensor& tensor) {
+  if (tensor.dtype() != DType::kFloat32) return true;
+  // NaN and infinity have every exponent bit set: a bit test that the compiler vectorizes,
+  // several times faster than Eigen's isFinite() (PSs run it on every gradient pushed).
+  const float* values = tensor.data<float>();
+  uint32_t bad = 0;
+  for (int64_t i = 0, n = tensor.num_elements(); i < n; ++i) {
+    bad |= (std::bit_cast<uint32_t>(values[i]) & 0x7f800000u) == 0x7f800000u;
   }
-  return true;
+  return bad == 0;
+}
+
+bool AllFinite(const std::vector<Tensor>& tensors) {
+  return std::all_of(tensors.begin(), tensors.end(),
+                     [](const Tensor& tensor) { return AllFinite(tensor); });
 }
 
 absl::StatusOr<Tensor> ConcatRows(const std::vector<Tensor>& parts) {

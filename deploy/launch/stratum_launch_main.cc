@@ -255,7 +255,7 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
         what = absl::StrCat(" (it was stopped from outside this launcher, and the job needs it)",
                             what);
       }
-      if (!restart && !exit.success() && !trains(i) && max_restarts > 0) {
+      if (!restart && (server || !exit.success()) && !trains(i) && max_restarts > 0) {
         what = exit.exit_code == 2
                    ? "; not started again: it would fail the same way"
                    : absl::StrCat("; not started again: it failed ", max_restarts + 1, " times");

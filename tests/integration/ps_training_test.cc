@@ -214,8 +214,8 @@ TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
       cluster->Output({"chief", 0}),
       HasSubstr("a parameter server is unavailable: ps:1 at " + cluster->Address({"ps", 1})));
   EXPECT_THAT(cluster->Output({"chief", 0}),
-              HasSubstr("; the job has no checkpoint.dir, so the variables it held are lost and "
-                        "training cannot go on: set checkpoint.dir"));
+              HasSubstr("; the job has no checkpoint.dir to re-seed a parameter server from, so "
+                        "training does not wait for it: set checkpoint.dir"));
 }
 
 // Every epoch of a job's summary covers the whole epoch once, with its steps before a

@@ -53,7 +53,7 @@ TEST(TensorTest, AllFiniteFindsNaNAndInfinityAnywhere) {
                                  Tensor::FromVector<float>(Shape({3}), {0, 3e38f, -1e-38f}),
                                  Tensor::FromVector<int32_t>(Shape({1}), {7})};
   EXPECT_TRUE(AllFinite(tensors));
-  EXPECT_TRUE(AllFinite({}));
+  EXPECT_TRUE(AllFinite(std::vector<Tensor>{}));
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     tensors[1].data<float>()[2] = bad;
     EXPECT_FALSE(AllFinite(tensors)) << bad;

@@ -304,7 +304,7 @@ TEST(FitTest, ALossThatIsNotFiniteStopsTrainingWithTheFixAndSavesNothingAfterIt)
     ASSERT_TRUE(newest.ok()) << newest.status();
     EXPECT_EQ(newest->step, 6) << replicas;
     for (const auto& [name, value] : newest->variables) {
-      EXPECT_TRUE(AllFinite({value})) << name;
+      EXPECT_TRUE(AllFinite(value)) << name;
     }
     std::filesystem::remove_all(dir);
   }

@@ -164,8 +164,9 @@ Tensor Tensor::FromVector(Shape shape, const std::vector<T>& values) {
 // Concatenates tensors of the same dtype and row shape along axis 0.
 absl::StatusOr<Tensor> ConcatRows(const std::vector<Tensor>& parts);
 
-// Whether every float32 element of `tensors` is finite (no NaN, no infinity); tensors of
-// other dtypes are finite by nature.
+// Whether every float32 element of `tensor` (of `tensors`) is finite: no NaN, no infinity.
+// Tensors of other dtypes are finite by nature.
+bool AllFinite(const Tensor& tensor);
 bool AllFinite(const std::vector<Tensor>& tensors);
 
 }  // namespace stratum
