@@ -170,9 +170,11 @@ void CoordinationService::UpdateBarrier(const std::string& id, Barrier& barrier)
   }
   if (!left.empty()) {
     barrier.done = true;
-    barrier.result = absl::FailedPreconditionError(
+    // Not a configuration error: a peer that stopped early can be started again, so
+    // launchers may retry the job (ABORTED exits 1, FAILED_PRECONDITION 2).
+    barrier.result = absl::AbortedError(
         absl::StrCat("barrier \"", id, "\" cannot complete: ", absl::StrJoin(left, ", "),
-                     " disconnected (finished or stopped) before arriving"));
+                     " disconnected (finished or stopped) before arriving; ", kRestartAdvice));
   } else if (barrier.arrived.size() == tasks_.size()) {
     barrier.done = true;
   }

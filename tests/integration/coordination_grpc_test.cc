@@ -172,7 +172,7 @@ TEST_F(CoordinationGrpcTest, ADisconnectedAgentIsNotReportedDead) {
   absl::SleepFor(kHeartbeatTimeout + absl::Milliseconds(300));
   EXPECT_TRUE(service_->cluster_error().ok()) << service_->cluster_error();
   EXPECT_THAT(agents_[0]->WaitAtBarrier("final", absl::Seconds(5)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("worker:2 disconnected")));
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("worker:2 disconnected")));
 }
 
 TEST_F(CoordinationGrpcTest, AgentsNoticeALostLeader) {

@@ -227,7 +227,7 @@ TEST_F(CoordinationServiceTest, ADisconnectedTaskIsNotDeadButFailsBarriersAtOnce
   EXPECT_TRUE(service_.cluster_error().ok()) << service_.cluster_error();
   const absl::Time start = absl::Now();
   EXPECT_THAT(service_.WaitAtBarrier("final", kW0, In(absl::Seconds(30))),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
+              StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("barrier \"final\" cannot complete: worker:2 disconnected")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }

@@ -101,8 +101,9 @@ class CoordinationService {
   // Waits until every task of the options has arrived at barrier `id`; all of them then
   // get OK, and so does a repeated call of a task that already passed (a retry). Ids are
   // single-use: a barrier that failed answers every later call with its failure.
-  //   INVALID_ARGUMENT: unknown task.  FAILED_PRECONDITION: `task` is not registered, or a
-  //     task the barrier still needs has disconnected.
+  //   INVALID_ARGUMENT: unknown task.  FAILED_PRECONDITION: `task` is not registered.
+  //   ABORTED naming the tasks the barrier still needs that have disconnected (finished
+  //     or stopped): the job cannot complete as it is, but running it again can.
   //   DEADLINE_EXCEEDED at the first waiter's deadline, for every waiter:
   //     barrier "id" timed out after 30s: 1 of 3 tasks did not arrive: worker:2 (...)
   //     where (...) says whether the task never registered or stopped sending heartbeats.
