@@ -3,11 +3,13 @@
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/util/status_macros.h"
+#include "stratum/worker/coordination_grpc_service.h"
 
 namespace stratum {
 namespace {
@@ -22,6 +24,12 @@ constexpr absl::Duration kReportErrorTimeout = absl::Seconds(2);
 void SetTask(const TaskKey& task, proto::CoordinatedTask* out) {
   out->set_type(task.type);
   out->set_index(task.index);
+}
+
+// Whether the error came from the service itself rather than from gRPC (no answer).
+bool IsServiceAnswer(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  return trailers.find(kCoordinationAnswerKey) != trailers.end();
 }
 
 int64_t ToMillis(absl::Duration timeout) {
@@ -99,18 +107,25 @@ std::string CoordinationAgent::Leader() const {
 }
 
 absl::Status CoordinationAgent::CallStatus(const std::string& what,
+                                           const grpc::ClientContext& context,
                                            const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    // The service lives in the leader's process: a job cannot go on without it.
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  // The service's own answers pass on with their code, as worded: the cluster error names
+  // the task at fault ("worker:2 sent no heartbeat for 10.9s ..."), and the leader that
+  // answered is not lost, even when the code is UNAVAILABLE.
+  const bool no_answer =
+      code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+  if (no_answer && !IsServiceAnswer(context)) {
+    // No answer at all (a wait's call outlives the wait, see kWaitSlack). The service
+    // lives in the leader's process: a job cannot go on without it.
     return absl::UnavailableError(absl::StrCat(
         options_.task.ToString(), " lost the ", Leader(), " while ", what, " (",
         status.error_message(), "); ", options_.leader_name,
-        " died or is unreachable, and the job cannot go on without it: ", kRestartAdvice));
+        " died, hangs or is unreachable, and the job cannot go on without it: ", kRestartAdvice));
   }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(options_.task.ToString(), " ", what, ": ", Leader(), ": ",
-                                   status.error_message()));
+  return absl::Status(code, absl::StrCat(options_.task.ToString(), " ", what, ": ", Leader(), ": ",
+                                         status.error_message()));
 }
 
 absl::Status CoordinationAgent::Register() {
@@ -120,13 +135,18 @@ absl::Status CoordinationAgent::Register() {
   proto::RegisterTaskResponse response;
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   grpc::Status status;
+  std::unique_ptr<grpc::ClientContext> context;
   while (true) {
     // Waits for the channel to connect, so that a leader that starts late is waited for.
-    grpc::ClientContext context;
-    context.set_wait_for_ready(true);
-    context.set_deadline(absl::ToChronoTime(deadline));
-    status = stub_->RegisterTask(&context, request, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= deadline) break;
+    context = std::make_unique<grpc::ClientContext>();
+    context->set_wait_for_ready(true);
+    context->set_deadline(absl::ToChronoTime(deadline));
+    status = stub_->RegisterTask(context.get(), request, &response);
+    // The service's own UNAVAILABLE (the cluster already failed) is its answer.
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || IsServiceAnswer(*context) ||
+        absl::Now() >= deadline) {
+      break;
+    }
     // The leader's server is starting or stopping.
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -135,6 +155,7 @@ absl::Status CoordinationAgent::Register() {
     heartbeat_timeout_ = absl::Milliseconds(response.heartbeat_timeout_ms());
     return absl::OkStatus();
   }
+  if (IsServiceAnswer(*context)) return CallStatus("registering", *context, status);
   switch (status.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::UNAVAILABLE:
@@ -149,7 +170,7 @@ absl::Status CoordinationAgent::Register() {
           " serves no coordination service: it is not the leader (chief:0, else worker:0) of "
           "a MultiWorkerMirrored job; every task must get the same cluster in TF_CONFIG"));
     default:
-      return CallStatus("registering", status);
+      return CallStatus("registering", *context, status);
   }
 }
 
@@ -237,7 +258,7 @@ absl::Status CoordinationAgent::SetKeyValue(const std::string& key, const std::s
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   proto::SetKeyValueResponse response;
-  return CallStatus(absl::StrCat("setting key \"", key, "\""),
+  return CallStatus(absl::StrCat("setting key \"", key, "\""), context,
                     stub_->SetKeyValue(&context, request, &response));
 }
 
@@ -250,7 +271,7 @@ absl::StatusOr<std::string> CoordinationAgent::GetKeyValue(const std::string& ke
   grpc::ClientContext context;
   SetDeadline(context, timeout + kWaitSlack);
   proto::GetKeyValueResponse response;
-  STRATUM_RETURN_IF_ERROR(CallStatus(absl::StrCat("waiting for key \"", key, "\""),
+  STRATUM_RETURN_IF_ERROR(CallStatus(absl::StrCat("waiting for key \"", key, "\""), context,
                                      stub_->GetKeyValue(&context, request, &response)));
   return std::move(*response.mutable_value());
 }
@@ -263,7 +284,7 @@ absl::StatusOr<std::string> CoordinationAgent::TryGetKeyValue(const std::string&
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   proto::GetKeyValueResponse response;
-  STRATUM_RETURN_IF_ERROR(CallStatus(absl::StrCat("reading key \"", key, "\""),
+  STRATUM_RETURN_IF_ERROR(CallStatus(absl::StrCat("reading key \"", key, "\""), context,
                                      stub_->GetKeyValue(&context, request, &response)));
   return std::move(*response.mutable_value());
 }
@@ -277,7 +298,7 @@ absl::Status CoordinationAgent::WaitAtBarrier(const std::string& id, absl::Durat
   grpc::ClientContext context;
   SetDeadline(context, timeout + kWaitSlack);
   proto::WaitAtBarrierResponse response;
-  return CallStatus(absl::StrCat("waiting at barrier \"", id, "\""),
+  return CallStatus(absl::StrCat("waiting at barrier \"", id, "\""), context,
                     stub_->WaitAtBarrier(&context, request, &response));
 }
 
@@ -293,7 +314,7 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   SetDeadline(context, std::min(options_.rpc_timeout, kReportErrorTimeout));
   proto::ReportErrorResponse response;
   STRATUM_RETURN_IF_ERROR(
-      CallStatus("reporting its error", stub_->ReportError(&context, request, &response)));
+      CallStatus("reporting its error", context, stub_->ReportError(&context, request, &response)));
   // Learnt now rather than at the next heartbeat: the caller names the first failure.
   absl::MutexLock lock(&mutex_);
   if (cluster_error_.ok()) {
@@ -311,7 +332,7 @@ absl::Status CoordinationAgent::Disconnect() {
   SetDeadline(context, options_.rpc_timeout);
   proto::DisconnectTaskResponse response;
   const absl::Status status =
-      CallStatus("disconnecting", stub_->DisconnectTask(&context, request, &response));
+      CallStatus("disconnecting", context, stub_->DisconnectTask(&context, request, &response));
   StopHeartbeats();
   return status;
 }

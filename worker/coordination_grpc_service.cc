@@ -21,6 +21,12 @@ absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t timeout_ms) 
   return std::min(requested, absl::FromChrono(call));
 }
 
+// The service's `status` as the call's, marked as the service's own answer.
+grpc::Status Answer(grpc::ServerContext* context, const absl::Status& status) {
+  if (!status.ok()) context->AddTrailingMetadata(kCoordinationAnswerKey, "1");
+  return ToGrpcStatus(status);
+}
+
 }  // namespace
 
 GrpcCoordinationService::GrpcCoordinationService(CoordinationService& service,
@@ -56,12 +62,12 @@ void GrpcCoordinationService::Watchdog() {
   }
 }
 
-grpc::Status GrpcCoordinationService::RegisterTask(grpc::ServerContext*,
+grpc::Status GrpcCoordinationService::RegisterTask(grpc::ServerContext* context,
                                                    const proto::RegisterTaskRequest* request,
                                                    proto::RegisterTaskResponse* response) {
   response->set_service_incarnation(service_.incarnation());
   response->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(service_.heartbeat_timeout()));
-  return ToGrpcStatus(service_.RegisterTask(FromProto(request->task()), request->incarnation()));
+  return Answer(context, service_.RegisterTask(FromProto(request->task()), request->incarnation()));
 }
 
 grpc::Status GrpcCoordinationService::Heartbeat(grpc::ServerContext*,
@@ -75,16 +81,17 @@ grpc::Status GrpcCoordinationService::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status GrpcCoordinationService::DisconnectTask(grpc::ServerContext*,
+grpc::Status GrpcCoordinationService::DisconnectTask(grpc::ServerContext* context,
                                                      const proto::DisconnectTaskRequest* request,
                                                      proto::DisconnectTaskResponse*) {
-  return ToGrpcStatus(service_.DisconnectTask(FromProto(request->task()), request->incarnation()));
+  return Answer(context,
+                service_.DisconnectTask(FromProto(request->task()), request->incarnation()));
 }
 
-grpc::Status GrpcCoordinationService::SetKeyValue(grpc::ServerContext*,
+grpc::Status GrpcCoordinationService::SetKeyValue(grpc::ServerContext* context,
                                                   const proto::SetKeyValueRequest* request,
                                                   proto::SetKeyValueResponse*) {
-  return ToGrpcStatus(service_.SetKeyValue(request->key(), request->value()));
+  return Answer(context, service_.SetKeyValue(request->key(), request->value()));
 }
 
 grpc::Status GrpcCoordinationService::GetKeyValue(grpc::ServerContext* context,
@@ -94,7 +101,7 @@ grpc::Status GrpcCoordinationService::GetKeyValue(grpc::ServerContext* context,
       request->no_wait()
           ? service_.TryGetKeyValue(request->key())
           : service_.GetKeyValue(request->key(), WaitDeadline(*context, request->timeout_ms()));
-  if (!value.ok()) return ToGrpcStatus(value.status());
+  if (!value.ok()) return Answer(context, value.status());
   response->set_value(*std::move(value));
   return grpc::Status::OK;
 }
@@ -102,17 +109,17 @@ grpc::Status GrpcCoordinationService::GetKeyValue(grpc::ServerContext* context,
 grpc::Status GrpcCoordinationService::WaitAtBarrier(grpc::ServerContext* context,
                                                     const proto::WaitAtBarrierRequest* request,
                                                     proto::WaitAtBarrierResponse*) {
-  return ToGrpcStatus(service_.WaitAtBarrier(request->barrier_id(), FromProto(request->task()),
-                                             WaitDeadline(*context, request->timeout_ms())));
+  return Answer(context, service_.WaitAtBarrier(request->barrier_id(), FromProto(request->task()),
+                                                WaitDeadline(*context, request->timeout_ms())));
 }
 
-grpc::Status GrpcCoordinationService::ReportError(grpc::ServerContext*,
+grpc::Status GrpcCoordinationService::ReportError(grpc::ServerContext* context,
                                                   const proto::ReportErrorRequest* request,
                                                   proto::ReportErrorResponse* response) {
   const absl::Status reported = service_.ReportError(
       FromProto(request->task()),
       absl::Status(static_cast<absl::StatusCode>(request->error_code()), request->error_message()));
-  if (!reported.ok()) return ToGrpcStatus(reported);
+  if (!reported.ok()) return Answer(context, reported);
   const absl::Status first = service_.cluster_error();
   response->set_cluster_error_code(static_cast<int>(first.code()));
   response->set_cluster_error_message(std::string(first.message()));

@@ -22,6 +22,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using testing::StatusIs;
 
@@ -158,12 +159,21 @@ TEST_F(CoordinationGrpcTest, AReportedErrorReachesEveryAgent) {
 
 TEST_F(CoordinationGrpcTest, AStoppedAgentIsNamedAfterTheHeartbeatTimeout) {
   ConnectAll();
+  // A wait in flight when the service finds worker:2 silent gets the service's answer
+  // (before worker:1's own heartbeats learn of it).
+  absl::Status waited;
+  std::thread waiter([&] { waited = agents_[1]->WaitAtBarrier("before", 4 * kHeartbeatTimeout); });
   agents_[2].reset();
   const auto dead =
       StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker:2 sent no heartbeat for"));
   EXPECT_THAT(WaitForClusterError(*agents_[0], 2 * kHeartbeatTimeout), dead);
   EXPECT_THAT(service_->cluster_error(), dead);
   EXPECT_THAT(agents_[1]->WaitAtBarrier("after", absl::Seconds(5)), dead);
+  waiter.join();
+  // The service's answer, passed on: the leader, which gave it, is not lost.
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kUnavailable,
+                               AllOf(HasSubstr("worker:2 sent no heartbeat for"),
+                                     Not(HasSubstr("lost the coordination service")))));
 }
 
 TEST_F(CoordinationGrpcTest, ADisconnectedAgentIsNotReportedDead) {

@@ -124,7 +124,8 @@ class CoordinationAgent final : public CoordinationClient {
   void HeartbeatLoop();
   void StopHeartbeats();
   // `what` is what the call did or waited for ("waiting at barrier \"init\"").
-  absl::Status CallStatus(const std::string& what, const grpc::Status& status) const;
+  absl::Status CallStatus(const std::string& what, const grpc::ClientContext& context,
+                          const grpc::Status& status) const;
   std::string Leader() const;  // "coordination service on worker:0 at host:port"
   void SetClusterError(absl::Status error);
 

@@ -26,6 +26,11 @@
 
 namespace stratum {
 
+// Trailing metadata key set on every error the service itself answers with. Its cluster
+// error can be UNAVAILABLE ("worker:2 sent no heartbeat ..."), like gRPC's own error for a
+// leader that is gone: clients tell the two apart by this key.
+inline constexpr char kCoordinationAnswerKey[] = "stratum-coordination-answer";
+
 class GrpcCoordinationService final : public proto::CoordinationService::Service {
  public:
   // `service` must outlive this. The watchdog checks heartbeats every `check_interval`
