@@ -291,7 +291,34 @@ TEST(TcpTransportTest, APeerThatNeverStartsIsNamed) {
   auto transport = ConnectTcpTransport(options, *rendezvous);
   ASSERT_FALSE(transport.ok());
   EXPECT_EQ(transport.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(transport.status().message()), HasSubstr("worker:1"));
+  EXPECT_THAT(std::string(transport.status().message()),
+              HasSubstr("worker:1 did not publish its collective address within 300ms"));
+}
+
+// A rendezvous whose waits end at once with `error`, as a job's do when a peer failed.
+class FailingRendezvous final : public Rendezvous {
+ public:
+  explicit FailingRendezvous(absl::Status error) : error_(std::move(error)) {}
+  absl::Status Set(const std::string&, const std::string&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::string> Get(const std::string&, absl::Duration) override { return error_; }
+
+ private:
+  const absl::Status error_;
+};
+
+TEST(TcpTransportTest, AWaitEndedByAFailureElsewhereKeepsItsCodeAndCause) {
+  FailingRendezvous rendezvous(
+      absl::FailedPreconditionError("worker:1 failed: this worker's job differs"));
+  TcpTransportOptions options{
+      .rank = 0, .size = 2, .names = {"worker:0", "worker:1"}, .connect_timeout = absl::Minutes(2)};
+  auto transport = ConnectTcpTransport(options, rendezvous);
+  ASSERT_FALSE(transport.ok());
+  EXPECT_EQ(transport.status().code(), absl::StatusCode::kFailedPrecondition) << transport.status();
+  EXPECT_THAT(std::string(transport.status().message()),
+              HasSubstr("stopped waiting for worker:1's collective address: worker:1 failed: "
+                        "this worker's job differs"));
+  EXPECT_THAT(std::string(transport.status().message()),
+              ::testing::Not(HasSubstr("did not publish")));
 }
 
 TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {

@@ -61,10 +61,9 @@ absl::StatusOr<std::unique_ptr<cuda::NcclGroup>> FormNcclAcrossWorkers(
         rendezvous.Get(absl::StrCat(options.key_prefix, "/gpus/", w),
                        std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!theirs.ok()) {
-      return absl::Status(theirs.status().code(),
-                          absl::StrCat(options.worker_names[static_cast<size_t>(w)],
-                                       " did not publish its GPUs for the NCCL group: ",
-                                       theirs.status().message()));
+      return RendezvousWaitError(options.worker_names[static_cast<size_t>(w)],
+                                 "GPUs for the NCCL group", theirs.status(),
+                                 deadline - options.timeout, deadline);
     }
     gpus[static_cast<size_t>(w)] = absl::StrSplit(*theirs, '\n');
   }

@@ -474,16 +474,9 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     absl::StatusOr<std::string> peer_address =
         rendezvous.Get(absl::StrCat(options.key_prefix, "/address/", peer), left);
-    if (absl::Status cluster = rendezvous.cluster_error(); !cluster.ok()) {
-      return absl::Status(cluster.code(),
-                          absl::StrCat("stopped waiting for ", named.names[peer],
-                                       "'s collective address: ", cluster.message()));
-    }
     if (!peer_address.ok()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(named.names[peer], " did not publish its collective address within ",
-                       absl::FormatDuration(options.connect_timeout), ": is it running? (",
-                       peer_address.status().message(), ")"));
+      return RendezvousWaitError(named.names[peer], "collective address", peer_address.status(),
+                                 deadline - options.connect_timeout, deadline);
     }
     std::string peer_unix_name;
     if (options.same_host_unix_sockets) {

@@ -85,6 +85,16 @@ class Rendezvous {
   virtual absl::Status cluster_error() const { return absl::OkStatus(); }
 };
 
+// Why a wait for `peer`'s `what` ("collective address") ended in `error`, worded for the
+// user. Only a wait that timed out reads DEADLINE_EXCEEDED "worker:2 did not publish its
+// collective address within 12.3s: is it running? (...)", with the time waited since
+// `started` (the whole timeout when `deadline` passed); any other error (in a job: a peer
+// failed or stopped, or the leader was lost) keeps its code and names its own cause:
+// "stopped waiting for worker:2's collective address: <error>".
+absl::Status RendezvousWaitError(const std::string& peer, const std::string& what,
+                                 const absl::Status& error, absl::Time started,
+                                 absl::Time deadline);
+
 // A Rendezvous in memory, shared by the ranks of one process (tests, benchmarks).
 std::shared_ptr<Rendezvous> NewInMemoryRendezvous();
 
