@@ -1,5 +1,7 @@
 #include "stratum/worker/multi_worker_job.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <optional>
 
@@ -123,6 +125,32 @@ absl::Status CheckSameJobAsLeader(const nlohmann::json& terms, const std::vector
       ": every worker of a multi_worker_mirrored job must run the same job file and the same "
       "TF_CONFIG cluster; start them all with the same ones"));
 }
+
+// While it lives, a signal that ends this process during start-up (before training, when
+// no step can be agreed on to stop at) is reported to the coordination service first: the
+// others stop within moments, naming this task, instead of at the heartbeat timeout.
+class StartUpStopReport {
+ public:
+  StartUpStopReport(const MultiWorkerJobOptions& options, CoordinationClient& coordination)
+      : set_(options.set_before_startup_exit) {
+    if (!set_) return;
+    set_([&coordination](int signal) {
+      const char* name = signal == SIGTERM ? " (SIGTERM)" : signal == SIGINT ? " (SIGINT)" : "";
+      (void)coordination.ReportError(absl::AbortedError(absl::StrCat(
+          "stopped by signal ", signal, name,
+          " during start-up, before training began; start the job again when every worker "
+          "can run")));
+    });
+  }
+  ~StartUpStopReport() {
+    if (set_) set_(nullptr);
+  }
+  StartUpStopReport(const StartUpStopReport&) = delete;
+  StartUpStopReport& operator=(const StartUpStopReport&) = delete;
+
+ private:
+  const std::function<void(std::function<void(int)>)> set_;
+};
 
 // Reports this worker's failure to the coordination service (unless it already knows of
 // one: the first failure is the cluster error) and returns the error to print.
@@ -248,6 +276,9 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
   agent_options.channel = options.channel;
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<CoordinationAgent> agent,
                            CoordinationAgent::Connect(agent_options));
+  spdlog::info("joined the job: registered with the coordination service on {} at {}",
+               leader.ToString(), leader_address);
+  const StartUpStopReport stop_report(options, *agent);
   absl::StatusOr<FitSummary> summary = Train(job, options, *agent);
   // The others learn of it through their heartbeats and stop instead of waiting.
   if (!summary.ok() && !IsStoppedEarly(summary.status())) {

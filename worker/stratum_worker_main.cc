@@ -45,8 +45,9 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
       !status.ok()) {
     return ReportFatal(context.binary, status);
   }
-  // A signal during start-up exits at once; during training, every worker stops after a
-  // step they agree on and the job's state is saved there.
+  // A signal during start-up exits at once (telling the others, once this task has joined
+  // the job); during training, every worker stops after a step they agree on and the
+  // job's state is saved there.
   StopDeadline deadline(shutdown, absl::GetFlag(FLAGS_stop_timeout));
   std::unique_ptr<CoordinationService> coordination;
   std::unique_ptr<GrpcCoordinationService> coordination_grpc;
@@ -73,7 +74,11 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
                                 .channel = context.channel_options(),
                                 .connect_timeout = absl::GetFlag(FLAGS_cluster_timeout),
                                 .stop = &shutdown.notification(),
-                                .training_started = [&deadline] { deadline.Begin(); }};
+                                .training_started = [&deadline] { deadline.Begin(); },
+                                .set_before_startup_exit =
+                                    [&deadline](std::function<void(int)> before_exit) {
+                                      deadline.SetBeforeExit(std::move(before_exit));
+                                    }};
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
   // The others learn the job's first failure from the answers to their own reports: the
   // leader serves them a moment longer (a task that died is not waited for past this).

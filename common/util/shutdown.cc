@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <ctime>
+#include <utility>
 
 #include "spdlog/spdlog.h"
 
@@ -65,6 +66,8 @@ StopDeadline::StopDeadline(const ShutdownWatcher& shutdown, absl::Duration timeo
     if (signal == 0) return;  // RequestShutdown: the program stops by itself
     if (!stoppable_) {
       spdlog::warn("signal {}: stopping", signal);
+      absl::MutexLock lock(&before_exit_mutex_);
+      if (before_exit_) before_exit_(signal);
       std::_Exit(128 + signal);
     }
     spdlog::warn(
@@ -83,6 +86,11 @@ StopDeadline::StopDeadline(const ShutdownWatcher& shutdown, absl::Duration timeo
 StopDeadline::~StopDeadline() {
   End();
   thread_.join();
+}
+
+void StopDeadline::SetBeforeExit(std::function<void(int signal)> before_exit) {
+  absl::MutexLock lock(&before_exit_mutex_);
+  before_exit_ = std::move(before_exit);
 }
 
 void StopDeadline::End() {

@@ -10,8 +10,11 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
@@ -58,9 +61,17 @@ class StopDeadline {
 
   void Begin() { stoppable_ = true; }
   void End();
+  // What to call, with the signal, before a signal that came before Begin exits the
+  // process: a multi-worker task tells its peers at once, rather than letting them find
+  // out at their heartbeat timeout. It must return within a few seconds. Setting another
+  // (nullptr to clear) waits for a call in progress, so what it uses may be destroyed
+  // afterwards.
+  void SetBeforeExit(std::function<void(int signal)> before_exit);
 
  private:
   std::atomic<bool> stoppable_{false};
+  absl::Mutex before_exit_mutex_;
+  std::function<void(int)> before_exit_ ABSL_GUARDED_BY(before_exit_mutex_);
   absl::Notification ended_;
   std::atomic<bool> end_claimed_{false};
   std::thread thread_;

@@ -34,6 +34,11 @@ struct MultiWorkerJobOptions {
   const absl::Notification* stop = nullptr;
   // Called when training starts, after the start-up waits, when set.
   std::function<void()> training_started;
+  // When set, called once this task has joined the job with what to call, with the
+  // signal, when a signal before training is about to end the process at once
+  // (StopDeadline::SetBeforeExit), and with nullptr before that becomes invalid. It tells
+  // the coordination service, so that the others stop within moments naming this task.
+  std::function<void(std::function<void(int signal)>)> set_before_startup_exit;
 };
 
 // The collectives find each other through the coordination service's key-value store.
