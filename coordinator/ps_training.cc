@@ -518,12 +518,17 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     resume_progress(global_step, checkpoints->restored_progress());
   // Keras' TerminateOnNaN, checked where it costs nothing: at each epoch's end and before
   // each save. The variables need no check: every PS refuses a gradient that is not finite.
+  // Where a run of the job again goes on from: the latest checkpoint, if there is one.
+  auto resume_point = [&] {
+    ResumePoint resume{.checkpoint_dir = job.checkpoint.dir};
+    if (checkpoints && saved_step > 0) resume.newest_step = saved_step;
+    return resume;
+  };
   auto check_finite = [&](int64_t step, double loss_sum) -> absl::Status {
     if (std::isfinite(loss_sum)) return absl::OkStatus();
     const int epoch = progress.epoch;
     return TrainingDiverged("the loss is not finite", step, epoch,
-                            step - (epoch - 1) * steps_per_epoch, steps_per_epoch,
-                            job.checkpoint.dir);
+                            step - (epoch - 1) * steps_per_epoch, steps_per_epoch, resume_point());
   };
   // A save writes what the PSs hold: never once they are another coordinator's.
   auto save = [&](int64_t step) -> absl::Status {
@@ -648,7 +653,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       log.accuracy = tally->correct / std::max(tally->examples, 1.0);
       if (!std::isfinite(log.loss)) {
         return TrainingDiverged(absl::StrCat("the epoch's loss is ", log.loss), global_step, epoch,
-                                steps_per_epoch, steps_per_epoch, job.checkpoint.dir);
+                                steps_per_epoch, steps_per_epoch, resume_point());
       }
       log.examples_per_sec = trained / std::max(log.seconds, 1e-9);
       train_seconds += log.seconds;

@@ -127,7 +127,9 @@ absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
                                                      const FitOptions& options, int64_t iteration,
                                                      bool diverged_here) {
   const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
-  if (strategy.num_workers() == 1) return Agreed{.stop = here, .diverged = diverged_here};
+  if (strategy.num_workers() == 1) {
+    return Agreed{.stop = here, .diverged = diverged_here, .diverged_workers = diverged_here};
+  }
   if (iteration < next_vote_) return Agreed{};
   // This worker's proposal: the steps it trains in about kStopVoteInterval.
   const double now = Now();
@@ -137,10 +139,12 @@ absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
         static_cast<double>(iteration - last_vote_iteration_) / (now - last_vote_time_);
     proposal = std::clamp(std::floor(steps_per_second * kStopVoteInterval), 1.0, 4096.0);
   }
-  Tensor vote(DType::kFloat32, Shape({3}));
+  Tensor vote(DType::kFloat32, Shape({4}));
   vote.data<float>()[0] = here ? 1.0f : 0.0f;
   vote.data<float>()[1] = static_cast<float>(proposal);
   vote.data<float>()[2] = diverged_here ? 1.0f : 0.0f;
+  // Summed: the index + 1 of the worker that diverged, when it is the only one.
+  vote.data<float>()[3] = diverged_here ? static_cast<float>(strategy.worker_index() + 1) : 0.0f;
   std::vector<Tensor> votes = {std::move(vote)};
   STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, votes));
   const float* sum = votes[0].data<float>();
@@ -149,7 +153,26 @@ absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
       iteration + std::max<int64_t>(1, static_cast<int64_t>(sum[1]) / strategy.num_workers());
   last_vote_iteration_ = iteration;
   last_vote_time_ = now;
-  return Agreed{.stop = sum[0] > 0.5f, .diverged = sum[2] > 0.5f};
+  const int diverged_workers = static_cast<int>(std::lround(sum[2]));
+  return Agreed{
+      .stop = sum[0] > 0.5f,
+      .diverged = diverged_workers > 0,
+      .diverged_workers = diverged_workers,
+      .diverged_worker = diverged_workers == 1 ? static_cast<int>(std::lround(sum[3])) - 1 : -1};
+}
+
+std::string WhoseLossDiverged(const Strategy& strategy, const StopVote::Agreed& agreed) {
+  if (agreed.diverged_worker < 0) {
+    return absl::StrCat("the loss of ", agreed.diverged_workers, " workers is not finite");
+  }
+  const auto* multi_worker = dynamic_cast<const MultiWorkerMirroredStrategy*>(&strategy);
+  const std::vector<std::string> names =
+      multi_worker != nullptr ? multi_worker->WorkerNames() : std::vector<std::string>{};
+  const size_t index = static_cast<size_t>(agreed.diverged_worker);
+  return absl::StrCat(
+      "the loss on ",
+      index < names.size() ? names[index] : absl::StrCat("worker ", agreed.diverged_worker),
+      " is not finite");
 }
 
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
@@ -188,18 +211,24 @@ void SayResumed(const FitOptions& options, const FitState& state) {
 }  // namespace fit_internal
 
 absl::Status TrainingDiverged(const std::string& what, int64_t iteration, int epoch, int64_t step,
-                              int64_t steps_per_epoch, const std::string& checkpoint_dir) {
+                              int64_t steps_per_epoch, const ResumePoint& resume) {
+  std::string rerun;
+  if (resume.newest_step.has_value()) {
+    rerun = absl::StrCat(": it resumes from the checkpoint of step ", *resume.newest_step, " in ",
+                         resume.checkpoint_dir,
+                         ", written before the divergence (remove the folder to train from "
+                         "scratch)");
+  } else if (!resume.checkpoint_dir.empty()) {
+    rerun = absl::StrCat(": it starts from scratch, as no checkpoint was written in ",
+                         resume.checkpoint_dir, " before the divergence");
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "training diverged: ", what, " after step ", iteration, " (epoch ", epoch, ", step ", step,
       " of ", steps_per_epoch,
       "), so training stopped there and that state is not saved; lower the optimizer's "
       "learning_rate (or check data.rescale and that the loss suits the model's output), then "
       "run the job again",
-      checkpoint_dir.empty()
-          ? ""
-          : absl::StrCat(": it resumes from the newest checkpoint in ", checkpoint_dir,
-                         ", written before the divergence (remove the folder to train from "
-                         "scratch)")));
+      rerun));
 }
 
 bool IsStoppedEarly(const absl::Status& status) {
@@ -408,7 +437,8 @@ void RemoveBackupsOfDeadWorkers(const std::string& temp) {
 
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, int64_t steps_per_epoch, FitState state) {
+                    const FitOptions& options, int64_t steps_per_epoch, FitState state,
+                    ResumePoint& resume) {
   // The epoch's figures so far are saved summed over the workers (a collective: every
   // worker saves at the same step), with the global batch they were trained at.
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, state.epoch_stats));
@@ -419,12 +449,16 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
     return TrainingDiverged(
         loss_finite ? "the variables hold NaN or infinity" : "the loss is not finite",
         state.iteration, static_cast<int>(epoch_end ? state.epoch : state.epoch + 1),
-        epoch_end ? steps_per_epoch : state.step_in_epoch, steps_per_epoch, options.checkpoint_dir);
+        epoch_end ? steps_per_epoch : state.step_in_epoch, steps_per_epoch, resume);
   }
   state.global_batch = GlobalBatch(strategy, options);
   state.num_workers = strategy.num_workers();
+  const int64_t iteration = state.iteration;
   if (strategy.is_chief()) {
-    return SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state);
+    STRATUM_RETURN_IF_ERROR(
+        SaveFitCheckpoint(options.checkpoint_dir, options.max_to_keep, model, optimizer, state));
+    resume.newest_step = iteration;
+    return absl::OkStatus();
   }
   const std::string temp = std::filesystem::temp_directory_path().string();
   static std::once_flag swept;
@@ -434,14 +468,21 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   absl::Status saved = SaveFitCheckpoint(scratch, 1, model, optimizer, state);
   std::error_code ignored;
   std::filesystem::remove_all(scratch, ignored);
+  if (saved.ok()) resume.newest_step = iteration;  // the chief's copy, in the job's folder
   return saved;
 }
 
+ResumePoint ResumeFrom(const FitOptions& options, const FitState& started) {
+  ResumePoint resume{.checkpoint_dir = options.checkpoint_dir};
+  if (started.iteration > 0) resume.newest_step = started.iteration;
+  return resume;
+}
+
 absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t steps,
-                            const FitOptions& options) {
+                            const ResumePoint& resume) {
   if (std::isfinite(loss)) return absl::OkStatus();
   return TrainingDiverged(absl::StrCat("the epoch's loss is ", loss), iteration, epoch, steps,
-                          steps, options.checkpoint_dir);
+                          steps, resume);
 }
 
 }  // namespace fit_internal
@@ -537,6 +578,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   PerReplica<std::vector<Tensor>> gradients{
       std::vector<std::vector<Tensor>>(static_cast<size_t>(replicas))};
   int64_t iteration = state.iteration;
+  ResumePoint resume = fit_internal::ResumeFrom(options, state);
 
   FitSummary summary;
   summary.strategy = strategy.name();
@@ -630,8 +672,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       if (agreed.diverged) {
         progress.Interrupt();
         return TrainingDiverged(workers == 1 ? absl::StrCat("the loss is ", total.loss_sum)
-                                             : "a worker's loss is not finite",
-                                iteration, epoch, step, steps_per_epoch, options.checkpoint_dir);
+                                             : fit_internal::WhoseLossDiverged(strategy, agreed),
+                                iteration, epoch, step, steps_per_epoch, resume);
       }
       stopping = agreed.stop;
       const bool periodic =
@@ -640,7 +682,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
         FitState now{epoch - 1,           step,    iteration, epoch_stats, state.history,
                      variables.primary(), slots[0]};
         STRATUM_RETURN_IF_ERROR(
-            Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now)));
+            Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now), resume));
       }
       // Stopped at the epoch's last step: the epoch ends (and is saved) first.
       if (stopping && step < steps_per_epoch) {
@@ -659,7 +701,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
     if (absl::Status finite =
-            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, options);
+            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, resume);
         !finite.ok()) {
       progress.Interrupt();
       return finite;
@@ -683,7 +725,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     if (!options.checkpoint_dir.empty()) {
       FitState now{epoch, 0, iteration, StepStats{}, state.history, variables.primary(), slots[0]};
       STRATUM_RETURN_IF_ERROR(
-          Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now)));
+          Backup(strategy, model, optimizer, options, steps_per_epoch, std::move(now), resume));
     }
     if (stopping && epoch < options.epochs) {
       return StoppedEarly(options, iteration, epoch, step, steps_per_epoch);

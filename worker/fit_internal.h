@@ -67,6 +67,8 @@ class StopVote {
   struct Agreed {
     bool stop = false;
     bool diverged = false;
+    int diverged_workers = 0;  // how many workers saw a loss that is not finite
+    int diverged_worker = -1;  // its index, when there is one
   };
   // Call after every step (`iteration` counts from the job's start), on every worker;
   // `diverged_here`: this worker has seen a loss that is not finite.
@@ -78,6 +80,9 @@ class StopVote {
   int64_t last_vote_iteration_ = -1;
   double last_vote_time_ = 0;
 };
+// What diverged, as TrainingDiverged words it: "the loss on worker:1 is not finite".
+std::string WhoseLossDiverged(const Strategy& strategy, const StopVote::Agreed& agreed);
+
 // The error Fit returns when it stops early after step `iteration` (step `step` of
 // `steps_per_epoch` in epoch `epoch`); IsStoppedEarly is true for it.
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
@@ -98,14 +103,19 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
                                     const Optimizer& optimizer, const FitOptions& options);
 // Every worker runs the save path; only the chief's lands in the job's folder. Variables
 // that are not finite are never saved: training diverged (TrainingDiverged), and every
-// worker, holding the same variables, says so at the same step.
+// worker, holding the same variables, says so at the same step. A save records its step
+// in `resume`.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
-                    const FitOptions& options, int64_t steps_per_epoch, FitState state);
+                    const FitOptions& options, int64_t steps_per_epoch, FitState state,
+                    ResumePoint& resume);
+
+// Where a run that began at `started` (StartState's answer) resumes from, until it saves.
+ResumePoint ResumeFrom(const FitOptions& options, const FitState& started);
 
 // TrainingDiverged when an epoch's loss over every worker is not finite (the same answer
 // on every worker); `steps` of the epoch ended after step `iteration`.
 absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t steps,
-                            const FitOptions& options);
+                            const ResumePoint& resume);
 
 // Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
 class Progress {

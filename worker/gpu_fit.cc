@@ -152,6 +152,7 @@ class GpuFit {
   cuda::PinnedBuffer host_order_[2];
   cuda::PinnedBuffer host_gradients_;  // several workers: the cross-worker all-reduce's buffer
   FitState state_;
+  ResumePoint resume_;  // where a rerun goes on from: the newest save
   // Communication NCCL: every replica of every worker. Last, so destroyed first: its bounded
   // close comes before anything whose release would wait on the device behind a dead peer.
   std::unique_ptr<cuda::NcclGroup> nccl_;
@@ -229,6 +230,7 @@ absl::Status GpuFit::Setup() {
   // (a fallback to the CPU) any more, or the workers would part ways.
   STRATUM_ASSIGN_OR_RETURN(state_,
                            fit_internal::StartState(strategy_, model_, optimizer_, options_));
+  resume_ = fit_internal::ResumeFrom(options_, state_);
   for (int r = 0; r < replicas_; ++r) {
     cuda::ReplicaOptions replica_options;
     replica_options.device = physical_[static_cast<size_t>(r)];
@@ -401,7 +403,7 @@ absl::Status GpuFit::SaveBackup(int64_t epoch, int64_t step, const StepStats& ep
   now.history = history;
   STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&now.variables, &now.slots));
   return fit_internal::Backup(strategy_, model_, optimizer_, options_, steps_per_epoch_,
-                              std::move(now));
+                              std::move(now), resume_);
 }
 
 absl::StatusOr<FitSummary> GpuFit::Run() {
@@ -489,7 +491,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     log.loss = epoch_stats.loss_sum / seen;
     log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
     if (absl::Status finite =
-            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, options_);
+            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, resume_);
         !finite.ok()) {
       progress.Interrupt();
       return finite;

@@ -299,7 +299,7 @@ TEST(FitTest, ALossThatIsNotFiniteStopsTrainingWithTheFixAndSavesNothingAfterIt)
         ::testing::AllOf(::testing::StartsWith("training diverged: the loss is "),
                          ::testing::HasSubstr("after step 7 (epoch 1, step 7 of 25)"),
                          ::testing::HasSubstr("learning_rate"),
-                         ::testing::HasSubstr("resumes from the newest checkpoint in " + dir)));
+                         ::testing::HasSubstr("resumes from the checkpoint of step 6 in " + dir)));
     auto newest = ReadLatestCheckpoint(dir);
     ASSERT_TRUE(newest.ok()) << newest.status();
     EXPECT_EQ(newest->step, 6) << replicas;
@@ -308,6 +308,23 @@ TEST(FitTest, ALossThatIsNotFiniteStopsTrainingWithTheFixAndSavesNothingAfterIt)
     }
     std::filesystem::remove_all(dir);
   }
+  // In step 1, before any save: the job run again starts from scratch, and says so.
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/fit_diverged_at_once_", getpid());
+  std::filesystem::remove_all(dir);
+  FitOptions options;
+  options.batch_size_per_replica = 16;
+  options.shuffle_buffer = 0;
+  options.progress = ProgressStyle::kNone;
+  options.checkpoint_dir = dir;
+  DefaultStrategy single;
+  auto summary = Fit(single, model, Loss::SparseCategoricalCrossentropy(), *optimizer,
+                     DataWithAnInfiniteExample(400, 0), options);
+  EXPECT_THAT(std::string(summary.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("after step 1 (epoch 1, step 1 of 25)"),
+                               ::testing::EndsWith(": it starts from scratch, as no checkpoint "
+                                                   "was written in " +
+                                                   dir + " before the divergence")));
+  std::filesystem::remove_all(dir);
 }
 
 // Mid-epoch, the checkpoint's position in the data is a count of steps of its global

@@ -186,14 +186,12 @@ TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryW
     y.data<int32_t>()[i] = static_cast<int32_t>(i % 2);
   }
   x.data<float>()[201 * 4] = INFINITY;  // in worker 1's shard only (odd examples), step 7
-  FitData data;
-  data.train = Dataset::FromTensorSlices({x, y});
-  data.train_examples = kExamples;
   const std::string dir = absl::StrCat(::testing::TempDir(), "/mwms_diverged_", getpid());
   std::filesystem::remove_all(dir);
-  // With checkpoints every 2 steps (the save's check of the variables comes first), and
-  // without (the vote, or the epoch's end).
-  for (const std::string& checkpoint_dir : {dir, std::string()}) {
+  auto fit_on_every_worker = [&](const std::string& checkpoint_dir) {
+    FitData data;
+    data.train = Dataset::FromTensorSlices({x, y});
+    data.train_examples = kExamples;
     std::vector<absl::Status> ended(n);
     OnEveryWorker(n, [&](int w) {
       FitOptions options;
@@ -210,11 +208,27 @@ TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryW
     EXPECT_EQ(ended[0].code(), absl::StatusCode::kFailedPrecondition) << ended[0];
     EXPECT_THAT(std::string(ended[0].message()), ::testing::StartsWith("training diverged: "));
     EXPECT_EQ(ended[0], ended[1]);
-  }
+    return ended[0];
+  };
+  // With checkpoints every 2 steps (the save's check of the variables comes first), and
+  // without (the vote, or the epoch's end).
+  for (const std::string& checkpoint_dir : {dir, std::string()})
+    fit_on_every_worker(checkpoint_dir).IgnoreError();  // checked inside
   auto newest = ReadLatestCheckpoint(dir);
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_LE(newest->step, 6);
   for (const auto& [name, value] : newest->variables) EXPECT_TRUE(AllFinite(value)) << name;
+  std::filesystem::remove_all(dir);
+  // In worker 1's first step instead: the first vote (after step 1) finds it and names the
+  // worker, and no checkpoint was written before it.
+  x.data<float>()[201 * 4] = 0;
+  x.data<float>()[1 * 4] = INFINITY;
+  EXPECT_THAT(std::string(fit_on_every_worker(dir).message()),
+              ::testing::AllOf(
+                  ::testing::StartsWith("training diverged: the loss on rank 1 is not finite after "
+                                        "step 1 (epoch 1, step 1 of "),
+                  ::testing::EndsWith(": it starts from scratch, as no checkpoint was written in " +
+                                      dir + " before the divergence")));
   std::filesystem::remove_all(dir);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,13 +105,20 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
 // every worker agreed on, with the state saved when the job has a checkpoint folder.
 bool IsStoppedEarly(const absl::Status& status);
 
+// What a job run again starts from: its checkpoint folder ("" when it has none) and the step
+// of the newest checkpoint this run wrote or resumed from there, if any.
+struct ResumePoint {
+  std::string checkpoint_dir;
+  std::optional<int64_t> newest_step;
+};
+
 // Keras' TerminateOnNaN, as an error that says where and what to change: training stopped
 // after step `iteration` (step `step` of `steps_per_epoch` in epoch `epoch`) because `what`
 // (e.g. "the loss is nan") is no longer finite. Nothing past the checkpoints written before
 // is saved (training loops check their variables before each save). FAILED_PRECONDITION:
 // the same job run again diverges again, so launchers do not restart it.
 absl::Status TrainingDiverged(const std::string& what, int64_t iteration, int epoch, int64_t step,
-                              int64_t steps_per_epoch, const std::string& checkpoint_dir);
+                              int64_t steps_per_epoch, const ResumePoint& resume);
 
 // The test-set loss and accuracy of `variables`, computed over the strategy's replicas.
 absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
