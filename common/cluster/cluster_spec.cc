@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -203,6 +204,22 @@ nlohmann::json ClusterSpec::ToJson() const {
   return cluster;
 }
 
+namespace {
+
+// What names the socket `address` (valid) stands for, for telling two tasks' apart: host
+// names are not case-sensitive, and the loopback has several names. (A server binds a
+// loopback name or an IP as given, and a host name on every interface.)
+std::string SocketOf(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  const std::string host = absl::AsciiStrToLower(address.substr(0, colon));
+  const bool loopback = host == "localhost" || host == "127.0.0.1" || host == "[::1]" ||
+                        host == "localhost.localdomain" || host == "ip6-localhost";
+  return absl::StrCat(loopback ? "this machine's loopback" : absl::StrCat("host ", host), ", port ",
+                      address.substr(colon + 1));
+}
+
+}  // namespace
+
 absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view source) {
   if (spec.empty()) {
     return absl::InvalidArgumentError(
@@ -210,7 +227,11 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view sour
                      " cluster is empty: list the tasks, for example \"cluster\": {\"worker\": "
                      "[\"host1:2222\", \"host2:2222\"], \"ps\": [\"host3:2222\"]}"));
   }
-  std::map<std::string, std::string> owner_of_address;
+  struct Owner {
+    std::string task;
+    std::string address;
+  };
+  std::map<std::string, Owner> owner_of_socket;
   for (const std::string& type : spec.job_names()) {
     if (!IsValidTaskType(type)) {
       return absl::InvalidArgumentError(absl::StrCat(source, " cluster has job \"", type,
@@ -237,12 +258,18 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec, absl::string_view sour
                          ": write it as host:port, for example \"localhost:2222\""));
       }
       const std::string task = absl::StrCat(type, ":", index);
-      auto [it, inserted] = owner_of_address.emplace(address, task);
-      if (!inserted) {
+      const std::string socket = SocketOf(address);
+      auto [it, inserted] = owner_of_socket.emplace(socket, Owner{task, address});
+      if (inserted) continue;
+      if (it->second.address == address) {
         return absl::InvalidArgumentError(
-            absl::StrCat(source, " cluster address \"", address, "\" is given to both ", it->second,
-                         " and ", task, ": give every task its own host:port"));
+            absl::StrCat(source, " cluster address \"", address, "\" is given to both ",
+                         it->second.task, " and ", task, ": give every task its own host:port"));
       }
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, " cluster addresses \"", it->second.address, "\" of ",
+                       it->second.task, " and \"", address, "\" of ", task, " are one socket (",
+                       socket, "): give every task its own host:port"));
     }
   }
   return absl::OkStatus();

@@ -130,6 +130,23 @@ TEST(ClusterSpecValidationTest, RejectsSharedAddress) {
             "task its own host:port");
 }
 
+// One socket under two spellings: the second task could not bind (or would reach the first).
+TEST(ClusterSpecValidationTest, RejectsOneSocketSpelledTwoWays) {
+  EXPECT_EQ(ErrorOf(R"({"worker": ["127.0.0.1:7000", "localhost:7000"]})"),
+            "TF_CONFIG cluster addresses \"127.0.0.1:7000\" of worker:0 and \"localhost:7000\" of "
+            "worker:1 are one socket (this machine's loopback, port 7000): give every task its own "
+            "host:port");
+  EXPECT_THAT(ErrorOf(R"({"worker": ["[::1]:7000"], "ps": ["LocalHost:7000"]})"),
+              HasSubstr("one socket"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["Host-A:7000"], "ps": ["host-a:7000"]})"),
+              HasSubstr("are one socket (host host-a, port 7000)"));
+  // Other loopback addresses, other hosts and other ports are other sockets.
+  EXPECT_TRUE(
+      ClusterSpec::FromJson(
+          Json(R"({"worker": ["127.0.0.1:7000", "127.0.0.2:7000", "h:7000", "localhost:7001"]})"))
+          .ok());
+}
+
 TEST(ValidateTaskTest, AcceptsTasksOfTheCluster) {
   auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"], "ps": ["p:1"]})"));
   EXPECT_TRUE(ValidateTask(*spec, "worker", 1).ok());
