@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -46,18 +50,40 @@ int BindError(const in_addr& address, int port) {
 
 }  // namespace
 
+// Once per process: claims are off, so two processes may pick the same port.
+void WarnClaimsOff(const std::string& why) {
+  static std::once_flag warned;
+  std::call_once(warned, [&why] {
+    spdlog::warn(
+        "ports picked here are not claimed against other processes ({}): two processes may "
+        "pick the same port; make {} a folder everyone may write to (mode 1777)",
+        why, kClaimDir);
+  });
+}
+
 bool ClaimPort(int port) {
-  static const bool claims_usable = [] {
-    if (mkdir(kClaimDir, 01777) != 0 && errno != EEXIST) return false;
+  static const std::string unusable = []() -> std::string {
+    if (mkdir(kClaimDir, 01777) != 0 && errno != EEXIST) {
+      return absl::StrCat("cannot create ", kClaimDir, ": ", std::strerror(errno));
+    }
     chmod(kClaimDir, 01777);  // mkdir's mode is cut by the umask; ignore failure (not ours)
     struct stat info;
-    return stat(kClaimDir, &info) == 0 && S_ISDIR(info.st_mode);
+    if (lstat(kClaimDir, &info) != 0 || !S_ISDIR(info.st_mode)) {
+      return absl::StrCat(kClaimDir, " is not a folder");
+    }
+    return "";
   }();
-  if (!claims_usable) return true;  // nowhere to claim: the bind check alone decides
+  if (!unusable.empty()) {
+    WarnClaimsOff(unusable);
+    return true;  // nowhere to claim: the bind check alone decides
+  }
   const std::string path = absl::StrCat(kClaimDir, "/", port);
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
   if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);  // another user's
-  if (fd < 0) return true;
+  if (fd < 0) {
+    WarnClaimsOff(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return true;
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     close(fd);
     return false;  // a live process holds it
@@ -76,12 +102,14 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   std::random_device seed;
   std::mt19937 engine(seed());
   std::uniform_int_distribution<int> ports(kLowestPort, kHighestPort);
+  int claimed = 0;  // free, but picked by another live process that has yet to bind them
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     const int port = ports(engine);
     const int error = BindError(address, port);
     if (error == 0) {
       if (ClaimPort(port)) return port;
-      continue;  // free now, but picked by another live process that has yet to bind it
+      ++claimed;
+      continue;
     }
     if (error == EADDRNOTAVAIL) {
       return absl::InvalidArgumentError(
@@ -90,9 +118,14 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
                        "127.0.0.1"));
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat("found no free port on ", host, " in ",
-                                                   kAttempts, " tries between ", kLowestPort,
-                                                   " and ", kHighestPort));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "found no free port on ", host, " in ", kAttempts, " tries between ", kLowestPort, " and ",
+      kHighestPort,
+      claimed == 0 ? ""
+                   : absl::StrCat(" (", claimed,
+                                  " were free but claimed by other live processes, whose locks "
+                                  "are in ",
+                                  kClaimDir, "/<port>: `fuser` on those files names them)")));
 }
 
 absl::StatusOr<std::vector<int>> PickFreePorts(int count, const std::string& host) {
