@@ -37,6 +37,18 @@ namespace stratum {
 namespace {
 
 // Trains a MultiWorkerMirrored job as this task; returns main's exit code.
+// On the leader, the process that serves the coordination service, a report of a start-up
+// stop (`before_exit`) is served to the others a moment before the process exits: they
+// learn the leader was stopped, not only that it is gone.
+std::function<void(int)> LeaderServesTheReport(std::function<void(int)> before_exit,
+                                               CoordinationService* service) {
+  if (!before_exit || service == nullptr) return before_exit;
+  return [before_exit = std::move(before_exit), service](int signal) {
+    before_exit(signal);
+    (void)service->AwaitNoTaskConnected(absl::Seconds(2));
+  };
+}
+
 int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatcher& shutdown) {
   const ClusterSpec& cluster = context.resolver.cluster_spec();
   if (absl::Status status =
@@ -76,8 +88,9 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
                                 .stop = &shutdown.notification(),
                                 .training_started = [&deadline] { deadline.Begin(); },
                                 .set_before_startup_exit =
-                                    [&deadline](std::function<void(int)> before_exit) {
-                                      deadline.SetBeforeExit(std::move(before_exit));
+                                    [&](std::function<void(int)> before_exit) {
+                                      deadline.SetBeforeExit(LeaderServesTheReport(
+                                          std::move(before_exit), coordination.get()));
                                     }};
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
   // The others learn the job's first failure from the answers to their own reports: the

@@ -188,38 +188,45 @@ TEST(MwmsTrainingTest, WorkersWithDifferentJobsAreRefusedNamingWhatDiffers) {
 // the cause, as a failure a launcher retries (exit 1), not blame worker:3 for an address
 // it "did not publish", nor the leader for a coordination service it did not lose.
 TEST(MwmsTrainingTest, AWorkerStoppedDuringStartUpIsNamedByTheOthers) {
-  auto cluster =
-      LocalCluster::Start({.num_workers = 4,
-                           .not_started = {{"worker", 3}},
-                           .args_by_type = {{"worker",
-                                             {"--job=" + WriteJob("mwms_stopped_early", 1, 10),
-                                              "--cluster_timeout=60s"}}},
-                           .forward_output = false});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  for (int w = 0; w < 3; ++w) {
-    ASSERT_TRUE((*cluster)->WaitForOutput({"worker", w}, "joined the job", absl::Seconds(30)))
-        << (*cluster)->Output({"worker", w});
-  }
-  const absl::Time stopped = absl::Now();
-  ASSERT_TRUE((*cluster)->Signal({"worker", 2}, SIGTERM).ok());
-  auto exit = (*cluster)->WaitForExit({"worker", 2}, absl::Seconds(10));
-  ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_EQ(exit->ShellCode(), 128 + SIGTERM) << (*cluster)->Output({"worker", 2});
-  for (const TaskKey& survivor : {TaskKey{"worker", 0}, TaskKey{"worker", 1}}) {
-    auto exit = (*cluster)->WaitForExit(survivor, absl::Seconds(30));
+  // worker:2, then the leader, whose process serves the coordination service.
+  for (const int stopped_index : {2, 0}) {
+    auto cluster =
+        LocalCluster::Start({.num_workers = 4,
+                             .not_started = {{"worker", 3}},
+                             .args_by_type = {{"worker",
+                                               {"--job=" + WriteJob("mwms_stopped_early", 1, 10),
+                                                "--cluster_timeout=60s"}}},
+                             .forward_output = false});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (int w = 0; w < 3; ++w) {
+      ASSERT_TRUE((*cluster)->WaitForOutput({"worker", w}, "joined the job", absl::Seconds(30)))
+          << (*cluster)->Output({"worker", w});
+    }
+    const TaskKey stopped{"worker", stopped_index};
+    const absl::Time stopped_at = absl::Now();
+    ASSERT_TRUE((*cluster)->Signal(stopped, SIGTERM).ok());
+    auto exit = (*cluster)->WaitForExit(stopped, absl::Seconds(10));
     ASSERT_TRUE(exit.ok()) << exit.status();
-    const std::string output = (*cluster)->Output(survivor);
-    EXPECT_EQ(exit->ShellCode(), 1) << output;
-    const size_t error = output.rfind("stratum-worker: ");
-    ASSERT_NE(error, std::string::npos) << output;
-    const std::string last = output.substr(error);
-    EXPECT_THAT(last, HasSubstr("worker:2 failed: stopped by signal 15")) << survivor.ToString();
-    EXPECT_THAT(last, ::testing::Not(HasSubstr("did not publish"))) << survivor.ToString();
-    EXPECT_THAT(last, ::testing::Not(HasSubstr("lost the coordination service")))
-        << survivor.ToString();
+    EXPECT_EQ(exit->ShellCode(), 128 + SIGTERM) << (*cluster)->Output(stopped);
+    for (int w = 0; w < 3; ++w) {
+      if (w == stopped_index) continue;
+      const TaskKey survivor{"worker", w};
+      auto exit = (*cluster)->WaitForExit(survivor, absl::Seconds(30));
+      ASSERT_TRUE(exit.ok()) << exit.status();
+      const std::string output = (*cluster)->Output(survivor);
+      EXPECT_EQ(exit->ShellCode(), 1) << output;
+      const size_t error = output.rfind("stratum-worker: ");
+      ASSERT_NE(error, std::string::npos) << output;
+      const std::string last = output.substr(error);
+      EXPECT_THAT(last, HasSubstr(stopped.ToString() + " failed: stopped by signal 15"))
+          << survivor.ToString();
+      EXPECT_THAT(last, ::testing::Not(HasSubstr("did not publish"))) << survivor.ToString();
+      EXPECT_THAT(last, ::testing::Not(HasSubstr("lost the coordination service")))
+          << survivor.ToString();
+    }
+    // Told by the stopped worker itself, not learnt at the heartbeat timeout (10 s).
+    EXPECT_LT(absl::Now() - stopped_at, absl::Seconds(8)) << stopped.ToString();
   }
-  // Told by worker:2 itself, not learnt at the heartbeat timeout (10 s).
-  EXPECT_LT(absl::Now() - stopped, absl::Seconds(8));
 }
 
 // Of three workers in a ring, the one killed has a single neighbour that reads from it;
