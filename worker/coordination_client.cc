@@ -324,12 +324,12 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   return absl::OkStatus();
 }
 
-absl::Status CoordinationAgent::Disconnect() {
+absl::Status CoordinationAgent::Disconnect(absl::Duration timeout) {
   proto::DisconnectTaskRequest request;
   SetTask(options_.task, request.mutable_task());
   request.set_incarnation(options_.incarnation);
   grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
+  SetDeadline(context, timeout > absl::ZeroDuration() ? timeout : options_.rpc_timeout);
   proto::DisconnectTaskResponse response;
   const absl::Status status =
       CallStatus("disconnecting", context, stub_->DisconnectTask(&context, request, &response));

@@ -64,7 +64,6 @@ absl::StatusOr<CoordinationService::TaskInfo*> CoordinationService::FindRegister
     const TaskKey& task, uint64_t incarnation) {
   absl::StatusOr<TaskInfo*> info = FindTask(task);
   if (!info.ok()) return info.status();
-  if (absl::Status stop = StopStatus(); !stop.ok()) return stop;
   if ((*info)->state == TaskState::kUnregistered) {
     return absl::FailedPreconditionError(absl::StrCat(
         task.ToString(), " is not registered with the coordination service on ", leader_, " (if ",
@@ -111,20 +110,29 @@ absl::Status CoordinationService::RegisterTask(const TaskKey& task, uint64_t inc
 
 absl::Status CoordinationService::Heartbeat(const TaskKey& task, uint64_t incarnation) {
   absl::MutexLock lock(&mutex_);
+  if (shut_down_) return StopStatus();
   absl::StatusOr<TaskInfo*> info = FindRegisteredTask(task, incarnation);
   if (!info.ok()) return info.status();
+  if (!cluster_error_.ok()) {
+    (*info)->told = true;  // the answer carries the cluster error
+    changed_.SignalAll();
+    return cluster_error_;
+  }
   (*info)->last_heartbeat = now_();
   return absl::OkStatus();
 }
 
 absl::Status CoordinationService::DisconnectTask(const TaskKey& task, uint64_t incarnation) {
   absl::MutexLock lock(&mutex_);
+  if (shut_down_) return StopStatus();
   absl::StatusOr<TaskInfo*> info = FindRegisteredTask(task, incarnation);
   if (!info.ok()) return info.status();
-  (*info)->state = TaskState::kDisconnected;
+  // Also after the job failed: the leader serves the failure to the tasks still connected,
+  // and need not wait for one that left.
+  if ((*info)->state == TaskState::kConnected) (*info)->state = TaskState::kDisconnected;
   for (auto& [id, barrier] : barriers_) UpdateBarrier(id, barrier);
   changed_.SignalAll();
-  return absl::OkStatus();
+  return StopStatus();
 }
 
 absl::Status CoordinationService::SetKeyValue(const std::string& key, const std::string& value) {
@@ -262,12 +270,12 @@ absl::Status CoordinationService::ReportError(const TaskKey& task, const absl::S
   return absl::OkStatus();
 }
 
-bool CoordinationService::AwaitNoTaskConnected(absl::Duration timeout) {
+bool CoordinationService::AwaitEveryTaskTold(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mutex_);
   while (true) {
     const bool none = std::none_of(tasks_.begin(), tasks_.end(), [](const auto& entry) {
-      return entry.second.state == TaskState::kConnected;
+      return entry.second.state == TaskState::kConnected && !entry.second.told;
     });
     if (none) return true;
     if (shut_down_ || changed_.WaitWithDeadline(&mutex_, deadline)) return false;

@@ -282,7 +282,11 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
   absl::StatusOr<FitSummary> summary = Train(job, options, *agent);
   // The others learn of it through their heartbeats and stop instead of waiting.
   if (!summary.ok() && !IsStoppedEarly(summary.status())) {
-    return FailJob(*agent, summary.status());
+    absl::Status failed = FailJob(*agent, summary.status());
+    // Told: the leader, which serves the others the failure until they have left, need not
+    // wait for this task any longer.
+    (void)agent->Disconnect(absl::Seconds(1));
+    return failed;
   }
   // The leader serves the coordination service: nobody leaves before everyone is done.
   STRATUM_RETURN_IF_ERROR(agent->WaitAtBarrier("stratum/end", options.connect_timeout));

@@ -45,7 +45,8 @@ std::function<void(int)> LeaderServesTheReport(std::function<void(int)> before_e
   if (!before_exit || service == nullptr) return before_exit;
   return [before_exit = std::move(before_exit), service](int signal) {
     before_exit(signal);
-    (void)service->AwaitNoTaskConnected(absl::Seconds(2));
+    (void)service->AwaitEveryTaskTold(absl::Seconds(2));
+    absl::SleepFor(absl::Milliseconds(100));  // the answers just given leave the process
   };
 }
 
@@ -95,7 +96,7 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
   absl::StatusOr<FitSummary> summary = RunMultiWorkerJob(job, options);
   // The others learn the job's first failure from the answers to their own reports: the
   // leader serves them a moment longer (a task that died is not waited for past this).
-  if (coordination && !summary.ok()) (void)coordination->AwaitNoTaskConnected(absl::Seconds(2));
+  if (coordination && !summary.ok()) (void)coordination->AwaitEveryTaskTold(absl::Seconds(2));
   if (coordination_grpc) coordination_grpc->Shutdown();
   (*server)->Shutdown(context.shutdown_grace);
   deadline.End();

@@ -76,18 +76,31 @@ TEST_F(CoordinationServiceTest, ANewIncarnationIsARestartThatFailsTheCluster) {
 TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderWaitsForTheOthersToReportOrGoSilent) {
   RegisterAll();
   ASSERT_TRUE(service_.ReportError(kW0, absl::UnavailableError("worker:2 closed")).ok());
-  EXPECT_FALSE(service_.AwaitNoTaskConnected(absl::Milliseconds(20)));
+  EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
   std::thread reporter([this] {
     absl::SleepFor(absl::Milliseconds(30));
     (void)service_.ReportError(kW1, absl::UnavailableError("worker:0 closed"));
   });
-  EXPECT_FALSE(service_.AwaitNoTaskConnected(absl::Milliseconds(200)));  // worker:2 is silent
+  EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(200)));  // worker:2 is silent
   reporter.join();
   Advance(absl::Seconds(11));  // worker:2 died: its heartbeats stopped
   service_.CheckHeartbeats();
-  EXPECT_TRUE(service_.AwaitNoTaskConnected(absl::Seconds(10)));
+  EXPECT_TRUE(service_.AwaitEveryTaskTold(absl::Seconds(10)));
   // The first failure stays the cluster error.
   EXPECT_THAT(std::string(service_.cluster_error().message()), HasSubstr("worker:0 failed"));
+}
+
+// A task told of the failure by a heartbeat's answer, or one that left, is not waited for.
+TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderStopsWaitingOnceEveryTaskWasToldOrLeft) {
+  RegisterAll();
+  ASSERT_TRUE(service_.ReportError(kW0, absl::AbortedError("stopped by signal 15")).ok());
+  EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
+  EXPECT_THAT(service_.Heartbeat(kW1, 101),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("worker:0 failed: stopped")));
+  EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));  // worker:2 was not told
+  // worker:2 learnt it another way (the answer to a wait) and leaves.
+  EXPECT_EQ(service_.DisconnectTask(kW2, 102).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
 }
 
 TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {

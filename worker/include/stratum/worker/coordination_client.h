@@ -113,8 +113,9 @@ class CoordinationAgent final : public CoordinationClient {
   absl::Status cluster_error() const override;
 
   // Leaves the cluster cleanly at the end of the job and stops the heartbeats; barriers
-  // that still need this task then fail at once instead of timing out.
-  absl::Status Disconnect();
+  // that still need this task then fail at once instead of timing out. The call waits up to
+  // `timeout` (options' rpc_timeout when zero).
+  absl::Status Disconnect(absl::Duration timeout = absl::ZeroDuration());
   uint64_t incarnation() const { return options_.incarnation; }
 
  private:

@@ -78,10 +78,10 @@ class CoordinationService {
   //   the cluster error, or UNAVAILABLE after Shutdown.
   absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation);
 
-  // The task leaves cleanly (its job is done): its silence is no longer an error, and a
-  // barrier that still needs it fails at once instead of timing out.
+  // The task leaves cleanly (its job is done, or failed): its silence is no longer an
+  // error, and a barrier that still needs it fails at once instead of timing out.
   //   INVALID_ARGUMENT, FAILED_PRECONDITION, ABORTED: as Heartbeat.
-  //   the cluster error, or UNAVAILABLE after Shutdown.
+  //   the cluster error (the task has left all the same), or UNAVAILABLE after Shutdown.
   absl::Status DisconnectTask(const TaskKey& task, uint64_t incarnation);
 
   // Sets `key`, replacing any value, and wakes the tasks waiting for it.
@@ -122,10 +122,10 @@ class CoordinationService {
   // becomes the cluster error (UNAVAILABLE, "worker:1 sent no heartbeat for 10s ...").
   void CheckHeartbeats();
 
-  // After a failure, for the leader before it shuts the service down: waits until no task
-  // is still connected (each has reported its own error, learning the first one from the
-  // answer, or disconnected, or gone silent) or `timeout` passes. True when none is left.
-  bool AwaitNoTaskConnected(absl::Duration timeout);
+  // After a failure, for the leader before it shuts the service down: waits until every
+  // task has learnt it (from the answer to its own report or to a heartbeat) or left (it
+  // disconnected, or went silent), or `timeout` passes. True when none is left untold.
+  bool AwaitEveryTaskTold(absl::Duration timeout);
 
   // Wakes every wait with UNAVAILABLE ("the coordination service on worker:0 is shutting
   // down"), which every later call returns too. Idempotent.
@@ -145,6 +145,7 @@ class CoordinationService {
     TaskState state = TaskState::kUnregistered;
     uint64_t incarnation = 0;
     absl::Time last_heartbeat;
+    bool told = false;  // a heartbeat's answer carried the cluster error
   };
 
   struct Barrier {
@@ -157,7 +158,7 @@ class CoordinationService {
   absl::StatusOr<TaskInfo*> FindTask(const TaskKey& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The shutdown status, else the cluster error, else OK.
   absl::Status StopStatus() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
-  // Checks that `task` is known, registered with `incarnation`, and that the cluster runs.
+  // Checks that `task` is known and registered with `incarnation`.
   absl::StatusOr<TaskInfo*> FindRegisteredTask(const TaskKey& task, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records the first failure and wakes every wait.
