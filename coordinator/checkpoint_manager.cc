@@ -13,6 +13,9 @@
 namespace stratum {
 namespace {
 
+// A parameter-server job's checkpoints (stratum-train's have a format of their own).
+constexpr char kFormat[] = "stratum-checkpoint-1";
+
 nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
   nlohmann::json map = nlohmann::json::array();
   for (const ShardSpec& shard : shards) {
@@ -59,7 +62,7 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
                      {"bytes", saved->bytes()},
                      {"variables", held}});
   }
-  nlohmann::json manifest = {{"format", "stratum-checkpoint-1"},
+  nlohmann::json manifest = {{"format", kFormat},
                              {"step", step},
                              {"files", files},
                              {"shards", ShardMap(variables_.shards())}};
@@ -79,6 +82,12 @@ absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
   absl::StatusOr<std::optional<std::string>> restored =
       RestoreNewestIntact(dir_, [&](const std::string& folder) -> absl::Status {
         STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadCheckpointManifest(folder));
+        if (manifest.value("format", "") != kFormat) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint ", folder, " is not a parameter-server job's checkpoint (format \"",
+              manifest.value("format", ""),
+              "\"; another kind of job wrote it): point checkpoint.dir at a folder of its own"));
+        }
         if (manifest["shards"] != ShardMap(variables_.shards())) {
           return absl::FailedPreconditionError(absl::StrCat(
               "checkpoint ", folder,

@@ -706,10 +706,14 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   while (!failure.ok()) {
     const bool ps_failed =
         absl::StrContains(failure.message(), "a parameter server is unavailable");
-    if (!ps_failed || options.ps_recovery_timeout <= absl::ZeroDuration()) return failure;
+    if (!ps_failed) return failure;
+    // A lost PS ends the job as a failure (UNAVAILABLE, exit 1: a restart may succeed), not
+    // as the job's configuration (FAILED_PRECONDITION, as PsFailure marks it for workers).
+    if (options.ps_recovery_timeout <= absl::ZeroDuration()) {
+      return absl::UnavailableError(failure.message());
+    }
     if (!checkpoints) {
-      return absl::Status(
-          failure.code(),
+      return absl::UnavailableError(
           absl::StrCat(failure.message(),
                        "; the job has no checkpoint.dir to re-seed a parameter server from, so "
                        "training does not wait for it: set checkpoint.dir, and a parameter "

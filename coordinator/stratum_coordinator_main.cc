@@ -111,15 +111,14 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
   absl::StatusOr<FitSummary> summary =
       RunParameterServerJob(job, text.str(), base_dir, context.resolver.cluster_spec(), options);
   if (!summary.ok()) {
-    // A bad model, optimizer or data file is the job's configuration (2); anything that
-    // happened while training, such as a parameter server that died, is a failure (1).
+    // The job's configuration (a bad model, data file or checkpoint folder; training that
+    // diverged) exits 2; anything that happened while training, such as a parameter server
+    // that died, is a failure (1).
     const int code = ReportFatal(context.binary, summary.status());
     if (absl::IsCancelled(summary.status()) && shutdown.signal_number() != 0) {
       return 128 + shutdown.signal_number();  // stopped (the state saved, when it could be)
     }
-    return absl::IsInvalidArgument(summary.status()) || absl::IsNotFound(summary.status())
-               ? code
-               : kExitFailure;
+    return code;
   }
   std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
               summary->test_accuracy, summary->test_loss, summary->examples_per_sec,

@@ -278,8 +278,27 @@ absl::StatusOr<VariableSnapshot> VariableStore::Snapshot(const std::string& name
 
 absl::Status VariableStore::Restore(const VariableSnapshot& snapshot) {
   const std::string& name = snapshot.info.name;
-  absl::StatusOr<bool> created =
-      Create(name, snapshot.value, snapshot.optimizer_config, /*replace=*/true);
+  // A variable the job created before restoring keeps the job's optimizer, which goes on
+  // from the checkpoint's slots (its learning rate may have changed since, as in Keras).
+  nlohmann::json optimizer_config = snapshot.optimizer_config;
+  if (absl::StatusOr<std::shared_ptr<Variable>> job = Find(name); job.ok()) {
+    std::string trained_with = "none";
+    if (!snapshot.optimizer_config.is_null()) {
+      absl::StatusOr<std::unique_ptr<Optimizer>> made = Optimizer::FromKeras(optimizer_config);
+      if (!made.ok()) return made.status();
+      trained_with = (*made)->name();
+    }
+    absl::MutexLock lock(&(*job)->mutex);
+    const std::string& job_uses = (*job)->info.optimizer.empty() ? "none" : (*job)->info.optimizer;
+    if (job_uses != trained_with) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint's variable \"", name, "\" was trained with optimizer ", trained_with,
+          ", but the job uses ", job_uses,
+          ": use the job's earlier optimizer, or another checkpoint.dir to train from scratch"));
+    }
+    optimizer_config = (*job)->optimizer_config;
+  }
+  absl::StatusOr<bool> created = Create(name, snapshot.value, optimizer_config, /*replace=*/true);
   if (!created.ok()) return created.status();
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
@@ -287,9 +306,10 @@ absl::Status VariableStore::Restore(const VariableSnapshot& snapshot) {
   absl::MutexLock lock(&v.mutex);
   if (snapshot.slots.size() != v.slots.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint of variable \"", name, "\" has ", snapshot.slots.size(),
-                     " optimizer slots but its optimizer needs ", v.slots.size(),
-                     ": restore with the optimizer the checkpoint was written with"));
+        absl::StrCat("the checkpoint's variable \"", name, "\" has ", snapshot.slots.size(),
+                     " optimizer slots, but the job's optimizer needs ", v.slots.size(),
+                     " (its settings differ, e.g. SGD's momentum): use the job's earlier "
+                     "optimizer settings, or another checkpoint.dir to train from scratch"));
   }
   for (size_t s = 0; s < v.slots.size(); ++s) {
     if (!(snapshot.slots[s].shape() == v.slots[s].shape())) {

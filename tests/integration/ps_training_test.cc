@@ -236,13 +236,12 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   const std::string checkpoints = TempPath("ckpt");
   std::filesystem::remove_all(checkpoints);
   const std::string summary = TempPath("resume_summary.json");
+  const std::string job = WriteJob(3, 100, "resume_job", checkpoints, 50);
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,
        .num_ps = 2,
        .chief = true,
-       .args_by_type = {{"chief",
-                         {"--job=" + WriteJob(3, 100, "resume_job", checkpoints, 50),
-                          "--summary_json=" + summary}}},
+       .args_by_type = {{"chief", {"--job=" + job, "--summary_json=" + summary}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
@@ -286,6 +285,19 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
                          "/manifest.json");
   const nlohmann::json parsed = nlohmann::json::parse(manifest);
   EXPECT_EQ(parsed["files"].size(), 2u);
+  // Resumed with another kind of optimizer, whose slots the checkpoint lacks: refused as the
+  // job's configuration (exit 2, which launchers do not restart), naming both.
+  std::ifstream adam_file(job);
+  nlohmann::json sgd_job = nlohmann::json::parse(adam_file);
+  sgd_job["compile"]["optimizer"] = "sgd";
+  std::ofstream(job) << sgd_job.dump();
+  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 2) << (*cluster)->Output({"chief", 0});
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("was trained with optimizer Adam, but the job uses SGD: use the job's "
+                        "earlier optimizer, or another checkpoint.dir"));
   std::filesystem::remove_all(checkpoints);
 }
 

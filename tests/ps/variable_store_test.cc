@@ -178,6 +178,43 @@ TEST(VariableStoreTest, SnapshotAndRestoreKeepSlotsAndCounts) {
   EXPECT_EQ(other.Info("w")->updates, 4);
 }
 
+// A job resumed from its checkpoint trains on with the job's optimizer (a lower learning
+// rate after a divergence, say) and the checkpoint's slots; another optimizer is refused.
+TEST(VariableStoreTest, RestoreKeepsTheJobsOptimizerAndRefusesAnotherKind) {
+  VariableStore trained;
+  ASSERT_TRUE(trained.Create("w", Tensor::FromVector<float>({2}, {1, 2}), kSgd).ok());
+  ASSERT_TRUE(trained.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  auto snapshot = trained.Snapshot("w");
+  ASSERT_TRUE(snapshot.ok());
+  // The job now has a learning rate of 0: the restored variable must not move.
+  VariableStore resumed;
+  const nlohmann::json still =
+      nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.0}})");
+  ASSERT_TRUE(resumed.Create("w", Tensor::FromVector<float>({2}, {0, 0}), still).ok());
+  ASSERT_TRUE(resumed.Restore(*snapshot).ok());
+  ASSERT_TRUE(resumed.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  EXPECT_TRUE(resumed.Read("w")->BitwiseEqual(Tensor::FromVector<float>({2}, {0.5f, 1.5f})));
+  EXPECT_EQ(resumed.Info("w")->updates, 2);
+  // Another kind of optimizer has other slots: refused, naming both.
+  VariableStore other;
+  ASSERT_TRUE(other.Create("w", Tensor::FromVector<float>({2}, {0, 0}), "adam").ok());
+  const absl::Status refused = other.Restore(*snapshot);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Message(refused),
+            "the checkpoint's variable \"w\" was trained with optimizer SGD, but the job uses "
+            "Adam: use the job's earlier optimizer, or another checkpoint.dir to train from "
+            "scratch");
+  // SGD with momentum needs a slot that plain SGD's checkpoint lacks.
+  VariableStore momentum;
+  ASSERT_TRUE(momentum
+                  .Create("w", Tensor::FromVector<float>({2}, {0, 0}),
+                          nlohmann::json::parse(R"({"class_name": "SGD", "config": )"
+                                                R"({"learning_rate": 0.5, "momentum": 0.9}})"))
+                  .ok());
+  EXPECT_THAT(Message(momentum.Restore(*snapshot)),
+              HasSubstr("has 0 optimizer slots, but the job's optimizer needs 1"));
+}
+
 TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {
   VariableStore store;
   ASSERT_TRUE(store.Create("a", Tensor(DType::kFloat32, {64}), kSgd).ok());
