@@ -172,6 +172,12 @@ int main(int argc, char** argv) {
     spdlog::info("stopped");
     return 0;
   }
+  if (context.task.type == stratum::kEvaluator) {
+    // Nothing to evaluate: it answers health checks (a cluster started without a job), and
+    // is never sent a worker's closures.
+    spdlog::info("no --job to evaluate: serving health checks only");
+    return stratum::ServeUntilShutdown(context, shutdown, {});
+  }
   stratum::WorkerService service(context.channel_options());
   return stratum::ServeUntilShutdown(context, shutdown, {&service});
 }

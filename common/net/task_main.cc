@@ -285,8 +285,11 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
         options.binary,
         absl::StrCat("TF_CONFIG task.type \"", type, "\" is not a task ", options.binary,
                      " runs: it runs ", absl::StrJoin(options.task_types, " or "),
-                     " (chief: stratum-coordinator, worker and evaluator: "
-                     "stratum-worker, ps: stratum-ps)"));
+                     " (chief: stratum-coordinator, worker: stratum-worker, evaluator: "
+                     "stratum-worker --evaluator, ps: stratum-ps)",
+                     type == kEvaluator && options.binary == "stratum-worker"
+                         ? ": pass --evaluator to run the evaluator"
+                         : ""));
   }
   absl::StatusOr<bool> tls = UsesTls(resolver->rpc_layer(), tls_files);
   if (!tls.ok()) ExitWithUsageError(options.binary, std::string(tls.status().message()));

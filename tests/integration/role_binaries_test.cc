@@ -118,6 +118,14 @@ TEST(RoleBinariesTest, WrongRoleForTheBinaryIsAUsageError) {
   EXPECT_EQ(run.exit.exit_code, 2);
   EXPECT_THAT(run.output,
               HasSubstr("TF_CONFIG task.type \"worker\" is not a task stratum-ps runs"));
+  // The evaluator's binary is stratum-worker, with a flag: the fix names it.
+  BinaryRun evaluator = RunBinary(
+      "stratum-worker",
+      {"--job=" + std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_mwms.json"},
+      {{"TF_CONFIG", R"({"cluster": {"worker": ["127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]},)"
+                     R"( "task": {"type": "evaluator", "index": 0}})"}});
+  EXPECT_EQ(evaluator.exit.exit_code, 2);
+  EXPECT_THAT(evaluator.output, ::testing::EndsWith(": pass --evaluator to run the evaluator\n"));
 }
 
 // --evaluator names the task TF_CONFIG describes; it used to turn worker:0 into an evaluator
