@@ -547,6 +547,12 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     std::fflush(options.out);
     return absl::OkStatus();
   };
+  // The test set's loss and accuracy of the variables the PSs hold now.
+  auto evaluate_test = [&]() -> absl::StatusOr<EpochLog> {
+    absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
+    if (!current.ok()) return current.status();
+    return EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
+  };
   int printed_epochs = 0;       // the highest epoch whose line this process printed
   int epochs_trained_here = 0;  // epochs this process ended (and reported)
   // SIGTERM: the closures running finish, the queued ones are dropped, and the state after
@@ -658,16 +664,12 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       log.examples_per_sec = trained / std::max(log.seconds, 1e-9);
       train_seconds += log.seconds;
       train_examples += static_cast<int64_t>(trained);
-      if (data->has_test) {
-        absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
-        if (!current.ok()) return PsFailure(current.status());
-        absl::StatusOr<EpochLog> val =
-            EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
-        if (!val.ok()) return val.status();
+      if (data->has_test && job.fit.validate) {
+        absl::StatusOr<EpochLog> val = evaluate_test();
+        if (!val.ok()) return PsFailure(val.status());
         log.val_loss = val->val_loss;
         log.val_accuracy = val->val_accuracy;
-        summary.test_loss = val->val_loss;
-        summary.test_accuracy = val->val_accuracy;
+        log.validated = true;
       }
       summary.history.push_back(log);
       logged_epochs = epoch;
@@ -689,12 +691,16 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                                                    progress.first_step, " after the rollback)")
                                     : "";
       printed_epochs = std::max(printed_epochs, epoch);
+      const std::string validated = log.validated
+                                        ? absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f",
+                                                          log.val_loss, log.val_accuracy)
+                                        : "";
       std::fprintf(options.out,
-                   "Epoch %d/%d%s - %lld steps on %d workers - loss %.4f - accuracy %.4f - "
-                   "val_loss %.4f - val_accuracy %.4f - %.0f examples/s - %.2fs\n",
+                   "Epoch %d/%d%s - %lld steps on %d workers - loss %.4f - accuracy %.4f%s - "
+                   "%.0f examples/s - %.2fs\n",
                    epoch, job.fit.epochs, again.c_str(), static_cast<long long>(log.steps),
-                   num_workers, log.loss, log.accuracy, log.val_loss, log.val_accuracy,
-                   log.examples_per_sec, log.seconds);
+                   num_workers, log.loss, log.accuracy, validated.c_str(), log.examples_per_sec,
+                   log.seconds);
       std::fflush(options.out);
     }
     return absl::OkStatus();
@@ -818,15 +824,20 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                  "the checkpoint at step %lld already completes this job's %d epochs: evaluating "
                  "it (remove %s to train from scratch)\n",
                  static_cast<long long>(global_step), job.fit.epochs, job.checkpoint.dir.c_str());
-    absl::StatusOr<std::vector<Tensor>> current = variables.Pull();
-    if (!current.ok()) return current.status();
-    absl::StatusOr<EpochLog> test =
-        EvaluateDataset(evaluation, *model, *loss, *current, data->test, data->rescale, 1024);
-    if (!test.ok()) return test.status();
-    summary.test_loss = test->val_loss;
-    summary.test_accuracy = test->val_accuracy;
   } else if (checkpoints && global_step != saved_step) {
     if (absl::Status status = save(global_step); !status.ok()) return status;
+  }
+  if (data->has_test) {  // the model as trained: the last epoch's validation, if it ran
+    summary.tested = true;
+    if (epochs_trained_here > 0 && summary.history.back().validated) {
+      summary.test_loss = summary.history.back().val_loss;
+      summary.test_accuracy = summary.history.back().val_accuracy;
+    } else {
+      absl::StatusOr<EpochLog> test = evaluate_test();
+      if (!test.ok()) return test.status();
+      summary.test_loss = test->val_loss;
+      summary.test_accuracy = test->val_accuracy;
+    }
   }
   summary.steps = global_step;  // the job's step counter, across restarts
   summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);

@@ -120,9 +120,7 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
     }
     return code;
   }
-  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
-              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
-              summary->wall_s);
+  std::printf("%s\n", summary->ResultLine().c_str());
   std::fflush(stdout);
   const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
   if (!summary_path.empty()) {

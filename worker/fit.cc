@@ -23,14 +23,17 @@
 namespace stratum {
 
 nlohmann::json EpochLogJson(const EpochLog& log) {
-  return {{"epoch", log.epoch},
-          {"steps", log.steps},
-          {"loss", log.loss},
-          {"accuracy", log.accuracy},
-          {"val_loss", log.val_loss},
-          {"val_accuracy", log.val_accuracy},
-          {"examples_per_sec", log.examples_per_sec},
-          {"seconds", log.seconds}};
+  nlohmann::json json = {{"epoch", log.epoch},
+                         {"steps", log.steps},
+                         {"loss", log.loss},
+                         {"accuracy", log.accuracy},
+                         {"examples_per_sec", log.examples_per_sec},
+                         {"seconds", log.seconds}};
+  if (log.validated) {  // as Keras' History: no val_ keys for an epoch not validated
+    json["val_loss"] = log.val_loss;
+    json["val_accuracy"] = log.val_accuracy;
+  }
+  return json;
 }
 
 EpochLog EpochLogFromJson(const nlohmann::json& json) {
@@ -41,6 +44,7 @@ EpochLog EpochLogFromJson(const nlohmann::json& json) {
   log.accuracy = JsonNumberOr(json, "accuracy", 0);
   log.val_loss = JsonNumberOr(json, "val_loss", 0);
   log.val_accuracy = JsonNumberOr(json, "val_accuracy", 0);
+  log.validated = json.contains("val_loss");
   log.examples_per_sec = JsonNumberOr(json, "examples_per_sec", 0);
   log.seconds = JsonNumberOr(json, "seconds", 0);
   return log;
@@ -315,6 +319,7 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
   log.val_accuracy = static_cast<double>(total.correct) / examples;
+  log.validated = true;
   return log;
 }
 
@@ -718,8 +723,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       if (!val.ok()) return val.status();
       log.val_loss = val->val_loss;
       log.val_accuracy = val->val_accuracy;
+      log.validated = true;
     }
-    progress.EndEpoch(log, options.epochs, validate);
+    progress.EndEpoch(log, options.epochs);
     summary.history.push_back(log);
     state.history.push_back(EpochLogJson(log));
     if (!options.checkpoint_dir.empty()) {
@@ -733,7 +739,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   }
 
   if (data.has_test) {
-    if (options.validate && !summary.history.empty()) {
+    summary.tested = true;
+    if (!summary.history.empty() && summary.history.back().validated) {
       const EpochLog& last = summary.history.back();
       summary.test_loss = last.val_loss;
       summary.test_accuracy = last.val_accuracy;
@@ -755,8 +762,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
 nlohmann::json FitSummary::ToJson() const {
   nlohmann::json history_json = nlohmann::json::array();
   for (const EpochLog& log : history) history_json.push_back(EpochLogJson(log));
-  return {{"test_accuracy", test_accuracy},
-          {"test_loss", test_loss},
+  return {{"test_accuracy", tested ? nlohmann::json(test_accuracy) : nlohmann::json()},
+          {"test_loss", tested ? nlohmann::json(test_loss) : nlohmann::json()},
           {"steps", steps},
           {"examples_per_sec", examples_per_sec},
           {"wall_s", wall_s},
@@ -767,6 +774,14 @@ nlohmann::json FitSummary::ToJson() const {
           {"resumed_from_step", resumed_from_step},
           {"epochs", static_cast<int64_t>(history.size())},
           {"history", history_json}};
+}
+
+std::string FitSummary::ResultLine() const {
+  return absl::StrFormat(
+      "%s, %.0f examples/s, %.1f s",
+      tested ? absl::StrFormat("test accuracy %.4f, test loss %.4f", test_accuracy, test_loss)
+             : "no test accuracy (the job has no data.test)",
+      examples_per_sec, wall_s);
 }
 
 }  // namespace stratum

@@ -157,10 +157,10 @@ class Progress {
     std::fflush(out_);
   }
 
-  void EndEpoch(const EpochLog& log, int epochs, bool validated) {
+  void EndEpoch(const EpochLog& log, int epochs) {
     if (style_ == ProgressStyle::kNone) return;
     std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
-    if (validated) {
+    if (log.validated) {
       absl::StrAppend(&text, absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss,
                                              log.val_accuracy));
     }

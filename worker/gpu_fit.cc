@@ -390,6 +390,7 @@ absl::StatusOr<EpochLog> GpuFit::Evaluate() {
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
   log.val_accuracy = static_cast<double>(total.correct) / examples;
+  log.validated = true;
   return log;
 }
 
@@ -509,8 +510,9 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       STRATUM_ASSIGN_OR_RETURN(EpochLog val, Evaluate());
       log.val_loss = val.val_loss;
       log.val_accuracy = val.val_accuracy;
+      log.validated = true;
     }
-    progress.EndEpoch(log, options_.epochs, validate);
+    progress.EndEpoch(log, options_.epochs);
     summary.history.push_back(log);
     state_.history.push_back(EpochLogJson(log));
     if (!options_.checkpoint_dir.empty()) {
@@ -521,7 +523,8 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     }
   }
   if (data_.has_test) {
-    if (validate && !summary.history.empty()) {
+    summary.tested = true;
+    if (!summary.history.empty() && summary.history.back().validated) {
       summary.test_loss = summary.history.back().val_loss;
       summary.test_accuracy = summary.history.back().val_accuracy;
     } else {

@@ -116,9 +116,7 @@ int Run(const ShutdownWatcher& shutdown) {
     const int code = Fail(summary.status());
     return IsStoppedEarly(summary.status()) ? 128 + shutdown.signal_number() : code;
   }
-  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
-              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
-              summary->wall_s);
+  std::printf("%s\n", summary->ResultLine().c_str());
   if (!summary_path.empty()) {
     if (absl::Status status = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
         !status.ok()) {

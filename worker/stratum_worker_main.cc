@@ -105,9 +105,7 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
     const int signal = shutdown.signal_number();
     return IsStoppedEarly(summary.status()) && signal != 0 ? 128 + signal : code;
   }
-  std::printf("test accuracy %.4f, test loss %.4f, %.0f examples/s, %.1f s\n",
-              summary->test_accuracy, summary->test_loss, summary->examples_per_sec,
-              summary->wall_s);
+  std::printf("%s\n", summary->ResultLine().c_str());
   std::fflush(stdout);
   if (writes_summary) {
     if (absl::Status written = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");

@@ -618,6 +618,12 @@ TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {
   const std::string checkpoints = TempPath("ckpt_eval");
   std::filesystem::remove_all(checkpoints);
   const std::string job = WriteJob(2, 100, "eval_job", checkpoints, 100);
+  {  // No validation after each epoch: the chief tests the final model once.
+    std::ifstream in(job);
+    nlohmann::json unvalidated = nlohmann::json::parse(in);
+    unvalidated["fit"]["validate"] = false;
+    std::ofstream(job) << unvalidated.dump();
+  }
   const std::string summary = TempPath("eval_summary.json");
   auto cluster = LocalCluster::Start(
       {.num_workers = 1,
@@ -640,6 +646,7 @@ TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {
   EXPECT_EQ(evaluated["step"], 200);
   // The final checkpoint holds exactly the variables the coordinator evaluated last.
   EXPECT_NEAR(evaluated["val_accuracy"].get<double>(), trained, 1e-9);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}), ::testing::Not(HasSubstr("val_accuracy")));
   std::filesystem::remove_all(checkpoints);
 }
 

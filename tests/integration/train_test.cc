@@ -75,6 +75,42 @@ TEST(StratumTrainTest, MirroredShortRunOnFashionMnistWritesItsSummary) {
   std::remove(summary_path.c_str());
 }
 
+// Nothing measured is reported as measured: without a test set there is no test accuracy
+// (null in the summary, not 0), and an epoch not validated has no val_ figures (as Keras'
+// History); with validate false the model is still tested once, at the end.
+TEST(StratumTrainTest, FiguresThatWereNotMeasuredAreNotReported) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 20;
+  job["data"].erase("test");
+  const std::string summary_path = TempPath("untested_summary.json");
+  TrainRun run = RunTrain(
+      {"--job=" + WriteJob(job, "untested"), "--summary-json=" + summary_path, "--progress=lines"});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("no test accuracy (the job has no data.test), "));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("val_")));
+  std::ifstream file(summary_path);
+  nlohmann::json summary = nlohmann::json::parse(file);
+  EXPECT_TRUE(summary["test_accuracy"].is_null()) << summary;
+  EXPECT_TRUE(summary["test_loss"].is_null()) << summary;
+  EXPECT_FALSE(summary["history"][0].contains("val_accuracy")) << summary;
+
+  job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 20;
+  job["fit"]["validate"] = false;
+  run = RunTrain({"--job=" + WriteJob(job, "unvalidated"), "--summary-json=" + summary_path,
+                  "--progress=lines"});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("val_")));
+  EXPECT_THAT(run.output, HasSubstr("test accuracy 0."));
+  std::ifstream again(summary_path);
+  summary = nlohmann::json::parse(again);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.5) << summary;
+  EXPECT_FALSE(summary["history"][0].contains("val_accuracy")) << summary;
+  std::remove(summary_path.c_str());
+}
+
 TEST(StratumTrainTest, DrawsAProgressBarOnATerminal) {
   nlohmann::json job = ExampleJob();
   job["fit"]["epochs"] = 1;
