@@ -110,7 +110,9 @@ absl::StatusOr<std::unique_ptr<PsDataServer>> PsDataServer::Start(VariableStore&
   absl::StatusOr<DataSocket> tcp = ListenTcp(opts.host, opts.port, &port);
   if (!tcp.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("the parameter server's data path cannot listen: ", tcp.status().message()));
+        absl::StrCat("the parameter server's data path cannot listen: ", tcp.status().message(),
+                     ": it listens on the host of the task's address (or of --listen_address), "
+                     "which must be an address of this machine"));
   }
   server->tcp_listener_ = *std::move(tcp);
   server->endpoint_.tcp_port = port;

@@ -352,8 +352,9 @@ absl::StatusOr<DataSocket> ListenTcp(const std::string& host, int port, int* bou
   const int bound = bind(fd, found->ai_addr, found->ai_addrlen);
   freeaddrinfo(found);
   if (bound != 0 || listen(fd, 64) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", host, ":", port, ": ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", host, port == 0 ? " (any free port)" : absl::StrCat(":", port), ": ",
+        ErrnoText(errno)));
   }
   sockaddr_storage address{};
   socklen_t length = sizeof(address);

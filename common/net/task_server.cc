@@ -3,6 +3,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include <grpc/support/log.h>
+#include <spdlog/spdlog.h>
 
 #include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -67,6 +72,30 @@ void AcceptKeepalivePings(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
+// gRPC logs a failed bind itself, in several lines of its own, before BuildAndStart
+// returns; the caller's error says it in one sentence with the fix, so those are dropped.
+thread_local bool building_server = false;
+
+// gRPC's own log lines, in the process's log format (with the task in every line).
+void LogThroughSpdlog(gpr_log_func_args* args) {
+  if (building_server && std::strstr(args->file, "chttp2_server") != nullptr) return;
+  const char* slash = std::strrchr(args->file, '/');
+  const char* file = slash != nullptr ? slash + 1 : args->file;
+  const auto level = args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
+                     : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                               : spdlog::level::debug;
+  spdlog::log(level, "gRPC ({}:{}): {}", file, args->line, args->message);
+}
+
+std::unique_ptr<grpc::Server> BuildAndStartQuietly(grpc::ServerBuilder& builder) {
+  static std::once_flag installed;
+  std::call_once(installed, [] { gpr_set_log_function(LogThroughSpdlog); });
+  building_server = true;
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  building_server = false;
+  return server;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
@@ -88,7 +117,7 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
   AcceptKeepalivePings(builder);
   builder.RegisterService(server->task_service_.get());
   for (grpc::Service* service : services) builder.RegisterService(service);
-  server->server_ = builder.BuildAndStart();
+  server->server_ = BuildAndStartQuietly(builder);
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(
         options.task.ToString(), " cannot listen on ", options.listen_address,
@@ -106,7 +135,7 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     AcceptKeepalivePings(health);
     health.RegisterService(server->plaintext_health_.get());
-    server->health_server_ = health.BuildAndStart();
+    server->health_server_ = BuildAndStartQuietly(health);
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
       return absl::UnavailableError(absl::StrCat(
           options.task.ToString(), " cannot serve its health checks on ",
