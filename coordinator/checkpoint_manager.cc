@@ -44,10 +44,12 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
   }
   nlohmann::json files = nlohmann::json::array();
   std::vector<std::string> stopping;
+  std::vector<uint64_t> save_ids;
   for (int task = 0; task < variables_.num_ps(); ++task) {
     absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
     if (!saved.ok()) return saved.status();
     if (saved->stopping()) stopping.push_back(variables_.client(task).task());
+    save_ids.push_back(saved->save_id());
     nlohmann::json held = nlohmann::json::array();
     for (const proto::VariableStatus& variable : saved->variables()) {
       held.push_back(
@@ -67,8 +69,10 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
                              {"files", files},
                              {"shards", ShardMap(variables_.shards())}};
   if (!progress.is_null()) manifest["progress"] = progress;
+  // Only now does the checkpoint hold the PSs' files: a stopping PS waits for this.
   STRATUM_RETURN_IF_ERROR(CommitCheckpoint(dir_, step, manifest, max_to_keep_));
   stopping_in_last_save_ = std::move(stopping);
+  committed_save_ids_ = std::move(save_ids);
   return absl::OkStatus();
 }
 

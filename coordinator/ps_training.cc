@@ -7,27 +7,23 @@
 #include <cmath>
 #include <functional>
 #include <optional>
-#include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "proto/worker.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "stratum/coordinator/checkpoint_manager.h"
 #include "stratum/coordinator/cluster_coordinator.h"
+#include "stratum/coordinator/ps_watcher.h"
 #include "stratum/data/idx.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
-#include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/json_text.h"
@@ -139,125 +135,6 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::Mutex setup_mutex_;
   bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
-};
-
-// The coordinator's heartbeat to the parameter servers (PsClient::Watch), every 0.5 s on a
-// thread of its own. A PS that got SIGTERM answers "stopping" and, when this coordinator
-// saves checkpoints, serves on until one begun after its signal is written: the training
-// loop writes it at once (TakeStopping), so the PS's restart rolls back to that step.
-class PsWatcher {
- public:
-  PsWatcher(ShardedVariables& variables, bool saves_checkpoints)
-      : variables_(variables), saves_checkpoints_(saves_checkpoints) {}
-  // Tells every PS that this coordinator is done with it: a stop need not wait for it.
-  ~PsWatcher() {
-    done_.Notify();
-    for (std::thread& thread : threads_) thread.join();
-    for (int task = 0; task < variables_.num_ps(); ++task) {
-      (void)variables_.client(task).Watch(saves_checkpoints_, /*leaving=*/true);
-    }
-  }
-  PsWatcher(const PsWatcher&) = delete;
-  PsWatcher& operator=(const PsWatcher&) = delete;
-
-  // Claims every PS for this coordinator (stratum/ps/coordinator_lease.h) before variables
-  // are created or re-seeded there, and starts the heartbeats that keep the claims. When a
-  // PS refuses (another coordinator holds it), the ones claimed are released again.
-  absl::Status Claim() {
-    for (int task = 0; task < variables_.num_ps(); ++task) {
-      absl::Status claimed = variables_.client(task)
-                                 .Watch(saves_checkpoints_, /*leaving=*/false, /*claim=*/true)
-                                 .status();
-      if (absl::IsFailedPrecondition(claimed)) {
-        for (int held = 0; held < task; ++held) {
-          (void)variables_.client(held).Watch(saves_checkpoints_, /*leaving=*/true);
-        }
-        return claimed;
-      }
-      // Unreachable: the creation that follows meets it as a PS failure.
-    }
-    if (threads_.empty()) {
-      for (int task = 0; task < variables_.num_ps(); ++task) {
-        threads_.emplace_back([this, task] { Run(task); });
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // The parameter servers that began stopping since the last call ("ps:1, ps:0") and that
-  // no save has covered yet, or "".
-  std::string TakeStopping() {
-    absl::MutexLock lock(&mutex_);
-    return absl::StrJoin(std::exchange(stopping_, {}), ", ");
-  }
-  // A save (whichever: periodic, an epoch's end, a stop) was written after `tasks` began
-  // stopping: they go now, and need no save of their own.
-  void SavedForStopping(const std::vector<std::string>& tasks) {
-    absl::MutexLock lock(&mutex_);
-    for (const std::string& task : tasks) {
-      covered_.insert(task);
-      std::erase(stopping_, task);
-    }
-  }
-  // FAILED_PRECONDITION once a PS refuses this coordinator (another one holds it now): then
-  // this one must stop.
-  absl::Status Lost() {
-    absl::MutexLock lock(&mutex_);
-    return lost_;
-  }
-  // Lost() after a heartbeat to every PS now, for what must not happen once the PSs are
-  // another coordinator's (a save, setting a worker up again).
-  absl::Status CheckHold() {
-    for (int task = 0; task < variables_.num_ps() && Lost().ok(); ++task) {
-      Heard(variables_.client(task).Watch(saves_checkpoints_).status());
-    }
-    return Lost();
-  }
-
- private:
-  // The heartbeat to one PS, on a thread of its own, so that a PS that does not answer
-  // (1 s per try) does not delay the others' past the lease.
-  void Run(int task) {
-    bool reported = false;  // each stop is reported once, until the PS serves again
-    do {
-      absl::StatusOr<bool> stopping = variables_.client(task).Watch(saves_checkpoints_);
-      Heard(stopping.status());
-      if (!Lost().ok()) return;  // the PSs are another coordinator's: nothing to keep
-      // Unreachable: its failure shows in training.
-      if (!stopping.ok()) continue;
-      const std::string& name = variables_.client(task).task();
-      if (*stopping && !reported) {
-        absl::MutexLock lock(&mutex_);
-        if (!covered_.contains(name)) stopping_.push_back(name);
-      }
-      if (!*stopping) {  // serving (again): a later stop needs a save again
-        absl::MutexLock lock(&mutex_);
-        covered_.erase(name);
-      }
-      reported = *stopping;
-    } while (!done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
-  }
-
-  // Notes a heartbeat refused because another coordinator holds the PS now.
-  void Heard(const absl::Status& watched) {
-    if (!absl::IsFailedPrecondition(watched) ||
-        !absl::StrContains(watched.message(), kHeldByAnotherCoordinator)) {
-      return;
-    }
-    absl::MutexLock lock(&mutex_);
-    if (!lost_.ok()) return;
-    lost_ = absl::FailedPreconditionError(
-        absl::StrCat(watched.message(), "; this coordinator stops and leaves the job to it"));
-  }
-
-  ShardedVariables& variables_;
-  const bool saves_checkpoints_;
-  absl::Mutex mutex_;
-  std::vector<std::string> stopping_ ABSL_GUARDED_BY(mutex_);
-  std::set<std::string> covered_ ABSL_GUARDED_BY(mutex_);  // stopping, and saved since
-  absl::Status lost_ ABSL_GUARDED_BY(mutex_);
-  absl::Notification done_;
-  std::vector<std::thread> threads_;  // one per PS, once the PSs are claimed
 };
 
 // This coordinator as the parameter servers name it when they refuse another one.
@@ -384,7 +261,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   ShardedVariables variables(names, shapes, shards, std::move(clients));
   std::vector<uint64_t> holding_incarnations = PsIncarnations(ps_addresses, options.channel);
   // One coordinator at a time: the PSs are claimed before anything is created on them.
-  PsWatcher ps_watcher(variables, /*saves_checkpoints=*/!job.checkpoint.dir.empty());
+  PsWatcher ps_watcher(variables, {.saves_checkpoints = !job.checkpoint.dir.empty()});
   STRATUM_RETURN_IF_ERROR(ps_watcher.Claim());
   if (absl::Status status = variables.Create(model->InitialVariables(job.fit.seed), job.optimizer);
       !status.ok()) {
@@ -536,8 +413,9 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     const absl::StatusOr<EpochTally> tally = Tally(progress.carried, progress.scheduled);
     STRATUM_RETURN_IF_ERROR(check_finite(step, tally.ok() ? tally->loss_sum : 0));
     STRATUM_RETURN_IF_ERROR(checkpoints->Save(step, progress_json()));
-    // A PS that got a signal goes once a save begun after it is written, whichever save.
-    ps_watcher.SavedForStopping(checkpoints->stopping_in_last_save());
+    // A PS that got a signal goes once told that a save begun after it is committed,
+    // whichever save.
+    ps_watcher.Committed(checkpoints->committed_save_ids(), checkpoints->stopping_in_last_save());
     for (const std::string& ps : checkpoints->stopping_in_last_save()) {
       std::fprintf(options.out,
                    "%s is stopping (it got a signal): saved the state at step %lld in %s, which "
@@ -623,6 +501,9 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
         STRATUM_RETURN_IF_ERROR(ps_watcher.Lost());
         if (const std::string ps = ps_watcher.TakeStopping(); !ps.empty()) {
           if (absl::Status saved = save_for_stopping_ps(ps); !saved.ok()) {
+            // Still waiting for a committed save: the next chance (after a PS failure is
+            // recovered, say) saves for them again.
+            ps_watcher.SaveFailed(ps);
             return stopped(saved) ? stop_early() : saved;
           }
         }

@@ -243,11 +243,13 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
 }
 
-absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving, bool claim) {
+absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, bool leaving,
+                                                     bool claim, uint64_t committed_save) {
   proto::WatchRequest request;
   request.set_saves_checkpoints(saves_checkpoints);
   request.set_leaving(leaving);
   request.set_claim(claim);
+  request.set_committed_save(committed_save);
   SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
   // A claim may wait out the lease of a holder that just died (about 6 s).
@@ -257,7 +259,7 @@ absl::StatusOr<bool> PsClient::Watch(bool saves_checkpoints, bool leaving, bool 
       !status.ok()) {
     return status;
   }
-  return response.stopping();
+  return response;
 }
 
 }  // namespace stratum

@@ -1,5 +1,7 @@
 #include "stratum/ps/ps_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/net/status.h"
@@ -163,9 +165,12 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
                              proto::SaveResponse* response) {
   // Only a checkpoint begun after the stop holds everything trained before it.
   bool after_stop;
+  uint64_t save_id;
   {
     absl::MutexLock lock(&stop_mutex_);
     after_stop = stopping_;
+    if (next_save_id_ == 0) ++next_save_id_;  // 0 names no save
+    save_id = next_save_id_++;
   }
   absl::StatusOr<TensorFile> file = StoreToTensorFile(store_);
   if (!file.ok()) return ToGrpcStatus(file.status());
@@ -175,9 +180,13 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
   response->set_bytes(written->bytes);
   AppendVariableStatuses(store_, response->mutable_variables());
   response->set_stopping(after_stop);
+  response->set_save_id(save_id);
   if (after_stop) {
     absl::MutexLock lock(&stop_mutex_);
-    saved_since_stopping_ = true;
+    saves_since_stopping_.push_back(save_id);
+    spdlog::info(
+        "saved its state in {}; serving on until the coordinator has committed the checkpoint",
+        request->path());
   }
   return grpc::Status::OK;
 }
@@ -229,7 +238,16 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
   } else if (!request->leaving() && request->saves_checkpoints()) {
     last_saving_watch_ = absl::Now();
   }
+  // Only the holder's word counts (a refused caller got its error above; a leaving one that
+  // did not hold the PS is not `left`).
+  const uint64_t committed = request->committed_save();
+  if (committed != 0 && (left || !request->leaving()) &&
+      std::find(saves_since_stopping_.begin(), saves_since_stopping_.end(), committed) !=
+          saves_since_stopping_.end()) {
+    committed_since_stopping_ = true;
+  }
   response->set_stopping(stopping_);
+  response->set_saved(committed_since_stopping_);
   return grpc::Status::OK;
 }
 
@@ -240,13 +258,28 @@ void PsService::BeginStopping() {
 
 std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
   absl::MutexLock lock(&stop_mutex_);
-  if (saved_since_stopping_) return "the coordinator saved the job's state";
-  if (absl::Now() - last_saving_watch_ > watch_window) {
-    return last_saving_watch_ == absl::InfinitePast()
-               ? "no coordinator that saves checkpoints is training on it"
-               : "its coordinator is gone";
-  }
-  return "";
+  if (committed_since_stopping_) return "the coordinator saved the job's state";
+  if (absl::Now() - last_saving_watch_ <= watch_window) return "";
+  // Nobody will commit the checkpoint this PS wrote its state into.
+  const std::string uncommitted =
+      saves_since_stopping_.empty()
+          ? ""
+          : ", and the checkpoint this server's state was saved into was not committed (the "
+            "job resumes from its last committed checkpoint)";
+  return absl::StrCat(last_saving_watch_ == absl::InfinitePast()
+                          ? "no coordinator that saves checkpoints is training on it"
+                          : "its coordinator is gone",
+                      uncommitted);
+}
+
+std::string PsService::StopWaitTimedOut(absl::Duration timeout) const {
+  absl::MutexLock lock(&stop_mutex_);
+  return absl::StrCat(saves_since_stopping_.empty()
+                          ? "the coordinator saved nothing"
+                          : "the coordinator saved this server's state but committed no "
+                            "checkpoint holding it",
+                      " within --stop_timeout ", absl::FormatDuration(timeout),
+                      ": stopping; the job resumes from its last checkpoint");
 }
 
 }  // namespace stratum

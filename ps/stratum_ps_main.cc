@@ -2,7 +2,8 @@
 // applies the gradients workers push, as they arrive, on its TF_CONFIG address until
 // SIGTERM/SIGINT. Large pushes and pulls may take its raw data path (--data_path), whose
 // endpoint the gRPC service announces. After SIGTERM it serves on while its coordinator
-// saves the job's state (PsService::StopNeedNotWait), at most --stop_timeout.
+// commits a checkpoint of the job's state (PsService::StopNeedNotWait), at most
+// --stop_timeout.
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
@@ -35,21 +36,21 @@ std::string ListenHost(const std::string& address) {
 constexpr absl::Duration kWatchWindow = absl::Seconds(2);
 
 // A PS that goes takes the variables trained since the last checkpoint with it: while a
-// coordinator that saves checkpoints watches, serve on until it has saved (it learns of
-// the stop from its next Watch). A second signal exits at once (ShutdownWatcher).
+// coordinator that saves checkpoints watches, serve on until it has committed a checkpoint
+// that holds them (it learns of the stop from its next Watch, and says the checkpoint is
+// committed through the Watch after). A second signal exits at once (ShutdownWatcher).
 void WaitForTheCoordinatorsSave(stratum::PsService& service, absl::Duration timeout) {
   service.BeginStopping();
   std::string why = service.StopNeedNotWait(kWatchWindow);
   if (!why.empty()) return;
-  spdlog::info("serving on until the coordinator has saved the job's state (at most {})",
-               absl::FormatDuration(timeout));
+  spdlog::info(
+      "serving on until the coordinator has committed a checkpoint of the job's state (at most "
+      "{})",
+      absl::FormatDuration(timeout));
   const absl::Time deadline = absl::Now() + timeout;
   while ((why = service.StopNeedNotWait(kWatchWindow)).empty()) {
     if (absl::Now() >= deadline) {
-      spdlog::warn(
-          "the coordinator saved nothing within --stop_timeout {}: stopping; the job resumes "
-          "from its last checkpoint",
-          absl::FormatDuration(timeout));
+      spdlog::warn("{}", service.StopWaitTimedOut(timeout));
       return;
     }
     absl::SleepFor(absl::Milliseconds(20));

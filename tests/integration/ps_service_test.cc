@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
 #include <limits>
 #include <thread>
 
@@ -262,18 +263,18 @@ TEST(PsServiceDataPathTest, APsWithoutADataPathServesOverGrpc) {
 
 // Stopping (proto::WatchRequest): a PS that gets SIGTERM while a coordinator that saves
 // checkpoints watches it serves on, says it is stopping, and exits once a checkpoint begun
-// after the signal is written.
+// after the signal is committed: its own file written is not enough.
 TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
   auto watched = client_->Watch(/*saves_checkpoints=*/true);
   ASSERT_TRUE(watched.ok()) << watched.status();
-  EXPECT_FALSE(*watched);
+  EXPECT_FALSE(watched->stopping());
   ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
   bool stopping = false;
   for (int i = 0; i < 50 && !stopping; ++i) {
     absl::SleepFor(absl::Milliseconds(100));
     auto answer = client_->Watch(true);
     ASSERT_TRUE(answer.ok()) << answer.status();
-    stopping = *answer;
+    stopping = answer->stopping();
   }
   ASSERT_TRUE(stopping);
   // Still serving: the coordinator's last pushes and its save get through.
@@ -281,7 +282,19 @@ TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
   absl::SleepFor(absl::Seconds(1));
   ASSERT_TRUE(client_->Watch(true).ok());
   EXPECT_FALSE(cluster_->WaitForExit({"ps", 0}, absl::ZeroDuration()).ok());
-  ASSERT_TRUE(client_->Save(TempPath("stopping_ps.safetensors")).ok());
+  const std::string file = TempPath("stopping_ps.safetensors");
+  auto saved = client_->Save(file);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(saved->stopping());
+  absl::SleepFor(absl::Milliseconds(500));
+  auto uncommitted = client_->Watch(true);
+  ASSERT_TRUE(uncommitted.ok()) << uncommitted.status();
+  EXPECT_FALSE(uncommitted->saved());
+  EXPECT_FALSE(cluster_->WaitForExit({"ps", 0}, absl::ZeroDuration()).ok());
+  auto committed = client_->Watch(true, /*leaving=*/false, /*claim=*/false, saved->save_id());
+  std::remove(file.c_str());
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(committed->saved());
   auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(5));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 0);

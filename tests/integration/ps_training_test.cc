@@ -521,6 +521,34 @@ TEST(PsTrainingTest, ASigtermedPsIsReportedSavedWhenAPeriodicSaveEndsItsWait) {
   ExpectASigtermedPsToLoseNothing("ps_stop_periodic_job", 20);
 }
 
+// A PS's own file written is not the job's state saved: the chief commits the checkpoint
+// (its manifest, then the "checkpoint" file) after every PS's file, and that can fail (a full
+// disk, a chief that dies). Here every commit fails ("checkpoint" is a folder in the way): the
+// SIGTERMed PS does not go as if saved (it used to, as soon as its own file was written), and
+// the chief does not say it saved the state; the PS goes once the chief has left.
+TEST(PsTrainingTest, ASigtermedPsIsNotReleasedByASaveWhoseCommitFailed) {
+  const std::string checkpoints = TempPath("ps_commit_fails_ckpt");
+  auto cluster = LongJobPastItsFirstEpoch("ps_commit_fails_job", checkpoints);
+  ASSERT_NE(cluster, nullptr);
+  std::filesystem::create_directories(checkpoints + "/checkpoint/in_the_way");
+  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGTERM).ok());
+  auto chief_exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(30));
+  ASSERT_TRUE(chief_exit.ok()) << chief_exit.status();
+  const std::string chief = cluster->Output({"chief", 0});
+  EXPECT_NE(chief_exit->exit_code, 0) << chief;
+  EXPECT_THAT(chief, HasSubstr("cannot write " + checkpoints + "/checkpoint"));
+  EXPECT_THAT(chief, Not(HasSubstr("ps:1 is stopping (it got a signal): saved")));
+  auto ps_exit = cluster->WaitForExit({"ps", 1}, absl::Seconds(10));
+  ASSERT_TRUE(ps_exit.ok()) << ps_exit.status();
+  EXPECT_EQ(ps_exit->exit_code, 0);
+  const std::string ps = cluster->Output({"ps", 1});
+  EXPECT_THAT(ps, HasSubstr("saved its state in " + checkpoints)) << ps;
+  EXPECT_THAT(ps, Not(HasSubstr("the coordinator saved the job's state")));
+  EXPECT_THAT(ps, HasSubstr("was not committed (the job resumes from its last committed "
+                            "checkpoint): stopping"));
+  std::filesystem::remove_all(checkpoints);
+}
+
 // Deleting a Kubernetes job signals every pod at once: the parameter servers wait for the
 // coordinator's final save instead of taking the job's state with them.
 TEST(PsTrainingTest, EveryTaskSigtermedAtOnceStillSavesTheJobsState) {

@@ -31,6 +31,9 @@ class CheckpointManager {
   // The PS tasks ("ps:1") that were stopping (they got a signal) when the last Save wrote
   // their files: they go now, their state saved.
   const std::vector<std::string>& stopping_in_last_save() const { return stopping_in_last_save_; }
+  // Per PS task, its save (SaveResponse.save_id) in the checkpoint the last Save committed;
+  // empty until one is. A stopping PS goes once told (PsWatcher::Committed).
+  const std::vector<uint64_t>& committed_save_ids() const { return committed_save_ids_; }
   // Restores the latest checkpoint; its step, or nullopt when there is none.
   absl::StatusOr<std::optional<int64_t>> RestoreLatest();
   // The progress saved with the checkpoint RestoreLatest restored; null when none.
@@ -44,6 +47,7 @@ class CheckpointManager {
   ShardedVariables& variables_;
   nlohmann::json restored_progress_;
   std::vector<std::string> stopping_in_last_save_;
+  std::vector<uint64_t> committed_save_ids_;
 };
 
 }  // namespace stratum

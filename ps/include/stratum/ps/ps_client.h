@@ -72,10 +72,12 @@ class PsClient {
   // Checkpoints: the PS writes / reads `path` on its own file system.
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
   absl::Status Restore(const std::string& path, uint32_t crc32);
-  // The coordinator's heartbeat (proto::WatchRequest); true when the PS is stopping. A
-  // short deadline of its own: it runs beside training, every 0.5 s. `claim`: takes the PS
-  // for this coordinator (stratum/ps/coordinator_lease.h), with the usual deadline.
-  absl::StatusOr<bool> Watch(bool saves_checkpoints, bool leaving = false, bool claim = false);
+  // The coordinator's heartbeat (proto::WatchRequest); the answer says whether the PS is
+  // stopping. A short deadline of its own: it runs beside training, every 0.5 s. `claim`:
+  // takes the PS for this coordinator (stratum/ps/coordinator_lease.h), with the usual
+  // deadline. `committed_save`: the newest of its saves in a committed checkpoint (0: none).
+  absl::StatusOr<proto::WatchResponse> Watch(bool saves_checkpoints, bool leaving = false,
+                                             bool claim = false, uint64_t committed_save = 0);
   // How pushes and pulls travel now: "grpc", "tcp" or "shared memory" (the data path's,
   // once it has carried a call).
   std::string transport() const;

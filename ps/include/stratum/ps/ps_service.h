@@ -4,9 +4,16 @@
 // PS's raw data path listens (DataPath), when it has one. Thread-safe.
 //
 // Stopping (Watch): after SIGTERM, main calls BeginStopping and serves on while
-// StopMayWait() (a coordinator that saves checkpoints watches, and none begun since has
-// been written), so that a PS pod evicted or deleted with its job keeps the job's state.
+// StopNeedNotWait() is "" (a coordinator that saves checkpoints watches, and has committed
+// no checkpoint begun since), so that a PS pod evicted or deleted with its job keeps the
+// job's state. Its own shard file written is not enough: the coordinator writes the
+// checkpoint's manifest after every PS's file, and that may fail (a full disk, a crash), so
+// it hands the save's id back (WatchRequest.committed_save) once the manifest is written.
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -15,6 +22,7 @@
 #include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/data_path.h"
 #include "stratum/ps/variable_store.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 
@@ -24,7 +32,10 @@ class PsService final : public proto::ParameterServer::Service {
   // `lease`: how long a coordinator's silence lets another take this PS over.
   explicit PsService(VariableStore& store, DataPathEndpoint data_path = {},
                      absl::Duration lease = absl::Seconds(5))
-      : store_(store), data_path_(std::move(data_path)), lease_(lease) {}
+      : store_(store),
+        data_path_(std::move(data_path)),
+        lease_(lease),
+        next_save_id_(ProcessIncarnation()) {}
 
   grpc::Status CreateVariables(grpc::ServerContext*, const proto::CreateVariablesRequest* request,
                                proto::CreateVariablesResponse* response) override;
@@ -45,12 +56,15 @@ class PsService final : public proto::ParameterServer::Service {
   grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest* request,
                      proto::WatchResponse* response) override;
 
-  // From now on Watch answers stopping, and a checkpoint begun from now on ends the wait.
+  // From now on Watch answers stopping, and a checkpoint begun from now on ends the wait
+  // once the coordinator says it is committed.
   void BeginStopping();
   // Why a stopping PS need not wait any longer ("" while it should): a checkpoint begun
-  // after BeginStopping was written, or no coordinator that saves checkpoints has watched
-  // within `watch_window`.
+  // after BeginStopping was committed, or no coordinator that saves checkpoints has watched
+  // within `watch_window` (it left or is gone, and commits nothing more).
   std::string StopNeedNotWait(absl::Duration watch_window) const;
+  // What main says when it stops after waiting `timeout` in vain.
+  std::string StopWaitTimedOut(absl::Duration timeout) const;
 
  private:
   VariableStore& store_;
@@ -58,7 +72,13 @@ class PsService final : public proto::ParameterServer::Service {
   CoordinatorLease lease_;
   mutable absl::Mutex stop_mutex_;
   bool stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
-  bool saved_since_stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
+  // The saves begun after BeginStopping whose files are written (their SaveResponse.save_id),
+  // and whether the coordinator committed a checkpoint holding one of them.
+  std::vector<uint64_t> saves_since_stopping_ ABSL_GUARDED_BY(stop_mutex_);
+  bool committed_since_stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
+  // Save ids start at this process's incarnation, so that an id handed back to a restarted
+  // PS (another process) names none of its saves.
+  uint64_t next_save_id_ ABSL_GUARDED_BY(stop_mutex_);
   // The last Watch of a coordinator that saves checkpoints and has not left.
   absl::Time last_saving_watch_ ABSL_GUARDED_BY(stop_mutex_) = absl::InfinitePast();
 };

@@ -1,0 +1,114 @@
+// How a stopping PS decides that its wait is over (PsService::StopNeedNotWait), in-process:
+// its own shard file written is not enough, only a checkpoint holding it that the
+// coordinator committed (its manifest written) is, because that commit may still fail.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/ps/ps_service.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWatchWindow = absl::Seconds(30);
+
+class PsServiceStopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(store_.Create("w", Tensor::FromVector<float>({2}, {1, 2}), nullptr).ok());
+    std::filesystem::create_directories(dir_);
+    // A coordinator that saves checkpoints holds the PS and watches it.
+    ASSERT_TRUE(Watch(/*committed_save=*/0, nullptr, /*claim=*/true).ok());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  grpc::Status Watch(uint64_t committed_save, proto::WatchResponse* response = nullptr,
+                     bool claim = false) {
+    proto::WatchRequest request;
+    request.set_saves_checkpoints(true);
+    request.set_claim(claim);
+    request.mutable_coordinator()->set_incarnation(kCoordinator);
+    request.set_committed_save(committed_save);
+    proto::WatchResponse ignored;
+    return service_.Watch(nullptr, &request, response != nullptr ? response : &ignored);
+  }
+
+  proto::SaveResponse Save(const std::string& name) {
+    proto::SaveRequest request;
+    request.set_path(dir_ + "/" + name);
+    proto::SaveResponse response;
+    const grpc::Status status = service_.Save(nullptr, &request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  static constexpr uint64_t kCoordinator = 42;
+  const std::string dir_ =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/ps_service_stop_", getpid());
+  VariableStore store_;
+  PsService service_{store_};
+};
+
+TEST_F(PsServiceStopTest, AStoppingPsWaitsUntilTheSaveThatHoldsItsStateIsCommitted) {
+  service_.BeginStopping();
+  EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
+  const proto::SaveResponse saved = Save("ps-0.safetensors");
+  EXPECT_TRUE(saved.stopping());
+  // The shard file is written, but the coordinator has not committed the checkpoint (it may
+  // fail to): going now would lose what was trained since the last committed one.
+  EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
+  proto::WatchResponse answer;
+  ASSERT_TRUE(Watch(/*committed_save=*/0, &answer).ok());
+  EXPECT_TRUE(answer.stopping());
+  EXPECT_FALSE(answer.saved());
+
+  ASSERT_TRUE(Watch(saved.save_id(), &answer).ok());
+  EXPECT_TRUE(answer.saved());
+  EXPECT_THAT(service_.StopNeedNotWait(kWatchWindow),
+              HasSubstr("the coordinator saved the job's state"));
+}
+
+// A checkpoint committed from a save begun before the signal does not hold what was trained
+// after it; nor does a save id this PS never gave.
+TEST_F(PsServiceStopTest, OnlyTheCommitOfASaveBegunAfterTheSignalEndsTheWait) {
+  const proto::SaveResponse before = Save("before.safetensors");
+  EXPECT_FALSE(before.stopping());
+  service_.BeginStopping();
+  ASSERT_TRUE(Watch(before.save_id()).ok());
+  EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
+
+  const proto::SaveResponse failed = Save("failed.safetensors");  // its commit fails
+  const proto::SaveResponse after = Save("after.safetensors");
+  EXPECT_NE(failed.save_id(), after.save_id());
+  EXPECT_NE(before.save_id(), after.save_id());
+  ASSERT_TRUE(Watch(after.save_id() + 1000).ok());
+  EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
+  ASSERT_TRUE(Watch(after.save_id()).ok());
+  EXPECT_THAT(service_.StopNeedNotWait(kWatchWindow),
+              HasSubstr("the coordinator saved the job's state"));
+}
+
+// A coordinator that leaves after a save whose commit failed will commit nothing more: the
+// PS goes, and says that the job resumes from its last committed checkpoint.
+TEST_F(PsServiceStopTest, ACoordinatorLeavingWithoutACommitEndsTheWaitWithoutASave) {
+  service_.BeginStopping();
+  (void)Save("uncommitted.safetensors");
+  proto::WatchRequest leaving;
+  leaving.set_saves_checkpoints(true);
+  leaving.set_leaving(true);
+  leaving.mutable_coordinator()->set_incarnation(kCoordinator);
+  proto::WatchResponse answer;
+  ASSERT_TRUE(service_.Watch(nullptr, &leaving, &answer).ok());
+  const std::string why = service_.StopNeedNotWait(kWatchWindow);
+  EXPECT_THAT(why, HasSubstr("was not committed"));
+  EXPECT_THAT(why, ::testing::Not(HasSubstr("saved the job's state")));
+}
+
+}  // namespace
+}  // namespace stratum
