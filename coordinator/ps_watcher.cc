@@ -128,7 +128,11 @@ void PsWatcher::Observed(int task, const proto::WatchResponse& answer, uint64_t 
     stop = {};
     return;
   }
-  if (!stop.stopping) stop = {.stopping = true};  // a new stop
+  // A new stop, or another process than the stop heard before: restarted and signalled
+  // again, with no heartbeat between that saw it serving.
+  if (!stop.stopping || answer.incarnation() != stop.incarnation) {
+    stop = {.stopping = true, .incarnation = answer.incarnation()};
+  }
   // A save committed since this Watch was sent is not in the answer: the next one tells.
   if (committed_[static_cast<size_t>(task)] != committed_sent) return;
   stop.saved = answer.saved();

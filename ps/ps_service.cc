@@ -248,6 +248,7 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
   }
   response->set_stopping(stopping_);
   response->set_saved(committed_since_stopping_);
+  response->set_incarnation(ProcessIncarnation());
   return grpc::Status::OK;
 }
 

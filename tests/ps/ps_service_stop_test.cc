@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/ps/ps_service.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 namespace {
@@ -67,6 +68,7 @@ TEST_F(PsServiceStopTest, AStoppingPsWaitsUntilTheSaveThatHoldsItsStateIsCommitt
   ASSERT_TRUE(Watch(/*committed_save=*/0, &answer).ok());
   EXPECT_TRUE(answer.stopping());
   EXPECT_FALSE(answer.saved());
+  EXPECT_EQ(answer.incarnation(), ProcessIncarnation());
 
   ASSERT_TRUE(Watch(saved.save_id(), &answer).ok());
   EXPECT_TRUE(answer.saved());

@@ -7,7 +7,9 @@
 // manifest written; its own shard file is not enough, the commit may fail). The training
 // loop asks TakeStopping() for the stops to save for and saves at once; after each committed
 // save, Committed() tells the stopping PSs at once, and every later heartbeat carries the
-// newest committed save of its PS, so that one told in vain is told again. Thread-safe.
+// newest committed save of its PS, so that one told in vain is told again. Per PS, a stop is
+// one of its process incarnations: a PS restarted and signalled again is a new stop, even
+// when no heartbeat saw it serving between the two. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +70,9 @@ class PsWatcher {
   // What the heartbeats heard of one PS's stop.
   struct Stop {
     bool stopping = false;
-    bool saved = false;  // it said a committed checkpoint holds its state
-    bool asked = false;  // a save was asked for (or committed) since the stop began
+    uint64_t incarnation = 0;  // the stopping PS process
+    bool saved = false;        // it said a committed checkpoint holds its state
+    bool asked = false;        // a save was asked for (or committed) since the stop began
   };
 
   // The heartbeat to one PS, on a thread of its own, so that a PS that does not answer
