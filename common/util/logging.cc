@@ -5,14 +5,19 @@
 
 namespace stratum {
 
-absl::Status InitLogging(const std::string& task, const std::string& level) {
-  spdlog::level::level_enum parsed = spdlog::level::from_str(level);
+absl::Status CheckLogLevel(const std::string& level) {
   // from_str maps anything it does not know to "off"; only "off" itself may mean that.
-  if (parsed == spdlog::level::off && level != "off") {
+  if (spdlog::level::from_str(level) == spdlog::level::off && level != "off") {
     return absl::InvalidArgumentError("--log_level \"" + level +
                                       "\" is not a log level: use trace, debug, info, warn, "
                                       "error or off");
   }
+  return absl::OkStatus();
+}
+
+absl::Status InitLogging(const std::string& task, const std::string& level) {
+  if (absl::Status checked = CheckLogLevel(level); !checked.ok()) return checked;
+  const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
   auto logger = spdlog::stderr_logger_mt("stratum");
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %L " + task + "] %v");
   logger->set_level(parsed);

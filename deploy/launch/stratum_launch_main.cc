@@ -16,6 +16,7 @@
 #include "stratum/launch/task_processes.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
+#include "stratum/util/logging.h"
 #include "stratum/util/shutdown.h"
 
 ABSL_FLAG(int, workers, 2, "Number of worker tasks");
@@ -77,6 +78,9 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_restarts is ", absl::GetFlag(FLAGS_max_restarts),
                      ", which must not be negative: pass 0 (never restart) or more"));
+  }
+  if (absl::Status level = CheckLogLevel(absl::GetFlag(FLAGS_log_level)); !level.ok()) {
+    return level;
   }
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);

@@ -370,6 +370,9 @@ TEST(LaunchUsageTest, NoParameterServersForAParameterServerJobAndNegativeRestart
                         "and --ps 0 starts none"));
   EXPECT_THAT(RefusedOutput({"--max_restarts=-1", "--dry-run"}),
               HasSubstr("--max_restarts is -1, which must not be negative"));
+  // Checked here, once, not by each task it would start.
+  EXPECT_THAT(RefusedOutput({"--log_level=loud", "--dry-run"}),
+              ::testing::StartsWith("stratum-launch: --log_level \"loud\" is not a log level"));
 }
 
 }  // namespace

@@ -13,4 +13,8 @@ namespace stratum {
 // `level` is one of trace, debug, info, warn, error (an unknown level is an error).
 absl::Status InitLogging(const std::string& task, const std::string& level);
 
+// INVALID_ARGUMENT naming the levels when `level` is not one (for a launcher that hands it
+// on to the processes it starts).
+absl::Status CheckLogLevel(const std::string& level);
+
 }  // namespace stratum
