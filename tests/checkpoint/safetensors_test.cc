@@ -1,6 +1,8 @@
 #include "stratum/checkpoint/safetensors.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -85,6 +87,28 @@ TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
   auto read = ReadSafetensors(path, first->crc32);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read->tensors[0].second.data<float>(), 1);
+}
+
+// A writer killed between its temporary file and the rename leaves the temporary behind:
+// the next write of that file removes it, but not one of a writer still alive.
+TEST(SafetensorsTest, AWriteRemovesTheTemporaryFilesOfDeadWriters) {
+  const std::string dir = Path("temporaries");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string path = dir + "/checkpoint";
+  const std::string left = path + ".tmp." + std::to_string(dead);
+  const std::string alive = path + ".tmp." + std::to_string(getppid());
+  const std::string other = dir + "/summary.json.tmp." + std::to_string(dead);
+  for (const std::string& file : {left, alive, other}) std::ofstream(file) << "partial";
+  ASSERT_TRUE(WriteFileAtomically(path, "whole\n").ok());
+  EXPECT_FALSE(std::filesystem::exists(left));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(other));  // another file's: left to its own writes
+  std::filesystem::remove_all(dir);
 }
 
 // The folder layout: without its "checkpoint" file a folder of complete checkpoints is not
