@@ -95,9 +95,11 @@ bool ClaimPort(int port) {
 
 absl::StatusOr<int> PickFreePort(const std::string& host) {
   in_addr address;
-  if (inet_pton(AF_INET, host.c_str(), &address) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot pick a port on \"", host,
-                                                   "\": give an IPv4 address such as 127.0.0.1"));
+  // "localhost" is the loopback, as in TF_CONFIG (a server on it listens on 127.0.0.1 too).
+  if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &address) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pick a port on \"", host,
+                     "\": give an IPv4 address such as 127.0.0.1, or localhost"));
   }
   std::random_device seed;
   std::mt19937 engine(seed());
