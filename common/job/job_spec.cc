@@ -194,7 +194,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
       ParseJsonText(json_text, absl::StrCat(source, ": the job"), source, "fix the file"));
   JobSpec job;
   Fields top(root, "", source);
-  if (absl::Status s = top.CheckObject(); !s.ok()) return s;
+  if (!root.is_object()) {  // the file itself, not a field of it
+    std::string shown = root.dump();
+    if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": the job is ", shown,
+        ", not a JSON object: write the job as one object, {\"model\": ..., \"compile\": ..., "
+        "\"data\": ..., ...} (see examples/fashion_mnist.json)"));
+  }
   if (absl::Status s =
           top.CheckKnown({"strategy", "model", "compile", "data", "fit", "checkpoint"});
       !s.ok()) {

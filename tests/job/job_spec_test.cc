@@ -99,6 +99,17 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
       HasSubstr("fit.epochs is 0"));
 }
 
+// A job file whose top level is not an object is named as the file, not as a field with an
+// empty name.
+TEST(JobSpecTest, AJobThatIsNotAnObjectIsNamedAsTheFile) {
+  EXPECT_EQ(ErrorOf("[]"),
+            "job.json: the job is [], not a JSON object: write the job as one object, "
+            "{\"model\": ..., \"compile\": ..., \"data\": ..., ...} (see "
+            "examples/fashion_mnist.json)");
+  EXPECT_THAT(ErrorOf("\"job\""), HasSubstr("job.json: the job is \"job\", not a JSON object"));
+  EXPECT_THAT(ErrorOf("7"), ::testing::Not(HasSubstr("job field  ")));
+}
+
 TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
   nlohmann::json job = nlohmann::json::parse(kMinimal);
   job["checkpoint"] = {{"dir", "/tmp/c"}, {"every_steps", -1}};
