@@ -1,5 +1,7 @@
 #include "stratum/worker/fit_checkpoint.h"
 
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
@@ -16,6 +18,26 @@ constexpr char kFile[] = "state.safetensors";
 
 std::string SlotName(const VariableSpec& variable, const std::string& slot) {
   return absl::StrCat(variable.name, "/slot_", slot);
+}
+
+// How the optimizer settings that keep `slot` read: with them, and without.
+std::pair<std::string, std::string> SlotSetting(const std::string& slot) {
+  if (slot == "momentum") return {"has momentum", "without momentum"};
+  if (slot == "average_gradient") return {"is centered", "with centered false"};
+  return {absl::StrCat("keeps ", slot, " slots"), absl::StrCat("without ", slot, " slots")};
+}
+
+// The variable is there but not the slot: the same model, other optimizer settings (SGD
+// momentum 0 writes no momentum slots), not another model.
+absl::Status MissingSlot(const std::string& dir, const std::string& folder,
+                         const Optimizer& optimizer, const VariableSpec& variable,
+                         const std::string& slot) {
+  const auto [with, without] = SlotSetting(slot);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", folder, " has no ", slot, " slots (no ", SlotName(variable, slot),
+      "): it was written by ", optimizer.name(), " ", without, ", and the job's ", optimizer.name(),
+      " ", with, "; use the same optimizer settings as the run that wrote it, or remove ", dir,
+      " to train from scratch"));
 }
 
 }  // namespace
@@ -56,8 +78,8 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
 
 namespace {
 
-absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Model& model,
-                                           const Optimizer& optimizer) {
+absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::string& folder,
+                                           const Model& model, const Optimizer& optimizer) {
   STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadCheckpointManifest(folder));
   if (manifest.value("format", "") != kFormat) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -106,6 +128,9 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& folder, const Mode
     state.variables.push_back(std::move(value));
     std::vector<Tensor> slots;
     for (const std::string& slot : slot_names) {
+      if (tensors.count(SlotName(spec, slot)) == 0) {
+        return MissingSlot(dir, folder, optimizer, spec, slot);
+      }
       STRATUM_ASSIGN_OR_RETURN(Tensor value, take(SlotName(spec, slot)));
       slots.push_back(std::move(value));
     }
@@ -123,7 +148,8 @@ absl::StatusOr<std::optional<FitState>> LoadLatestFitCheckpoint(const std::strin
   STRATUM_ASSIGN_OR_RETURN(
       std::optional<std::string> folder,
       RestoreNewestIntact(dir, [&](const std::string& candidate) -> absl::Status {
-        STRATUM_ASSIGN_OR_RETURN(FitState loaded, LoadFitCheckpoint(candidate, model, optimizer));
+        STRATUM_ASSIGN_OR_RETURN(FitState loaded,
+                                 LoadFitCheckpoint(dir, candidate, model, optimizer));
         state = std::move(loaded);
         return absl::OkStatus();
       }));

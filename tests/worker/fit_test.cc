@@ -378,6 +378,40 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTh
   std::filesystem::remove_all(dir);
 }
 
+// A checkpoint written by plain SGD holds no momentum slots: resumed by SGD with momentum,
+// the error names the optimizer settings, not "another model" (the model is the same).
+TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) {
+  const Model model = TestModel();
+  auto plain = *Optimizer::FromKeras(
+      nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.1}})"));
+  auto momentum = *Optimizer::FromKeras(nlohmann::json::parse(
+      R"({"class_name": "SGD", "config": {"learning_rate": 0.1, "momentum": 0.9}})"));
+  const std::string dir = ::testing::TempDir() + "/fit_other_slots_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  FitState state;
+  state.iteration = 4;
+  state.variables = model.InitialVariables(1);
+  state.slots.resize(state.variables.size());
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *plain, state).ok());
+  auto refused = LoadLatestFitCheckpoint(dir, model, *momentum);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(refused.status().message()),
+            "checkpoint " + dir +
+                "/ckpt-000000000004 has no momentum slots (no hidden/kernel/slot_momentum): "
+                "it was written by SGD without momentum, and the job's SGD has momentum; use the "
+                "same optimizer settings as the run that wrote it, or remove " +
+                dir + " to train from scratch");
+  // A variable the checkpoint lacks is still another model's.
+  const Model other = *Model::FromKerasJson(absl::string_view(R"({"class_name": "Sequential",
+      "config": {"layers": [{"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+      {"class_name": "Dense", "config": {"name": "wide", "units": 4}}]}})"));
+  auto another = LoadLatestFitCheckpoint(dir, other, *plain);
+  EXPECT_THAT(std::string(another.status().message()),
+              ::testing::HasSubstr("has no wide/kernel of shape [8, 4]: it was written for another "
+                                   "model; use the same model or another checkpoint.dir"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FitTest, WrongInputShapeIsAClearError) {
   const Model model = TestModel();
   DefaultStrategy strategy;
