@@ -32,6 +32,12 @@ const char kSupportedActivations[] = "use relu, softmax, sigmoid, tanh or linear
 const char kSupportedInitializers[] =
     "use glorot_uniform, zeros, ones, he_uniform or lecun_uniform";
 
+// A Keras initializer: its Stratum name and its own seed, if it has one.
+struct Initializer {
+  std::string name;  // "glorot_uniform", "zeros", ...
+  std::optional<uint64_t> seed;
+};
+
 struct Layer {
   LayerKind kind = LayerKind::kFlatten;
   std::string name;
@@ -41,8 +47,8 @@ struct Layer {
   bool use_bias = true;
   float rate = 0;               // Dropout
   bool channels_first = false;  // Flatten
-  std::string kernel_initializer = "glorot_uniform";
-  std::string bias_initializer = "zeros";
+  Initializer kernel_initializer = {"glorot_uniform", std::nullopt};
+  Initializer bias_initializer = {"zeros", std::nullopt};
   Shape output_shape;   // without the batch dimension
   int64_t in_size = 0;  // elements per example, in and out
   int64_t out_size = 0;
@@ -248,10 +254,50 @@ absl::StatusOr<Activation> ParseActivation(const std::string& where, const json&
                    "\", which Stratum does not support: ", kSupportedActivations));
 }
 
-absl::StatusOr<std::string> ParseInitializer(const std::string& where, const json& config,
+// The options of a Keras initializer object ({"class_name": ..., "config": {...}}): seed for
+// the random ones, none for zeros and ones; a key Keras' class does not have is refused by
+// name, as a layer's are, so a misspelt "sead" is not ignored.
+absl::StatusOr<std::optional<uint64_t>> ParseInitializerSeed(const std::string& what,
+                                                             const std::string& class_name,
+                                                             bool seeded, const json& options) {
+  if (!options.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " with config ", Dump(options),
+                                                   ", which is not an object: write it as ",
+                                                   seeded ? "{\"seed\": null}" : "{}"));
+  }
+  std::vector<std::string> unknown;
+  for (const auto& [option, value] : options.items()) {
+    if (!(seeded && option == "seed")) unknown.push_back(absl::StrCat("\"", option, "\""));
+  }
+  if (!unknown.empty()) {
+    const bool one = unknown.size() == 1;
+    const std::string fix =
+        seeded
+            ? absl::StrCat("check ", one ? "its" : "their", " spelling (", class_name,
+                           " takes seed) or remove ", one ? "it" : "them")
+            : absl::StrCat("remove ", one ? "it" : "them", " (", class_name, " takes no options)");
+    return absl::InvalidArgumentError(absl::StrCat(what, " with config ", one ? "key " : "keys ",
+                                                   absl::StrJoin(unknown, ", "), ", which Keras' ",
+                                                   class_name, " does not have: ", fix));
+  }
+  const json* seed = Find(options, "seed");
+  if (seed == nullptr) return std::optional<uint64_t>();
+  if (!seed->is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " with seed ", Dump(*seed),
+        ", which is not an integer: write an integer, or null to draw from the run's seed "
+        "(fit.seed)"));
+  }
+  // A negative seed keeps its bits: any integer Keras takes is a seed.
+  return std::optional<uint64_t>(seed->is_number_unsigned()
+                                     ? seed->get<uint64_t>()
+                                     : static_cast<uint64_t>(seed->get<int64_t>()));
+}
+
+absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const json& config,
                                              const char* key, const char* default_value) {
   const json* found = Find(config, key);
-  if (found == nullptr) return std::string(default_value);
+  if (found == nullptr) return Initializer{default_value, std::nullopt};
   const json& value = *found;
   std::string name;
   if (value.is_string()) {
@@ -267,7 +313,15 @@ absl::StatusOr<std::string> ParseInitializer(const std::string& where, const jso
                                                                {"heuniform", "he_uniform"},
                                                                {"lecununiform", "lecun_uniform"}};
   for (const auto& [canonical, initializer] : kNames) {
-    if (Canonical(name) == canonical) return std::string(initializer);
+    if (Canonical(name) != canonical) continue;
+    Initializer result{initializer, std::nullopt};
+    const json* options = Find(value, "config");  // a name alone takes Keras' defaults
+    if (options == nullptr) return result;
+    const bool seeded = result.name != "zeros" && result.name != "ones";
+    STRATUM_ASSIGN_OR_RETURN(
+        result.seed,
+        ParseInitializerSeed(absl::StrCat(where, " has ", key, " ", name), name, seeded, *options));
+    return result;
   }
   return absl::InvalidArgumentError(
       absl::StrCat(where, " has ", key, " \"", name,
@@ -895,11 +949,12 @@ absl::StatusOr<Model> BuildModel(const json& input) {
         shape = Shape(std::move(dims));
         layer.kernel = static_cast<int>(impl->variables.size());
         impl->variables.push_back({absl::StrCat(layer.name, "/kernel"),
-                                   Shape({layer.in_width, layer.units}), layer.kernel_initializer});
+                                   Shape({layer.in_width, layer.units}),
+                                   layer.kernel_initializer.name, layer.kernel_initializer.seed});
         if (layer.use_bias) {
           layer.bias = static_cast<int>(impl->variables.size());
-          impl->variables.push_back(
-              {absl::StrCat(layer.name, "/bias"), Shape({layer.units}), layer.bias_initializer});
+          impl->variables.push_back({absl::StrCat(layer.name, "/bias"), Shape({layer.units}),
+                                     layer.bias_initializer.name, layer.bias_initializer.seed});
         }
         if (impl->first_trainable < 0) impl->first_trainable = static_cast<int>(i);
         break;
@@ -1020,7 +1075,10 @@ std::vector<Tensor> Model::InitialVariables(uint64_t seed) const {
     if (spec.initializer == "lecun_uniform") limit = std::sqrt(3.0 / fan_in);
     if (spec.initializer == "ones") flat.setConstant(1.0f);
     if (limit > 0) {
-      std::mt19937_64 rng(SplitMix64(seed ^ SplitMix64(v + 1)));
+      // A seed of the initializer's own gives the same values in every run, as in Keras
+      // (two such initializers with one seed give one another's values, as there too).
+      std::mt19937_64 rng(spec.seed.has_value() ? SplitMix64(*spec.seed)
+                                                : SplitMix64(seed ^ SplitMix64(v + 1)));
       const auto l = static_cast<float>(limit);
       for (Eigen::Index j = 0; j < flat.size(); ++j) flat[j] = l * (2 * Uniform01(rng) - 1);
     }

@@ -315,6 +315,67 @@ TEST(ModelInitTest, GlorotLimitsAndDeterminism) {
   EXPECT_EQ(a[3].Flat().abs().maxCoeff(), 0.0f);
 }
 
+// An input of 4 and Dense(3) with this kernel_initializer.
+Model DenseWithKernelInitializer(const std::string& initializer) {
+  return MustParse(WithLayer(
+      R"({"class_name": "Dense", "config": {"name": "d", "units": 3, "kernel_initializer": )" +
+      initializer + "}}"));
+}
+
+// As in Keras, an initializer's own integer seed gives the same values in every run, whatever
+// seed the run draws the others from (fit.seed); a null seed draws from the run's.
+TEST(ModelInitTest, AnInitializerSeedGivesTheSameValuesWhateverTheRunSeed) {
+  const Model seeded =
+      DenseWithKernelInitializer(R"({"class_name": "GlorotUniform", "config": {"seed": 7}})");
+  const Tensor kernel = seeded.InitialVariables(1)[0];
+  EXPECT_TRUE(kernel.BitwiseEqual(seeded.InitialVariables(2)[0]));
+  EXPECT_GT(kernel.Flat().abs().maxCoeff(), 0.0f);
+  EXPECT_LE(kernel.Flat().abs().maxCoeff(), std::sqrt(6.0f / (4 + 3)));  // still glorot_uniform
+  // The Keras 3 form of the same initializer gives the same values; another seed others.
+  EXPECT_TRUE(DenseWithKernelInitializer(
+                  R"({"module": "keras.initializers", "class_name": "GlorotUniform",
+                      "config": {"seed": 7}, "registered_name": null})")
+                  .InitialVariables(5)[0]
+                  .BitwiseEqual(kernel));
+  EXPECT_FALSE(
+      DenseWithKernelInitializer(R"({"class_name": "GlorotUniform", "config": {"seed": 8}})")
+          .InitialVariables(1)[0]
+          .BitwiseEqual(kernel));
+  const Model he =
+      DenseWithKernelInitializer(R"({"class_name": "HeUniform", "config": {"seed": 7}})");
+  EXPECT_TRUE(he.InitialVariables(1)[0].BitwiseEqual(he.InitialVariables(2)[0]));
+  // seed null draws from the run's seed, as a plain "glorot_uniform" does.
+  const Model unseeded =
+      DenseWithKernelInitializer(R"({"class_name": "GlorotUniform", "config": {"seed": null}})");
+  EXPECT_FALSE(unseeded.InitialVariables(1)[0].BitwiseEqual(unseeded.InitialVariables(2)[0]));
+  EXPECT_TRUE(unseeded.InitialVariables(1)[0].BitwiseEqual(
+      DenseWithKernelInitializer(R"("glorot_uniform")").InitialVariables(1)[0]));
+}
+
+// A misspelt initializer option ("sead") is refused by name, as a layer's are, not ignored.
+TEST(ModelJsonTest, RefusesUnknownInitializerConfigKeysByName) {
+  auto refusal = [](const std::string& initializer) {
+    return Refusal(WithLayer(
+        R"({"class_name": "Dense", "config": {"name": "d", "units": 3, "kernel_initializer": )" +
+        initializer + "}}"));
+  };
+  EXPECT_EQ(refusal(R"({"class_name": "GlorotUniform", "config": {"sead": 7, "scale": 3}})"),
+            "model layer \"d\" (Dense) has kernel_initializer GlorotUniform with config keys "
+            "\"scale\", \"sead\", which Keras' GlorotUniform does not have: check their spelling "
+            "(GlorotUniform takes seed) or remove them");
+  EXPECT_EQ(refusal(R"({"class_name": "Zeros", "config": {"seed": 7}})"),
+            "model layer \"d\" (Dense) has kernel_initializer Zeros with config key \"seed\", "
+            "which Keras' Zeros does not have: remove it (Zeros takes no options)");
+  EXPECT_EQ(refusal(R"({"class_name": "HeUniform", "config": {"seed": "7"}})"),
+            "model layer \"d\" (Dense) has kernel_initializer HeUniform with seed \"7\", which is "
+            "not an integer: write an integer, or null to draw from the run's seed (fit.seed)");
+  EXPECT_EQ(refusal(R"({"class_name": "LecunUniform", "config": [7]})"),
+            "model layer \"d\" (Dense) has kernel_initializer LecunUniform with config [7], "
+            "which is not an object: write it as {\"seed\": null}");
+  EXPECT_THAT(refusal(R"({"class_name": "GlorotUniform", "config": {"seed": 1.5}})"),
+              HasSubstr("with seed 1.5, which is not an integer"));
+}
+
 // A model with an input of 8, Dense(8, linear, ones kernel, no bias), Dropout(rate).
 Model DropoutModel(double rate) {
   return MustParse(R"({"class_name": "Sequential", "config": {"layers": [

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct VariableSpec {
   std::string name;         // "dense/kernel", "dense/bias", "dense_1/kernel", ...
   Shape shape;              // kernel [inputs, units]; bias [units]
   std::string initializer;  // "glorot_uniform", "zeros", ...
+  // The initializer's own seed (Keras' seed=): its values are drawn from it alone, the same
+  // whatever seed InitialVariables is given. nullopt (seed None): drawn from that seed.
+  std::optional<uint64_t> seed;
 };
 
 // One layer as an executor on another device (the GPU path) needs it: what it computes and
@@ -105,7 +109,7 @@ class Model {
   std::string Summary() const;
 
   // Variables initialized as the layers' initializers say; the same seed gives the same
-  // values, bit for bit.
+  // values, bit for bit. An initializer with a seed of its own ignores `seed`.
   std::vector<Tensor> InitialVariables(uint64_t seed) const;
   // Scratch for one thread; `seed` drives its dropout masks.
   std::unique_ptr<Workspace> NewWorkspace(uint64_t seed) const;
