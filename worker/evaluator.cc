@@ -23,6 +23,7 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   if (!model.ok()) return model.status();
   absl::StatusOr<Loss> loss = Loss::FromKeras(job.loss);
   if (!loss.ok()) return loss.status();
+  if (absl::Status fits = model->CheckLoss(*loss); !fits.ok()) return fits;
   absl::StatusOr<FitData> data = LoadFitData(job.data);
   if (!data.ok()) return data.status();
   if (!data->has_test) {

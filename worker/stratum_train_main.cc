@@ -53,6 +53,7 @@ int Run(const ShutdownWatcher& shutdown) {
   if (!model.ok()) return Fail(model.status());
   absl::StatusOr<Loss> loss = Loss::FromKeras(job->loss);
   if (!loss.ok()) return Fail(loss.status());
+  if (absl::Status fits = model->CheckLoss(*loss); !fits.ok()) return Fail(fits);
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::FromKeras(job->optimizer);
   if (!optimizer.ok()) return Fail(optimizer.status());
   if (absl::GetFlag(FLAGS_logical_gpus_per_gpu) < 0) {

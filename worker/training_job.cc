@@ -112,8 +112,9 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
 }
 
 absl::Status CheckTrainingJob(const JobSpec& job) {
-  STRATUM_RETURN_IF_ERROR(Model::FromKerasJson(job.model).status());
-  STRATUM_RETURN_IF_ERROR(Loss::FromKeras(job.loss).status());
+  STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
+  STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
+  STRATUM_RETURN_IF_ERROR(model.CheckLoss(loss));
   STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
   STRATUM_RETURN_IF_ERROR(CheckSourceHeaders(job.data.train));

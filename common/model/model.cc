@@ -1087,6 +1087,17 @@ std::vector<Tensor> Model::InitialVariables(uint64_t seed) const {
   return result;
 }
 
+absl::Status Model::CheckLoss(const Loss& loss) const {
+  if (!loss.is_crossentropy() || !loss.from_logits()) return absl::OkStatus();
+  const int softmax = impl_->SoftmaxOutputLayer(false);
+  if (softmax < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "loss ", loss.name(), " has from_logits true, but the model's output (layer \"",
+      impl_->layers[static_cast<size_t>(softmax)].name,
+      "\") is a softmax, so it gives probabilities, not logits: set from_logits to false, or "
+      "make the last layer's activation linear"));
+}
+
 std::unique_ptr<Workspace> Model::NewWorkspace(uint64_t seed) const {
   auto state = std::make_unique<Workspace::State>(seed);
   state->signature = impl_->signature;

@@ -167,6 +167,20 @@ TEST(StratumTrainTest, ALossThatIsNotFiniteStopsTrainingWithTheFix) {
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch 1/10")));
 }
 
+// from_logits true on a softmax output would train as if it were false: refused, exit 2.
+TEST(StratumTrainTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
+  nlohmann::json job = ExampleJob();
+  job["compile"]["loss"] = {{"class_name", "SparseCategoricalCrossentropy"},
+                            {"config", {{"from_logits", true}}}};
+  job["fit"]["steps_per_epoch"] = 5;
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "from_logits")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("stratum-train: loss sparse_categorical_crossentropy has "
+                                    "from_logits true, but the model's output (layer \"dense_1\") "
+                                    "is a softmax"));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch")));
+}
+
 TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   nlohmann::json job = ExampleJob();
   job["strategy"] = {{"type", "parameter_server"}};

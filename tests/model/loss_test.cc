@@ -164,6 +164,33 @@ TEST(LossTest, FusedSoftmaxCrossEntropyStaysFiniteOnHugeLogits) {
   EXPECT_EQ(evaluated->correct, 1);
 }
 
+// Jobs refuse from_logits true on a softmax output (a Dense softmax, an Activation softmax,
+// or either followed by Dropout): the output is probabilities, not logits.
+TEST(LossTest, ModelsRefuseFromLogitsOnASoftmaxOutput) {
+  auto model = [](const std::string& last_layers) {
+    return *Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 2]}}, )" +
+                                 last_layers + "]}}");
+  };
+  const Model dense = SoftmaxModel();
+  EXPECT_EQ(dense.CheckLoss(Loss::SparseCategoricalCrossentropy(true)),
+            absl::InvalidArgumentError(
+                "loss sparse_categorical_crossentropy has from_logits true, but the model's "
+                "output (layer \"out\") is a softmax, so it gives probabilities, not logits: set "
+                "from_logits to false, or make the last layer's activation linear"));
+  EXPECT_FALSE(dense.CheckLoss(Loss::CategoricalCrossentropy(true)).ok());
+  EXPECT_TRUE(dense.CheckLoss(Loss::SparseCategoricalCrossentropy()).ok());
+  EXPECT_TRUE(dense.CheckLoss(Loss::MeanSquaredError()).ok());
+  const Model activation = model(R"({"class_name": "Dense", "config": {"units": 3}},
+      {"class_name": "Activation", "config": {"name": "probs", "activation": "softmax"}},
+      {"class_name": "Dropout", "config": {"rate": 0.5}})");
+  EXPECT_THAT(std::string(activation.CheckLoss(Loss::CategoricalCrossentropy(true)).message()),
+              HasSubstr("the model's output (layer \"probs\") is a softmax"));
+  const Model logits = model(R"({"class_name": "Dense", "config": {"units": 3}})");
+  EXPECT_TRUE(logits.CheckLoss(Loss::SparseCategoricalCrossentropy(true)).ok());
+  EXPECT_TRUE(logits.CheckLoss(Loss::CategoricalCrossentropy(true)).ok());
+}
+
 TEST(LossTest, ValidatesTargets) {
   const Loss sparse = Loss::SparseCategoricalCrossentropy();
   EXPECT_TRUE(sparse.ValidateTargets(Tensor(DType::kUInt8, Shape({4})), 4, 10).ok());

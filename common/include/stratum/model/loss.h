@@ -4,7 +4,7 @@
 // TensorFlow backend: a cross-entropy on the output of a softmax uses the softmax's logits
 // (log-sum-exp minus the label's logit, whatever from_logits says, as Keras does with the
 // logits it caches on a softmax output), and one on other probabilities clips them to
-// [1e-7, 1 - 1e-7].
+// [1e-7, 1 - 1e-7]. Jobs refuse from_logits true on a softmax output (Model::CheckLoss).
 //
 // Thread safety: a Loss is an immutable value; every method is const and safe to call from
 // several threads at once.

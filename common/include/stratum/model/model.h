@@ -111,6 +111,11 @@ class Model {
   // Variables initialized as the layers' initializers say; the same seed gives the same
   // values, bit for bit. An initializer with a seed of its own ignores `seed`.
   std::vector<Tensor> InitialVariables(uint64_t seed) const;
+  // Whether `loss` reads this model's output as what it is. INVALID_ARGUMENT, with the fix,
+  // for a cross-entropy with from_logits true on a softmax output: that output holds
+  // probabilities, not logits (Keras warns and takes them as logits; TrainStep would fuse
+  // the softmax and train as from_logits false). Jobs are checked with it before training.
+  absl::Status CheckLoss(const Loss& loss) const;
   // Scratch for one thread; `seed` drives its dropout masks.
   std::unique_ptr<Workspace> NewWorkspace(uint64_t seed) const;
 

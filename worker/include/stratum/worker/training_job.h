@@ -25,8 +25,8 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
 absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 
 // What training the job would refuse in the job itself, checked quickly, before a process
-// waits for its peers (which may take minutes): the model, loss, optimizer and fit
-// options, and the headers of the data files (there, readable, IDX, as many labels as
+// waits for its peers (which may take minutes): the model, the loss and whether it fits the
+// model's output (Model::CheckLoss), the optimizer and fit options, and the headers of the data files (there, readable, IDX, as many labels as
 // images). LoadFitData still finds a truncated or corrupt data part.
 absl::Status CheckTrainingJob(const JobSpec& job);
 

@@ -1,0 +1,78 @@
+// CheckTrainingJob: what the coordinator and MultiWorkerMirrored workers refuse in a job
+// before they wait for their peers, and stratum-train before it trains: here, a loss that
+// does not fit the model's output.
+#include "stratum/worker/training_job.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../data/idx_writer.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A 28x28 input, Dense(10, <activation>).
+nlohmann::json ModelJson(const std::string& activation) {
+  return nlohmann::json::parse(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 28, 28]}},
+      {"class_name": "Flatten", "config": {"name": "flatten"}},
+      {"class_name": "Dense", "config": {"name": "out", "units": 10, "activation": ")" +
+                               activation + R"("}}]}})");
+}
+
+nlohmann::json LossJson(const std::string& class_name, bool from_logits) {
+  return {{"class_name", class_name}, {"config", {{"from_logits", from_logits}}}};
+}
+
+class CheckTrainingJobTest : public ::testing::Test {
+ protected:
+  CheckTrainingJobTest() {
+    images_ = dir_.Write("images-idx3-ubyte",
+                         testing::UbyteIdx({6, 28, 28}, std::vector<uint8_t>(6 * 28 * 28)));
+    labels_ = dir_.Write("labels-idx1-ubyte", testing::UbyteIdx({6}, {0, 1, 2, 3, 4, 5}));
+    job_.model = ModelJson("softmax");
+    job_.loss = "sparse_categorical_crossentropy";
+    job_.optimizer = "adam";
+    job_.data.train = {"idx", images_, labels_};
+    job_.data.test = {"idx", images_, labels_};
+  }
+
+  std::string Refusal() const {
+    const absl::Status status = CheckTrainingJob(job_);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    return std::string(status.message());
+  }
+
+  testing::TempDir dir_;
+  std::string images_;
+  std::string labels_;
+  JobSpec job_;
+};
+
+TEST_F(CheckTrainingJobTest, AValidJobPasses) {
+  EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
+}
+
+// Keras warns and treats a softmax's probabilities as logits; Stratum used to fuse the
+// softmax anyway, so from_logits true trained as false without a word. Either way the job
+// is not what its author meant: it is refused with the two fixes.
+TEST_F(CheckTrainingJobTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
+  job_.loss = LossJson("SparseCategoricalCrossentropy", true);
+  EXPECT_EQ(Refusal(),
+            "loss sparse_categorical_crossentropy has from_logits true, but the model's output "
+            "(layer \"out\") is a softmax, so it gives probabilities, not logits: set "
+            "from_logits to false, or make the last layer's activation linear");
+  job_.loss = LossJson("CategoricalCrossentropy", true);
+  EXPECT_THAT(Refusal(), HasSubstr("loss categorical_crossentropy has from_logits true, but"));
+  // from_logits false on a softmax, and true on a linear output, are what Keras means.
+  job_.loss = LossJson("SparseCategoricalCrossentropy", false);
+  EXPECT_TRUE(CheckTrainingJob(job_).ok());
+  job_.model = ModelJson("linear");
+  job_.loss = LossJson("SparseCategoricalCrossentropy", true);
+  EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
+}
+
+}  // namespace
+}  // namespace stratum
