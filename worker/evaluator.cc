@@ -24,6 +24,9 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   absl::StatusOr<Loss> loss = Loss::FromKeras(job.loss);
   if (!loss.ok()) return loss.status();
   if (absl::Status fits = model->CheckLoss(*loss); !fits.ok()) return fits;
+  if (absl::Status headers = CheckDataHeaders(job.data, *model, *loss); !headers.ok()) {
+    return headers;
+  }
   absl::StatusOr<FitData> data = LoadFitData(job.data);
   if (!data.ok()) return data.status();
   if (!data->has_test) {

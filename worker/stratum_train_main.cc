@@ -70,6 +70,10 @@ int Run(const ShutdownWatcher& shutdown) {
   }
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(job->strategy);
   if (!strategy.ok()) return Fail(strategy.status());
+  // The headers first: a labels file of the wrong shape is named before any data is read.
+  if (absl::Status headers = CheckDataHeaders(job->data, *model, *loss); !headers.ok()) {
+    return Fail(headers);
+  }
   absl::StatusOr<FitData> data = LoadFitData(job->data);
   if (!data.ok()) return Fail(data.status());
 

@@ -37,9 +37,57 @@ absl::StatusOr<Dataset> LoadSource(const DataSourceSpec& source, int64_t& exampl
   return Dataset::FromTensorSlices({std::move(images), std::move(labels)});
 }
 
-absl::Status CheckSourceHeaders(const DataSourceSpec& source) {
+std::string Describe(const IdxHeader& header) {
+  return absl::StrCat(DTypeName(header.dtype), header.shape.ToString());
+}
+
+// Fit reshapes each example to the model's input shape: any layout of as many values fits.
+absl::Status CheckImages(const std::string& field, const std::string& path, const IdxHeader& header,
+                         const Model& model) {
+  int64_t per_example = 1;
+  for (int d = 1; d < header.shape.rank(); ++d) per_example *= header.shape.dim(d);
+  const int64_t wanted = model.input_shape().num_elements();
+  if (per_example == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " ", path, " is ", Describe(header), ", ", per_example,
+      per_example == 1 ? " value" : " values", " per example, but the model takes ",
+      model.input_shape().ToString(), " (", wanted, wanted == 1 ? " value" : " values",
+      ") per example: point ", field, " at the images file, or change the model's input shape"));
+}
+
+absl::Status CheckLabels(const std::string& source_field, const std::string& path,
+                         const IdxHeader& header, const Model& model, const Loss& loss) {
+  const int64_t classes = model.output_size();
+  if (loss.TakesTargets(header.dtype, header.shape, classes)) return absl::OkStatus();
+  const std::string field = absl::StrCat(source_field, ".labels");
+  const std::string what = absl::StrCat(field, " ", path, " is ", Describe(header), ", but ");
+  const int64_t rows = Rows(header.shape);
+  if (!loss.sparse_targets()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, loss.name(), " takes float32 targets of shape [", rows, ", ", classes,
+        "] (one row per example for the model's ", classes,
+        " outputs): give such a file, or use sparse_categorical_crossentropy for class ids"));
+  }
+  if (header.dtype == DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, loss.name(),
+                     " takes integer class ids (uint8 or int32): give a file of class ids, or use "
+                     "categorical_crossentropy for one-hot float32 rows"));
+  }
+  const char* example =
+      source_field == "data.test" ? "t10k-labels-idx1-ubyte.gz" : "train-labels-idx1-ubyte.gz";
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, loss.name(), " takes one class id per example, a file of shape [", rows, "]: point ",
+      field, " at the labels of ", source_field, ".images (an idx1 file, such as ", example, ")"));
+}
+
+absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& source,
+                                const Model& model, const Loss& loss) {
   STRATUM_ASSIGN_OR_RETURN(const IdxHeader images, ReadIdxHeader(source.images));
   STRATUM_ASSIGN_OR_RETURN(const IdxHeader labels, ReadIdxHeader(source.labels));
+  STRATUM_RETURN_IF_ERROR(
+      CheckImages(absl::StrCat(field, ".images"), source.images, images, model));
+  STRATUM_RETURN_IF_ERROR(CheckLabels(field, source.labels, labels, model, loss));
   return CheckRowsAgree(source, images.shape, labels.shape);
 }
 
@@ -111,15 +159,19 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   return options;
 }
 
+absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss) {
+  STRATUM_RETURN_IF_ERROR(CheckSourceHeaders("data.train", data.train, model, loss));
+  if (data.test.images.empty()) return absl::OkStatus();
+  return CheckSourceHeaders("data.test", data.test, model, loss);
+}
+
 absl::Status CheckTrainingJob(const JobSpec& job) {
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
   STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
   STRATUM_RETURN_IF_ERROR(model.CheckLoss(loss));
   STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
-  STRATUM_RETURN_IF_ERROR(CheckSourceHeaders(job.data.train));
-  if (job.data.test.images.empty()) return absl::OkStatus();
-  return CheckSourceHeaders(job.data.test);
+  return CheckDataHeaders(job.data, model, loss);
 }
 
 }  // namespace stratum

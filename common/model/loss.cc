@@ -174,6 +174,16 @@ nlohmann::json Loss::ToKeras() const {
   return {{"class_name", kClassNames[static_cast<int>(kind_)]}, {"config", config}};
 }
 
+bool Loss::TakesTargets(DType dtype, const Shape& shape, int64_t classes) const {
+  if (sparse_targets()) {
+    return dtype != DType::kFloat32 &&
+           (shape.rank() == 1 || (shape.rank() == 2 && shape.dim(1) == 1));
+  }
+  return dtype == DType::kFloat32 &&
+         ((shape.rank() == 2 && shape.dim(1) == classes) ||
+          (kind_ == Kind::kMeanSquaredError && classes == 1 && shape.rank() == 1));
+}
+
 absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t classes) const {
   if (!y.valid()) {
     return absl::InvalidArgumentError(
@@ -189,9 +199,8 @@ absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t class
           " takes integer class ids (int32, int64 or uint8) of shape ", expected_shape,
           ": cast the labels to integers, or use categorical_crossentropy for one-hot labels"));
     }
-    const bool shape_ok =
-        (y.shape().rank() == 1 && y.shape().dim(0) == batch) ||
-        (y.shape().rank() == 2 && y.shape().dim(0) == batch && y.shape().dim(1) == 1);
+    const bool shape_ok = y.shape().rank() >= 1 && y.shape().dim(0) == batch &&
+                          TakesTargets(y.dtype(), y.shape(), classes);
     if (!shape_ok) {
       return absl::InvalidArgumentError(absl::StrCat("y is ", y.DebugString(), ", but ", name(),
                                                      " takes one class id per example: pass y of "
@@ -209,11 +218,9 @@ absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t class
     }
     return absl::OkStatus();
   }
-  const bool shape_ok =
-      (y.shape().rank() == 2 && y.shape().dim(0) == batch && y.shape().dim(1) == classes) ||
-      (kind_ == Kind::kMeanSquaredError && classes == 1 && y.shape().rank() == 1 &&
-       y.shape().dim(0) == batch);
-  if (y.dtype() != DType::kFloat32 || !shape_ok) {
+  const bool fits = y.shape().rank() >= 1 && y.shape().dim(0) == batch &&
+                    TakesTargets(y.dtype(), y.shape(), classes);
+  if (!fits) {
     const std::string hint = kind_ == Kind::kCategoricalCrossentropy
                                  ? " (one-hot rows; for class ids use "
                                    "sparse_categorical_crossentropy)"

@@ -181,6 +181,27 @@ TEST(StratumTrainTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch")));
 }
 
+// A labels file of the wrong rank (here the test images) is refused before training, naming
+// the field, instead of failing at the end of the first epoch with checkpoints written.
+TEST(StratumTrainTest, ALabelsFileOfTheWrongRankIsRefusedBeforeTraining) {
+  nlohmann::json job = ExampleJob();
+  job["data"]["test"]["labels"] = job["data"]["test"]["images"];
+  job["fit"]["steps_per_epoch"] = 5;
+  const std::string checkpoints = TempPath("wrong_rank_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "wrong_rank")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("stratum-train: data.test.labels "
+                        "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz is "
+                        "uint8[10000, 28, 28], but sparse_categorical_crossentropy takes one class "
+                        "id per example"));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch")));
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/checkpoint"));
+  std::filesystem::remove_all(checkpoints);
+}
+
 TEST(StratumTrainTest, ClusterStrategiesPointToTheLauncher) {
   nlohmann::json job = ExampleJob();
   job["strategy"] = {{"type", "parameter_server"}};

@@ -1,6 +1,6 @@
 // CheckTrainingJob: what the coordinator and MultiWorkerMirrored workers refuse in a job
 // before they wait for their peers, and stratum-train before it trains: here, a loss that
-// does not fit the model's output.
+// does not fit the model's output and data files whose shapes do not fit the model and loss.
 #include "stratum/worker/training_job.h"
 
 #include <gmock/gmock.h>
@@ -71,6 +71,43 @@ TEST_F(CheckTrainingJobTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
   EXPECT_TRUE(CheckTrainingJob(job_).ok());
   job_.model = ModelJson("linear");
   job_.loss = LossJson("SparseCategoricalCrossentropy", true);
+  EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
+}
+
+// A labels field pointing at an images file has as many rows as the images: it used to
+// pass the header check and fail only when that data set was first used (for data.test,
+// after a whole epoch).
+TEST_F(CheckTrainingJobTest, ALabelsFileOfTheWrongRankIsRefusedNamingTheField) {
+  job_.data.test.labels = images_;
+  EXPECT_EQ(Refusal(), "data.test.labels " + images_ +
+                           " is uint8[6, 28, 28], but sparse_categorical_crossentropy takes one "
+                           "class id per example, a file of shape [6]: point data.test.labels at "
+                           "the labels of data.test.images (an idx1 file, such as "
+                           "t10k-labels-idx1-ubyte.gz)");
+  job_.data.test.labels = labels_;
+  job_.data.train.labels = images_;
+  EXPECT_THAT(Refusal(), HasSubstr("data.train.labels " + images_ + " is uint8[6, 28, 28]"));
+}
+
+TEST_F(CheckTrainingJobTest, AnImagesFileThatDoesNotFitTheModelIsRefusedNamingTheField) {
+  job_.data.test.images = labels_;
+  job_.data.test.labels = labels_;
+  EXPECT_EQ(Refusal(), "data.test.images " + labels_ +
+                           " is uint8[6], 1 value per example, but the model takes [28, 28] (784 "
+                           "values) per example: point data.test.images at the images file, or "
+                           "change the model's input shape");
+}
+
+// Categorical cross-entropy takes one float32 row per example (one-hot labels).
+TEST_F(CheckTrainingJobTest, TargetsAreCheckedAgainstTheLoss) {
+  job_.loss = "categorical_crossentropy";
+  EXPECT_THAT(Refusal(), HasSubstr("data.train.labels " + labels_ +
+                                   " is uint8[6], but categorical_crossentropy takes float32 "
+                                   "targets of shape [6, 10]"));
+  const std::string one_hot = dir_.Write(
+      "one-hot", testing::IdxBytes(0x0D, {6, 10}, std::string(6 * 10 * sizeof(float), '\0')));
+  job_.data.train.labels = one_hot;
+  job_.data.test.labels = one_hot;
   EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
 }
 

@@ -50,6 +50,10 @@ class Loss {
   // The Keras object form: {"class_name": ..., "config": {"name", "from_logits"}}.
   nlohmann::json ToKeras() const;
 
+  // Whether targets of this dtype and shape (examples first, any number of them) are what
+  // this loss takes for a model with `classes` outputs: class ids ([N] or [N, 1], not
+  // float32) for the sparse loss, float32 rows ([N, classes]) for the others.
+  bool TakesTargets(DType dtype, const Shape& shape, int64_t classes) const;
   // Checks the targets of a batch of `batch` examples against a model with `classes` outputs:
   // dtype, shape, and (for class ids) the range 0..classes-1.
   absl::Status ValidateTargets(const Tensor& y, int64_t batch, int64_t classes) const;

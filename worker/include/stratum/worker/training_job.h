@@ -8,6 +8,8 @@
 #include "absl/status/statusor.h"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/job/job_spec.h"
+#include "stratum/model/loss.h"
+#include "stratum/model/model.h"
 #include "stratum/strategy/strategy.h"
 #include "stratum/worker/fit.h"
 
@@ -24,10 +26,16 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
 // and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
 absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 
+// The headers of the job's data files, read without their data, against the model and the
+// loss: there, readable, IDX; images with as many values per example as the model's input;
+// labels the loss takes (one class id per example for the sparse loss, float32 rows of the
+// model's outputs for the others); as many labels as images. Errors name the job field
+// (data.test.labels) and its file. LoadFitData still finds a truncated or corrupt data part.
+absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss);
+
 // What training the job would refuse in the job itself, checked quickly, before a process
 // waits for its peers (which may take minutes): the model, the loss and whether it fits the
-// model's output (Model::CheckLoss), the optimizer and fit options, and the headers of the data files (there, readable, IDX, as many labels as
-// images). LoadFitData still finds a truncated or corrupt data part.
+// model's output (Model::CheckLoss), the optimizer, the fit options, and CheckDataHeaders.
 absl::Status CheckTrainingJob(const JobSpec& job);
 
 }  // namespace stratum
