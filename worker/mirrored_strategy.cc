@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "stratum/util/devices.h"
 
 namespace stratum {
@@ -59,6 +60,12 @@ absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
   if (!devices.ok()) return devices.status();
   std::string ops_name = options.cross_device_ops;
   if (ops_name.empty()) ops_name = DefaultCrossDeviceOps(*devices);
+  if (ops_name == "NcclAllReduce" && !AllGpus(*devices)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross-device op NcclAllReduce all-reduces between GPUs, and these replicas are on ",
+        absl::StrJoin(*devices, ", "),
+        ": use HierarchicalCopyAllReduce or ReductionToOneDevice (the default on CPUs)"));
+  }
   if (ops_name == "NcclAllReduce" && SharesPhysicalGpu(*devices)) {
     return absl::InvalidArgumentError(
         "cross-device op NcclAllReduce needs one replica per physical GPU, but these devices "

@@ -38,6 +38,19 @@ TEST(MirroredStrategyTest, RefusesDuplicateDevices) {
               HasSubstr("is listed twice"));
 }
 
+// NCCL reduces GPU buffers: on CPU replicas it would quietly be another algorithm.
+TEST(MirroredStrategyTest, RefusesNcclAllReduceOnCpuReplicas) {
+  MirroredOptions options;
+  options.devices = {"CPU:0", "CPU:1"};
+  options.cross_device_ops = "NcclAllReduce";
+  const absl::Status refused = MirroredStrategy::Create(options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(refused.message()),
+            "cross-device op NcclAllReduce all-reduces between GPUs, and these replicas are on "
+            "CPU:0, CPU:1: use HierarchicalCopyAllReduce or ReductionToOneDevice (the default on "
+            "CPUs)");
+}
+
 TEST(MirroredStrategyTest, EachReplicaRunsOnItsOwnThread) {
   auto strategy = Mirrored(4);
   absl::Mutex mutex;
