@@ -1,21 +1,19 @@
 #include "stratum/worker/fit.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "fit_internal.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/util/json_text.h"
+#include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
@@ -426,20 +424,6 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
 
 constexpr char kBackupPrefix[] = "stratum-backup-worker-";
 
-// A worker killed while saving leaves its scratch folder (named by its pid) behind.
-void RemoveBackupsOfDeadWorkers(const std::string& temp) {
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(temp, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(kBackupPrefix, 0) != 0) continue;
-    int pid = 0;
-    if (!absl::SimpleAtoi(name.substr(name.rfind('-') + 1), &pid) || pid <= 0) continue;
-    if (pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
-    std::error_code ignored;
-    std::filesystem::remove_all(entry.path(), ignored);
-  }
-}
-
 // Every worker runs the save path; only the chief's lands in the job's folder.
 absl::Status Backup(const Strategy& strategy, const Model& model, const Optimizer& optimizer,
                     const FitOptions& options, int64_t steps_per_epoch, FitState state,
@@ -467,7 +451,8 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   }
   const std::string temp = std::filesystem::temp_directory_path().string();
   static std::once_flag swept;
-  std::call_once(swept, [&temp] { RemoveBackupsOfDeadWorkers(temp); });
+  // A worker killed while saving leaves its scratch folder (named by its pid) behind.
+  std::call_once(swept, [&temp] { RemoveLeftoversOfDeadProcesses(temp, kBackupPrefix); });
   const std::string scratch =
       absl::StrCat(temp, "/", kBackupPrefix, strategy.worker_index(), "-", getpid());
   absl::Status saved = SaveFitCheckpoint(scratch, 1, model, optimizer, state);

@@ -1,20 +1,18 @@
 #include "stratum/checkpoint/safetensors.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stratum/util/json_depth.h"
+#include "stratum/util/process_info.h"
 
 namespace stratum {
 namespace {
@@ -43,24 +41,6 @@ std::optional<DType> FromSafetensorsDType(const std::string& name) {
 std::string Folder(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
-// Removes the temporary files of `path` ("<path>.tmp.<pid>") whose writer is dead: killed
-// between its write and its rename. Those of live writers are theirs.
-void RemoveTemporariesOfDeadWriters(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string prefix =
-      absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp.");
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(Folder(path), error)) {
-    const std::string name = entry.path().filename().string();
-    int pid = 0;
-    if (name.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(name.substr(prefix.size()), &pid) ||
-        pid <= 0 || pid == getpid()) {
-      continue;
-    }
-    if (kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove(entry.path(), error);
-  }
 }
 
 }  // namespace
@@ -97,7 +77,11 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     fsync(folder);
     close(folder);
   }
-  RemoveTemporariesOfDeadWriters(path);
+  // Those of writers killed between their write and their rename.
+  const size_t slash = path.rfind('/');
+  RemoveLeftoversOfDeadProcesses(
+      Folder(path),
+      absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp."));
   return absl::OkStatus();
 }
 

@@ -1,10 +1,14 @@
 #include "stratum/util/process_info.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "stratum/util/version.h"
 
 namespace stratum {
@@ -43,6 +47,20 @@ const std::string& HostName() {
 
 double ProcessUptimeSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - Facts().start).count();
+}
+
+void RemoveLeftoversOfDeadProcesses(const std::string& folder, const std::string& prefix) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t digits = name.find_last_not_of("0123456789") + 1;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(digits), &pid) || pid <= 0 || pid == getpid()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code ignored;
+    std::filesystem::remove_all(entry.path(), ignored);
+  }
 }
 
 }  // namespace stratum

@@ -21,4 +21,9 @@ const std::string& HostName();
 // called at the start of every main).
 double ProcessUptimeSeconds();
 
+// Removes what processes killed mid-write left in `folder`: each entry (file or folder)
+// whose name starts with `prefix` and ends with the pid of a process that no longer exists
+// ("checkpoint.tmp.4242", "stratum-backup-worker-1-4242"). Those of live processes stay.
+void RemoveLeftoversOfDeadProcesses(const std::string& folder, const std::string& prefix);
+
 }  // namespace stratum
