@@ -44,6 +44,16 @@ std::vector<std::unique_ptr<MultiWorkerMirroredStrategy>> MakeWorkers(int worker
   return strategies;
 }
 
+// `inputs` features -> Dense `hidden` relu -> Dense `classes` softmax.
+absl::StatusOr<Model> SmallClassifier(int inputs, int hidden, int classes) {
+  return Model::FromKerasJson(absl::StrCat(
+      R"({"class_name": "Sequential", "config": {"layers": [)",
+      R"({"class_name": "InputLayer", "config": {"batch_input_shape": [null, )", inputs, "]}},",
+      R"({"class_name": "Dense", "config": {"units": )", hidden, R"(, "activation": "relu"}},)",
+      R"({"class_name": "Dense", "config": {"units": )", classes,
+      R"(, "activation": "softmax"}}]}})"));
+}
+
 void OnEveryWorker(int workers, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) threads.emplace_back(fn, w);
@@ -99,10 +109,7 @@ TEST(MultiWorkerMirroredStrategyTest, AllReduceAndReduceCoverEveryReplicaOfEvery
 TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEveryStep) {
   const int n = 2;
   auto workers = MakeWorkers(n);
-  auto model = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
-      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
-      {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
-      {"class_name": "Dense", "config": {"units": 3, "activation": "softmax"}}]}})");
+  auto model = SmallClassifier(8, 16, 3);
   ASSERT_TRUE(model.ok()) << model.status();
   auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
   auto optimizer = Optimizer::FromKeras("adam");
@@ -171,10 +178,7 @@ TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEv
 TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryWorkerAlike) {
   const int n = 2;
   auto workers = MakeWorkers(n);
-  auto model = Model::FromKerasJson(R"({"class_name": "Sequential", "config": {"layers": [
-      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 4]}},
-      {"class_name": "Dense", "config": {"units": 8, "activation": "relu"}},
-      {"class_name": "Dense", "config": {"units": 2, "activation": "softmax"}}]}})");
+  auto model = SmallClassifier(4, 8, 2);
   ASSERT_TRUE(model.ok()) << model.status();
   auto optimizer = Optimizer::FromKeras("adam");
   ASSERT_TRUE(optimizer.ok());
