@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
+#include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -87,12 +88,12 @@ struct JobFile {
     nlohmann::json job = nlohmann::json::parse(file);
     job["fit"]["epochs"] = epochs;
     job["fit"]["steps_per_epoch"] = 100;
-    std::filesystem::remove_all(checkpoints);
+    testing::RemoveFolder(checkpoints);
     job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", every_steps}};
     std::ofstream(path) << job.dump();
   }
   ~JobFile() {
-    std::filesystem::remove_all(checkpoints);
+    testing::RemoveFolder(checkpoints);
     std::filesystem::remove(path);
   }
   const std::string checkpoints;

@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
+using testing::RemoveFolder;
 using testing::TempPath;
 
 std::string WriteJob(const std::string& name, int epochs, int steps_per_epoch,
@@ -286,7 +287,7 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
   ASSERT_TRUE(reference.is_object());
 
   const std::string checkpoints = TempPath("mwms_ckpt");
-  std::filesystem::remove_all(checkpoints);
+  RemoveFolder(checkpoints);
   const std::string job = WriteJob("mwms_resume", 3, 60, checkpoints, 25);
   const std::string summary = TempPath("mwms_resumed.json");
   {
@@ -323,7 +324,7 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
                 reference["history"][e]["accuracy"].get<double>(), 1e-4)
         << "epoch " << e + 1;
   }
-  std::filesystem::remove_all(checkpoints);
+  RemoveFolder(checkpoints);
 }
 
 TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJobResumesThere) {
@@ -332,7 +333,7 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
 
   // No periodic checkpoints: the one the stop writes is the only one mid-epoch.
   const std::string checkpoints = TempPath("mwms_stop_ckpt");
-  std::filesystem::remove_all(checkpoints);
+  RemoveFolder(checkpoints);
   const std::string job = WriteJob("mwms_stop", 6, 300, checkpoints, 0);
   const std::string summary = TempPath("mwms_stop_resumed.json");
   // What a worker killed while saving leaves behind: the next backup removes it.
@@ -384,7 +385,7 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
   ASSERT_TRUE(resumed.is_object());
   EXPECT_EQ(resumed["resumed_from_step"], step);
   ExpectTheSameEnd(resumed, reference);
-  std::filesystem::remove_all(checkpoints);
+  RemoveFolder(checkpoints);
 }
 
 }  // namespace

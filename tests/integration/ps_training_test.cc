@@ -20,14 +20,8 @@ namespace {
 using ::testing::HasSubstr;
 using testing::LocalCluster;
 using ::testing::Not;
+using testing::RemoveFolder;
 using testing::TempPath;
-
-// A test's checkpoint folder, removed at its start and end; never throws, though a chief
-// still training may write into it meanwhile.
-void RemoveFolder(const std::string& dir) {
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-}
 
 std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
                      const std::string& checkpoint_dir = "", int every_steps = 0) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <regex>
 #include <thread>
 
@@ -229,6 +230,11 @@ absl::Status LocalCluster::OutputsAgree(const std::vector<TaskKey>& tasks,
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name, "_", getpid());
+}
+
+void RemoveFolder(const std::string& path) {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
 }
 
 void LocalCluster::Stop() {

@@ -61,6 +61,10 @@ inline constexpr char kTestFigures[] = "test accuracy [0-9.]+, test loss [0-9.]+
 // A path under the test's temporary folder, unique to this process: "<tmp>/<name>_<pid>".
 std::string TempPath(const std::string& name);
 
+// Removes a test's folder and what it holds, if it is there. Never throws: a task that is
+// still running (a chief that trains and saves) may write into it meanwhile.
+void RemoveFolder(const std::string& path);
+
 class LocalCluster {
  public:
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
