@@ -109,7 +109,8 @@ absl::StatusOr<std::unique_ptr<PsDataServer>> PsDataServer::Start(VariableStore&
   int port = 0;
   absl::StatusOr<DataSocket> tcp = ListenTcp(opts.host, opts.port, &port);
   if (!tcp.ok()) {
-    return absl::UnavailableError(
+    return absl::Status(
+        tcp.status().code(),
         absl::StrCat("the parameter server's data path cannot listen: ", tcp.status().message(),
                      ": it listens on the host of the task's address (or of --listen_address), "
                      "which must be an address of this machine"));

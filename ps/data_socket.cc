@@ -18,6 +18,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/net/free_port.h"
 #include "stratum/net/unix_socket.h"
 
 namespace stratum {
@@ -349,12 +350,14 @@ absl::StatusOr<DataSocket> ListenTcp(const std::string& host, int port, int* bou
   const int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (found->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-  const int bound = bind(fd, found->ai_addr, found->ai_addrlen);
+  const int error =
+      bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 64) == 0 ? 0 : errno;
   freeaddrinfo(found);
-  if (bound != 0 || listen(fd, 64) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", host, port == 0 ? " (any free port)" : absl::StrCat(":", port), ": ",
-        ErrnoText(errno)));
+  if (error != 0) {
+    return absl::Status(ListenErrorCode(error),
+                        absl::StrCat("cannot listen on ", host,
+                                     port == 0 ? " (any free port)" : absl::StrCat(":", port), ": ",
+                                     ErrnoText(error)));
   }
   sockaddr_storage address{};
   socklen_t length = sizeof(address);

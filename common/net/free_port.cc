@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -128,6 +129,64 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
                                   " were free but claimed by other live processes, whose locks "
                                   "are in ",
                                   kClaimDir, "/<port>: `fuser` on those files names them)")));
+}
+
+absl::StatusCode ListenErrorCode(int error) {
+  return error == EADDRNOTAVAIL || error == EACCES ? absl::StatusCode::kInvalidArgument
+                                                   : absl::StatusCode::kUnavailable;
+}
+
+absl::Status ListenFailure(const std::string& what, const std::string& address,
+                           const std::string& fix) {
+  const std::string prefix = absl::StrCat(what, " cannot listen on ", address, ": ");
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") host = "127.0.0.1";
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  // Bind as gRPC does (SO_REUSEADDR; "::" takes IPv4 too) to learn what the kernel refuses.
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  addrinfo* found = nullptr;
+  int error = 0;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    error = -1;  // not a numeric address: nothing to bind here to tell the causes apart
+  } else {
+    const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = errno;
+    } else {
+      const int one = 1, zero = 0;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (found->ai_family == AF_INET6) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      }
+      error = bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 1) == 0 ? 0 : errno;
+      close(fd);
+    }
+    freeaddrinfo(found);
+  }
+  switch (error) {
+    case EADDRNOTAVAIL:
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, host, " is not an address of this machine; ", fix));
+    case EACCES:
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "ports below 1024 need privileges this process lacks; use a port from 1024 up ",
+          "(", fix, ")"));
+    case EADDRINUSE:
+      return absl::UnavailableError(
+          absl::StrCat(prefix, "the port is in use; free the port, or ", fix));
+    default:
+      return absl::UnavailableError(
+          absl::StrCat(prefix,
+                       "the port is in use or the host is not an address of this machine; free the "
+                       "port, or ",
+                       fix));
+  }
 }
 
 absl::StatusOr<std::vector<int>> PickFreePorts(int count, const std::string& host) {

@@ -18,6 +18,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/task.grpc.pb.h"
 #include "stratum/net/channel.h"
+#include "stratum/net/free_port.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -119,10 +120,8 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
   for (grpc::Service* service : services) builder.RegisterService(service);
   server->server_ = BuildAndStartQuietly(builder);
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        options.task.ToString(), " cannot listen on ", options.listen_address,
-        ": the port is in use or the host is not an address of this machine; free the port "
-        "or fix the task's address in TF_CONFIG"));
+    return ListenFailure(options.task.ToString(), options.listen_address,
+                         "fix the task's address in TF_CONFIG (or --listen_address)");
   }
   if (!options.health_listen_address.empty()) {
     // Only a health service of its own: not gRPC's default one, which would serve every
@@ -137,11 +136,8 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     health.RegisterService(server->plaintext_health_.get());
     server->health_server_ = BuildAndStartQuietly(health);
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          options.task.ToString(), " cannot serve its health checks on ",
-          options.health_listen_address,
-          ": the port is in use or the host is not an address of this machine; free the port "
-          "or choose another --health_port"));
+      return ListenFailure(absl::StrCat(options.task.ToString(), "'s health service"),
+                           options.health_listen_address, "choose another --health_port");
     }
   }
   server->SetServing(true);

@@ -330,6 +330,21 @@ TEST(RoleBinariesTest, PortInUseExitsOneNamingTheAddress) {
   EXPECT_THAT(run.output, HasSubstr("ps:0 cannot listen on " + taken));
 }
 
+// A listen address that is not this machine's is a configuration error (2), on the task
+// port and on the PS data path alike: a restart cannot fix it. (192.0.2.1, RFC 5737: the
+// bind fails here and nothing is sent.)
+TEST(RoleBinariesTest, AnAddressThatIsNotThisMachinesExitsTwo) {
+  const std::string tf_config =
+      R"({"cluster": {"ps": ["192.0.2.1:7000"]}, "task": {"type": "ps", "index": 0}})";
+  BinaryRun run = RunBinary("stratum-ps", {}, {{"TF_CONFIG", tf_config}});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("the parameter server's data path cannot listen"));
+  run = RunBinary("stratum-ps", {"--data_path=false"}, {{"TF_CONFIG", tf_config}});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("ps:0 cannot listen on 192.0.2.1:7000: 192.0.2.1 is not an "
+                                    "address of this machine"));
+}
+
 TEST(RoleBinariesTest, SigtermAndSigintStopEveryServerWithinFiveSeconds) {
   auto cluster = LocalCluster::Start({.num_workers = 1, .num_ps = 1, .evaluator = true});
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -121,6 +121,18 @@ TEST(TaskServerTest, PortInUseIsAClearError) {
               HasSubstr("ps:1 cannot listen on " + address + ": the port is in use"));
 }
 
+// An address that is not this machine's cannot come free: INVALID_ARGUMENT, so that the
+// process exits as misconfigured (2) and no launcher restarts it in vain. 192.0.2.1 is a
+// documentation address (RFC 5737): binding it fails here, and nothing is sent.
+TEST(TaskServerTest, AnAddressThatIsNotThisMachinesIsAConfigurationError) {
+  auto server = TaskServer::Start(ServerOptions({"ps", 0}, "192.0.2.1:7000"));
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("ps:0 cannot listen on 192.0.2.1:7000: 192.0.2.1 is not an address of "
+                        "this machine; fix the task's address in TF_CONFIG"));
+}
+
 TEST(WaitForClusterHealthyTest, ReportsEveryTask) {
   ClusterSpec spec;
   const std::string worker = FreeAddress();

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace stratum {
@@ -24,5 +25,17 @@ bool ClaimPort(int port);
 
 // `count` different free ports on `host` (single picks may draw the same port twice).
 absl::StatusOr<std::vector<int>> PickFreePorts(int count, const std::string& host = "127.0.0.1");
+
+// The status code of a failed bind or listen with errno `error`: INVALID_ARGUMENT where only
+// a change of address helps (the host is not this machine's, the port needs privileges), so
+// that the process exits as misconfigured and is not restarted; else UNAVAILABLE.
+absl::StatusCode ListenErrorCode(int error);
+
+// Why a server could not listen on `address` ("host:port", as given to gRPC), found by
+// binding it the same way: "<what> cannot listen on <address>: <cause>; <fix>", where `fix`
+// says how to change the address. INVALID_ARGUMENT when the host is not an address of this
+// machine or the port needs privileges; else UNAVAILABLE (the port is in use).
+absl::Status ListenFailure(const std::string& what, const std::string& address,
+                           const std::string& fix);
 
 }  // namespace stratum
