@@ -2,8 +2,11 @@
 
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
@@ -122,7 +125,9 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
             "checkpoint ", folder, " has no ", name, " of shape ", spec.shape.ToString(),
             ": it was written for another model; use the same model or another checkpoint.dir"));
       }
-      return std::move(found->second);
+      Tensor taken = std::move(found->second);
+      tensors.erase(found);
+      return taken;
     };
     STRATUM_ASSIGN_OR_RETURN(Tensor value, take(spec.name));
     state.variables.push_back(std::move(value));
@@ -135,6 +140,25 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
       slots.push_back(std::move(value));
     }
     state.slots.push_back(std::move(slots));
+  }
+  // What the job did not take: variables of layers its model lacks mean another model;
+  // slots its optimizer settings do not keep (SGD resumed without momentum) are dropped, as
+  // TensorFlow's restore drops unresolved objects, with a warning.
+  std::vector<std::string> variables, slots;
+  for (const auto& [name, tensor] : tensors) {
+    (name.find("/slot_") == std::string::npos ? variables : slots).push_back(name);
+  }
+  if (!variables.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", folder, " holds ", absl::StrJoin(variables, ", "),
+        ", which the job's model does not have: it was written for another model; use the same "
+        "model or another checkpoint.dir"));
+  }
+  if (!slots.empty()) {
+    spdlog::warn(
+        "checkpoint {} holds optimizer slots that the job's {} does not keep ({}): they are "
+        "dropped, and training goes on without them",
+        folder, optimizer.name(), absl::StrJoin(slots, ", "));
   }
   return state;
 }

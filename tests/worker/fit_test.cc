@@ -409,6 +409,27 @@ TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) 
   EXPECT_THAT(std::string(another.status().message()),
               ::testing::HasSubstr("has no wide/kernel of shape [8, 4]: it was written for another "
                                    "model; use the same model or another checkpoint.dir"));
+  // A model that has some of the checkpoint's variables (its layer "out" removed) is another
+  // model too: resuming it used to take what matched and drop the rest without a word.
+  const Model smaller = *Model::FromKerasJson(absl::string_view(R"({"class_name": "Sequential",
+      "config": {"layers": [{"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+      {"class_name": "Dense", "config": {"name": "hidden", "units": 16}}]}})"));
+  auto subset = LoadLatestFitCheckpoint(dir, smaller, *plain);
+  EXPECT_EQ(subset.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(subset.status().message()),
+              ::testing::HasSubstr("holds out/bias, out/kernel, which the job's model does not "
+                                   "have: it was written for another model"));
+  // Slots the job's optimizer does not keep are dropped (TensorFlow warns likewise): SGD
+  // without momentum resumes from SGD with momentum.
+  state.iteration = 8;
+  state.slots.clear();
+  for (const Tensor& variable : state.variables)
+    state.slots.push_back(momentum->NewSlots(variable));
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *momentum, state).ok());
+  auto without_momentum = LoadLatestFitCheckpoint(dir, model, *plain);
+  ASSERT_TRUE(without_momentum.ok()) << without_momentum.status();
+  ASSERT_TRUE(without_momentum->has_value());
+  EXPECT_EQ((*without_momentum)->iteration, 8);
   std::filesystem::remove_all(dir);
 }
 
