@@ -198,9 +198,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   CoordinationRendezvous rendezvous(coordination);
   STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> devices,
                            ResolveLocalDevices(job.strategy.devices));
-  STRATUM_RETURN_IF_ERROR(CheckSameJobAsLeader(
-      LockStepTerms(job, options.cluster, devices.size() * job.strategy.logical_gpus_per_gpu, data),
-      tasks, rank, options.connect_timeout, rendezvous));
+  STRATUM_RETURN_IF_ERROR(
+      CheckSameJobAsLeader(LockStepTerms(job, options.cluster, devices.size(), data), tasks, rank,
+                           options.connect_timeout, rendezvous));
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                            ConnectTcpTransport(tcp, rendezvous));
   LogCollectiveLinks(*transport, tcp.names);
@@ -259,6 +259,7 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
                                              const MultiWorkerJobOptions& options) {
   // Refused before the leader is waited for.
   STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
+  ConfigureLogicalGpus(job.strategy);
   STRATUM_ASSIGN_OR_RETURN(
       const CommunicationImplementation implementation,
       CommunicationImplementationFromName(job.strategy.communication.implementation));

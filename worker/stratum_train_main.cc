@@ -11,7 +11,6 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
-#include "stratum/util/devices.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/util/shutdown.h"
@@ -61,12 +60,8 @@ int Run(const ShutdownWatcher& shutdown) {
         "--logical_gpus_per_gpu is ", absl::GetFlag(FLAGS_logical_gpus_per_gpu),
         ", which must not be negative: pass 1 or more to split each GPU, or 0 for the job's")));
   }
-  const int logical = absl::GetFlag(FLAGS_logical_gpus_per_gpu) > 0
-                          ? absl::GetFlag(FLAGS_logical_gpus_per_gpu)
-                          : job->strategy.logical_gpus_per_gpu;
-  if (!SetLogicalGpusPerGpu(logical)) {
-    return Fail(absl::InvalidArgumentError(
-        "strategy.logical_gpus_per_gpu must be at least 1: use 1 (no split) or more"));
+  if (absl::GetFlag(FLAGS_logical_gpus_per_gpu) > 0) {
+    job->strategy.logical_gpus_per_gpu = absl::GetFlag(FLAGS_logical_gpus_per_gpu);
   }
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(job->strategy);
   if (!strategy.ok()) return Fail(strategy.status());

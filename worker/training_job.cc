@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/data/idx.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/util/devices.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/mirrored_strategy.h"
 
@@ -93,7 +96,18 @@ absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& 
 
 }  // namespace
 
+void ConfigureLogicalGpus(const StrategySpec& spec) {
+  SetLogicalGpusPerGpu(spec.logical_gpus_per_gpu);  // ParseJobSpec checked it is 1 or more
+  if (spec.logical_gpus_per_gpu > 1 && VisibleGpuCount() == 0) {
+    spdlog::warn(
+        "strategy.logical_gpus_per_gpu is {}, but this process sees no GPU to split: the "
+        "replicas train on the CPU devices",
+        spec.logical_gpus_per_gpu);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec) {
+  ConfigureLogicalGpus(spec);
   MirroredOptions options;
   options.devices = spec.devices;
   options.cross_device_ops = spec.cross_device_ops;

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   local.type = "mirrored";
   local.devices = spec->strategy.devices;
   local.cross_device_ops = spec->strategy.cross_device_ops;
+  local.logical_gpus_per_gpu = spec->strategy.logical_gpus_per_gpu;
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(local);
   if (!strategy.ok()) return strategy.status();
   job->strategy = *std::move(strategy);

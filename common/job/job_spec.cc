@@ -177,6 +177,10 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
     return fields.Error("strategy.type", absl::StrCat("is \"", out.type, "\""),
                         absl::StrCat("use ", absl::StrJoin(kTypes, ", ")));
   }
+  if (out.logical_gpus_per_gpu < 1) {
+    return fields.Error("strategy.logical_gpus_per_gpu",
+                        absl::StrCat("is ", out.logical_gpus_per_gpu), "use 1 (no split) or more");
+  }
   if (out.type == "default" && !out.devices.empty()) {
     return fields.Error("strategy.devices",
                         "is given for the default strategy, which runs on its one device",

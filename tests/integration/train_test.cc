@@ -29,8 +29,10 @@ std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
 }
 
-TrainRun RunTrain(const std::vector<std::string>& args) {
+TrainRun RunTrain(const std::vector<std::string>& args,
+                  std::vector<std::pair<std::string, std::string>> env = {}) {
   SubprocessOptions options;
+  options.env = std::move(env);
   options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-train"};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
   options.forward_fd = -1;
@@ -73,6 +75,22 @@ TEST(StratumTrainTest, MirroredShortRunOnFashionMnistWritesItsSummary) {
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.78);  // 300 steps of 128 examples
   EXPECT_GT(summary["examples_per_sec"].get<double>(), 0);
   std::remove(summary_path.c_str());
+}
+
+// A GPU split where there is no GPU trains on the CPU, and says so (CUDA_VISIBLE_DEVICES
+// hides any GPU of the machine).
+TEST(StratumTrainTest, ALogicalGpuSplitWithoutAGpuSaysTheReplicasTrainOnTheCpu) {
+  nlohmann::json job = ExampleJob();
+  job["strategy"] = {{"type", "mirrored"}, {"logical_gpus_per_gpu", 2}};
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 5;
+  job["data"].erase("test");
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "split_without_gpu"), "--progress=none"},
+                          {{"CUDA_VISIBLE_DEVICES", ""}});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("strategy.logical_gpus_per_gpu is 2, but this process sees "
+                                    "no GPU to split: the replicas train on the CPU devices"));
+  EXPECT_THAT(run.output, HasSubstr("MirroredStrategy on 1 replica(s) (CPU:0)"));
 }
 
 // Nothing measured is reported as measured: without a test set there is no test accuracy

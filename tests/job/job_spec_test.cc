@@ -125,6 +125,11 @@ TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
   EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.shuffle_buffer is -1"));
   job["fit"] = {{"steps_per_execution", 0}};
   EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.steps_per_execution is 0: use 1 or more"));
+  job.erase("fit");
+  // Checked for every binary (stratum-worker took any value, and did not apply it).
+  job["strategy"] = {{"type", "mirrored"}, {"logical_gpus_per_gpu", 0}};
+  EXPECT_THAT(ErrorOf(job.dump()),
+              HasSubstr("strategy.logical_gpus_per_gpu is 0: use 1 (no split) or more"));
 }
 
 // Values that parse but mean nothing a user could want, found by a QA pass: each is refused

@@ -4,7 +4,8 @@
 // Like tf.config.set_logical_device_configuration, SetLogicalGpusPerGpu splits every
 // physical GPU into N logical GPUs ("GPU:0" .. "GPU:N-1" on the first one), so that a
 // MirroredStrategy runs several replicas on one GPU. It is a process-wide setting, as in
-// TensorFlow: call it once, in main, before any strategy is made. Thread-safe.
+// TensorFlow, made before any strategy is (the training binaries make it from the job's
+// strategy.logical_gpus_per_gpu, through ConfigureLogicalGpus). Thread-safe.
 #pragma once
 
 namespace stratum {

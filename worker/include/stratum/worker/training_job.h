@@ -15,8 +15,14 @@
 
 namespace stratum {
 
-// default, one_device, mirrored or central_storage; the cluster strategies
-// (parameter_server, multi_worker_mirrored) are refused with how to run them.
+// Splits every GPU of this process into spec.logical_gpus_per_gpu logical GPUs (process-wide,
+// as tf.config.set_logical_device_configuration), before its devices are resolved; warns
+// when the split has nothing to split (no GPU is visible: the replicas go on the CPU).
+void ConfigureLogicalGpus(const StrategySpec& spec);
+
+// default, one_device, mirrored or central_storage, on the logical GPUs of
+// ConfigureLogicalGpus(spec); the cluster strategies (parameter_server,
+// multi_worker_mirrored) are refused with how to run them.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec);
 
 // Reads the job's IDX files into unbatched (image, label) datasets.
