@@ -52,6 +52,9 @@ ClusterCoordinator::~ClusterCoordinator() {
     absl::MutexLock lock(&mutex_);
     CancelQueued(absl::CancelledError("the coordinator shut down before the closure ran"));
   }
+  // A closure still running (after Drain timed out, say) is on a stuck worker: without this
+  // the join would wait for its RPC deadline (30 s), past a pod's grace period.
+  for (const std::unique_ptr<WorkerExecutor>& worker : workers_) worker->Cancel();
   for (std::thread& thread : threads_) thread.join();
 }
 
@@ -223,8 +226,9 @@ absl::Status ClusterCoordinator::Drain(absl::Duration timeout) {
   auto idle = [this]()
                   ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
   if (!mutex_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(in_flight_, " closures were still in flight ",
-                                                    absl::FormatDuration(timeout), " later"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(in_flight_, in_flight_ == 1 ? " closure was" : " closures were",
+                     " still in flight ", absl::FormatDuration(timeout), " later"));
   }
   return absl::OkStatus();
 }

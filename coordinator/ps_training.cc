@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -65,8 +66,20 @@ class GrpcWorkerExecutor : public WorkerExecutor {
     for (const Tensor& arg : closure.args) TensorToProto(arg, request.add_args());
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    {
+      absl::MutexLock lock(&mutex_);
+      if (cancelled_) return absl::CancelledError("the coordinator is shutting down");
+      in_flight_.insert(&context);
+    }
     proto::RunClosureResponse response;
     absl::Status status = FromGrpcStatus(stub_->RunClosure(&context, request, &response), name());
+    {
+      absl::MutexLock lock(&mutex_);
+      in_flight_.erase(&context);
+      if (cancelled_ && !status.ok()) {
+        return absl::CancelledError("the coordinator shut down before the closure ended");
+      }
+    }
     if (!status.ok()) return Classify(status, *generation);
     ClosureOutputs outputs;
     for (const proto::TensorProto& output : response.outputs()) {
@@ -75,6 +88,12 @@ class GrpcWorkerExecutor : public WorkerExecutor {
       outputs.push_back(*std::move(tensor));
     }
     return outputs;
+  }
+
+  void Cancel() override {
+    absl::MutexLock lock(&mutex_);
+    cancelled_ = true;
+    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
   }
 
   absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override {
@@ -135,6 +154,9 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::Mutex setup_mutex_;
   bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
+  absl::Mutex mutex_;
+  bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mutex_);
 };
 
 // This coordinator as the parameter servers name it when they refuse another one.

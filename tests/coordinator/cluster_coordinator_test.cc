@@ -24,6 +24,12 @@ class FakeWorker : public WorkerExecutor {
     absl::SleepFor(delay_);
     {
       absl::MutexLock lock(&mutex_);
+      if (hang_next_) {
+        hang_next_ = false;
+        auto cancelled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return cancelled_; };
+        mutex_.AwaitWithTimeout(absl::Condition(&cancelled), absl::Seconds(20));
+        return absl::CancelledError(name_ + ": the closure was cancelled");
+      }
       if (down_) return absl::UnavailableError(name_ + " is down");
       if (fail_next_unavailable_ > 0) {
         --fail_next_unavailable_;
@@ -49,6 +55,17 @@ class FakeWorker : public WorkerExecutor {
     return absl::CancelledError("stopping");
   }
 
+  void Cancel() override {
+    absl::MutexLock lock(&mutex_);
+    cancelled_ = true;
+  }
+
+  // The next closure hangs, as on a worker blocked by a frozen PS, until Cancel (or 20 s).
+  void HangOnNextCall() {
+    absl::MutexLock lock(&mutex_);
+    hang_next_ = true;
+  }
+
   void Restart() {
     absl::MutexLock lock(&mutex_);
     down_ = false;
@@ -68,6 +85,8 @@ class FakeWorker : public WorkerExecutor {
   std::string name_;
   absl::Mutex mutex_;
   bool down_ = false;
+  bool hang_next_ = false;
+  bool cancelled_ = false;
   int fail_next_unavailable_ = 0;
   int executed_ = 0;
 };
@@ -260,6 +279,22 @@ TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedO
   EXPECT_EQ(f.fakes[0]->executed(), 1);
   // Nothing was raised to the program.
   EXPECT_TRUE(f.coordinator->Join(absl::Seconds(1)).ok());
+}
+
+// A closure stuck on a worker (blocked by a frozen PS until its 30 s RPC deadline) does not
+// hold the coordinator's exit after a SIGTERM: Drain gives up after its timeout, and the
+// shutdown cancels the closure instead of waiting for it (it used to wait 20 s more, past
+// Kubernetes' 30 s grace period).
+TEST(ClusterCoordinatorTest, ShuttingDownCancelsAClosureStuckOnAWorker) {
+  Fixture f(1);
+  f.fakes[0]->HangOnNextCall();
+  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  while (f.fakes[0]->started_ == 0) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(f.coordinator->Drain(absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const absl::Time start = absl::Now();
+  f.coordinator.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 TEST(ClusterCoordinatorTest, JoinHasADeadlineThatSaysWhatIsPending) {

@@ -77,6 +77,9 @@ class WorkerExecutor {
   // Blocks until the worker answers again (rebuilding what it lost), or `stop` is set.
   // OK when it is back.
   virtual absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) = 0;
+  // Ends the closures running on this worker now (Execute returns CANCELLED) and refuses
+  // new ones: the coordinator is shutting down and will not wait for a stuck worker.
+  virtual void Cancel() {}
 };
 
 struct ClusterCoordinatorOptions {
