@@ -1,6 +1,7 @@
 #include "stratum/coordinator/checkpoint_manager.h"
 
 #include <future>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -30,6 +31,21 @@ nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
 
 }  // namespace
 
+absl::Status CheckpointManager::CheckHoldsItsShards(int task, int64_t step,
+                                                    const proto::SaveResponse& saved) const {
+  std::set<std::string> held;
+  for (const proto::VariableStatus& variable : saved.variables()) held.insert(variable.name());
+  for (const ShardSpec& shard : variables_.shards()) {
+    if (shard.ps_task != task || held.contains(shard.name)) continue;
+    PsClient& client = variables_.client(task);
+    return absl::FailedPreconditionError(
+        absl::StrCat("a parameter server is unavailable: ", kPsLostItsVariables, ": ",
+                     client.task(), " at ", client.address(), " saved no \"", shard.name,
+                     "\" for the checkpoint at step ", step, ", which is not committed"));
+  }
+  return absl::OkStatus();
+}
+
 CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables)
     : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
 
@@ -48,6 +64,7 @@ absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progres
   for (int task = 0; task < variables_.num_ps(); ++task) {
     absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
     if (!saved.ok()) return saved.status();
+    STRATUM_RETURN_IF_ERROR(CheckHoldsItsShards(task, step, *saved));
     if (saved->stopping()) stopping.push_back(variables_.client(task).task());
     save_ids.push_back(saved->save_id());
     nlohmann::json held = nlohmann::json::array();

@@ -6,6 +6,10 @@
 // a crash at any moment leaves the previous checkpoint whole and named. Older checkpoints
 // beyond max_to_keep are deleted after the new one is complete.
 //
+// A save commits only when every PS's file holds all the shards placed on it: a PS that
+// restarted since the variables were created on it (and that no push has met since) saves
+// an empty store, and restoring that would quietly start its shards afresh.
+//
 // Restore checks the manifest against the job's current variable placement and every
 // file's checksum, and says what does not match. Not thread-safe.
 #pragma once
@@ -26,7 +30,9 @@ class CheckpointManager {
   CheckpointManager(std::string dir, int max_to_keep, ShardedVariables& variables);
 
   // `progress` (the coordinator's record of the epochs, any JSON) is kept in the manifest
-  // and given back by restored_progress() after a restore.
+  // and given back by restored_progress() after a restore. FAILED_PRECONDITION "a parameter
+  // server is unavailable: <kPsLostItsVariables>: ..." when a PS lacks shards placed on it
+  // (nothing is committed); a PS's own errors as they come.
   absl::Status Save(int64_t step, const nlohmann::json& progress = nullptr);
   // The PS tasks ("ps:1") that were stopping (they got a signal) when the last Save wrote
   // their files: they go now, their state saved.
@@ -42,6 +48,9 @@ class CheckpointManager {
   absl::StatusOr<std::optional<std::string>> Latest() const;
 
  private:
+  // FAILED_PRECONDITION (see Save) when PS `task`'s save lacks a shard placed on it.
+  absl::Status CheckHoldsItsShards(int task, int64_t step, const proto::SaveResponse& saved) const;
+
   std::string dir_;
   int max_to_keep_;
   ShardedVariables& variables_;
