@@ -1,5 +1,6 @@
 #include "stratum/ps/ps_client.h"
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <unistd.h>
 
@@ -12,10 +13,6 @@
 
 namespace stratum {
 namespace {
-
-void Prepare(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
 
 // This process, as the coordinator that creates and watches variables.
 void SetCoordinator(const PsClientOptions& options, proto::CoordinatorId* id) {
@@ -59,9 +56,21 @@ PsClient::PsClient(std::string task, std::string address, PsClientOptions option
     : task_(std::move(task)),
       address_(std::move(address)),
       options_(options),
-      stub_(proto::ParameterServer::NewStub(MakeChannel(address_, options_.channel))) {}
+      channel_(MakeChannel(address_, options_.channel)),
+      stub_(proto::ParameterServer::NewStub(channel_)) {}
 
 std::string PsClient::Peer() const { return absl::StrCat(task_, " at ", address_); }
+
+void PsClient::PrepareCall(grpc::ClientContext& context, absl::Duration timeout) {
+  const absl::Time now = absl::Now();
+  context.set_deadline(absl::ToChronoTime(now + timeout));
+  // Idle or connecting channels are fine: the call itself waits for the connection.
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_TRANSIENT_FAILURE) return;
+  // The back-off ends now and the connection is tried again. A PS still down costs the
+  // whole wait: gRPC stays in TRANSIENT_FAILURE through failed retries, it cannot tell.
+  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+  channel_->WaitForConnected(absl::ToChronoTime(now + std::min(kReconnectWait, timeout / 2)));
+}
 
 absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<NamedValue>& initial,
                                                             const nlohmann::json& optimizer,
@@ -77,7 +86,7 @@ absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<Na
     def->set_optimizer_json(optimizer_json);
   }
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::CreateVariablesResponse response;
   if (absl::Status status =
           FromGrpcStatus(stub_->CreateVariables(&context, request, &response), Peer());
@@ -98,7 +107,7 @@ std::shared_ptr<PsDataClient> PsClient::DataClient() {
   absl::MutexLock lock(&data_mutex_);
   if (data_asked_ || absl::Now() < data_retry_after_) return data_;
   grpc::ClientContext context;
-  Prepare(context, std::min(options_.timeout, absl::Seconds(10)));
+  PrepareCall(context, std::min(options_.timeout, absl::Seconds(10)));
   proto::DataPathResponse response;
   const grpc::Status status = stub_->DataPath(&context, proto::DataPathRequest(), &response);
   // UNIMPLEMENTED: a PS without a data path. Anything else: ask again next time.
@@ -141,7 +150,7 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
   proto::PullRequest request;
   for (const std::string& name : names) request.add_names(name);
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::PullResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Pull(&context, request, &response), Peer());
       !status.ok()) {
@@ -180,7 +189,7 @@ absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vecto
   }
   request.set_pull_after(pulled != nullptr);
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::PushResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Push(&context, request, &response), Peer());
       !status.ok()) {
@@ -202,14 +211,14 @@ absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
     TensorToProto(value.value, message->mutable_tensor());
   }
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::AssignResponse response;
   return FromGrpcStatus(stub_->Assign(&context, request, &response), Peer());
 }
 
 absl::StatusOr<proto::ListVariablesResponse> PsClient::ListVariables() {
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::ListVariablesResponse response;
   if (absl::Status status = FromGrpcStatus(
           stub_->ListVariables(&context, proto::ListVariablesRequest(), &response), Peer());
@@ -223,7 +232,7 @@ absl::StatusOr<proto::SaveResponse> PsClient::Save(const std::string& path) {
   proto::SaveRequest request;
   request.set_path(path);
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::SaveResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Save(&context, request, &response), Peer());
       !status.ok()) {
@@ -238,7 +247,7 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   request.set_crc32(crc32);
   SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
-  Prepare(context, options_.timeout);
+  PrepareCall(context, options_.timeout);
   proto::RestoreResponse response;
   return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
 }
@@ -253,7 +262,7 @@ absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, boo
   SetCoordinator(options_, request.mutable_coordinator());
   grpc::ClientContext context;
   // A claim may wait out the lease of a holder that just died (about 6 s).
-  Prepare(context, claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1)));
+  PrepareCall(context, claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1)));
   proto::WatchResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Watch(&context, request, &response), Peer());
       !status.ok()) {

@@ -1,8 +1,11 @@
 // PsClient: one parameter-server task as a worker or the coordinator sees it. Every call
 // has a deadline (PsClientOptions::timeout) and its errors name the task ("ps:1 at
-// host:port: ..."), so a PS that died is reported, not waited for. Pushes and pulls go
-// over the PS's raw data path (data_path.h) when it offers one, else over gRPC.
-// Thread-safe (gRPC stubs and the data path's client are).
+// host:port: ..."), so a PS that died is reported, not waited for. A PS that is back is
+// reached by the next call: one made while the channel's connection is failed retries it
+// at once and waits for it a little (up to kReconnectWait, at most half the call's
+// deadline), instead of failing on gRPC's remembered error until its back-off ends. Pushes
+// and pulls go over the PS's raw data path (data_path.h) when it offers one, else over
+// gRPC. Thread-safe (gRPC channels, stubs and the data path's client are).
 #pragma once
 
 #include <memory>
@@ -50,6 +53,10 @@ absl::Status PsFailure(const absl::Status& status);
 inline constexpr char kPsLostItsVariables[] =
     "it has lost the job's variables (it restarted since they were created)";
 
+// How long a call waits for a failed connection to a PS to be made again: a PS on
+// another host answers a new connection within a few round trips.
+inline constexpr absl::Duration kReconnectWait = absl::Seconds(1);
+
 class PsClient {
  public:
   // `task` names the PS in errors ("ps:0").
@@ -84,6 +91,9 @@ class PsClient {
 
  private:
   std::string Peer() const;
+  // Sets the call's deadline, `timeout` from now; while the channel's connection is failed,
+  // first makes it again and waits for it (see the file comment).
+  void PrepareCall(grpc::ClientContext& context, absl::Duration timeout);
   // The PS's data path, asked for on first use; null: use gRPC.
   std::shared_ptr<PsDataClient> DataClient();
   // After a data call that got no answer: ask the PS again for its data path, next time
@@ -94,6 +104,7 @@ class PsClient {
   std::string task_;
   std::string address_;
   PsClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
   mutable absl::Mutex data_mutex_;
   bool data_asked_ ABSL_GUARDED_BY(data_mutex_) = false;
