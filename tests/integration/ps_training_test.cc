@@ -40,16 +40,17 @@ std::string WriteJob(int epochs, int steps_per_epoch, const std::string& name,
 }
 
 // A chief training the job file `job` of `epochs` epochs (with `chief_args` besides
-// --job) on `workers` workers and 2 PS, once its first epoch is done; null, with the
-// failure added, otherwise.
+// --job) on `workers` workers and 2 PS (with `ps_args`), once its first epoch is done;
+// null, with the failure added, otherwise.
 std::unique_ptr<LocalCluster> PsJobPastItsFirstEpoch(const std::string& job, int epochs,
                                                      std::vector<std::string> chief_args = {},
-                                                     int workers = 2) {
+                                                     int workers = 2,
+                                                     std::vector<std::string> ps_args = {}) {
   chief_args.insert(chief_args.begin(), "--job=" + job);
   auto cluster = LocalCluster::Start({.num_workers = workers,
                                       .num_ps = 2,
                                       .chief = true,
-                                      .args_by_type = {{"chief", chief_args}},
+                                      .args_by_type = {{"chief", chief_args}, {"ps", ps_args}},
                                       .forward_output = false});
   if (!cluster.ok()) {
     ADD_FAILURE() << cluster.status();
@@ -322,7 +323,7 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
                                         {"--summary_json=" + summary});
   ASSERT_NE(cluster, nullptr);
   ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
-  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
   ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
@@ -332,9 +333,38 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
                                 cluster->Address({"ps", 1})));
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  // The workers reach the re-seeded PS at once: no closure fails on the old connection's
+  // error, which the chief took for a PS failure in which none had restarted.
+  EXPECT_THAT(output, Not(HasSubstr("none restarted")));
   EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   // An epoch trained again after the rollback is reported once, whole.
   ExpectThreeWholeEpochs(summary, output);
+  RemoveFolder(checkpoints);
+}
+
+// Workers whose pushes to a PS failed while it was down (over gRPC: a PS without the data
+// path, as with TLS) reach it as soon as it is back. They used to fail their first closures
+// after the re-seed on gRPC's remembered "Connection refused" (its reconnect back-off), and
+// the chief, finding every PS the process it had just re-seeded, said that none had
+// restarted, again and again.
+TEST(PsTrainingTest, WorkersThatFailedOnADownPsReachItAtOnceWhenItIsBack) {
+  const std::string checkpoints = TempPath("ckpt_ps_grpc_back");
+  RemoveFolder(checkpoints);
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_grpc_back_job", checkpoints, 50), 3,
+                                        {}, 2, {"--data_path=false"});
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
+      << cluster->Output({"chief", 0});
+  absl::SleepFor(absl::Seconds(3));  // the back-off grows to its longest while the PS is down
+  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = cluster->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
+  EXPECT_THAT(output, Not(HasSubstr("none restarted")));
+  EXPECT_THAT(output, HasSubstr("Epoch 3/3"));
   RemoveFolder(checkpoints);
 }
 
@@ -345,7 +375,7 @@ TEST(PsTrainingTest, AnEpochTrainedAgainAfterARollbackSaysSo) {
   auto cluster = LongJobPastItsFirstEpoch("ps_again_job", checkpoints);
   ASSERT_NE(cluster, nullptr);
   ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
-  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
   ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
   // No checkpoint yet (every_steps is past the end): training starts again from step 0.
@@ -424,7 +454,7 @@ TEST(PsTrainingTest, APsThatFailsWhileAnotherIsReseededIsWaitedForToo) {
       PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_twice_job", checkpoints, 50), 3, {}, 1);
   ASSERT_NE(cluster, nullptr);
   ASSERT_TRUE(cluster->Kill({"ps", 0}).ok());
-  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "waiting up to", absl::Seconds(30)))
+  ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
   // ps:0 answers again, and ps:1 dies as the coordinator re-seeds them (or just before).
   ASSERT_TRUE(cluster->Restart({"ps", 0}).ok());
