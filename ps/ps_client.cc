@@ -47,7 +47,12 @@ absl::Status PsFailure(const absl::Status& status) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
   }
-  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
+  // A PS that shuts down (SIGTERM) cancels the calls it is serving: no caller of PsClient
+  // cancels its own calls, so CANCELLED is the PS going away.
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status) &&
+      !absl::IsCancelled(status)) {
+    return status;
+  }
   return absl::FailedPreconditionError(
       absl::StrCat("a parameter server is unavailable: ", status.message()));
 }

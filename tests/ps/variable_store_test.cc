@@ -46,6 +46,15 @@ TEST(VariableStoreTest, AMissingVariableIsAPsFailureForItsCaller) {
   EXPECT_EQ(PsFailure(bad), bad);
 }
 
+// A PS that shuts down (it got SIGTERM) cancels the calls it is serving: the caller sees
+// CANCELLED, which is the PS going away, not the job's error (QA: a periodic save in flight
+// as a SIGTERMed PS went failed the job with "ps:1 at ...: CANCELLED" instead of recovering).
+TEST(VariableStoreTest, ACallThatAStoppingPsCancelledIsAPsFailure) {
+  const absl::Status failure = PsFailure(absl::CancelledError("ps:1 at 127.0.0.1:1: Cancelled"));
+  EXPECT_EQ(failure.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(failure), HasSubstr("a parameter server is unavailable: ps:1 at"));
+}
+
 TEST(VariableStoreTest, ReadIntoCopiesWhereTheCallerSays) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4}), kSgd));

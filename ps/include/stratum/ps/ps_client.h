@@ -43,13 +43,14 @@ struct NamedValue {
   Tensor value;
 };
 
-// A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED), or that
-// lacks a variable the job created on it (it restarted between two calls), is the job's
-// problem, not the caller's: FAILED_PRECONDITION "a parameter server is unavailable: ...",
-// which the coordinator answers by waiting for it and re-seeding it from the last
-// checkpoint (a worker must not retry such a closure elsewhere). Other errors unchanged.
+// A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED), that shut
+// down during the call (CANCELLED), or that lacks a variable the job created on it (it
+// restarted between two calls), is the job's problem, not the caller's:
+// FAILED_PRECONDITION "a parameter server is unavailable: ...", which the coordinator
+// answers by waiting for it and re-seeding it from the last checkpoint (a worker must not
+// retry such a closure elsewhere). Other errors unchanged.
 absl::Status PsFailure(const absl::Status& status);
-// How PsFailure words the second case.
+// How PsFailure words the last case.
 inline constexpr char kPsLostItsVariables[] =
     "it has lost the job's variables (it restarted since they were created)";
 
