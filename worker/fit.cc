@@ -750,7 +750,7 @@ nlohmann::json FitSummary::ToJson() const {
   return {{"test_accuracy", tested ? nlohmann::json(test_accuracy) : nlohmann::json()},
           {"test_loss", tested ? nlohmann::json(test_loss) : nlohmann::json()},
           {"steps", steps},
-          {"examples_per_sec", examples_per_sec},
+          {"examples_per_sec", examples_per_sec > 0 ? nlohmann::json(examples_per_sec) : nullptr},
           {"wall_s", wall_s},
           {"strategy", strategy},
           {"num_replicas_in_sync", num_replicas_in_sync},
@@ -763,10 +763,12 @@ nlohmann::json FitSummary::ToJson() const {
 
 std::string FitSummary::ResultLine() const {
   return absl::StrFormat(
-      "%s, %.0f examples/s, %.1f s",
+      "%s, %s, %.1f s",
       tested ? absl::StrFormat("test accuracy %.4f, test loss %.4f", test_accuracy, test_loss)
              : "no test accuracy (the job has no data.test)",
-      examples_per_sec, wall_s);
+      examples_per_sec > 0 ? absl::StrFormat("%.0f examples/s", examples_per_sec)
+                           : "nothing left to train",
+      wall_s);
 }
 
 }  // namespace stratum

@@ -286,6 +286,9 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   const nlohmann::json final_summary = nlohmann::json::parse(final_file, nullptr, false);
   ASSERT_TRUE(final_summary.is_object());
   EXPECT_GT(final_summary["test_accuracy"].get<double>(), 0.5);
+  // It trained nothing, so it has no speed (its summary said 0.0).
+  EXPECT_TRUE(final_summary["examples_per_sec"].is_null()) << final_summary;
+  EXPECT_THAT(again, HasSubstr(", nothing left to train, "));
   // The final checkpoint is complete, readable, and only max_to_keep are kept.
   std::ifstream pointer(checkpoints + "/checkpoint");
   const nlohmann::json latest = nlohmann::json::parse(pointer);

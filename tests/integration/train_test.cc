@@ -273,6 +273,9 @@ TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   EXPECT_EQ(done.exit.exit_code, 0) << done.output;
   EXPECT_THAT(done.output, HasSubstr("the checkpoint at step 150 in " + checkpoints +
                                      " already completes this job's 3 epochs"));
+  // A run that trained nothing has no speed to report (it said "0 examples/s").
+  EXPECT_THAT(done.output, HasSubstr(", nothing left to train, "));
+  EXPECT_THAT(done.output, ::testing::Not(HasSubstr(" examples/s")));
   std::filesystem::remove_all(checkpoints);
 }
 

@@ -84,7 +84,9 @@ struct FitSummary {
   double test_accuracy = 0;
   bool tested = false;  // test_loss and test_accuracy were measured (the job has a test set)
   int64_t steps = 0;
-  double examples_per_sec = 0;  // training examples over training time (validation excluded)
+  // Training examples over training time (validation excluded); 0 when this run trained
+  // nothing (its checkpoint completed the job), which the summary writes as null.
+  double examples_per_sec = 0;
   double wall_s = 0;
   std::string strategy;
   int num_replicas_in_sync = 1;
@@ -96,8 +98,8 @@ struct FitSummary {
   std::vector<Tensor> variables;
 
   // DESIGN.md's summary: test_accuracy, test_loss (null without a test set), steps,
-  // examples_per_sec, wall_s, strategy, num_replicas_in_sync, num_workers, num_ps, and the
-  // per-epoch history.
+  // examples_per_sec (null when nothing was trained), wall_s, strategy, num_replicas_in_sync,
+  // num_workers, num_ps, and the per-epoch history.
   nlohmann::json ToJson() const;
   // The line a training binary ends with: "test accuracy 0.8826, test loss 0.3297, 80714
   // examples/s, 9.2 s".
