@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
+#include "stratum/util/counted.h"
 
 namespace stratum {
 namespace {
@@ -227,8 +228,8 @@ absl::Status ClusterCoordinator::Drain(absl::Duration timeout) {
                   ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
   if (!mutex_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
     return absl::DeadlineExceededError(
-        absl::StrCat(in_flight_, in_flight_ == 1 ? " closure was" : " closures were",
-                     " still in flight ", absl::FormatDuration(timeout), " later"));
+        absl::StrCat(Counted(in_flight_, "closure was", "closures were"), " still in flight ",
+                     absl::FormatDuration(timeout), " later"));
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include "stratum/net/status.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/counted.h"
 #include "stratum/util/json_text.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
@@ -599,11 +600,11 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
                                                           log.val_loss, log.val_accuracy)
                                         : "";
       std::fprintf(options.out,
-                   "Epoch %d/%d%s - %lld steps on %d workers - loss %.4f - accuracy %.4f%s - "
+                   "Epoch %d/%d%s - %lld steps on %s - loss %.4f - accuracy %.4f%s - "
                    "%.0f examples/s - %.2fs\n",
                    epoch, job.fit.epochs, again.c_str(), static_cast<long long>(log.steps),
-                   num_workers, log.loss, log.accuracy, validated.c_str(), log.examples_per_sec,
-                   log.seconds);
+                   Counted(num_workers, "worker", "workers").c_str(), log.loss, log.accuracy,
+                   validated.c_str(), log.examples_per_sec, log.seconds);
       std::fflush(options.out);
     }
     return absl::OkStatus();
@@ -746,8 +747,8 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
   summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);
   summary.wall_s = Now() - start;
   if (coordinator.retried_closures() > 0) {
-    spdlog::info("{} closures were retried on other workers after a worker failed",
-                 coordinator.retried_closures());
+    spdlog::info("{} retried on other workers after a worker failed",
+                 Counted(coordinator.retried_closures(), "closure was", "closures were"));
   }
   return summary;
 }

@@ -14,6 +14,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/util/counted.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/tcp_transport.h"
 #include "stratum/worker/coordination_client.h"
@@ -212,8 +213,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   STRATUM_ASSIGN_OR_RETURN(
       std::unique_ptr<MultiWorkerMirroredStrategy> strategy,
       MultiWorkerMirroredStrategy::Create(local, std::move(collectives), &rendezvous));
-  spdlog::info("rank {} of {} workers in sync, {} local replica(s), global batch {}", rank,
-               tasks.size(), strategy->NumLocalReplicas(),
+  spdlog::info("rank {} of {} in sync, {} local replica(s), global batch {}", rank,
+               Counted(static_cast<int64_t>(tasks.size()), "worker", "workers"),
+               strategy->NumLocalReplicas(),
                fit.batch_size_per_replica * strategy->NumReplicasInSync());
   auto scope = strategy->Scope();
   if (options.training_started) options.training_started();

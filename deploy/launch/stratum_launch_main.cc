@@ -14,6 +14,7 @@
 #include "stratum/job/job_spec.h"
 #include "stratum/launch/launch_plan.h"
 #include "stratum/launch/task_processes.h"
+#include "stratum/util/counted.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/util/logging.h"
@@ -216,8 +217,8 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       const auto& [failed, exit] = *job_failure;
       if (job_restarts == max_restarts) {
         Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
-                         "; the job is not started again (it failed ", max_restarts + 1,
-                         " times): stopping the others"));
+                         "; the job is not started again (it failed ",
+                         Counted(max_restarts + 1, "time", "times"), "): stopping the others"));
         stop_all();
         return exit.ShellCode();
       }
@@ -260,9 +261,9 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
                             what);
       }
       if (!restart && (server || !exit.success()) && !trains(i) && max_restarts > 0) {
-        what = exit.exit_code == 2
-                   ? "; not started again: it would fail the same way"
-                   : absl::StrCat("; not started again: it failed ", max_restarts + 1, " times");
+        what = exit.exit_code == 2 ? "; not started again: it would fail the same way"
+                                   : absl::StrCat("; not started again: it failed ",
+                                                  Counted(max_restarts + 1, "time", "times"));
       }
       Say(absl::StrCat(who(i), finished ? " finished: it " : " stopped unexpectedly: it ",
                        exit.ToString(), what));

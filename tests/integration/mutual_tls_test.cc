@@ -294,7 +294,7 @@ TEST_F(TlsTest, TrainsAPsJobOverTls) {
   absl::StatusOr<std::string> out = cluster.RunChief({"--job=" + job_path});
   fs::remove(job_path);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_THAT(out.value(), HasSubstr("Epoch 1/1 - 20 steps on 1 workers"));
+  EXPECT_THAT(out.value(), HasSubstr("Epoch 1/1 - 20 steps on 1 worker - "));
 }
 
 }  // namespace
