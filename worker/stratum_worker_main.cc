@@ -27,9 +27,10 @@ ABSL_FLAG(std::string, summary_json, "",
           "MultiWorkerMirrored: the chief writes the training summary (JSON) to this path");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "MultiWorkerMirrored: how long to wait for the leader and every peer to join");
-ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(25),
           "MultiWorkerMirrored: after SIGTERM, how long the workers get to stop at a step they "
-          "agree on and save the job's state there before this one exits anyway");
+          "agree on and save the job's state there before this one exits anyway (under the "
+          "30 s Kubernetes and stratum-launch give before SIGKILL)");
 ABSL_FLAG(absl::Duration, eval_interval, absl::Seconds(2),
           "With --evaluator: how often to look for a new checkpoint");
 

@@ -30,8 +30,10 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Folder with the Stratum binaries; default: the folder of stratum-launch");
 ABSL_FLAG(bool, dry_run, false,
           "Print each task's TF_CONFIG and command line instead of starting them");
-ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
-          "How long children get to exit after SIGTERM before SIGKILL");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
+          "How long children get to exit after SIGTERM before SIGKILL: Kubernetes' default, "
+          "longer than every task's own stop deadline, so that the training program saves the "
+          "job's state (a second Ctrl-C stops everything at once)");
 ABSL_FLAG(std::string, log_level, "info", "Log level handed to every task");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "Handed to the chief: how long it waits for every task to answer");
