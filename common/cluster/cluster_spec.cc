@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <charconv>
+#include <string>
+
+#include <arpa/inet.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace stratum {
@@ -66,6 +70,50 @@ bool IsValidTaskType(absl::string_view type) { return JobRank(type) < ValidTaskT
 
 std::string TaskKey::ToString() const { return absl::StrCat(type, ":", index); }
 
+namespace {
+
+// Why `host` (not bracketed) is no IPv4 address and no host name (RFC 1123: dot-separated
+// parts of letters, digits and '-'; '_' too, as Docker Compose names have), or "".
+std::string HostNameProblem(absl::string_view host) {
+  if (!std::all_of(host.begin(), host.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ||
+               c == '_';
+      })) {
+    return "its host has a character a host name cannot have";
+  }
+  const std::string quoted = absl::StrCat("its host \"", host, "\"");
+  // All digits and dots: an IPv4 address or nothing (a name's last part is never a number).
+  if (host.find_first_not_of("0123456789.") == absl::string_view::npos) {
+    in_addr ipv4;
+    if (inet_pton(AF_INET, std::string(host).c_str(), &ipv4) == 1) return "";
+    return absl::StrCat(quoted,
+                        " is not an IPv4 address (four numbers from 0 to 255, like 10.0.0.1), "
+                        "and a host name has a letter in its last part");
+  }
+  if (host.size() > 254 || (host.size() == 254 && host.back() != '.')) {
+    return absl::StrCat(quoted, " is longer than 253 characters");
+  }
+  if (host.back() == '.') host.remove_suffix(1);  // fully qualified
+  for (absl::string_view part : absl::StrSplit(host, '.')) {
+    if (part.empty()) return absl::StrCat(quoted, " has an empty part between dots");
+    if (part.size() > 63) return absl::StrCat(quoted, " has a part longer than 63 characters");
+    if (part.front() == '-' || part.back() == '-') {
+      return absl::StrCat(quoted, " has a part that starts or ends with '-'");
+    }
+  }
+  return "";
+}
+
+// The port of a valid address as a number ("029001" is port 29001).
+int PortOf(absl::string_view address) {
+  int port = 0;
+  absl::string_view text = address.substr(address.rfind(':') + 1);
+  std::from_chars(text.data(), text.data() + text.size(), port);
+  return port;
+}
+
+}  // namespace
+
 absl::Status ValidateAddress(absl::string_view address) {
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos) {
@@ -78,8 +126,13 @@ absl::Status ValidateAddress(absl::string_view address) {
     if (host.size() < 3 || host.back() != ']') {
       return absl::InvalidArgumentError("its IPv6 host is not closed by ']'");
     }
-  } else if (host.find_first_of(":[]/ \t@") != absl::string_view::npos) {
-    return absl::InvalidArgumentError("its host has a character a host name cannot have");
+    in6_addr ipv6;
+    if (inet_pton(AF_INET6, std::string(host.substr(1, host.size() - 2)).c_str(), &ipv6) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("its host \"", host, "\" is not an IPv6 address"));
+    }
+  } else if (std::string problem = HostNameProblem(host); !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
   }
   int port = 0;
   auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
@@ -215,7 +268,7 @@ std::string SocketOf(absl::string_view address) {
   const bool loopback = host == "localhost" || host == "127.0.0.1" || host == "[::1]" ||
                         host == "localhost.localdomain" || host == "ip6-localhost";
   return absl::StrCat(loopback ? "this machine's loopback" : absl::StrCat("host ", host), ", port ",
-                      address.substr(colon + 1));
+                      PortOf(address));
 }
 
 }  // namespace

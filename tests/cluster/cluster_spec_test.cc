@@ -120,8 +120,36 @@ TEST(ClusterSpecValidationTest, RejectsBadAddresses) {
 
 TEST(ClusterSpecValidationTest, AcceptsIpv6AndNames) {
   EXPECT_TRUE(ValidateAddress("[::1]:2222").ok());
+  EXPECT_TRUE(ValidateAddress("[fe80::1:2]:2222").ok());
   EXPECT_TRUE(ValidateAddress("worker-0.worker.default.svc:2222").ok());
+  EXPECT_TRUE(ValidateAddress("worker-0.worker.default.svc.:2222").ok());  // fully qualified
+  EXPECT_TRUE(ValidateAddress("trainer_worker_1:2222").ok());              // Docker Compose names
   EXPECT_TRUE(ValidateAddress("10.0.0.1:65535").ok());
+}
+
+// What resolves as nothing, or as something else, is refused before any task waits on it
+// (QA: "999.1.1.1:2222" was taken for a host name, and a worker looked it up until its
+// cluster timeout).
+TEST(ClusterSpecValidationTest, RejectsHostsThatAreNeitherAnIpNorAName) {
+  EXPECT_EQ(ErrorOf(R"({"worker": ["999.1.1.1:2222"]})"),
+            "TF_CONFIG cluster address \"999.1.1.1:2222\" of worker:0 is not valid because its "
+            "host \"999.1.1.1\" is not an IPv4 address (four numbers from 0 to 255, like "
+            "10.0.0.1), and a host name has a letter in its last part: write it as host:port, "
+            "for example \"localhost:2222\"");
+  EXPECT_THAT(ErrorOf(R"({"worker": ["10.0.1:2222"]})"), HasSubstr("not an IPv4 address"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["[::g]:2222"]})"),
+              HasSubstr("its host \"[::g]\" is not an IPv6 address"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["-worker:2222"]})"),
+              HasSubstr("its host \"-worker\" has a part that starts or ends with '-'"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["worker..ps:2222"]})"),
+              HasSubstr("its host \"worker..ps\" has an empty part between dots"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["w\u00e9:2222"]})"),
+              HasSubstr("its host has a character a host name cannot have"));
+  EXPECT_THAT(ErrorOf(R"({"worker": ["w!:2222"]})"),
+              HasSubstr("its host has a character a host name cannot have"));
+  const std::string long_label(64, 'a');
+  EXPECT_THAT(std::string(ValidateAddress(long_label + ":2222").message()),
+              HasSubstr("longer than 63 characters"));
 }
 
 TEST(ClusterSpecValidationTest, RejectsSharedAddress) {
@@ -140,6 +168,9 @@ TEST(ClusterSpecValidationTest, RejectsOneSocketSpelledTwoWays) {
               HasSubstr("one socket"));
   EXPECT_THAT(ErrorOf(R"({"worker": ["Host-A:7000"], "ps": ["host-a:7000"]})"),
               HasSubstr("are one socket (host host-a, port 7000)"));
+  // A port is a number, however it is written (QA: "029001" passed as another socket).
+  EXPECT_THAT(ErrorOf(R"({"worker": ["127.0.0.1:29001", "127.0.0.1:029001"]})"),
+              HasSubstr("are one socket (this machine's loopback, port 29001)"));
   // Other loopback addresses, other hosts and other ports are other sockets.
   EXPECT_TRUE(
       ClusterSpec::FromJson(
