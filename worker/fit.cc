@@ -195,8 +195,8 @@ absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoc
   return status;
 }
 
+// Said whatever the progress style: where training starts is not progress.
 void SayResumed(const FitOptions& options, const FitState& state) {
-  if (options.progress == ProgressStyle::kNone) return;
   if (state.epoch >= options.epochs) {
     std::fprintf(options.out,
                  "the checkpoint at step %lld in %s already completes this job's %d epochs: its "

@@ -13,13 +13,18 @@
 #include "stratum/model/optimizer.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
+#include "stratum/util/logging.h"
 #include "stratum/util/shutdown.h"
 #include "stratum/worker/training_job.h"
 
 ABSL_FLAG(std::string, job, "", "The job file (JSON), e.g. examples/fashion_mnist.json");
 ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
 ABSL_FLAG(int, epochs, 0, "Override the job's fit.epochs");
-ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal), bar, lines or none");
+ABSL_FLAG(std::string, progress, "auto",
+          "auto (a bar on a terminal), bar, lines or none (no epoch lines; what happens, such "
+          "as a resume, is still said)");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error or off: log lines go to stderr, the results to stdout");
 ABSL_FLAG(int, logical_gpus_per_gpu, 0,
           "Split each GPU into N logical GPUs (overrides the job's "
           "strategy.logical_gpus_per_gpu; 0: the job's)");
@@ -34,6 +39,10 @@ int Fail(const absl::Status& status) {
 
 int Run(const ShutdownWatcher& shutdown) {
   StopDeadline deadline(shutdown, absl::Seconds(30));  // a signal before training exits at once
+  if (absl::Status logging = InitLogging("stratum-train", absl::GetFlag(FLAGS_log_level));
+      !logging.ok()) {
+    return Fail(logging);
+  }
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) {
     return Fail(absl::InvalidArgumentError(

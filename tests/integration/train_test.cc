@@ -303,6 +303,34 @@ TEST(StratumTrainTest, AClosedOutputDoesNotEndTheRun) {
   std::filesystem::remove_all(checkpoints);
 }
 
+// --progress none drops the epoch lines, not what happens: a resume is still said (QA: it
+// was not). Log lines go to stderr, so stdout holds the results alone (QA: they were on
+// stdout, as spdlog's default logger writes).
+TEST(StratumTrainTest, WithoutProgressLinesAResumeIsStillSaidAndLogLinesGoToStderr) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 20;
+  const std::string checkpoints = TempPath("quiet_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  const std::string path = WriteJob(job, "quiet");
+  const std::string stdout_file = TempPath("quiet_stdout");
+  const std::string command = std::string(STRATUM_BIN_DIR) + "/stratum-train --job=" + path +
+                              " --progress=none --epochs=1 2>/dev/null >" + stdout_file;
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::stringstream first;
+  first << std::ifstream(stdout_file).rdbuf();
+  EXPECT_THAT(first.str(), HasSubstr("test accuracy "));
+  EXPECT_THAT(first.str(), ::testing::Not(HasSubstr("checkpoint at step 20 written")));
+  EXPECT_THAT(first.str(), ::testing::Not(HasSubstr("Epoch 1/1")));
+  TrainRun again = RunTrain({"--job=" + path, "--progress=none"});
+  EXPECT_EQ(again.exit.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("resumed from checkpoint step 20 (epoch 2, step 0)"));
+  EXPECT_THAT(again.output, HasSubstr(" I stratum-train] checkpoint at step 40 written"));
+  std::filesystem::remove(stdout_file);
+  std::filesystem::remove_all(checkpoints);
+}
+
 TEST(StratumTrainTest, HelpListsTheFlags) {
   TrainRun run = RunTrain({"--help"});
   EXPECT_EQ(run.exit.exit_code, 0) << run.output;
