@@ -1,6 +1,5 @@
 #include "stratum/net/free_port.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -11,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -29,24 +29,42 @@ constexpr int kAttempts = 200;
 // Shared by every process on the machine (and every user: sticky and world-writable).
 constexpr char kClaimDir[] = "/tmp/stratum-port-claims";
 
-// 0 when `port` can be bound on `address`, else the errno of the bind (or listen).
-int BindError(const in_addr& address, int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  // gRPC binds with SO_REUSEADDR, so a port in TIME_WAIT is usable: test it the same way.
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in socket_address{};
-  socket_address.sin_family = AF_INET;
-  socket_address.sin_addr = address;
-  socket_address.sin_port = htons(static_cast<uint16_t>(port));
-  const int error =
-      bind(fd, reinterpret_cast<sockaddr*>(&socket_address), sizeof(socket_address)) == 0 &&
-              listen(fd, 1) == 0
-          ? 0
-          : errno;
-  close(fd);
+// The errno of binding `port` on the numeric IPv4 or IPv6 `host` and listening, 0 when both
+// work, -1 when `host` is not a numeric address. Binds as gRPC does: SO_REUSEADDR (a port in
+// TIME_WAIT is usable), and "::" takes IPv4 too.
+int BindError(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 ||
+      found == nullptr) {
+    return -1;
+  }
+  int error = 0;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    const int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (found->ai_family == AF_INET6) {
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    }
+    error = bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 1) == 0 ? 0 : errno;
+    close(fd);
+  }
+  freeaddrinfo(found);
   return error;
+}
+
+// "localhost" is the loopback, as in TF_CONFIG (a server on it listens on 127.0.0.1 too);
+// an IPv6 address may come in brackets.
+std::string NumericHost(std::string host) {
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" ? "127.0.0.1" : host;
 }
 
 }  // namespace
@@ -95,20 +113,19 @@ bool ClaimPort(int port) {
 }
 
 absl::StatusOr<int> PickFreePort(const std::string& host) {
-  in_addr address;
-  // "localhost" is the loopback, as in TF_CONFIG (a server on it listens on 127.0.0.1 too).
-  if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &address) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot pick a port on \"", host,
-                     "\": give an IPv4 address such as 127.0.0.1, or localhost"));
-  }
+  const std::string numeric = NumericHost(host);
   std::random_device seed;
   std::mt19937 engine(seed());
   std::uniform_int_distribution<int> ports(kLowestPort, kHighestPort);
   int claimed = 0;  // free, but picked by another live process that has yet to bind them
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     const int port = ports(engine);
-    const int error = BindError(address, port);
+    const int error = BindError(numeric, port);
+    if (error == -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot pick a port on \"", host,
+                       "\": give an IP address such as 127.0.0.1 or ::1, or localhost"));
+    }
     if (error == 0) {
       if (ClaimPort(port)) return port;
       ++claimed;
@@ -140,35 +157,12 @@ absl::Status ListenFailure(const std::string& what, const std::string& address,
                            const std::string& fix) {
   const std::string prefix = absl::StrCat(what, " cannot listen on ", address, ": ");
   const size_t colon = address.rfind(':');
-  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host == "localhost") host = "127.0.0.1";
-  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
-  // Bind as gRPC does (SO_REUSEADDR; "::" takes IPv4 too) to learn what the kernel refuses.
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
-  addrinfo* found = nullptr;
-  int error = 0;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-    error = -1;  // not a numeric address: nothing to bind here to tell the causes apart
-  } else {
-    const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      error = errno;
-    } else {
-      const int one = 1, zero = 0;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (found->ai_family == AF_INET6) {
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-      }
-      error = bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 1) == 0 ? 0 : errno;
-      close(fd);
-    }
-    freeaddrinfo(found);
-  }
+  const std::string host =
+      NumericHost(colon == std::string::npos ? address : address.substr(0, colon));
+  int port = 0;
+  if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
+  // -1 (not a numeric address): nothing to bind here to tell the causes apart.
+  const int error = BindError(host, port);
   switch (error) {
     case EADDRNOTAVAIL:
       return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/cluster/cluster_resolver.h"
@@ -71,8 +72,13 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   if (options.chief) order.push_back({kChief, 0});
   STRATUM_ASSIGN_OR_RETURN(std::vector<int> ports,
                            PickFreePorts(static_cast<int>(order.size()), options.host));
+  // An IPv6 address is bracketed in host:port.
+  const std::string address_host =
+      absl::StrContains(options.host, ':') && options.host.front() != '['
+          ? absl::StrCat("[", options.host, "]")
+          : options.host;
   for (size_t i = 0; i < order.size(); ++i) {
-    plan.spec.SetTask(order[i].type, order[i].index, absl::StrCat(options.host, ":", ports[i]));
+    plan.spec.SetTask(order[i].type, order[i].index, absl::StrCat(address_host, ":", ports[i]));
   }
   plan.main_task = options.chief ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
   plan.workers_train = options.chief_is_worker;

@@ -1,5 +1,9 @@
 #include "stratum/launch/launch_plan.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -75,6 +79,28 @@ TEST(LaunchPlanTest, RefusesCountsThatMakeNoCluster) {
   EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(elsewhere.status().message()),
               HasSubstr("cannot listen on 192.0.2.1: it is not an address of this machine"));
+}
+
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return bound;
+}
+
+// --host ::1: the tasks' addresses bracket it, as host:port needs (QA: it was refused).
+TEST(LaunchPlanTest, AnIpv6LoopbackHostGivesBracketedAddresses) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "this machine has no IPv6 loopback";
+  auto plan = PlanLocalCluster({.num_workers = 2, .host = "::1"});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const PlannedTask& task : plan->tasks) {
+    EXPECT_THAT(task.address, ::testing::StartsWith("[::1]:"));
+    EXPECT_TRUE(TFConfigClusterResolver::Create(task.tf_config).ok()) << task.tf_config;
+  }
 }
 
 TEST(LaunchPlanTest, DryRunPrintsCopyableShellLines) {

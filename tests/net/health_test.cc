@@ -49,6 +49,8 @@ TEST(FreePortTest, PicksDifferentPortsThatCanBeBound) {
   EXPECT_EQ(sorted.size(), 300u);
   EXPECT_FALSE(PickFreePorts(1, "not-an-address").ok());
   EXPECT_TRUE(PickFreePort("localhost").ok());  // the loopback, as TF_CONFIG may name it
+  EXPECT_THAT(std::string(PickFreePort("not-an-address").status().message()),
+              ::testing::HasSubstr("give an IP address such as 127.0.0.1 or ::1, or localhost"));
 }
 
 // util-linux's flock(1) holding the claim file of `port`, as another process's ClaimPort

@@ -9,10 +9,10 @@
 
 namespace stratum {
 
-// A port on `host` that nothing listens on now. Ports are drawn at random below the
-// kernel's ephemeral range (32768+), so that they do not collide with the local ports of
-// outgoing connections, and each is checked by binding it and claimed (ClaimPort), so that
-// no other PickFreePort on this machine returns it while this process lives, even while the
+// A port on `host` (an IPv4 or IPv6 address, or localhost) that nothing listens on now. Ports are
+// drawn at random below the kernel's ephemeral range (32768+), so that they do not collide with the
+// local ports of outgoing connections, and each is checked by binding it and claimed (ClaimPort),
+// so that no other PickFreePort on this machine returns it while this process lives, even while the
 // server that uses it is down between a stop and a restart. A program that binds ports by
 // other means may still take it; callers start servers right away.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
