@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "stratum/net/health.h"
 #include "stratum/net/status.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
@@ -237,6 +238,7 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
     last_saving_watch_ = absl::InfinitePast();
   } else if (!request->leaving() && request->saves_checkpoints()) {
     last_saving_watch_ = absl::Now();
+    saving_coordinator_address_ = id.address();
   }
   // Only the holder's word counts (a refused caller got its error above; a leaving one that
   // did not hold the PS is not `left`).
@@ -258,9 +260,20 @@ void PsService::BeginStopping() {
 }
 
 std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
+  std::string silent_coordinator;
+  {
+    absl::MutexLock lock(&stop_mutex_);
+    if (committed_since_stopping_) return "the coordinator saved the job's state";
+    if (absl::Now() - last_saving_watch_ <= watch_window) return "";
+    if (last_saving_watch_ != absl::InfinitePast())
+      silent_coordinator = saving_coordinator_address_;
+  }
+  // Probed unlocked: it may take the whole timeout.
+  if (!silent_coordinator.empty() &&
+      !RefusesConnections(silent_coordinator, absl::Milliseconds(300))) {
+    return "";
+  }
   absl::MutexLock lock(&stop_mutex_);
-  if (committed_since_stopping_) return "the coordinator saved the job's state";
-  if (absl::Now() - last_saving_watch_ <= watch_window) return "";
   // Nobody will commit the checkpoint this PS wrote its state into.
   const std::string uncommitted =
       saves_since_stopping_.empty()

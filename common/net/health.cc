@@ -1,6 +1,12 @@
 #include "stratum/net/health.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <future>
 
@@ -125,6 +131,43 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
                          const ChannelOptions& channel) {
   auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address, channel));
   return CheckHealthOn(*stub, timeout);
+}
+
+bool RefusesConnections(const std::string& address, absl::Duration timeout) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  std::string host = address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints, &found) != 0 ||
+      found == nullptr) {
+    return false;
+  }
+  bool refused = false;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd >= 0) {
+    if (connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      if (errno == EINPROGRESS) {
+        pollfd poll_fd{fd, POLLOUT, 0};
+        if (poll(&poll_fd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) == 1) {
+          int error = 0;
+          socklen_t length = sizeof(error);
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+          refused = error == ECONNREFUSED;
+        }
+      } else {
+        refused = errno == ECONNREFUSED;
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return refused;
 }
 
 absl::StatusOr<TaskReport> GetTaskReport(const std::string& address, absl::Duration timeout,

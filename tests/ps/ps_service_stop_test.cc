@@ -1,6 +1,9 @@
 // How a stopping PS decides that its wait is over (PsService::StopNeedNotWait), in-process:
 // its own shard file written is not enough, only a checkpoint holding it that the
 // coordinator committed (its manifest written) is, because that commit may still fail.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -110,6 +113,35 @@ TEST_F(PsServiceStopTest, ACoordinatorLeavingWithoutACommitEndsTheWaitWithoutASa
   const std::string why = service_.StopNeedNotWait(kWatchWindow);
   EXPECT_THAT(why, HasSubstr("was not committed"));
   EXPECT_THAT(why, ::testing::Not(HasSubstr("saved the job's state")));
+}
+
+// A coordinator that falls silent is waited for while it still listens (paused, or too busy
+// to watch: its kernel accepts connections), and is gone once its address refuses them (QA:
+// a PS stopping while its coordinator was paused took it for gone within 2 s and went,
+// so the job rolled back to its last checkpoint when the coordinator came back).
+TEST_F(PsServiceStopTest, ASilentCoordinatorIsWaitedForUntilItsAddressRefusesConnections) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 4), 0);  // never accepts, as a stopped process
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  proto::WatchRequest request;
+  request.set_saves_checkpoints(true);
+  request.mutable_coordinator()->set_incarnation(kCoordinator);
+  request.mutable_coordinator()->set_address(absl::StrCat("127.0.0.1:", ntohs(address.sin_port)));
+  proto::WatchResponse answer;
+  ASSERT_TRUE(service_.Watch(nullptr, &request, &answer).ok());
+  service_.BeginStopping();
+  absl::SleepFor(absl::Milliseconds(20));
+  // Silent for longer than the window, but still there.
+  EXPECT_EQ(service_.StopNeedNotWait(absl::Milliseconds(1)), "");
+  close(listener);
+  EXPECT_THAT(service_.StopNeedNotWait(absl::Milliseconds(1)),
+              HasSubstr("its coordinator is gone"));
 }
 
 }  // namespace

@@ -61,7 +61,9 @@ class PsService final : public proto::ParameterServer::Service {
   void BeginStopping();
   // Why a stopping PS need not wait any longer ("" while it should): a checkpoint begun
   // after BeginStopping was committed, or no coordinator that saves checkpoints has watched
-  // within `watch_window` (it left or is gone, and commits nothing more).
+  // within `watch_window` and it left or is gone (its address refuses connections), so it
+  // commits nothing more. One silent but still there (paused, or too busy to watch) is
+  // waited for: the caller's --stop_timeout bounds the wait.
   std::string StopNeedNotWait(absl::Duration watch_window) const;
   // What main says when it stops after waiting `timeout` in vain.
   std::string StopWaitTimedOut(absl::Duration timeout) const;
@@ -81,6 +83,8 @@ class PsService final : public proto::ParameterServer::Service {
   uint64_t next_save_id_ ABSL_GUARDED_BY(stop_mutex_);
   // The last Watch of a coordinator that saves checkpoints and has not left.
   absl::Time last_saving_watch_ ABSL_GUARDED_BY(stop_mutex_) = absl::InfinitePast();
+  // Where that coordinator serves ("" when it does not say).
+  std::string saving_coordinator_address_ ABSL_GUARDED_BY(stop_mutex_);
 };
 
 }  // namespace stratum
