@@ -186,7 +186,9 @@ int main(int argc, char** argv) {
       argc, argv,
       "stratum-coordinator: the chief of a Stratum parameter-server cluster.\n"
       "Reads TF_CONFIG (task type \"chief\"), waits until every task answers its health "
-      "check (--cluster_timeout), prints the cluster and exits.\nExit codes: 0 success, 1 "
+      "check (--cluster_timeout) and prints the cluster; then trains the parameter-server job "
+      "--job=FILE (e.g. examples/fashion_mnist_ps.json) on the workers and parameter servers, "
+      "or without --job exits.\nExit codes: 0 success, 1 "
       "failure (e.g. tasks that never answered), 2 configuration or usage error, 128+N "
       "stopped by signal N while training (the state saved into checkpoint.dir).");
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(
