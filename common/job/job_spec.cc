@@ -323,9 +323,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
     if (absl::Status s = checkpoint.CheckKnown({"dir", "every_steps", "max_to_keep"}); !s.ok()) {
       return s;
     }
+    const json& fields = root["checkpoint"];
+    const bool keep_all = fields.contains("max_to_keep") && fields["max_to_keep"].is_null();
+    if (keep_all) job.checkpoint.max_to_keep = kKeepEveryCheckpoint;
     for (absl::Status s : {checkpoint.Get("dir", job.checkpoint.dir),
                            checkpoint.Get("every_steps", job.checkpoint.every_steps),
-                           checkpoint.Get("max_to_keep", job.checkpoint.max_to_keep)}) {
+                           keep_all ? absl::OkStatus()
+                                    : checkpoint.Get("max_to_keep", job.checkpoint.max_to_keep)}) {
       if (!s.ok()) return s;
     }
     if (job.checkpoint.every_steps < 0) {
@@ -336,7 +340,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
     if (job.checkpoint.max_to_keep < 1) {
       return checkpoint.Error("checkpoint.max_to_keep",
                               absl::StrCat("is ", job.checkpoint.max_to_keep),
-                              "keep at least 1 checkpoint (the latest)");
+                              "keep at least 1 checkpoint (the latest), or null for every one");
     }
     job.checkpoint.dir = Resolve(job.checkpoint.dir, base_dir);
   }

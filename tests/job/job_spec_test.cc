@@ -117,7 +117,14 @@ TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
               HasSubstr("checkpoint.every_steps is -1: use 0 (a checkpoint at every epoch's end "
                         "only) or a number of steps"));
   job["checkpoint"] = {{"dir", "/tmp/c"}, {"max_to_keep", 0}};
-  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("checkpoint.max_to_keep is 0: keep at least 1"));
+  EXPECT_THAT(ErrorOf(job.dump()),
+              HasSubstr("checkpoint.max_to_keep is 0: keep at least 1 checkpoint (the latest), "
+                        "or null for every one"));
+  // null keeps every checkpoint, as TF's max_to_keep=None (QA: there was no way to say so).
+  job["checkpoint"] = {{"dir", "/tmp/c"}, {"max_to_keep", nullptr}};
+  absl::StatusOr<JobSpec> keep_all = ParseJobSpec(job.dump(), "job.json", "/jobs");
+  ASSERT_TRUE(keep_all.ok()) << keep_all.status();
+  EXPECT_EQ(keep_all->checkpoint.max_to_keep, kKeepEveryCheckpoint);
   job.erase("checkpoint");
   job["fit"] = {{"steps_per_epoch", -5}};
   EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("fit.steps_per_epoch is -5: use 0"));

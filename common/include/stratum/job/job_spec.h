@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,10 +60,13 @@ struct FitSpec {
   int64_t steps_per_execution = 1;
 };
 
+// checkpoint.max_to_keep null: every checkpoint is kept, as TF's max_to_keep=None.
+inline constexpr int kKeepEveryCheckpoint = std::numeric_limits<int>::max();
+
 struct CheckpointSpec {
   std::string dir;  // empty: no checkpoints
   int64_t every_steps = 0;
-  int max_to_keep = 3;
+  int max_to_keep = 3;  // kKeepEveryCheckpoint: all
 };
 
 struct JobSpec {
