@@ -265,13 +265,19 @@ std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
     absl::MutexLock lock(&stop_mutex_);
     if (committed_since_stopping_) return "the coordinator saved the job's state";
     if (absl::Now() - last_saving_watch_ <= watch_window) return "";
-    if (last_saving_watch_ != absl::InfinitePast())
+    // Probed at most every kProbeInterval: the caller asks often, and each probe is a
+    // connection for the coordinator to accept.
+    if (last_saving_watch_ != absl::InfinitePast()) {
+      if (absl::Now() - last_probe_ < kProbeInterval) return "";
       silent_coordinator = saving_coordinator_address_;
+    }
   }
-  // Probed unlocked: it may take the whole timeout.
-  if (!silent_coordinator.empty() &&
-      !RefusesConnections(silent_coordinator, absl::Milliseconds(300))) {
-    return "";
+  if (!silent_coordinator.empty()) {
+    // Unlocked: a probe may take its whole timeout.
+    const bool gone = RefusesConnections(silent_coordinator, absl::Milliseconds(300));
+    absl::MutexLock lock(&stop_mutex_);
+    last_probe_ = absl::Now();
+    if (!gone) return "";
   }
   absl::MutexLock lock(&stop_mutex_);
   // Nobody will commit the checkpoint this PS wrote its state into.

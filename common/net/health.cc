@@ -144,10 +144,10 @@ bool RefusesConnections(const std::string& address, absl::Duration timeout) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints, &found) != 0 ||
-      found == nullptr) {
-    return false;
-  }
+  const int resolved = getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints, &found);
+  // A name that no longer resolves: its process is gone with it (a deleted pod's record).
+  if (resolved == EAI_NONAME) return true;
+  if (resolved != 0 || found == nullptr) return false;
   bool refused = false;
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd >= 0) {

@@ -35,10 +35,11 @@ struct TaskReport {
 absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
                          const ChannelOptions& channel = {});
 
-// True when `address` ("host:port") refuses a TCP connection: no process listens there, so
-// the one that served it is gone. False when a connection is made (a process that is paused
-// or too busy to answer still has its connections accepted by the kernel), or when neither
-// happens within `timeout` (its host is down or cut off: nothing is known).
+// True when `address` ("host:port") refuses a TCP connection, or its host name no longer
+// resolves (a deleted pod's): no process listens there, so the one that served it is gone. False
+// when a connection is made (a process that is paused or too busy to answer still has its
+// connections accepted by the kernel), or when neither happens within `timeout` (its host is down
+// or cut off: nothing is known).
 bool RefusesConnections(const std::string& address, absl::Duration timeout);
 
 // Asks the TaskService of `address` who it is.

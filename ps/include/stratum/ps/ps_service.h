@@ -83,8 +83,11 @@ class PsService final : public proto::ParameterServer::Service {
   uint64_t next_save_id_ ABSL_GUARDED_BY(stop_mutex_);
   // The last Watch of a coordinator that saves checkpoints and has not left.
   absl::Time last_saving_watch_ ABSL_GUARDED_BY(stop_mutex_) = absl::InfinitePast();
-  // Where that coordinator serves ("" when it does not say).
+  // Where that coordinator serves ("" when it does not say), and when a stopping PS last
+  // probed it there.
   std::string saving_coordinator_address_ ABSL_GUARDED_BY(stop_mutex_);
+  mutable absl::Time last_probe_ ABSL_GUARDED_BY(stop_mutex_) = absl::InfinitePast();
+  static constexpr absl::Duration kProbeInterval = absl::Milliseconds(500);
 };
 
 }  // namespace stratum
