@@ -44,6 +44,18 @@ int64_t StepOfFolder(const std::string& name) {
   return step;
 }
 
+// Where RestoreNewestIntact sets a damaged `folder` aside: "<folder>.damaged", or, when
+// a folder set aside before holds that name (the same step damaged again), the first free
+// "<folder>.damaged.<n>" from n = 2, so no earlier damage is ever replaced.
+std::string FreeDamagedName(const std::string& folder) {
+  std::string name = folder + ".damaged";
+  std::error_code error;
+  for (int n = 2; fs::exists(fs::symlink_status(name, error)); ++n) {
+    name = absl::StrCat(folder, ".damaged.", n);
+  }
+  return name;
+}
+
 }  // namespace
 
 namespace {
@@ -301,9 +313,11 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
       const nlohmann::json pointer = {{"latest", name}, {"step", StepOfFolder(name)}};
       STRATUM_RETURN_IF_ERROR(
           WriteFileAtomically(absl::StrCat(dir, "/", kLatestFile), pointer.dump()));
+      // Each under a name of its own: what was set aside before stays as it is.
+      std::vector<std::string> aside;
       for (const std::string& bad : damaged) {
-        fs::remove_all(bad + ".damaged", error);
-        fs::rename(bad, bad + ".damaged", error);
+        aside.push_back(FreeDamagedName(bad));
+        fs::rename(bad, aside.back(), error);
       }
       if (damaged.empty()) {
         spdlog::warn(
@@ -313,16 +327,22 @@ absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
       } else if (fs::exists(damaged.front())) {
         spdlog::warn(
             "restored {} instead of the latest checkpoint, {}, which is damaged ({}) and could "
-            "not be set aside as .damaged",
-            folder, damaged.front(), std::string(first_error.message()));
-      } else if (fs::exists(damaged.front() + ".damaged")) {
+            "not be set aside as {}",
+            folder, damaged.front(), std::string(first_error.message()), aside.front());
+      } else if (fs::exists(aside.front())) {
         spdlog::warn(
             "restored {} instead of the latest checkpoint, which is damaged ({}); the "
-            "damaged one is kept as {}.damaged",
-            folder, std::string(first_error.message()), damaged.front());
+            "damaged one is kept as {}",
+            folder, std::string(first_error.message()), aside.front());
       } else {
         spdlog::warn("restored {} instead of the latest checkpoint, {}, which is gone ({})", folder,
                      damaged.front(), std::string(first_error.message()));
+      }
+      // The damaged ones between the latest and the one restored.
+      for (size_t i = 1; i < damaged.size(); ++i) {
+        if (fs::exists(aside[i]) && !fs::exists(damaged[i])) {
+          spdlog::warn("checkpoint {} is damaged too; it is kept as {}", damaged[i], aside[i]);
+        }
       }
       return std::optional<std::string>(folder);
     }

@@ -8,10 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <sstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_join.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/util/json_text.h"
 
@@ -23,6 +28,29 @@ using ::testing::HasSubstr;
 std::string Path(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
 }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// What spdlog's default logger writes while one lives (it puts the previous one back).
+class LogCapture {
+ public:
+  LogCapture()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(100)),
+        previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string Text() const { return absl::StrJoin(sink_->last_formatted(), ""); }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
 
 TEST(SafetensorsTest, RoundTripsTensorsAndMetadata) {
   TensorFile file;
@@ -300,6 +328,44 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(**restored, CheckpointFolder(dir, 20));
   EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 20));
+  std::filesystem::remove_all(dir);
+}
+
+// A damaged folder set aside is evidence: when a step is damaged again (a job that fell
+// back, trained past it anew and was damaged once more), the new one goes beside the ones
+// set aside before, under the first free name, which the warning gives. It used to replace
+// ckpt-<step>.damaged, and the first damage was lost.
+TEST(CheckpointFolderTest, ADamagedFolderIsSetAsideUnderAFreeNameNeverOverAnEarlierOne) {
+  const std::string dir = Path("ckpt_damaged_again");
+  std::filesystem::remove_all(dir);
+  for (int step : {5, 10}) {
+    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
+    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}}, 3).ok());
+  }
+  const std::string aside = CheckpointFolder(dir, 10) + ".damaged";
+  for (const std::string& earlier : {aside, aside + ".2"}) {
+    std::filesystem::create_directories(earlier);
+    std::ofstream(earlier + "/evidence") << earlier;
+  }
+  auto restore = [&](const std::string& folder) -> absl::Status {
+    if (folder == CheckpointFolder(dir, 10)) return absl::DataLossError("crc32 differs");
+    return absl::OkStatus();
+  };
+  LogCapture log;
+  auto restored = RestoreNewestIntact(dir, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(**restored, CheckpointFolder(dir, 5));
+  EXPECT_EQ(ReadFile(aside + "/evidence"), aside);
+  EXPECT_EQ(ReadFile(aside + ".2/evidence"), aside + ".2");
+  EXPECT_TRUE(std::filesystem::exists(aside + ".3/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 10)));
+  EXPECT_THAT(log.Text(), HasSubstr("the damaged one is kept as " + aside + ".3"));
+  // Pruning counts none of them: they stay through later saves.
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 20).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 20, {{"step", 20}}, 1).ok());
+  for (const std::string& kept : {aside, aside + ".2", aside + ".3"}) {
+    EXPECT_TRUE(std::filesystem::exists(kept)) << kept;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -78,9 +78,10 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::str
 // is damaged (`restore` answers DATA_LOSS: a checksum that does not match, a file that does
 // not parse; or NOT_FOUND: a file it lists is missing), the complete ones before it are tried,
 // newest first; the first that restores becomes the latest ("checkpoint" names it) and the damaged
-// ones are renamed
-// "<folder>.damaged", kept for inspection. A corrupt or lost "checkpoint" file is damage: the
-// newest intact folder is restored and named. Returns the folder restored from, nullopt when
+// ones are renamed "<folder>.damaged", kept for inspection (or, when one set aside before has
+// that name, the first free "<folder>.damaged.2", ".3", ...: none is ever replaced; the
+// warning gives the name). A corrupt or lost "checkpoint" file is damage: the newest intact
+// folder is restored and named. Returns the folder restored from, nullopt when
 // `dir` has no checkpoint, or, when no checkpoint is intact, FAILED_PRECONDITION naming
 // each one and its damage (then nothing is renamed).
 absl::StatusOr<std::optional<std::string>> RestoreNewestIntact(
