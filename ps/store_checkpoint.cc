@@ -32,6 +32,13 @@ absl::StatusOr<TensorFile> StoreToTensorFile(const VariableStore& store) {
 absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const TensorFile& file) {
   std::map<std::string, VariableSnapshot> snapshots;
   for (const auto& [name, tensor] : file.tensors) {
+    // Every PS refuses gradients that are not finite, so no save holds such a value: the
+    // file is damaged, and nothing of it is restored.
+    if (!AllFinite(tensor)) {
+      return absl::DataLossError(absl::StrCat("the checkpoint's \"", name,
+                                              "\" holds NaN or infinity, which training never "
+                                              "saves: the checkpoint is damaged"));
+    }
     const size_t slot = name.find(kSlotInfix);
     if (slot == std::string::npos) {
       VariableSnapshot& snapshot = snapshots[name];

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/ps/ps_client.h"
+#include "stratum/ps/store_checkpoint.h"
 
 namespace stratum {
 namespace {
@@ -222,6 +223,32 @@ TEST(VariableStoreTest, RestoreKeepsTheJobsOptimizerAndRefusesAnotherKind) {
                   .ok());
   EXPECT_THAT(Message(momentum.Restore(*snapshot)),
               HasSubstr("has 0 optimizer slots, but the job's optimizer needs 1"));
+}
+
+// Every PS refuses gradients that are not finite, so a checkpoint file that holds NaN or
+// infinity is damaged: it is refused, naming the variable, before anything is restored
+// (the coordinator then falls back to the checkpoint before it).
+TEST(VariableStoreTest, ACheckpointFileWithValuesThatAreNotFiniteRestoresNothing) {
+  VariableStore trained;
+  ASSERT_TRUE(trained.Create("a", Tensor::FromVector<float>({2}, {1, 2}), "adam").ok());
+  ASSERT_TRUE(trained.Create("b", Tensor::FromVector<float>({2}, {3, 4}), "adam").ok());
+  ASSERT_TRUE(trained.ApplyGradient("a", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  for (const std::string& damaged : {std::string("b"), std::string("a/slot_v")}) {
+    absl::StatusOr<TensorFile> saved = StoreToTensorFile(trained);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    TensorFile& file = *saved;
+    for (auto& [name, tensor] : file.tensors) {
+      if (name == damaged) tensor.data<float>()[1] = std::numeric_limits<float>::infinity();
+    }
+    VariableStore resumed;
+    ASSERT_TRUE(resumed.Create("a", Tensor::FromVector<float>({2}, {0, 0}), "adam").ok());
+    const absl::StatusOr<int> refused = RestoreStoreFromTensorFile(resumed, file);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << damaged;
+    EXPECT_THAT(Message(refused.status()),
+                HasSubstr("the checkpoint's \"" + damaged + "\" holds NaN or infinity"));
+    EXPECT_TRUE(resumed.Read("a")->BitwiseEqual(Tensor::FromVector<float>({2}, {0, 0})));
+    EXPECT_FALSE(resumed.Read("b").ok());
+  }
 }
 
 TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {

@@ -12,7 +12,8 @@ namespace stratum {
 absl::StatusOr<TensorFile> StoreToTensorFile(const VariableStore& store);
 
 // Restores every variable of `file`; a variable whose slots do not fit its optimizer is
-// an error naming it. Returns how many variables were restored.
+// an error naming it. A value that is not finite is damage (DATA_LOSS naming the tensor),
+// found before anything is restored. Returns how many variables were restored.
 absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const TensorFile& file);
 
 }  // namespace stratum
