@@ -323,10 +323,23 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
 
 namespace fit_internal {
 
+// When the checkpoint of the end of the epoch that `state` is in the middle of is there:
+// "; or, to resume from the end of epoch N<for_whom>, delete the checkpoint folders newer
+// than <it>" (an epoch's end is a place in the data any run can resume from); else empty.
+std::string OrResumeFromTheEpochsEnd(const FitOptions& options, const FitState& state,
+                                     const std::string& for_whom) {
+  const int64_t epoch_end = state.iteration - state.step_in_epoch;
+  const std::string epoch_end_folder = CheckpointFolder(options.checkpoint_dir, epoch_end);
+  if (epoch_end <= 0 || !ReadCheckpointManifest(epoch_end_folder).ok()) return "";
+  return absl::StrCat("; or, to resume from the end of epoch ", state.epoch, for_whom,
+                      ", delete the checkpoint folders newer than ", epoch_end_folder);
+}
+
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
 // on every worker afterwards: the chief decides and broadcasts.
 absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
-                                    const Optimizer& optimizer, const FitOptions& options) {
+                                    const Optimizer& optimizer, const FitOptions& options,
+                                    int64_t steps_per_epoch) {
   FitState state;
   state.variables = model.InitialVariables(options.seed);
   if (!options.checkpoint_dir.empty() && strategy.is_chief()) {
@@ -340,16 +353,8 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
     const bool other_batch = state.global_batch > 0 && state.global_batch != global_batch;
     const bool other_shards = state.num_workers > 0 && state.num_workers != strategy.num_workers();
     if (state.step_in_epoch > 0 && (other_batch || other_shards)) {
-      // An epoch's end is a place in the data any cluster can resume from.
-      const int64_t epoch_end = state.iteration - state.step_in_epoch;
-      const std::string epoch_end_folder = CheckpointFolder(options.checkpoint_dir, epoch_end);
       const std::string or_epoch_end =
-          epoch_end > 0 && ReadCheckpointManifest(epoch_end_folder).ok()
-              ? absl::StrCat("; or, to resume from the end of epoch ", state.epoch,
-                             " with this "
-                             "run's workers, delete the checkpoint folders newer than ",
-                             epoch_end_folder)
-              : "";
+          OrResumeFromTheEpochsEnd(options, state, " with this run's workers");
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
           " stopped in the middle of epoch ", state.epoch + 1, " with a global batch of ",
@@ -361,6 +366,20 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
           "): its place in the data would not be the same; resume with the job's earlier "
           "workers and devices, or remove ",
           options.checkpoint_dir, " to train from scratch", or_epoch_end));
+    }
+    // A checkpoint in the middle of an epoch has done fewer of its steps than an epoch has:
+    // resumed from one at or past this run's epoch length, the rest of its epoch would be
+    // skipped without a word.
+    if (state.step_in_epoch >= steps_per_epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", CheckpointFolder(options.checkpoint_dir, state.iteration),
+          " gives step_in_epoch ", state.step_in_epoch, ", but an epoch of this run has only ",
+          steps_per_epoch,
+          " steps: it was written by a run with other data or another fit.steps_per_epoch, or its "
+          "manifest was edited; resume with the job's earlier data and steps_per_epoch, or "
+          "remove ",
+          options.checkpoint_dir, " to train from scratch",
+          OrResumeFromTheEpochsEnd(options, state, "")));
     }
   }
   if (strategy.num_workers() == 1) return state;
@@ -549,7 +568,8 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       DistributedDataset::FromGlobalBatches(batches, strategy.NumLocalReplicas(), {});
   if (!distributed.ok()) return distributed.status();
 
-  STRATUM_ASSIGN_OR_RETURN(FitState state, StartState(strategy, model, optimizer, options));
+  STRATUM_ASSIGN_OR_RETURN(FitState state,
+                           StartState(strategy, model, optimizer, options, steps_per_epoch));
   DistributedVariables variables = strategy.CreateVariables(state.variables);
   std::vector<std::vector<std::vector<Tensor>>> slots(static_cast<size_t>(variables.num_copies()));
   if (!state.slots.empty()) {

@@ -1,5 +1,6 @@
 #include "stratum/worker/fit_checkpoint.h"
 
+#include <cmath>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -43,6 +44,48 @@ absl::Status MissingSlot(const std::string& dir, const std::string& folder,
       " to train from scratch"));
 }
 
+// Why `state`, as a manifest gives it, is a place in training no run can be at (a field
+// out of range, or at odds with another), as "<field> <value>, <why>"; empty when it can be.
+// Such a manifest was damaged, or edited and sealed again: it is no more to be resumed from
+// than one whose checksum does not match.
+std::string ImpossiblePlace(const FitState& state) {
+  if (state.epoch < 0) {
+    return absl::StrCat("epoch ", state.epoch,
+                        ", but a count of completed epochs is never negative");
+  }
+  if (state.step_in_epoch < 0) {
+    return absl::StrCat("step_in_epoch ", state.step_in_epoch,
+                        ", but a count of steps is never negative");
+  }
+  if (state.step_in_epoch > state.iteration) {
+    return absl::StrCat("step_in_epoch ", state.step_in_epoch, ", more than its step ",
+                        state.iteration, " (the steps of the whole run)");
+  }
+  const int64_t before = state.iteration - state.step_in_epoch;
+  if (state.epoch > before) {
+    return absl::StrCat("epoch ", state.epoch, ", more epochs than the ", before,
+                        " steps before its epoch (an epoch has one step at least)");
+  }
+  if (!state.history.is_array()) return absl::StrCat("history ", state.history.dump());
+  if (static_cast<int64_t>(state.history.size()) != state.epoch) {
+    return absl::StrCat("epoch ", state.epoch, ", but its history lists ", state.history.size(),
+                        " completed epoch(s)");
+  }
+  if (state.global_batch < 0) return absl::StrCat("global_batch ", state.global_batch);
+  if (state.num_workers < 0) return absl::StrCat("num_workers ", state.num_workers);
+  const StepStats& stats = state.epoch_stats;
+  if (stats.examples < 0 || stats.correct < 0) {
+    return absl::StrCat("epoch_stats with ", stats.correct, " correct of ", stats.examples,
+                        " examples");
+  }
+  // A save whose loss so far is not finite is refused (training diverged).
+  if (!std::isfinite(stats.loss_sum)) {
+    return absl::StrCat("epoch_stats with loss_sum ", stats.loss_sum,
+                        ", which training never saves");
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Model& model,
@@ -81,6 +124,14 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
 
 namespace {
 
+// Fit never saves a value that is not finite (training stopped as diverged first): a
+// checkpoint that holds one is damaged, and resumed from it would train on NaN.
+absl::Status CheckFinite(const std::string& folder, const std::string& name, const Tensor& value) {
+  if (AllFinite(value)) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("checkpoint ", folder, " holds NaN or infinity in ", name,
+                                          ", which training never saves: it is damaged"));
+}
+
 absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::string& folder,
                                            const Model& model, const Optimizer& optimizer) {
   STRATUM_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadCheckpointManifest(folder));
@@ -116,6 +167,10 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
   state.history = manifest.value("history", nlohmann::json::array());
   state.global_batch = manifest.value("global_batch", int64_t{0});
   state.num_workers = manifest.value("num_workers", int64_t{0});
+  if (const std::string why = ImpossiblePlace(state); !why.empty()) {
+    return absl::DataLossError(
+        absl::StrCat(folder, "/manifest.json gives ", why, ": it is corrupt or was edited"));
+  }
   const std::vector<std::string> slot_names = optimizer.SlotNames();
   for (const VariableSpec& spec : model.variables()) {
     auto take = [&](const std::string& name) -> absl::StatusOr<Tensor> {
@@ -130,6 +185,7 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
       return taken;
     };
     STRATUM_ASSIGN_OR_RETURN(Tensor value, take(spec.name));
+    STRATUM_RETURN_IF_ERROR(CheckFinite(folder, spec.name, value));
     state.variables.push_back(std::move(value));
     std::vector<Tensor> slots;
     for (const std::string& slot : slot_names) {
@@ -137,6 +193,7 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
         return MissingSlot(dir, folder, optimizer, spec, slot);
       }
       STRATUM_ASSIGN_OR_RETURN(Tensor value, take(SlotName(spec, slot)));
+      STRATUM_RETURN_IF_ERROR(CheckFinite(folder, SlotName(spec, slot), value));
       slots.push_back(std::move(value));
     }
     state.slots.push_back(std::move(slots));

@@ -98,9 +98,13 @@ double Now();
 void Accumulate(StepStats& into, const StepStats& more);
 
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
-// on every worker afterwards: the chief decides and broadcasts.
+// on every worker afterwards: the chief decides and broadcasts. A checkpoint this run
+// cannot resume from where it stands is refused (FAILED_PRECONDITION, with the fix): one in
+// the middle of an epoch with another global batch or number of workers, or one further
+// into its epoch than the run's `steps_per_epoch` allow.
 absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
-                                    const Optimizer& optimizer, const FitOptions& options);
+                                    const Optimizer& optimizer, const FitOptions& options,
+                                    int64_t steps_per_epoch);
 // Every worker runs the save path; only the chief's lands in the job's folder. Variables
 // that are not finite are never saved: training diverged (TrainingDiverged), and every
 // worker, holding the same variables, says so at the same step. A save records its step

@@ -228,8 +228,8 @@ absl::Status GpuFit::Setup() {
   }
   // From here on every worker takes part in collectives: nothing may answer UNIMPLEMENTED
   // (a fallback to the CPU) any more, or the workers would part ways.
-  STRATUM_ASSIGN_OR_RETURN(state_,
-                           fit_internal::StartState(strategy_, model_, optimizer_, options_));
+  STRATUM_ASSIGN_OR_RETURN(
+      state_, fit_internal::StartState(strategy_, model_, optimizer_, options_, steps_per_epoch_));
   resume_ = fit_internal::ResumeFrom(options_, state_);
   for (int r = 0; r < replicas_; ++r) {
     cuda::ReplicaOptions replica_options;

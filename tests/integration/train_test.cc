@@ -49,6 +49,15 @@ nlohmann::json ExampleJob() {
   return nlohmann::json::parse(file);
 }
 
+// Removes its path (a file or a folder) when the test ends, however it ends.
+struct RemovedAtEnd {
+  std::string path;
+  ~RemovedAtEnd() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
 std::string WriteJob(const nlohmann::json& job, const std::string& name) {
   const std::string path = TempPath(name + ".json");
   std::ofstream(path) << job.dump();
@@ -401,6 +410,54 @@ TEST(StratumTrainTest, ASigtermSavesTheStateAfterTheStepAndARunAgainResumesThere
   EXPECT_EQ(resumed.exit.exit_code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("resumed from checkpoint step " + std::to_string(step)));
   std::filesystem::remove_all(checkpoints);
+}
+
+// QA's report: a manifest edited to "epoch": -1 and "step_in_epoch": 999 (its checksum
+// removed, as a checkpoint written before checksums has none) was resumed from as it was.
+// It is damage: the checkpoint before it is restored, the forged one kept as .damaged,
+// and with no intact one left the run stops, naming the file, the field and the fix.
+TEST(StratumTrainTest, AManifestEditedToAPlaceNoRunCanBeAtIsNotResumedFrom) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 50;
+  const std::string checkpoints = TempPath("forged_ckpt");
+  std::filesystem::remove_all(checkpoints);
+  job["checkpoint"] = {{"dir", checkpoints}};
+  const std::string path = WriteJob(job, "forged");
+  const RemovedAtEnd removed[] = {{checkpoints}, {path}};
+  TrainRun first = RunTrain({"--job=" + path, "--progress=lines"});
+  ASSERT_EQ(first.exit.exit_code, 0) << first.output;
+  auto forge = [&](const std::string& folder) {
+    const std::string manifest = checkpoints + "/" + folder + "/manifest.json";
+    std::ifstream in(manifest);
+    nlohmann::json edited = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(edited.is_object()) << manifest;
+    edited.erase("manifest_crc32");
+    edited["epoch"] = -1;
+    edited["step_in_epoch"] = 999;
+    std::ofstream(manifest) << edited.dump(2);
+  };
+  forge("ckpt-000000000100");
+  TrainRun again = RunTrain({"--job=" + path, "--progress=lines"});
+  EXPECT_EQ(again.exit.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output,
+              HasSubstr("ckpt-000000000050 instead of the latest checkpoint, which "
+                        "is damaged (" +
+                        checkpoints + "/ckpt-000000000100/manifest.json gives epoch -1"));
+  EXPECT_THAT(again.output, HasSubstr("resumed from checkpoint step 50 (epoch 2, step 0)"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-000000000100.damaged"));
+
+  // Every checkpoint forged: nothing to resume from, and nothing renamed.
+  forge("ckpt-000000000050");
+  forge("ckpt-000000000100");
+  TrainRun refused = RunTrain({"--job=" + path, "--progress=lines"});
+  EXPECT_EQ(refused.exit.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output,
+              ::testing::AllOf(HasSubstr("no checkpoint in " + checkpoints + " is intact"),
+                               HasSubstr("ckpt-000000000050/manifest.json gives epoch -1"),
+                               HasSubstr("to train from scratch, remove " + checkpoints)));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-000000000050"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-000000000100"));
 }
 
 }  // namespace

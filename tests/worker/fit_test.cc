@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/worker/fit_checkpoint.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -430,6 +433,170 @@ TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) 
   ASSERT_TRUE(without_momentum.ok()) << without_momentum.status();
   ASSERT_TRUE(without_momentum->has_value());
   EXPECT_EQ((*without_momentum)->iteration, 8);
+  std::filesystem::remove_all(dir);
+}
+
+// Sets `field` of the manifest of `folder` to `value` and seals it again with a matching
+// checksum, as someone who edits it with care would: only the values themselves can tell.
+void ForgeManifest(const std::string& folder, const std::string& field,
+                   const nlohmann::json& value) {
+  nlohmann::json manifest = *ReadCheckpointManifest(folder);
+  manifest[field] = value;
+  manifest[kManifestChecksumKey] = ManifestChecksum(manifest);
+  std::ofstream(folder + "/manifest.json") << manifest.dump(2);
+}
+
+// What a run of 12 steps per epoch at a global batch of 16 saves at step `iteration`.
+FitState StateAt(const Model& model, const Optimizer& optimizer, int64_t iteration) {
+  FitState state;
+  state.epoch = iteration / 12;
+  state.step_in_epoch = iteration % 12;
+  state.iteration = iteration;
+  for (int64_t epoch = 1; epoch <= state.epoch; ++epoch) {
+    state.history.push_back({{"epoch", epoch}, {"steps", 12}, {"loss", 1.0}, {"accuracy", 0.5}});
+  }
+  state.global_batch = 16;
+  state.num_workers = 1;
+  state.variables = model.InitialVariables(1);
+  for (const Tensor& variable : state.variables)
+    state.slots.push_back(optimizer.NewSlots(variable));
+  return state;
+}
+
+// A manifest that gives a place in training no run can be at (QA set "epoch": -1 and
+// "step_in_epoch": 999, and Fit resumed from there) is damage, as one whose checksum does
+// not match: the newest checkpoint before it is restored and the forged one kept aside as
+// .damaged; when there is none, the error names the file, the field, its value and the fix.
+TEST(FitTest, AManifestWhosePlaceInTrainingNoRunCanBeAtIsDamage) {
+  const Model model = TestModel();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_forged_" + std::to_string(getpid());
+  struct Forgery {
+    std::string field;
+    nlohmann::json value;
+    std::string named;  // what the error says of it
+  };
+  // Step 17: epoch 2, 5 steps into it, after one epoch of 12.
+  const std::vector<Forgery> forgeries = {
+      {"epoch", -1, "gives epoch -1"},
+      {"step_in_epoch", -5, "gives step_in_epoch -5"},
+      {"step_in_epoch", 999, "gives step_in_epoch 999, more than its step 17"},
+      {"epoch", 13, "gives epoch 13, more epochs than the 12 steps before its epoch"},
+      {"epoch", 2, "gives epoch 2, but its history lists 1 completed epoch(s)"},
+      {"history", nlohmann::json::object(), "gives history {}"},
+      {"global_batch", -16, "gives global_batch -16"},
+      {"epoch_stats",
+       {{"loss_sum", nullptr}, {"correct", 3}, {"examples", 80}},
+       "gives epoch_stats with loss_sum nan"},
+  };
+  for (const Forgery& forgery : forgeries) {
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 17)).ok());
+    const std::string folder = CheckpointFolder(dir, 17);
+    ForgeManifest(folder, forgery.field, forgery.value);
+    auto refused = LoadLatestFitCheckpoint(dir, model, *optimizer);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << forgery.named;
+    EXPECT_THAT(std::string(refused.status().message()),
+                ::testing::AllOf(::testing::HasSubstr(forgery.named),
+                                 ::testing::HasSubstr(": it is corrupt or was edited"),
+                                 ::testing::HasSubstr("to train from scratch, remove " + dir)));
+    EXPECT_TRUE(std::filesystem::exists(folder)) << forgery.named;  // nothing renamed
+  }
+  // With an intact one before it, that one is restored.
+  std::filesystem::remove_all(dir);
+  for (int64_t step : {12, 17}) {
+    ASSERT_TRUE(
+        SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, step)).ok());
+  }
+  ForgeManifest(CheckpointFolder(dir, 17), "step_in_epoch", 999);
+  auto restored = LoadLatestFitCheckpoint(dir, model, *optimizer);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ((*restored)->iteration, 12);
+  EXPECT_EQ((*restored)->epoch, 1);
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 17) + ".damaged"));
+  std::filesystem::remove_all(dir);
+}
+
+// Stratum never saves variables or slots that are not finite (training diverged first), so
+// a checkpoint that holds NaN or infinity is damaged: it is never restored.
+TEST(FitTest, ACheckpointWhoseVariablesAreNotFiniteIsNeverRestored) {
+  const Model model = TestModel();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_not_finite_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  FitState nan = StateAt(model, *optimizer, 5);
+  nan.variables[2].data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, nan).ok());
+  auto refused = LoadLatestFitCheckpoint(dir, model, *optimizer);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::AllOf(
+                  ::testing::HasSubstr("checkpoint " + CheckpointFolder(dir, 5) +
+                                       " holds NaN or infinity in " + model.variables()[2].name),
+                  ::testing::HasSubstr("remove " + dir)));
+  // An optimizer slot likewise; an intact checkpoint before it is restored.
+  FitState infinite = StateAt(model, *optimizer, 8);
+  infinite.slots[0][1].data<float>()[0] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 7)).ok());
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, infinite).ok());
+  auto restored = LoadLatestFitCheckpoint(dir, model, *optimizer);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ((*restored)->iteration, 7);
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 8) + ".damaged"));
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint further into its epoch than an epoch of this run has steps (one written
+// with more data or another steps_per_epoch, or edited): resumed, it used to skip the rest
+// of that epoch without a word. It is refused, naming the checkpoint, the field, its
+// value, and the fixes.
+TEST(FitTest, ResumingFurtherIntoAnEpochThanItHasStepsIsRefusedWithTheFix) {
+  const Model model = TestModel();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_past_epoch_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto run = [&] {
+    DefaultStrategy strategy;
+    FitOptions options;
+    options.epochs = 3;
+    options.steps_per_epoch = 12;
+    options.batch_size_per_replica = 16;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = dir;
+    return Fit(strategy, model, Loss::SparseCategoricalCrossentropy(), *optimizer, Data(400, 100),
+               options);
+  };
+  // A run of 20 steps per epoch: the end of epoch 1 (step 20), and 12 steps into epoch 2.
+  FitState state = StateAt(model, *optimizer, 12);
+  state.iteration = 20;
+  state.history[0]["steps"] = 20;
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  state.iteration = 32;
+  state.step_in_epoch = 12;
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  auto refused = run();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(refused.status().message()),
+            "checkpoint " + CheckpointFolder(dir, 32) +
+                " gives step_in_epoch 12, but an epoch of this run has only 12 steps: it was "
+                "written by a run with other data or another fit.steps_per_epoch, or its "
+                "manifest was edited; resume with the job's earlier data and steps_per_epoch, or "
+                "remove " +
+                dir +
+                " to train from scratch; or, to resume from the end of epoch 1, delete the "
+                "checkpoint folders newer than " +
+                CheckpointFolder(dir, 20));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 32)));  // nothing is lost
+  // One step less is a place this run can be at.
+  state.iteration = 31;
+  state.step_in_epoch = 11;
+  std::filesystem::remove_all(CheckpointFolder(dir, 32));
+  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  auto resumed = run();
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 31);
   std::filesystem::remove_all(dir);
 }
 
