@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/model/loss.h"
@@ -34,19 +35,48 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   }
   DefaultStrategy strategy;
   std::optional<int64_t> evaluated;
+  // The latest checkpoint when it was found damaged: it reads so at every poll, so it is
+  // reported once and skipped until a newer one is written (the job's next save, or its
+  // restart, which sets it aside).
+  std::optional<int64_t> damaged;
+  std::string last_warning;
+  auto skip_damaged = [&](int64_t step, const std::string& folder, const std::string& why) {
+    damaged = step;
+    last_warning.clear();
+    spdlog::warn(
+        "checkpoint {} is damaged ({}), so it is skipped: the evaluator waits for a newer "
+        "checkpoint",
+        folder, why);
+  };
+  // A problem that lasts (a corrupt "checkpoint" file) is logged once, not at every poll.
+  auto warn_once = [&](const std::string& warning) {
+    if (warning != last_warning) spdlog::warn("{}", warning);
+    last_warning = warning;
+  };
   spdlog::info("evaluator watching {}", job.checkpoint.dir);
   // One pass over the latest checkpoint: evaluated when it is new.
   auto evaluate_latest = [&]() -> absl::Status {
     absl::StatusOr<std::optional<int64_t>> latest = LatestCheckpointStep(job.checkpoint.dir);
     if (!latest.ok()) {
-      spdlog::warn("{}", std::string(latest.status().message()));
+      warn_once(std::string(latest.status().message()));
       return absl::OkStatus();
     }
-    if (!latest->has_value() || *latest == evaluated) return absl::OkStatus();
+    if (!latest->has_value() || *latest == evaluated || *latest == damaged) {
+      return absl::OkStatus();
+    }
     absl::StatusOr<CheckpointVariables> checkpoint = ReadLatestCheckpoint(job.checkpoint.dir);
     if (!checkpoint.ok()) {
-      spdlog::warn("cannot read the latest checkpoint yet: {}",
-                   std::string(checkpoint.status().message()));
+      const absl::Status& error = checkpoint.status();
+      // The latest checkpoint is complete (its manifest is written before the "checkpoint"
+      // file names it), and only a newer one makes the job delete it: one that is corrupt
+      // or lacks a file while it is still the latest is damaged.
+      const absl::StatusOr<std::optional<int64_t>> still = LatestCheckpointStep(job.checkpoint.dir);
+      if ((absl::IsDataLoss(error) || absl::IsNotFound(error)) && still.ok() && *still == *latest) {
+        skip_damaged(**latest, CheckpointFolder(job.checkpoint.dir, **latest),
+                     std::string(error.message()));
+        return absl::OkStatus();
+      }
+      warn_once(absl::StrCat("cannot read the latest checkpoint yet: ", error.message()));
       return absl::OkStatus();
     }
     std::vector<Tensor> variables;
@@ -57,12 +87,19 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
             "checkpoint ", checkpoint->folder, " does not hold variable \"", spec.name,
             "\" of shape ", spec.shape.ToString(), ": it was written for another model"));
       }
+      // Training never saves such values (it stops as diverged first).
+      if (!AllFinite(it->second)) {
+        skip_damaged(checkpoint->step, checkpoint->folder,
+                     absl::StrCat("it holds NaN or infinity in ", spec.name));
+        return absl::OkStatus();
+      }
       variables.push_back(it->second);
     }
     absl::StatusOr<EpochLog> result =
         EvaluateDataset(strategy, *model, *loss, variables, data->test, data->rescale, 1024);
     if (!result.ok()) return result.status();
     evaluated = checkpoint->step;
+    last_warning.clear();
     spdlog::info("evaluated the checkpoint at step {}: val_loss {:.4f} - val_accuracy {:.4f}",
                  checkpoint->step, result->val_loss, result->val_accuracy);
     const nlohmann::json report = {{"step", checkpoint->step},

@@ -13,7 +13,9 @@
 namespace stratum {
 
 // Runs until `shutdown` is requested. Errors in the job (no checkpoint.dir, a bad model,
-// missing test data) end it; a checkpoint it cannot read is logged and retried.
+// missing test data) end it. A damaged latest checkpoint (corrupt, lacking a file, or
+// holding NaN or infinity) is reported once, naming it and the damage, and skipped until a
+// newer one comes; one it cannot read for another reason is logged (once) and retried.
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
                           absl::Duration poll_interval);
 

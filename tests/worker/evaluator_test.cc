@@ -1,0 +1,152 @@
+// The evaluator side-car in-process: it evaluates each new checkpoint of a job's folder,
+// and one that is damaged is reported once and skipped while it waits for a newer one.
+#include "stratum/worker/evaluator.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../data/idx_writer.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/util/shutdown.h"
+#include "stratum/worker/fit_checkpoint.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A 28x28 input, Dense(10, softmax).
+constexpr char kModel[] = R"({"class_name": "Sequential", "config": {"layers": [
+    {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 28, 28]}},
+    {"class_name": "Flatten", "config": {"name": "flatten"}},
+    {"class_name": "Dense", "config": {"name": "out", "units": 10, "activation": "softmax"}}]}})";
+
+// What spdlog's default logger writes while one lives (it puts the previous one back).
+class LogCapture {
+ public:
+  LogCapture()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000)),
+        previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::vector<std::string> Lines() const { return sink_->last_formatted(); }
+  int CountLines(const std::string& part, const std::string& level = "") const {
+    int count = 0;
+    for (const std::string& line : Lines()) {
+      count += absl::StrContains(line, part) && absl::StrContains(line, level) ? 1 : 0;
+    }
+    return count;
+  }
+  // Waits up to 30 s for a line holding `part`.
+  bool WaitFor(const std::string& part) const {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (CountLines(part) == 0) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+class EvaluatorTest : public ::testing::Test {
+ protected:
+  EvaluatorTest() {
+    const std::string images = data_.Write(
+        "images-idx3-ubyte", testing::UbyteIdx({6, 28, 28}, std::vector<uint8_t>(6 * 28 * 28, 7)));
+    const std::string labels =
+        data_.Write("labels-idx1-ubyte", testing::UbyteIdx({6}, {0, 1, 2, 3, 4, 5}));
+    job_.model = nlohmann::json::parse(kModel);
+    job_.loss = "sparse_categorical_crossentropy";
+    job_.optimizer = "adam";
+    job_.data.train = {"idx", images, labels};
+    job_.data.test = {"idx", images, labels};
+    job_.checkpoint.dir = data_.path() + "/checkpoints";
+  }
+
+  // Writes the checkpoint of `step` as Fit does, its variables as `change` leaves them.
+  void Save(int64_t step, const std::function<void(std::vector<Tensor>&)>& change = nullptr) {
+    FitState state;
+    state.iteration = step;
+    state.variables = model_.InitialVariables(1);
+    if (change) change(state.variables);
+    ASSERT_TRUE(SaveFitCheckpoint(job_.checkpoint.dir, 5, model_, *optimizer_, state).ok());
+  }
+
+  testing::TempDir data_;
+  JobSpec job_;
+  Model model_ = *Model::FromKerasJson(absl::string_view(kModel));
+  std::unique_ptr<Optimizer> optimizer_ = *Optimizer::FromKeras("adam");
+};
+
+// A damaged latest checkpoint reads as damaged at every poll: the evaluator used to warn
+// about it at every poll for as long as it ran. It says once which checkpoint is damaged
+// and why, skips it (leaving it where it is), and evaluates the next one.
+TEST_F(EvaluatorTest, ADamagedCheckpointIsReportedOnceAndSkippedForANewerOne) {
+  LogCapture log;
+  // Step 1: a byte of its state file flipped (its checksum does not match).
+  Save(1);
+  const std::string state = CheckpointFolder(job_.checkpoint.dir, 1) + "/state.safetensors";
+  {
+    std::fstream file(state, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(std::filesystem::file_size(state) - 3));
+    const char byte = static_cast<char>(file.peek() ^ 0x5a);
+    file.seekp(file.tellg());
+    file.put(byte);
+  }
+  ShutdownWatcher shutdown;
+  absl::Status ended = absl::UnknownError("still running");
+  std::thread evaluator([&] { ended = RunEvaluator(job_, shutdown, absl::Milliseconds(5)); });
+  const std::string first =
+      "checkpoint " + CheckpointFolder(job_.checkpoint.dir, 1) + " is damaged";
+  EXPECT_TRUE(log.WaitFor(first));
+  // Many more polls of the same latest checkpoint.
+  absl::SleepFor(absl::Milliseconds(200));
+  // Step 2: written by a run that diverged (Stratum never saves such variables).
+  Save(2, [](std::vector<Tensor>& variables) {
+    variables[0].data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  });
+  const std::string second = "checkpoint " + CheckpointFolder(job_.checkpoint.dir, 2) +
+                             " is damaged (it holds NaN or infinity in " +
+                             model_.variables()[0].name + "), so it is skipped";
+  EXPECT_TRUE(log.WaitFor(second));
+  absl::SleepFor(absl::Milliseconds(200));
+  Save(3);
+  EXPECT_TRUE(log.WaitFor("evaluated the checkpoint at step 3"));
+  shutdown.RequestShutdown();
+  evaluator.join();
+  EXPECT_TRUE(ended.ok()) << ended;
+  EXPECT_EQ(log.CountLines(CheckpointFolder(job_.checkpoint.dir, 1), "[warning]"), 1);
+  EXPECT_THAT(log.Lines(),
+              ::testing::Contains(::testing::AllOf(
+                  HasSubstr(first), HasSubstr("its checksum is"),
+                  HasSubstr("so it is skipped: the evaluator waits for a newer checkpoint"))));
+  EXPECT_EQ(log.CountLines(CheckpointFolder(job_.checkpoint.dir, 2), "[warning]"), 1);
+  EXPECT_EQ(log.CountLines("evaluated the checkpoint at step 1"), 0);
+  EXPECT_EQ(log.CountLines("evaluated the checkpoint at step 2"), 0);
+  // Nothing is lost: the damaged ones are left for the job and people to look at.
+  EXPECT_TRUE(std::filesystem::exists(state));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(job_.checkpoint.dir, 2)));
+  std::ifstream evaluation(job_.checkpoint.dir + "/evaluation.json");
+  EXPECT_EQ(nlohmann::json::parse(evaluation)["step"], 3);
+}
+
+}  // namespace
+}  // namespace stratum
