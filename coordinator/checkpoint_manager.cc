@@ -50,6 +50,12 @@ CheckpointManager::CheckpointManager(std::string dir, int max_to_keep, ShardedVa
     : dir_(std::move(dir)), max_to_keep_(std::max(1, max_to_keep)), variables_(variables) {}
 
 absl::Status CheckpointManager::Save(int64_t step, const nlohmann::json& progress) {
+  absl::Status saved = WriteAndCommit(step, progress);
+  if (!saved.ok()) return CheckpointNotSaved(dir_, step, saved);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::WriteAndCommit(int64_t step, const nlohmann::json& progress) {
   stopping_in_last_save_.clear();
   STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir_, step));
   std::vector<std::future<absl::StatusOr<proto::SaveResponse>>> saves;

@@ -102,9 +102,10 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
     }
   }
   file.metadata = {{"format", kFormat}};
-  STRATUM_ASSIGN_OR_RETURN(const std::string folder, CreateCheckpointFolder(dir, state.iteration));
-  STRATUM_ASSIGN_OR_RETURN(const WrittenFile written,
-                           WriteSafetensors(absl::StrCat(folder, "/", kFile), file));
+  absl::StatusOr<std::string> folder = CreateCheckpointFolder(dir, state.iteration);
+  if (!folder.ok()) return CheckpointNotSaved(dir, state.iteration, folder.status());
+  absl::StatusOr<WrittenFile> written = WriteSafetensors(absl::StrCat(*folder, "/", kFile), file);
+  if (!written.ok()) return CheckpointNotSaved(dir, state.iteration, written.status());
   const nlohmann::json manifest = {
       {"format", kFormat},
       {"step", state.iteration},
@@ -118,8 +119,10 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
       {"global_batch", state.global_batch},
       {"num_workers", state.num_workers},
       {"optimizer", optimizer.name()},
-      {"files", {{{"file", kFile}, {"crc32", written.crc32}, {"bytes", written.bytes}}}}};
-  return CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
+      {"files", {{{"file", kFile}, {"crc32", written->crc32}, {"bytes", written->bytes}}}}};
+  absl::Status committed = CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
+  if (!committed.ok()) return CheckpointNotSaved(dir, state.iteration, committed);
+  return absl::OkStatus();
 }
 
 namespace {

@@ -233,6 +233,24 @@ absl::StatusOr<nlohmann::json> ReadCheckpointManifest(const std::string& folder)
   return manifest;
 }
 
+absl::Status CheckpointNotSaved(const std::string& dir, int64_t step, const absl::Status& cause) {
+  const std::string folder = CheckpointFolder(dir, step);
+  const absl::StatusOr<std::optional<std::string>> latest = LatestCheckpointFolder(dir);
+  std::string kept;
+  if (latest.ok()) {
+    if (*latest != folder) {
+      std::error_code ignored;
+      fs::remove_all(folder, ignored);
+    }
+    kept = latest->has_value()
+               ? absl::StrCat("; ", dir, " still holds ", fs::path(**latest).filename().string(),
+                              " intact, which the job resumes from when run again")
+               : absl::StrCat("; ", dir, " holds no earlier checkpoint");
+  }
+  return absl::Status(cause.code(), absl::StrCat("the checkpoint at step ", step,
+                                                 " was not saved: ", cause.message(), kept));
+}
+
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {
   const std::string pointer = absl::StrCat(dir, "/", kLatestFile);
   if (!fs::exists(pointer)) {

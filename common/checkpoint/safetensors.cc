@@ -43,6 +43,18 @@ std::string Folder(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// A failed write: a full disk (or quota, or a read-only one) is the machine's state, which
+// a retry meets again until someone acts, so FAILED_PRECONDITION with the fix; other I/O
+// errors INTERNAL.
+absl::Status WriteFailed(const std::string& path, int error) {
+  const std::string what = absl::StrCat("cannot write ", path, ": ", std::strerror(error));
+  if (error == ENOSPC || error == EDQUOT || error == EROFS) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " (free space on its disk, or write it to another one)"));
+  }
+  return absl::InternalError(what);
+}
+
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -62,14 +74,14 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
       const int error = errno;
       close(fd);
       unlink(temporary.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+      return WriteFailed(path, error);
     }
     written += static_cast<size_t>(n);
   }
   if (fsync(fd) != 0 || close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
     unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+    return WriteFailed(path, error);
   }
   // The rename itself is durable only once the folder is synced.
   const int folder = open(Folder(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

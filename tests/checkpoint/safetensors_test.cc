@@ -192,6 +192,37 @@ TEST(CheckpointFolderTest, PruningCountsOnlyCompleteCheckpoints) {
   std::filesystem::remove_all(dir);
 }
 
+// A save that failed (a full disk) says so, keeps its cause's code, names the checkpoint a
+// restart resumes from, and leaves no folder of the failed step behind (QA: "cannot write
+// .../state.safetensors: No space left on device" alone, exit 1 so that the launcher
+// restarted the job three times, and an empty ckpt folder left).
+TEST(CheckpointFolderTest, AFailedSaveNamesTheCheckpointStillIntactAndLeavesNoFolder) {
+  const std::string dir = Path("ckpt_not_saved");
+  std::filesystem::remove_all(dir);
+  const absl::Status full = absl::FailedPreconditionError("cannot write x: No space left");
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  absl::Status first = CheckpointNotSaved(dir, 100, full);
+  EXPECT_EQ(first.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(first.message()),
+            "the checkpoint at step 100 was not saved: cannot write x: No space left; " + dir +
+                " holds no earlier checkpoint");
+  EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 100)));
+
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 100, {{"step", 100}}, 3).ok());
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 200).ok());
+  absl::Status later = CheckpointNotSaved(dir, 200, absl::InternalError("cannot write y: EIO"));
+  EXPECT_EQ(later.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(later.message()),
+              HasSubstr("step 200 was not saved: cannot write y: EIO; " + dir +
+                        " still holds ckpt-000000000100 intact, which the job resumes from"));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 200)));
+  // The committed latest saved again and failed: it stays.
+  (void)CheckpointNotSaved(dir, 100, full);
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 100) + "/manifest.json"));
+  std::filesystem::remove_all(dir);
+}
+
 // A manifest is sealed with its own checksum: one damaged or edited by hand (a step, an
 // epoch) reads as damaged, not as truth, and a field of the wrong type in an old one
 // (written before the checksum) is damage too, never an exception.

@@ -312,6 +312,43 @@ TEST(StratumTrainTest, AClosedOutputDoesNotEndTheRun) {
   std::filesystem::remove_all(checkpoints);
 }
 
+// A full disk: the save is refused as the machine's state (exit 2, so a launcher does not
+// restart into the same failure), the error says what is intact, and nothing half-written
+// stays. The disk is a 300 KiB tmpfs in a mount namespace of the test's own (root only).
+TEST(StratumTrainTest, AFullDiskEndsTheRunWithTheFixAndTheCheckpointStillIntact) {
+  const std::string disk = TempPath("full_disk");
+  std::filesystem::create_directories(disk);
+  const std::string probe =
+      "unshare -m --propagation private mount -t tmpfs -o size=300k tmpfs " + disk + " 2>/dev/null";
+  if (std::system(probe.c_str()) != 0) {
+    std::filesystem::remove_all(disk);
+    GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs root)";
+  }
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 2;
+  job["fit"]["steps_per_epoch"] = 20;
+  job["checkpoint"] = {{"dir", disk + "/ckpt"}};
+  const std::string path = WriteJob(job, "full_disk");
+  const std::string output = TempPath("full_disk_output");
+  // The first save (about 1.2 MB) does not fit.
+  const std::string command =
+      "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=300k tmpfs " + disk + " && " +
+      std::string(STRATUM_BIN_DIR) + "/stratum-train --job=" + path + " --progress=lines > " +
+      output + " 2>&1; echo $? >> " + output + "; ls " + disk + "/ckpt >> " + output + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(output).rdbuf();
+  EXPECT_THAT(
+      text.str(),
+      HasSubstr("stratum-train: the checkpoint at step 20 was not saved: cannot write " + disk +
+                "/ckpt/ckpt-000000000020/state.safetensors: No space left on "
+                "device (free space on its disk, or write it to another one); " +
+                disk + "/ckpt holds no earlier checkpoint\n2\n"));
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("ckpt-000000000020\n")));  // not left
+  std::filesystem::remove(output);
+  std::filesystem::remove_all(disk);
+}
+
 // --progress none drops the epoch lines, not what happens: a resume is still said (QA: it
 // was not). Log lines go to stderr, so stdout holds the results alone (QA: they were on
 // stdout, as spdlog's default logger writes).

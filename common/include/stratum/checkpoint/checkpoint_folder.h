@@ -70,6 +70,12 @@ absl::StatusOr<nlohmann::json> ReadCheckpointManifest(const std::string& folder)
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step, const nlohmann::json& manifest,
                               int max_to_keep);
 
+// What a save of `step` into `dir` that failed with `cause` says, with `cause`'s code: that
+// the checkpoint was not saved, why, and which checkpoint of `dir` a restart resumes from
+// (still intact: a save never touches the committed ones). Its folder, unless it is the
+// committed latest (saved again), is no checkpoint and is removed now.
+absl::Status CheckpointNotSaved(const std::string& dir, int64_t step, const absl::Status& cause);
+
 // The latest complete checkpoint's folder, or nullopt when `dir` has none yet. DATA_LOSS
 // when the pointer file is corrupt, or lost beside complete checkpoints.
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir);

@@ -32,7 +32,8 @@ class CheckpointManager {
   // `progress` (the coordinator's record of the epochs, any JSON) is kept in the manifest
   // and given back by restored_progress() after a restore. FAILED_PRECONDITION "a parameter
   // server is unavailable: <kPsLostItsVariables>: ..." when a PS lacks shards placed on it
-  // (nothing is committed); a PS's own errors as they come.
+  // (nothing is committed); a PS's own errors as they come. Each says that the checkpoint
+  // was not saved and which one is still intact (CheckpointNotSaved).
   absl::Status Save(int64_t step, const nlohmann::json& progress = nullptr);
   // The PS tasks ("ps:1") that were stopping (they got a signal) when the last Save wrote
   // their files: they go now, their state saved.
@@ -50,6 +51,8 @@ class CheckpointManager {
  private:
   // FAILED_PRECONDITION (see Save) when PS `task`'s save lacks a shard placed on it.
   absl::Status CheckHoldsItsShards(int task, int64_t step, const proto::SaveResponse& saved) const;
+  // Save, with the causes of a failed save as they come.
+  absl::Status WriteAndCommit(int64_t step, const nlohmann::json& progress);
 
   std::string dir_;
   int max_to_keep_;
