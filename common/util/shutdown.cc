@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <ctime>
 #include <utility>
 
@@ -43,7 +45,15 @@ void ShutdownWatcher::Run() {
   while (!stop_) {
     const int signo = sigtimedwait(&set, nullptr, &poll);
     if (signo <= 0) continue;
-    if (requested()) _exit(128 + signo);
+    if (requested()) {
+      // Said before exiting, so that the output does not just stop (QA).
+      char line[96];
+      const int length =
+          snprintf(line, sizeof(line), "%s: second signal %d while stopping: exiting at once\n",
+                   program_invocation_short_name, signo);
+      if (length > 0) (void)!write(STDERR_FILENO, line, static_cast<size_t>(length));
+      _exit(128 + signo);
+    }
     signal_number_ = signo;
     RequestShutdown();
   }

@@ -325,6 +325,25 @@ TEST_F(LaunchExitCodeTest, WithoutAChiefTheExitCodeIsWorkerZeros) {
   EXPECT_EQ(exit->exit_code, 3) << launcher->output();
 }
 
+// A second Ctrl-C while the launcher waits for a child that does not stop ends it at once,
+// saying so (QA: the output just stopped), and the children go with it.
+TEST_F(LaunchExitCodeTest, ASecondSignalWhileStoppingExitsAtOnceAndSaysSo) {
+  WriteScript("stratum-worker", "trap '' TERM; echo up; while true; do sleep 1; done");
+  WriteScript("stratum-ps", "exec sleep 60");
+  auto launcher = Launch({"--workers=1", "--ps=1", "--bin_dir=" + dir_});
+  ASSERT_TRUE(WaitForOutput(*launcher, "[worker:0] up")) << launcher->output();
+  const auto pids = ChildPids(launcher->output());
+  launcher->Signal(SIGTERM);
+  ASSERT_TRUE(WaitForOutput(*launcher, "[launch] signal 15: stopping 2 tasks"));
+  launcher->Signal(SIGTERM);  // worker:0 ignores the first: the launcher would wait 30 s
+  auto exit = launcher->Wait(absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << launcher->output();
+  EXPECT_EQ(exit->exit_code, 128 + SIGTERM);
+  EXPECT_THAT(launcher->output(),
+              HasSubstr("stratum-launch: second signal 15 while stopping: exiting at once"));
+  for (const auto& [task, pid] : pids) kill(pid, SIGKILL);  // its trap outlives the launcher
+}
+
 TEST_F(LaunchExitCodeTest, MissingBinaryIsAUsageError) {
   auto launcher = Launch({"--workers=1", "--ps=0", "--bin_dir=" + dir_});
   auto exit = launcher->Wait(absl::Seconds(20));
