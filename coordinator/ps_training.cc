@@ -230,6 +230,14 @@ int64_t FinishedSteps(const ScheduledSteps& scheduled) {
   return finished;
 }
 
+// The chief's TF_CONFIG host (what others reach it by) with the port it serves on.
+std::string AdvertisedAddress(const ClusterSpec& cluster, const std::string& listen_address) {
+  const std::string address = cluster.TaskAddress(kChief, 0).value_or("");
+  const size_t colon = listen_address.rfind(':');
+  if (address.empty() || colon == std::string::npos) return address;
+  return absl::StrCat(address.substr(0, address.rfind(':')), listen_address.substr(colon));
+}
+
 }  // namespace
 
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options) {
@@ -275,7 +283,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
       .timeout = options.rpc_timeout,
       .channel = options.channel,
       .coordinator = CoordinatorDescription(cluster),
-      .coordinator_address = cluster.TaskAddress(kChief, 0).value_or("")};
+      .coordinator_address = AdvertisedAddress(cluster, options.listen_address)};
   for (int task = 0; task < num_ps; ++task) {
     ps_addresses.push_back(*cluster.TaskAddress(kPs, task));
     clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses.back(),

@@ -108,6 +108,7 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
   options.closures_per_worker = absl::GetFlag(FLAGS_closures_per_worker);
   options.cancel = &shutdown.notification();
   options.channel = context.channel_options();
+  options.listen_address = context.listen_address;
   absl::StatusOr<FitSummary> summary =
       RunParameterServerJob(job, text.str(), base_dir, context.resolver.cluster_spec(), options);
   if (!summary.ok()) {

@@ -75,9 +75,11 @@ std::unique_ptr<LocalCluster> LongJobPastItsFirstEpoch(const std::string& name,
 }
 
 // A coordinator process of its own (not the cluster's chief) with `tf_config`, training `job`.
-std::unique_ptr<Subprocess> SpawnCoordinator(const std::string& tf_config, const std::string& job) {
+std::unique_ptr<Subprocess> SpawnCoordinator(const std::string& tf_config, const std::string& job,
+                                             const std::vector<std::string>& args = {}) {
   SubprocessOptions options;
   options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-coordinator", "--job=" + job};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
   options.env = {{"TF_CONFIG", tf_config}};
   options.forward_fd = -1;
   options.capture_output = true;
@@ -666,6 +668,20 @@ TEST(PsTrainingTest, OneCoordinatorAtATimeTrainsOnAClusterAndOneTakenOverStops) 
       absl::StrCat("the coordinator chief:0 at ", cluster->Address({"chief", 0}), ", pid ",
                    cluster->Pid({"chief", 0}), " on ");
   const std::string second_job = WriteJob(2, 100, "fenced_second");
+
+  // Given the first one's own TF_CONFIG but serving on another port, it is no restart of the
+  // first (QA: the PSs took it for one and handed it the job, and the first stopped, saying
+  // it had been restarted).
+  absl::StatusOr<int> other_port = PickFreePort();
+  ASSERT_TRUE(other_port.ok()) << other_port.status();
+  auto same_config = SpawnCoordinator(cluster->TfConfig({"chief", 0}), second_job,
+                                      {absl::StrCat("--listen_address=127.0.0.1:", *other_port)});
+  ASSERT_NE(same_config, nullptr);
+  auto same_exit = same_config->Wait(absl::Seconds(60));
+  ASSERT_TRUE(same_exit.ok()) << same_exit.status();
+  EXPECT_FALSE(same_exit->success()) << same_config->output();
+  EXPECT_THAT(same_config->output(),
+              HasSubstr("this parameter server is held by another coordinator (" + first));
 
   auto refused = SpawnCoordinator(tf_config.dump(), second_job);
   ASSERT_NE(refused, nullptr);

@@ -38,6 +38,11 @@ struct PsTrainingOptions {
   FILE* out = stdout;
   const absl::Notification* cancel = nullptr;  // stop early (SIGTERM)
   ChannelOptions channel = {};                 // how to reach the workers and ps (TLS)
+  // Where this coordinator serves (its --listen_address; empty: the chief's TF_CONFIG
+  // address). It names itself to the PSs by the chief's TF_CONFIG host with this port, so
+  // that a second coordinator given the same TF_CONFIG but serving on another port is not
+  // taken for this one restarted.
+  std::string listen_address;
 };
 
 // What RunParameterServerJob would refuse in the job itself (model, loss, optimizer,
