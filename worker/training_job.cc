@@ -91,7 +91,15 @@ absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& 
   STRATUM_RETURN_IF_ERROR(
       CheckImages(absl::StrCat(field, ".images"), source.images, images, model));
   STRATUM_RETURN_IF_ERROR(CheckLabels(field, source.labels, labels, model, loss));
-  return CheckRowsAgree(source, images.shape, labels.shape);
+  STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape, labels.shape));
+  // A test set of no examples measures nothing: its accuracy would read 0, as if measured.
+  if (field == "data.test" && images.shape.rank() > 0 && images.shape.dim(0) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.test.images ", source.images,
+                     " holds no examples, so the model could not be tested on it: point "
+                     "data.test at a test set with examples, or remove data.test"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

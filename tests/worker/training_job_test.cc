@@ -98,6 +98,16 @@ TEST_F(CheckTrainingJobTest, AnImagesFileThatDoesNotFitTheModelIsRefusedNamingTh
                            "change the model's input shape");
 }
 
+// A test set of no examples is refused: its figures would read 0 as if measured (QA: the
+// run ended with "test accuracy 0.0000", and the summary said 0).
+TEST_F(CheckTrainingJobTest, AnEmptyTestSetIsRefusedNamingTheField) {
+  job_.data.test.images = dir_.Write("empty-images", testing::UbyteIdx({0, 28, 28}, {}));
+  job_.data.test.labels = dir_.Write("empty-labels", testing::UbyteIdx({0}, {}));
+  EXPECT_EQ(Refusal(), "data.test.images " + job_.data.test.images +
+                           " holds no examples, so the model could not be tested on it: point "
+                           "data.test at a test set with examples, or remove data.test");
+}
+
 // Categorical cross-entropy takes one float32 row per example (one-hot labels).
 TEST_F(CheckTrainingJobTest, TargetsAreCheckedAgainstTheLoss) {
   job_.loss = "categorical_crossentropy";
