@@ -1,5 +1,6 @@
 # stratum_add_test(NAME SOURCES... [LIBS ...] [LABELS ...] [TIMEOUT s])
-# Builds a GoogleTest binary and registers each of its tests with CTest.
+# Builds a GoogleTest binary and registers each of its tests with CTest. Each binary runs
+# in a private temporary folder (tests/testing/private_temp_dir.cc).
 include(GoogleTest)
 function(stratum_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
@@ -7,7 +8,7 @@ function(stratum_add_test name)
     set(ARG_TIMEOUT 60)
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} stratum_private_temp_dir GTest::gtest GTest::gmock GTest::gtest_main)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 30
     PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
