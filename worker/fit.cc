@@ -335,6 +335,16 @@ std::string OrResumeFromTheEpochsEnd(const FitOptions& options, const FitState& 
                       ", delete the checkpoint folders newer than ", epoch_end_folder);
 }
 
+// fit.shuffle_buffer as MakeBatches uses it: 0 and 1 both leave the data in file order.
+int64_t ShuffledBy(const FitOptions& options) {
+  return options.shuffle_buffer > 1 ? options.shuffle_buffer : 0;
+}
+
+std::string DataOrder(int64_t shuffle_buffer, uint64_t seed) {
+  if (shuffle_buffer <= 1) return "no shuffle (fit.shuffle_buffer 0)";
+  return absl::StrCat("fit.shuffle_buffer ", shuffle_buffer, " and fit.seed ", seed);
+}
+
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
 // on every worker afterwards: the chief decides and broadcasts.
 absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
@@ -366,6 +376,21 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
           "): its place in the data would not be the same; resume with the job's earlier "
           "workers and devices, or remove ",
           options.checkpoint_dir, " to train from scratch", or_epoch_end));
+    }
+    // Mid-epoch, the steps done are the first of the epoch's order: another shuffle would
+    // make them other examples.
+    if (state.step_in_epoch > 0 && state.shuffle_buffer.has_value() && state.seed.has_value() &&
+        (*state.shuffle_buffer != ShuffledBy(options) ||
+         (ShuffledBy(options) > 1 && *state.seed != options.seed))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint at step ", state.iteration, " in ", options.checkpoint_dir,
+          " stopped in the middle of epoch ", state.epoch + 1, " of data shuffled with ",
+          DataOrder(*state.shuffle_buffer, *state.seed), ", and this run shuffles with ",
+          DataOrder(ShuffledBy(options), options.seed),
+          ": the rest of the epoch would repeat some examples and skip others; resume with the "
+          "earlier fit.shuffle_buffer and fit.seed, or remove ",
+          options.checkpoint_dir, " to train from scratch",
+          OrResumeFromTheEpochsEnd(options, state, "")));
     }
     // A checkpoint in the middle of an epoch has done fewer of its steps than an epoch has:
     // resumed from one at or past this run's epoch length, the rest of its epoch would be
@@ -461,6 +486,8 @@ absl::Status Backup(const Strategy& strategy, const Model& model, const Optimize
   }
   state.global_batch = GlobalBatch(strategy, options);
   state.num_workers = strategy.num_workers();
+  state.shuffle_buffer = ShuffledBy(options);
+  state.seed = options.seed;
   const int64_t iteration = state.iteration;
   if (strategy.is_chief()) {
     STRATUM_RETURN_IF_ERROR(

@@ -106,7 +106,7 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
   if (!folder.ok()) return CheckpointNotSaved(dir, state.iteration, folder.status());
   absl::StatusOr<WrittenFile> written = WriteSafetensors(absl::StrCat(*folder, "/", kFile), file);
   if (!written.ok()) return CheckpointNotSaved(dir, state.iteration, written.status());
-  const nlohmann::json manifest = {
+  nlohmann::json manifest = {
       {"format", kFormat},
       {"step", state.iteration},
       {"epoch", state.epoch},
@@ -120,6 +120,8 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
       {"num_workers", state.num_workers},
       {"optimizer", optimizer.name()},
       {"files", {{{"file", kFile}, {"crc32", written->crc32}, {"bytes", written->bytes}}}}};
+  if (state.shuffle_buffer) manifest["shuffle_buffer"] = *state.shuffle_buffer;
+  if (state.seed) manifest["seed"] = *state.seed;
   absl::Status committed = CommitCheckpoint(dir, state.iteration, manifest, max_to_keep);
   if (!committed.ok()) return CheckpointNotSaved(dir, state.iteration, committed);
   return absl::OkStatus();
@@ -170,6 +172,12 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
   state.history = manifest.value("history", nlohmann::json::array());
   state.global_batch = manifest.value("global_batch", int64_t{0});
   state.num_workers = manifest.value("num_workers", int64_t{0});
+  if (manifest.contains("shuffle_buffer") && manifest["shuffle_buffer"].is_number_integer()) {
+    state.shuffle_buffer = manifest["shuffle_buffer"].get<int64_t>();
+  }
+  if (manifest.contains("seed") && manifest["seed"].is_number_unsigned()) {
+    state.seed = manifest["seed"].get<uint64_t>();
+  }
   if (const std::string why = ImpossiblePlace(state); !why.empty()) {
     return absl::DataLossError(
         absl::StrCat(folder, "/manifest.json gives ", why, ": it is corrupt or was edited"));

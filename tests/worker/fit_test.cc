@@ -381,6 +381,68 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTh
   std::filesystem::remove_all(dir);
 }
 
+// Mid-epoch, the steps done are the first of the epoch's shuffled order: resumed with
+// another seed or shuffle buffer, the rest of the epoch would repeat some examples and skip
+// others (QA: it was accepted without a word), so it is refused with the fix.
+TEST(FitTest, ResumingMidEpochWithAnotherShuffleIsRefusedWithTheFix) {
+  const Model model = *Model::FromKerasJson(absl::string_view(kModel));
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const std::string dir = ::testing::TempDir() + "/fit_other_shuffle";
+  auto run = [&](int64_t shuffle_buffer, uint64_t seed) {
+    auto strategy = Mirrored(1);
+    FitOptions options;
+    options.epochs = 1;
+    options.steps_per_epoch = 12;
+    options.batch_size_per_replica = 8;
+    options.shuffle_buffer = shuffle_buffer;
+    options.seed = seed;
+    options.progress = ProgressStyle::kNone;
+    options.checkpoint_dir = dir;
+    return Fit(*strategy, model, Loss::SparseCategoricalCrossentropy(), *optimizer, Data(400, 100),
+               options);
+  };
+  // What a run shuffling with a buffer of 100 and seed 7 leaves when it is killed at step 5.
+  auto save = [&](std::optional<int64_t> shuffle_buffer) {
+    std::filesystem::remove_all(dir);
+    FitState state;
+    state.step_in_epoch = 5;
+    state.iteration = 5;
+    state.global_batch = 8;
+    state.num_workers = 1;
+    state.shuffle_buffer = shuffle_buffer;
+    state.seed = 7;
+    state.variables = model.InitialVariables(1);
+    for (const Tensor& variable : state.variables)
+      state.slots.push_back(optimizer->NewSlots(variable));
+    ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+  };
+  save(100);
+  auto refused = run(100, 8);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr(
+                  "stopped in the middle of epoch 1 of data shuffled with fit.shuffle_buffer 100 "
+                  "and fit.seed 7, and this run shuffles with fit.shuffle_buffer 100 and fit.seed "
+                  "8: the rest of the epoch would repeat some examples and skip others; resume "
+                  "with the earlier fit.shuffle_buffer and fit.seed, or remove " +
+                  dir));
+  refused = run(0, 7);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("this run shuffles with no shuffle (fit.shuffle_buffer 0)"));
+  auto resumed = run(100, 7);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->resumed_from_step, 5);
+
+  // Unshuffled data has one order whatever the seed; a checkpoint that did not record its
+  // order (written before it was recorded) is resumed as before.
+  save(0);
+  EXPECT_TRUE(run(1, 8).ok());
+  save(std::nullopt);
+  EXPECT_TRUE(run(100, 8).ok());
+  std::filesystem::remove_all(dir);
+}
+
 // A checkpoint written by plain SGD holds no momentum slots: resumed by SGD with momentum,
 // the error names the optimizer settings, not "another model" (the model is the same).
 TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) {

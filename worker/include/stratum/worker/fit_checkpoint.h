@@ -30,6 +30,10 @@ struct FitState {
   std::vector<std::vector<Tensor>> slots;  // per variable, optimizer.SlotNames() order
   int64_t global_batch = 0;                // of the run that saved it; 0: not recorded
   int64_t num_workers = 0;  // that the data was sharded over in that run; 0: not recorded
+  // The order of that run's data: fit.shuffle_buffer (0 or 1: not shuffled) and fit.seed;
+  // nullopt: not recorded.
+  std::optional<int64_t> shuffle_buffer;
+  std::optional<uint64_t> seed;
 };
 
 // Writes `state` as the checkpoint of step `state.iteration`.
