@@ -73,7 +73,7 @@ int Run() {
   spec->data.train.labels = dir + "train-labels-idx1-ubyte.gz";
   spec->data.test.images = dir + "t10k-images-idx3-ubyte.gz";
   spec->data.test.labels = dir + "t10k-labels-idx1-ubyte.gz";
-  absl::StatusOr<FitData> data = LoadFitData(spec->data);
+  absl::StatusOr<FitData> data = LoadFitData(spec->data, *Model::FromKerasJson(spec->model));
   if (!data.ok()) {
     std::fprintf(stderr, "gpu_train_bench: %s\n", std::string(data.status().message()).c_str());
     return 2;

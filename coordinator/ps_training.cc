@@ -347,7 +347,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
 
   // Test data, evaluated here after each epoch.
   DataSpec data_spec = job.data;
-  absl::StatusOr<FitData> data = LoadFitData(data_spec);
+  absl::StatusOr<FitData> data = LoadFitData(data_spec, *model);
   if (!data.ok()) return data.status();
   const int replicas_per_worker = std::max<int>(1, static_cast<int>(job.strategy.devices.size()));
   const int64_t worker_batch = job.fit.batch_size_per_replica * replicas_per_worker;

@@ -28,7 +28,7 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   if (absl::Status headers = CheckDataHeaders(job.data, *model, *loss); !headers.ok()) {
     return headers;
   }
-  absl::StatusOr<FitData> data = LoadFitData(job.data);
+  absl::StatusOr<FitData> data = LoadFitData(job.data, *model);
   if (!data.ok()) return data.status();
   if (!data->has_test) {
     return absl::InvalidArgumentError("the evaluator needs data.test in the job: add it");

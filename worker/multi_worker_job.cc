@@ -183,7 +183,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
       CommunicationImplementationFromName(job.strategy.communication.implementation));
   communication.bytes_per_pack = job.strategy.communication.bytes_per_pack;
   communication.timeout = absl::Seconds(job.strategy.communication.timeout_seconds);
-  STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data));
+  STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(job.data, model));
   std::optional<CheckpointFolderLock> checkpoint_lock;
   if (rank == 0 && !fit.checkpoint_dir.empty()) {  // the chief writes the checkpoints
     STRATUM_ASSIGN_OR_RETURN(checkpoint_lock, LockCheckpointFolder(fit.checkpoint_dir));

@@ -78,7 +78,7 @@ int Run(const ShutdownWatcher& shutdown) {
   if (absl::Status headers = CheckDataHeaders(job->data, *model, *loss); !headers.ok()) {
     return Fail(headers);
   }
-  absl::StatusOr<FitData> data = LoadFitData(job->data);
+  absl::StatusOr<FitData> data = LoadFitData(job->data, *model);
   if (!data.ok()) return Fail(data.status());
 
   absl::StatusOr<FitOptions> fit_options = FitOptionsFrom(*job);

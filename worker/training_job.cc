@@ -32,10 +32,28 @@ absl::Status CheckRowsAgree(const DataSourceSpec& source, const Shape& images,
                    Rows(labels), " labels: give the label file that belongs to these images"));
 }
 
-absl::StatusOr<Dataset> LoadSource(const DataSourceSpec& source, int64_t& examples) {
+// Class ids are checked once here, where the file and the example can still be named: a bad
+// one found by the loss mid-training could only be named by its place in a shuffled batch.
+absl::Status CheckClassIds(const std::string& field, const std::string& path, const Tensor& labels,
+                           int64_t classes) {
+  const auto outside = FirstClassIdOutside(labels, labels.rows(), classes);
+  if (!outside) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ".labels ", path, ": example ", outside->index, " has class id ",
+                   outside->class_id, ", outside the model's ", classes, " classes (0..",
+                   classes - 1, "): give labels from 0 to ", classes - 1,
+                   outside->class_id < 0 ? ""
+                                         : absl::StrCat(", or give the model's last Dense layer at "
+                                                        "least ",
+                                                        outside->class_id + 1, " units")));
+}
+
+absl::StatusOr<Dataset> LoadSource(const std::string& field, const DataSourceSpec& source,
+                                   int64_t classes, int64_t& examples) {
   STRATUM_ASSIGN_OR_RETURN(Tensor images, ReadIdxFile(source.images));
   STRATUM_ASSIGN_OR_RETURN(Tensor labels, ReadIdxFile(source.labels));
   STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape(), labels.shape()));
+  STRATUM_RETURN_IF_ERROR(CheckClassIds(field, source.labels, labels, classes));
   examples = images.rows();
   return Dataset::FromTensorSlices({std::move(images), std::move(labels)});
 }
@@ -149,14 +167,16 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& 
       "use default, one_device, mirrored or central_storage with stratum-train"));
 }
 
-absl::StatusOr<FitData> LoadFitData(const DataSpec& spec) {
+absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   FitData data;
   data.rescale = spec.rescale;
-  absl::StatusOr<Dataset> train = LoadSource(spec.train, data.train_examples);
+  const int64_t classes = model.output_size();
+  absl::StatusOr<Dataset> train =
+      LoadSource("data.train", spec.train, classes, data.train_examples);
   if (!train.ok()) return train.status();
   data.train = *std::move(train);
   if (!spec.test.images.empty()) {
-    absl::StatusOr<Dataset> test = LoadSource(spec.test, data.test_examples);
+    absl::StatusOr<Dataset> test = LoadSource("data.test", spec.test, classes, data.test_examples);
     if (!test.ok()) return test.status();
     data.test = *std::move(test);
     data.has_test = true;

@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
 
   DataSpec data_spec = spec->data;
   data_spec.test = {};  // the coordinator evaluates
-  absl::StatusOr<FitData> data = LoadFitData(data_spec);
+  absl::StatusOr<FitData> data = LoadFitData(data_spec, *job->model);
   if (!data.ok()) return data.status();
   const int replicas = job->strategy->NumLocalReplicas();
   // Every worker reads all the data in its own shuffled order (as TF's PS training does

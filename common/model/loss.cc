@@ -97,6 +97,20 @@ int64_t LabelAt(const Tensor& y, int64_t i) {
   return -1;
 }
 
+}  // namespace
+
+std::optional<ClassIdOutside> FirstClassIdOutside(const Tensor& y, int64_t count, int64_t classes) {
+  if (y.dtype() == DType::kFloat32) return std::nullopt;
+  count = std::min(count, y.num_elements());
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t label = LabelAt(y, i);
+    if (label < 0 || label >= classes) return ClassIdOutside{i, label};
+  }
+  return std::nullopt;
+}
+
+namespace {
+
 // The first index of the largest value, as argmax does.
 int64_t ArgMax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 
@@ -207,14 +221,11 @@ absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t class
                                                      "shape ",
                                                      expected_shape));
     }
-    for (int64_t i = 0; i < batch; ++i) {
-      const int64_t label = LabelAt(y, i);
-      if (label < 0 || label >= classes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("y[", i, "] is ", label, ", outside the ", classes,
-                         " classes of the model's output (0..", classes - 1,
-                         "): check the labels, or the units of the model's last Dense layer"));
-      }
+    if (const auto outside = FirstClassIdOutside(y, batch, classes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("y[", outside->index, "] is ", outside->class_id, ", outside the ", classes,
+                       " classes of the model's output (0..", classes - 1,
+                       "): check the labels, or the units of the model's last Dense layer"));
     }
     return absl::OkStatus();
   }

@@ -121,5 +121,19 @@ TEST_F(CheckTrainingJobTest, TargetsAreCheckedAgainstTheLoss) {
   EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
 }
 
+// A class id the model has no output for is named with its file and example when the data
+// is loaded (QA: it was found mid-training as "y[51] is 10", a place in a shuffled batch).
+TEST_F(CheckTrainingJobTest, AClassIdOutsideTheModelsOutputsIsNamedWhenLoaded) {
+  job_.data.test.labels = dir_.Write("eleven-classes", testing::UbyteIdx({6}, {0, 1, 2, 3, 10, 5}));
+  const absl::StatusOr<FitData> data = LoadFitData(job_.data, *Model::FromKerasJson(job_.model));
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(data.status().message(),
+            "data.test.labels " + job_.data.test.labels +
+                ": example 4 has class id 10, outside the model's 10 classes (0..9): give labels "
+                "from 0 to 9, or give the model's last Dense layer at least 11 units");
+  job_.data.test.labels = labels_;
+  EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(job_.model)).ok());
+}
+
 }  // namespace
 }  // namespace stratum

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +28,14 @@ struct StepStats {
   int64_t correct = 0;   // examples whose prediction matches the label (Keras' "accuracy")
   int64_t examples = 0;  // examples in the batch
 };
+
+// The first of the first `count` class ids in `y` (integers, [N] or [N, 1]) outside
+// 0..classes-1, with its index; nullopt when all are in range or `y` holds no class ids.
+struct ClassIdOutside {
+  int64_t index;
+  int64_t class_id;
+};
+std::optional<ClassIdOutside> FirstClassIdOutside(const Tensor& y, int64_t count, int64_t classes);
 
 class Loss {
  public:

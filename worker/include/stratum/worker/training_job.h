@@ -25,8 +25,9 @@ void ConfigureLogicalGpus(const StrategySpec& spec);
 // multi_worker_mirrored) are refused with how to run them.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec);
 
-// Reads the job's IDX files into unbatched (image, label) datasets.
-absl::StatusOr<FitData> LoadFitData(const DataSpec& spec);
+// Reads the job's IDX files into unbatched (image, label) datasets. Class ids outside the
+// model's outputs are refused naming the field, the file and the example.
+absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model);
 
 // Fit's options from the job: fit, the data's auto_shard_policy, and checkpoint (backup
 // and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
