@@ -196,13 +196,15 @@ absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoc
 }
 
 // Said whatever the progress style: where training starts is not progress.
-void SayResumed(const FitOptions& options, const FitState& state) {
+void SayResumed(const FitOptions& options, const FitState& state, bool has_test) {
   if (state.epoch >= options.epochs) {
     std::fprintf(options.out,
-                 "the checkpoint at step %lld in %s already completes this job's %d epochs: its "
-                 "figures are the ones saved (remove %s to train from scratch)\n",
+                 "the checkpoint at step %lld in %s already completes this job's %d epochs: %s "
+                 "(remove %s to train from scratch)\n",
                  static_cast<long long>(state.iteration), options.checkpoint_dir.c_str(),
-                 options.epochs, options.checkpoint_dir.c_str());
+                 options.epochs,
+                 has_test ? "evaluating its model on data.test" : "nothing left to train",
+                 options.checkpoint_dir.c_str());
     return;
   }
   std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
@@ -644,9 +646,10 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
     } else {
       for (int64_t epoch = 0; epoch < state.epoch; ++epoch) distributed->MakeIterator();
     }
-    fit_internal::SayResumed(options, state);
+    fit_internal::SayResumed(options, state, data.has_test);
   }
 
+  const int64_t restored_epochs = state.epoch;
   for (int epoch = static_cast<int>(state.epoch) + 1; epoch <= options.epochs; ++epoch) {
     const bool resuming_mid_epoch = epoch == state.epoch + 1 && state.step_in_epoch > 0;
     if (!fixed_steps || iterator == nullptr) {
@@ -772,7 +775,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
 
   if (data.has_test) {
     summary.tested = true;
-    if (!summary.history.empty() && summary.history.back().validated) {
+    // The last epoch's validation, when this run trained it; a checkpoint that completed the
+    // job already is evaluated anew (data.test may have changed since it was saved).
+    if (options.epochs > restored_epochs && summary.history.back().validated) {
       const EpochLog& last = summary.history.back();
       summary.test_loss = last.val_loss;
       summary.test_accuracy = last.val_accuracy;

@@ -88,9 +88,9 @@ std::string WhoseLossDiverged(const Strategy& strategy, const StopVote::Agreed& 
 absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
                           int64_t steps_per_epoch);
 
-// Says where a Fit that found a checkpoint goes on from (or that the checkpoint already
-// completes the job), unless the options ask for no progress output.
-void SayResumed(const FitOptions& options, const FitState& state);
+// Says where a Fit that found a checkpoint goes on from, or that the checkpoint already
+// completes the job (and whether its model is evaluated on the test set, `has_test`).
+void SayResumed(const FitOptions& options, const FitState& state, bool has_test);
 
 // Seconds on a steady clock.
 double Now();

@@ -419,7 +419,8 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
     summary.history.push_back(EpochLogFromJson(log));
     summary.steps += summary.history.back().steps;
   }
-  if (state_.epoch > 0 || state_.step_in_epoch > 0) fit_internal::SayResumed(options_, state_);
+  if (state_.epoch > 0 || state_.step_in_epoch > 0)
+    fit_internal::SayResumed(options_, state_, data_.has_test);
   fit_internal::Progress progress(options_);
   int64_t iteration = state_.iteration;
   double train_seconds = 0;
@@ -428,6 +429,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   bool stopping = false;  // FitOptions::stop: every worker agreed to stop
   fit_internal::StopVote stop_vote;
   STRATUM_RETURN_IF_ERROR(UploadOrder(state_.epoch));
+  const int64_t restored_epochs = state_.epoch;
   for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
     const int64_t index = epoch - 1;
     const bool resuming_mid_epoch = epoch == state_.epoch + 1 && state_.step_in_epoch > 0;
@@ -524,7 +526,8 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   }
   if (data_.has_test) {
     summary.tested = true;
-    if (!summary.history.empty() && summary.history.back().validated) {
+    // As in Fit: a checkpoint that completed the job already is evaluated anew.
+    if (options_.epochs > restored_epochs && summary.history.back().validated) {
       summary.test_loss = summary.history.back().val_loss;
       summary.test_accuracy = summary.history.back().val_accuracy;
     } else {

@@ -277,14 +277,26 @@ TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   for (const char* kept : {"/ckpt-000000000050", "/ckpt-000000000100", "/ckpt-000000000150"}) {
     EXPECT_TRUE(std::filesystem::exists(checkpoints + kept)) << kept;
   }
-  // Run once more, the job is complete: it says so and reports the saved figures.
+  // Run once more, the job is complete: it says so and evaluates the model it holds.
   TrainRun done = RunTrain({"--job=" + path, "--progress=lines", "--epochs=3"});
   EXPECT_EQ(done.exit.exit_code, 0) << done.output;
   EXPECT_THAT(done.output, HasSubstr("the checkpoint at step 150 in " + checkpoints +
-                                     " already completes this job's 3 epochs"));
+                                     " already completes this job's 3 epochs: evaluating its "
+                                     "model on data.test"));
   // A run that trained nothing has no speed to report (it said "0 examples/s").
   EXPECT_THAT(done.output, HasSubstr(", nothing left to train, "));
   EXPECT_THAT(done.output, ::testing::Not(HasSubstr(" examples/s")));
+  // Evaluated anew, not the figures saved: with data.test changed (to the training set
+  // here) the accuracy is the model's on it (QA: the saved test figures were printed).
+  const std::regex accuracy("test accuracy ([0-9.]+)");
+  std::smatch saved, anew;
+  ASSERT_TRUE(std::regex_search(done.output, saved, accuracy)) << done.output;
+  job["data"]["test"] = job["data"]["train"];
+  TrainRun on_train =
+      RunTrain({"--job=" + WriteJob(job, "damaged_on_train"), "--progress=lines", "--epochs=3"});
+  EXPECT_EQ(on_train.exit.exit_code, 0) << on_train.output;
+  ASSERT_TRUE(std::regex_search(on_train.output, anew, accuracy)) << on_train.output;
+  EXPECT_NE(saved[1].str(), anew[1].str());
   std::filesystem::remove_all(checkpoints);
 }
 
