@@ -1,5 +1,7 @@
 #include "stratum/worker/evaluator.h"
 
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -13,6 +15,27 @@
 #include "stratum/worker/training_job.h"
 
 namespace stratum {
+namespace {
+
+// The "history" of an evaluation.json an earlier run of the side-car wrote; empty when there
+// is none or it cannot be read (it is written anew).
+nlohmann::json EarlierEvaluations(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return nlohmann::json::array();
+  const nlohmann::json report = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (!report.is_object() || !report.contains("history") || !report["history"].is_array()) {
+    return nlohmann::json::array();
+  }
+  nlohmann::json history = nlohmann::json::array();
+  for (const nlohmann::json& entry : report["history"]) {
+    if (entry.is_object() && entry.contains("step") && entry["step"].is_number_integer()) {
+      history.push_back(entry);
+    }
+  }
+  return history;
+}
+
+}  // namespace
 
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
                           absl::Duration poll_interval) {
@@ -53,6 +76,10 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
     if (warning != last_warning) spdlog::warn("{}", warning);
     last_warning = warning;
   };
+  // Every evaluation, oldest first, kept across restarts of the side-car: evaluation.json
+  // holds the latest at its top level and them all in "history".
+  const std::string report_path = job.checkpoint.dir + "/evaluation.json";
+  nlohmann::json history = EarlierEvaluations(report_path);
   spdlog::info("evaluator watching {}", job.checkpoint.dir);
   // One pass over the latest checkpoint: evaluated when it is new.
   auto evaluate_latest = [&]() -> absl::Status {
@@ -102,11 +129,20 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
     last_warning.clear();
     spdlog::info("evaluated the checkpoint at step {}: val_loss {:.4f} - val_accuracy {:.4f}",
                  checkpoint->step, result->val_loss, result->val_accuracy);
-    const nlohmann::json report = {{"step", checkpoint->step},
-                                   {"val_loss", result->val_loss},
-                                   {"val_accuracy", result->val_accuracy}};
-    if (absl::Status status =
-            WriteFileAtomically(job.checkpoint.dir + "/evaluation.json", report.dump(2) + "\n");
+    const nlohmann::json latest_result = {{"step", checkpoint->step},
+                                          {"val_loss", result->val_loss},
+                                          {"val_accuracy", result->val_accuracy}};
+    // A job resumed from an earlier checkpoint writes its steps again: their new results
+    // replace the old.
+    nlohmann::json kept = nlohmann::json::array();
+    for (const nlohmann::json& earlier : history) {
+      if (earlier.value("step", int64_t{0}) < checkpoint->step) kept.push_back(earlier);
+    }
+    history = std::move(kept);
+    history.push_back(latest_result);
+    nlohmann::json report = latest_result;
+    report["history"] = history;
+    if (absl::Status status = WriteFileAtomically(report_path, report.dump(2) + "\n");
         !status.ok()) {
       spdlog::warn("{}", std::string(status.message()));
     }

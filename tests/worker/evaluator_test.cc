@@ -16,6 +16,7 @@
 
 #include "../data/idx_writer.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
@@ -145,7 +146,43 @@ TEST_F(EvaluatorTest, ADamagedCheckpointIsReportedOnceAndSkippedForANewerOne) {
   EXPECT_TRUE(std::filesystem::exists(state));
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(job_.checkpoint.dir, 2)));
   std::ifstream evaluation(job_.checkpoint.dir + "/evaluation.json");
-  EXPECT_EQ(nlohmann::json::parse(evaluation)["step"], 3);
+  const nlohmann::json report = nlohmann::json::parse(evaluation);
+  EXPECT_EQ(report["step"], 3);
+  ASSERT_EQ(report["history"].size(), 1u) << report;
+  EXPECT_EQ(report["history"][0]["step"], 3);
+}
+
+// evaluation.json holds the latest result at its top level and every one in "history",
+// across restarts of the side-car (QA: it held only the last, so a run's course was lost).
+TEST_F(EvaluatorTest, EvaluationJsonKeepsEveryResultAcrossRestarts) {
+  auto run_until_evaluated = [&](int64_t step) {
+    LogCapture log;
+    ShutdownWatcher shutdown;
+    absl::Status ended = absl::UnknownError("still running");
+    std::thread evaluator([&] { ended = RunEvaluator(job_, shutdown, absl::Milliseconds(5)); });
+    EXPECT_TRUE(log.WaitFor(absl::StrCat("evaluated the checkpoint at step ", step)));
+    shutdown.RequestShutdown();
+    evaluator.join();
+    EXPECT_TRUE(ended.ok()) << ended;
+    std::ifstream file(job_.checkpoint.dir + "/evaluation.json");
+    return nlohmann::json::parse(file);
+  };
+  Save(1);
+  run_until_evaluated(1);
+  Save(2);
+  nlohmann::json report = run_until_evaluated(2);
+  EXPECT_EQ(report["step"], 2);
+  ASSERT_EQ(report["history"].size(), 2u) << report;
+  EXPECT_EQ(report["history"][0]["step"], 1);
+  EXPECT_EQ(report["history"][1]["step"], 2);
+  EXPECT_EQ(report["history"][1]["val_accuracy"], report["val_accuracy"]);
+  // Resumed from step 1, the job writes step 2 again: its new result replaces the old one.
+  std::filesystem::remove_all(CheckpointFolder(job_.checkpoint.dir, 2));
+  Save(2, [](std::vector<Tensor>& variables) { variables[0].SetZero(); });
+  report = run_until_evaluated(2);
+  ASSERT_EQ(report["history"].size(), 2u) << report;
+  EXPECT_EQ(report["history"][0]["step"], 1);
+  EXPECT_EQ(report["history"][1]["val_loss"], report["val_loss"]);
 }
 
 }  // namespace
