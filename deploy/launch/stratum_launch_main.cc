@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <map>
@@ -19,6 +20,7 @@
 #include "stratum/util/flags.h"
 #include "stratum/util/logging.h"
 #include "stratum/util/shutdown.h"
+#include "stratum/util/status_macros.h"
 
 ABSL_FLAG(int, workers, 2, "Number of worker tasks");
 ABSL_FLAG(int, ps, -1,
@@ -85,6 +87,16 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   if (absl::Status level = CheckLogLevel(absl::GetFlag(FLAGS_log_level)); !level.ok()) {
     return level;
   }
+  // Checked here, as the chief would, so that nothing starts only to be stopped.
+  STRATUM_RETURN_IF_ERROR(CheckDurationFlag("--cluster_timeout",
+                                            absl::GetFlag(FLAGS_cluster_timeout), absl::Seconds(1),
+                                            "the tasks need time to answer", "2m"));
+  STRATUM_RETURN_IF_ERROR(CheckDurationFlag("--grace_period", absl::GetFlag(FLAGS_grace_period),
+                                            absl::ZeroDuration(),
+                                            "it is how long children get to exit", "30s"));
+  STRATUM_RETURN_IF_ERROR(CheckDurationFlag(
+      "--ps_recovery_timeout", absl::GetFlag(FLAGS_ps_recovery_timeout), absl::ZeroDuration(),
+      "it is how long the chief waits for a parameter server that died (0: not at all)", "5m"));
   LaunchOptions options;
   options.num_workers = absl::GetFlag(FLAGS_workers);
   options.num_ps = absl::GetFlag(FLAGS_ps);  // -1: not given
@@ -132,6 +144,13 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
                        "\", which trains in one process: run it with stratum-train --job"));
     }
   }
+  if (options.chief && !options.chief_is_worker && options.num_ps == 0) {
+    return absl::InvalidArgumentError(
+        "--chief starts stratum-coordinator, the chief of a parameter-server cluster, which "
+        "needs parameter servers, and --ps 0 starts none: pass --ps 1 or more (2 when left "
+        "out), or leave --chief out (a multi_worker_mirrored job's chief is a worker: pass "
+        "--job)");
+  }
   if (options.num_ps == -1) options.num_ps = 2;  // the default
   if (!summary_path.empty() && !options.chief_is_worker) {
     chief_args.push_back("--summary_json=" + summary_path);
@@ -160,7 +179,20 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
   const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
   std::vector<std::unique_ptr<Subprocess>> children;
   std::vector<Subprocess*> raw;
-  auto stop_all = [&] { StopInStages(StopOrder(plan, raw), grace); };
+  auto who = [&](size_t i) {
+    return absl::StrCat(plan.tasks[i].task.ToString(), " (pid ", children[i]->pid(), ")");
+  };
+  const SlowStopNotice slow_to_stop = [&](const Subprocess& process, bool killed) {
+    const auto found = std::find(raw.begin(), raw.end(), &process);
+    const std::string name = found == raw.end() ? absl::StrCat("pid ", process.pid())
+                                                : who(static_cast<size_t>(found - raw.begin()));
+    Say(killed ? absl::StrCat(name, " did not exit within the grace period of ",
+                              absl::FormatDuration(grace), ": killing it (SIGKILL)")
+               : absl::StrCat(name, " has not exited ", absl::FormatDuration(kSlowToStop),
+                              " after SIGTERM: waiting for it up to the grace period of ",
+                              absl::FormatDuration(grace), " (--grace_period), then killing it"));
+  };
+  auto stop_all = [&] { StopInStages(StopOrder(plan, raw), grace, slow_to_stop); };
 
   for (const PlannedTask& task : plan.tasks) {
     absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});
@@ -203,9 +235,6 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       reported[i] = true;
       exits.emplace_back(i, *exit);
     }
-    auto who = [&](size_t i) {
-      return absl::StrCat(plan.tasks[i].task.ToString(), " (pid ", children[i]->pid(), ")");
-    };
     // A MultiWorkerMirrored worker that failed (not on its configuration) takes the job
     // down; the one a signal ended is named, since the others failed for want of it.
     const std::pair<size_t, ExitInfo>* job_failure = nullptr;
@@ -227,7 +256,7 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       ++job_restarts;
       Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
                        "; the workers train in lock-step, so every one is stopped and the job "
-                       "starts again in 1s (restart ",
+                       "starts again 1s after they have stopped (restart ",
                        job_restarts, " of ", max_restarts,
                        "), resuming from its last checkpoint (from the start when the job has "
                        "no checkpoint.dir)"));
@@ -236,9 +265,11 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
         if (!trains(t)) continue;
         training.push_back(raw[t]);
         reported[t] = true;  // their exits now are this stop's
-        restart_at[t] = absl::Now() + absl::Seconds(1);
       }
-      StopAll(training, grace);
+      StopAll(training, grace, slow_to_stop);
+      for (size_t t = 0; t < children.size(); ++t) {
+        if (trains(t)) restart_at[t] = absl::Now() + absl::Seconds(1);
+      }
       exits.clear();
     }
     for (const auto& [i, exit] : exits) {

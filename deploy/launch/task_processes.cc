@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace stratum {
@@ -18,19 +20,33 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
   return Subprocess::Spawn(std::move(process));
 }
 
-void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace) {
-  StopInStages({processes}, grace);
+void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace,
+             const SlowStopNotice& notice) {
+  StopInStages({processes}, grace, notice);
 }
 
-void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace) {
+void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace,
+                  const SlowStopNotice& notice) {
   for (const std::vector<Subprocess*>& stage : stages) {
     for (Subprocess* process : stage) {
       if (process != nullptr) process->Signal(SIGTERM);
     }
-    const absl::Time deadline = absl::Now() + grace;
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + grace;
+    auto wait_until = [](Subprocess* process, absl::Time until) {
+      return process->Wait(std::max(until - absl::Now(), absl::ZeroDuration())).ok();
+    };
+    std::vector<Subprocess*> slow;
     for (Subprocess* process : stage) {
-      if (process == nullptr) continue;
-      if (process->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) continue;
+      if (process == nullptr || wait_until(process, std::min(start + kSlowToStop, deadline))) {
+        continue;
+      }
+      slow.push_back(process);
+      if (notice && absl::Now() < deadline) notice(*process, /*killed=*/false);
+    }
+    for (Subprocess* process : slow) {
+      if (wait_until(process, deadline)) continue;
+      if (notice) notice(*process, /*killed=*/true);
       process->Signal(SIGKILL);
       (void)process->Wait(absl::InfiniteDuration());
     }

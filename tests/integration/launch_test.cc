@@ -233,7 +233,7 @@ TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
   EXPECT_THAT(output, HasSubstr("[launch] worker:1 (pid"));
   EXPECT_THAT(output, HasSubstr("stopped unexpectedly: it was killed by signal 9 (SIGKILL); the "
                                 "workers train in lock-step, so every one is stopped and the "
-                                "job starts again in 1s (restart 1 of 3)"));
+                                "job starts again 1s after they have stopped (restart 1 of 3)"));
   EXPECT_TRUE(std::regex_search(output, std::regex(R"(started worker:0 on \S+ \(pid \d+\) again)")))
       << output;
   EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
@@ -393,6 +393,20 @@ TEST(LaunchUsageTest, NoParameterServersForAParameterServerJobAndNegativeRestart
   // Checked here, once, not by each task it would start.
   EXPECT_THAT(RefusedOutput({"--log_level=loud", "--dry-run"}),
               ::testing::StartsWith("stratum-launch: --log_level \"loud\" is not a log level"));
+}
+
+// Refused before anything starts (QA: --cluster_timeout=0s started the cluster and the chief
+// refused it; --chief --ps 0 got the chief's TF_CONFIG advice instead of the flag to change).
+TEST(LaunchUsageTest, DeadlinesTheChiefWouldRefuseAndAChiefWithoutParameterServersAreRefused) {
+  EXPECT_THAT(RefusedOutput({"--cluster_timeout=0s", "--dry-run"}),
+              HasSubstr("--cluster_timeout is 0: the tasks need time to answer; use 1s or more, "
+                        "e.g. 2m"));
+  EXPECT_THAT(RefusedOutput({"--grace_period=-1s", "--dry-run"}),
+              HasSubstr("--grace_period is -1s"));
+  EXPECT_THAT(RefusedOutput({"--chief", "--workers=1", "--ps=0", "--dry-run"}),
+              HasSubstr("--chief starts stratum-coordinator, the chief of a parameter-server "
+                        "cluster, which needs parameter servers, and --ps 0 starts none: pass "
+                        "--ps 1 or more"));
 }
 
 }  // namespace

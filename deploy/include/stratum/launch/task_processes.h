@@ -3,6 +3,7 @@
 // and the LocalCluster test fixture.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,11 +24,19 @@ struct TaskProcessOptions {
 absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
                                                       const TaskProcessOptions& options);
 
+// Told of a process that is slow to stop: `killed` false when it has not exited
+// kSlowToStop after SIGTERM (the grace period goes on), true just before it is SIGKILLed
+// at the end of the grace period. A frozen task would otherwise hold the stop up silently.
+using SlowStopNotice = std::function<void(const Subprocess& process, bool killed)>;
+inline constexpr absl::Duration kSlowToStop = absl::Seconds(2);
+
 // Sends SIGTERM to every process still running, gives them `grace` in all to exit, then
 // SIGKILLs the rest and reaps them all. Null entries are skipped.
-void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace);
+void StopAll(const std::vector<Subprocess*>& processes, absl::Duration grace,
+             const SlowStopNotice& notice = nullptr);
 // The same, stage after stage, each with `grace` of its own: a stage is signalled once the
 // one before has exited (so the training program can save while the servers are up).
-void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace);
+void StopInStages(const std::vector<std::vector<Subprocess*>>& stages, absl::Duration grace,
+                  const SlowStopNotice& notice = nullptr);
 
 }  // namespace stratum
