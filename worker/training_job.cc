@@ -102,13 +102,23 @@ absl::Status CheckLabels(const std::string& source_field, const std::string& pat
       field, " at the labels of ", source_field, ".images (an idx1 file, such as ", example, ")"));
 }
 
+// A header that does not fit may be a corrupt file rather than the wrong one (a damaged
+// dimension count reads as another shape): when the file's data does not match its own
+// header either, that is what to report. Read only on this error path.
+absl::Status CorruptOr(const std::string& path, absl::Status mismatch) {
+  if (mismatch.ok()) return mismatch;
+  absl::StatusOr<Tensor> whole = ReadIdxFile(path);
+  return whole.ok() ? mismatch : whole.status();
+}
+
 absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& source,
                                 const Model& model, const Loss& loss) {
   STRATUM_ASSIGN_OR_RETURN(const IdxHeader images, ReadIdxHeader(source.images));
   STRATUM_ASSIGN_OR_RETURN(const IdxHeader labels, ReadIdxHeader(source.labels));
+  STRATUM_RETURN_IF_ERROR(CorruptOr(
+      source.images, CheckImages(absl::StrCat(field, ".images"), source.images, images, model)));
   STRATUM_RETURN_IF_ERROR(
-      CheckImages(absl::StrCat(field, ".images"), source.images, images, model));
-  STRATUM_RETURN_IF_ERROR(CheckLabels(field, source.labels, labels, model, loss));
+      CorruptOr(source.labels, CheckLabels(field, source.labels, labels, model, loss)));
   STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape, labels.shape));
   // A test set of no examples measures nothing: its accuracy would read 0, as if measured.
   if (field == "data.test" && images.shape.rank() > 0 && images.shape.dim(0) == 0) {

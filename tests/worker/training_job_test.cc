@@ -98,6 +98,15 @@ TEST_F(CheckTrainingJobTest, AnImagesFileThatDoesNotFitTheModelIsRefusedNamingTh
                            "change the model's input shape");
 }
 
+// A damaged dimension count makes an images file read as another shape: the error says the
+// file is corrupt (its data does not match its header), not that it is the wrong file (QA).
+TEST_F(CheckTrainingJobTest, ACorruptHeaderIsReportedAsCorruptNotAsAnotherShape) {
+  job_.data.train.images =
+      dir_.Write("two-dims", testing::IdxBytes(0x08, {6, 28}, std::string(6 * 28 * 28, '\0')));
+  EXPECT_THAT(Refusal(), HasSubstr("IDX file \"" + job_.data.train.images +
+                                   "\" is corrupt: its header declares shape [6, 28]"));
+}
+
 // A test set of no examples is refused: its figures would read 0 as if measured (QA: the
 // run ended with "test accuracy 0.0000", and the summary said 0).
 TEST_F(CheckTrainingJobTest, AnEmptyTestSetIsRefusedNamingTheField) {
