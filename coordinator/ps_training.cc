@@ -24,6 +24,7 @@
 #include "stratum/model/model.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/health.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
@@ -233,9 +234,9 @@ int64_t FinishedSteps(const ScheduledSteps& scheduled) {
 // The chief's TF_CONFIG host (what others reach it by) with the port it serves on.
 std::string AdvertisedAddress(const ClusterSpec& cluster, const std::string& listen_address) {
   const std::string address = cluster.TaskAddress(kChief, 0).value_or("");
-  const size_t colon = listen_address.rfind(':');
-  if (address.empty() || colon == std::string::npos) return address;
-  return absl::StrCat(address.substr(0, address.rfind(':')), listen_address.substr(colon));
+  const std::string port = SplitHostPort(listen_address).port;
+  if (address.empty() || port.empty()) return address;
+  return WithPort(address, port);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/net/channel.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/process_info.h"
@@ -119,9 +120,7 @@ std::shared_ptr<PsDataClient> PsClient::DataClient() {
   if (!status.ok() && status.error_code() != grpc::StatusCode::UNIMPLEMENTED) return nullptr;
   data_asked_ = true;
   if (!status.ok() || response.tcp_port() <= 0) return nullptr;
-  const size_t colon = address_.rfind(':');
-  std::string host = address_.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string host = HostOf(address_);
   PsDataClientOptions options;
   options.timeout = options_.timeout;
   options.shared_memory = options_.shared_memory;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/task_main.h"
 #include "stratum/ps/data_path.h"
 #include "stratum/ps/ps_service.h"
@@ -24,13 +25,6 @@ ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(20),
           "(it is told at once); less than the pod's terminationGracePeriodSeconds");
 
 namespace {
-
-// The host part of a listen address ("127.0.0.1:2222", "[::]:2222").
-std::string ListenHost(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return host;
-}
 
 // The coordinator watches every 0.5 s: 2 s without a word means it is gone.
 constexpr absl::Duration kWatchWindow = absl::Seconds(2);
@@ -81,7 +75,7 @@ int main(int argc, char** argv) {
     spdlog::info("data path off: the cluster speaks TLS, so pushes and pulls stay on gRPC");
   } else if (absl::GetFlag(FLAGS_data_path) && !context.listen_address.empty()) {
     absl::StatusOr<std::unique_ptr<stratum::PsDataServer>> started =
-        stratum::PsDataServer::Start(store, {.host = ListenHost(context.listen_address),
+        stratum::PsDataServer::Start(store, {.host = stratum::HostOf(context.listen_address),
                                              .port = absl::GetFlag(FLAGS_data_port),
                                              .shutdown_grace = context.shutdown_grace});
     if (!started.ok()) return stratum::ReportFatal(context.binary, started.status());

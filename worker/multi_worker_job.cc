@@ -14,6 +14,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/net/host_port.h"
 #include "stratum/util/counted.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/tcp_transport.h"
@@ -24,12 +25,6 @@
 
 namespace stratum {
 namespace {
-
-std::string HostOf(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return host;
-}
 
 // Logs how this worker reaches each peer: "collective links: TCP to worker:1; Unix socket
 // (same host) to worker:2". Whoever reads a slow job's log sees which path it took.

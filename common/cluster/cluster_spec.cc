@@ -1,4 +1,5 @@
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/net/host_port.h"
 
 #include <algorithm>
 #include <charconv>
@@ -107,7 +108,7 @@ std::string HostNameProblem(absl::string_view host) {
 // The port of a valid address as a number ("029001" is port 29001).
 int PortOf(absl::string_view address) {
   int port = 0;
-  absl::string_view text = address.substr(address.rfind(':') + 1);
+  const std::string text = SplitHostPort(address).port;
   std::from_chars(text.data(), text.data() + text.size(), port);
   return port;
 }
@@ -263,9 +264,8 @@ namespace {
 // names are not case-sensitive, and the loopback has several names. (A server binds a
 // loopback name or an IP as given, and a host name on every interface.)
 std::string SocketOf(absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  const std::string host = absl::AsciiStrToLower(address.substr(0, colon));
-  const bool loopback = host == "localhost" || host == "127.0.0.1" || host == "[::1]" ||
+  const std::string host = absl::AsciiStrToLower(HostOf(address));
+  const bool loopback = host == "localhost" || host == "127.0.0.1" || host == "::1" ||
                         host == "localhost.localdomain" || host == "ip6-localhost";
   return absl::StrCat(loopback ? "this machine's loopback" : absl::StrCat("host ", host), ", port ",
                       PortOf(address));

@@ -8,8 +8,10 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/net/host_port.h"
 
 namespace stratum {
 
@@ -37,12 +39,11 @@ absl::StatusOr<std::string> ListenAddressFor(const std::string& address) {
     return absl::InvalidArgumentError(
         absl::StrCat("address \"", address, "\" is not valid because ", status.message()));
   }
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host == "localhost" || host.front() == '[') return address;
+  const HostPort split = SplitHostPort(address);
+  if (split.host == "localhost" || absl::StrContains(split.host, ':')) return address;
   in_addr ipv4;
-  if (inet_pton(AF_INET, host.c_str(), &ipv4) == 1) return address;
-  return absl::StrCat("[::]", address.substr(colon));
+  if (inet_pton(AF_INET, split.host.c_str(), &ipv4) == 1) return address;
+  return JoinHostPort("::", split.port);
 }
 
 }  // namespace stratum

@@ -1,4 +1,5 @@
 #include "stratum/net/free_port.h"
+#include "stratum/net/host_port.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -156,11 +157,10 @@ absl::StatusCode ListenErrorCode(int error) {
 absl::Status ListenFailure(const std::string& what, const std::string& address,
                            const std::string& fix) {
   const std::string prefix = absl::StrCat(what, " cannot listen on ", address, ": ");
-  const size_t colon = address.rfind(':');
-  const std::string host =
-      NumericHost(colon == std::string::npos ? address : address.substr(0, colon));
+  const HostPort split = SplitHostPort(address);
+  const std::string host = NumericHost(split.host);
   int port = 0;
-  if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
+  if (!absl::SimpleAtoi(split.port, &port)) port = 0;
   // -1 (not a numeric address): nothing to bind here to tell the causes apart.
   const int error = BindError(host, port);
   switch (error) {

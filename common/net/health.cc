@@ -19,6 +19,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/task.grpc.pb.h"
 #include "stratum/net/channel.h"
+#include "stratum/net/host_port.h"
 
 namespace stratum {
 namespace {
@@ -134,17 +135,13 @@ absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
 }
 
 bool RefusesConnections(const std::string& address, absl::Duration timeout) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return false;
-  std::string host = address.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const auto [host, port] = SplitHostPort(address);
+  if (port.empty()) return false;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int resolved = getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints, &found);
+  const int resolved = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
   // A name that no longer resolves: its process is gone with it (a deleted pod's record).
   if (resolved == EAI_NONAME) return true;
   if (resolved != 0 || found == nullptr) return false;

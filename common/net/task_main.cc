@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "stratum/cluster/kubernetes_cluster_resolver.h"
 #include "stratum/net/channel.h"
+#include "stratum/net/host_port.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/logging.h"
 #include "stratum/util/process_info.h"
@@ -176,11 +177,6 @@ absl::StatusOr<bool> UsesTls(const std::string& rpc_layer, const TlsFiles& files
   return true;
 }
 
-// "127.0.0.1:2222" with port 8081 -> "127.0.0.1:8081"; "[::]:2222" -> "[::]:8081".
-std::string WithPort(const std::string& address, int port) {
-  return absl::StrCat(address.substr(0, address.rfind(':')), ":", port);
-}
-
 struct TfConfigSource {
   std::string text;
   std::string pod;  // the Kubernetes pod settings' pod name, when given
@@ -221,7 +217,7 @@ std::string HealthListenAddressOrExit(const std::string& binary,
                                             " is not a port: use 1 to 65535, or 0 for none"));
   }
   if (*port == 0 || listen_address.empty()) return "";
-  return WithPort(listen_address, *port);
+  return WithPort(listen_address, absl::StrCat(*port));
 }
 
 }  // namespace
@@ -315,10 +311,9 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   context.listen_address = absl::GetFlag(FLAGS_listen_address);
   if (!context.listen_address.empty()) {
     const std::string& listen = context.listen_address;
-    const size_t colon = listen.rfind(':');
+    const HostPort split = SplitHostPort(listen);
     int port = 0;
-    if (colon == std::string::npos || colon == 0 ||
-        !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    if (split.host.empty() || !absl::SimpleAtoi(split.port, &port) || port < 0 || port > 65535) {
       ExitWithUsageError(options.binary,
                          absl::StrCat("--listen_address \"", listen,
                                       "\" is not host:port: write e.g. 0.0.0.0:2222 (all "

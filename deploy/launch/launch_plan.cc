@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "stratum/cluster/cluster_resolver.h"
 #include "stratum/net/free_port.h"
+#include "stratum/net/host_port.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -72,13 +73,9 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   if (options.chief) order.push_back({kChief, 0});
   STRATUM_ASSIGN_OR_RETURN(std::vector<int> ports,
                            PickFreePorts(static_cast<int>(order.size()), options.host));
-  // An IPv6 address is bracketed in host:port.
-  const std::string address_host =
-      absl::StrContains(options.host, ':') && options.host.front() != '['
-          ? absl::StrCat("[", options.host, "]")
-          : options.host;
   for (size_t i = 0; i < order.size(); ++i) {
-    plan.spec.SetTask(order[i].type, order[i].index, absl::StrCat(address_host, ":", ports[i]));
+    plan.spec.SetTask(order[i].type, order[i].index,
+                      JoinHostPort(options.host, absl::StrCat(ports[i])));
   }
   plan.main_task = options.chief ? TaskKey{kChief, 0} : TaskKey{kWorker, 0};
   plan.workers_train = options.chief_is_worker;

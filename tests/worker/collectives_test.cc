@@ -3,6 +3,11 @@
 // dead peer, a stuck peer, ranks that disagree about sizes, a stranger without the token.
 #include "stratum/worker/collective/collectives.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -39,7 +44,8 @@ struct Group {
 };
 
 Group MakeGroup(Kind kind, int n, CommunicationOptions options = {},
-                std::function<absl::Status()> abort_check = nullptr) {
+                std::function<absl::Status()> abort_check = nullptr,
+                const std::string& host = "127.0.0.1") {
   Group group;
   std::vector<std::unique_ptr<Transport>> transports(static_cast<size_t>(n));
   if (kind == Kind::kInProcess) {
@@ -53,6 +59,7 @@ Group MakeGroup(Kind kind, int n, CommunicationOptions options = {},
       threads.emplace_back([&, r] {
         TcpTransportOptions tcp{.rank = r,
                                 .size = n,
+                                .host = host,
                                 .connect_timeout = absl::Seconds(10),
                                 .same_host_unix_sockets = kind == Kind::kUnix,
                                 .abort_check = abort_check};
@@ -280,6 +287,28 @@ TEST_P(SocketCollectivesTest, TheAbortCheckEndsAWaitLongBeforeTheTimeout) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("stopped waiting for worker:1"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("no heartbeat"));
+}
+
+// Workers whose TF_CONFIG hosts are IPv6 addresses reach each other over TCP too (the
+// transport listened and connected over IPv4 only).
+TEST(TcpTransportTest, RanksOnAnIpv6HostConnectAndAllReduce) {
+  const int probe = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in6 loopback{};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_ipv6) GTEST_SKIP() << "this machine has no IPv6 loopback (::1)";
+  Group group = MakeGroup(Kind::kTcp, 3, {}, nullptr, "::1");
+  ASSERT_EQ(group.ranks.size(), 3u);
+  std::vector<std::vector<float>> data(3, std::vector<float>(1000));
+  for (int r = 0; r < 3; ++r) std::fill(data[r].begin(), data[r].end(), static_cast<float>(r + 1));
+  auto statuses = OnEveryRank(3, [&](int r) {
+    return group.ranks[r]->AllReduce(ReduceOp::kSum, data[r].data(), data[r].size());
+  });
+  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(data[r][999], 6.0f);
 }
 
 TEST(TcpTransportTest, APeerThatNeverStartsIsNamed) {

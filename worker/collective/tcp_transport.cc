@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/unix_socket.h"
 #include "stratum/util/status_macros.h"
 
@@ -112,27 +113,45 @@ absl::Status FullIo(int fd, void* data, size_t bytes, bool write, absl::Time dea
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
+absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& address) {
+  const HostPort split = SplitHostPort(address);
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+  if (!absl::SimpleAtoi(split.port, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, port);
+  return std::make_pair(split.host, port);
 }
 
-// Listens on `host` (an IPv4 literal binds that address; anything else binds all).
+// Listens on `host`: an IPv4 or IPv6 literal binds that address; a name binds every
+// interface, IPv6 and IPv4 both (IPv4 alone where the kernel has no IPv6).
 absl::StatusOr<std::pair<Socket, int>> Listen(const std::string& host) {
-  Socket listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  auto* ipv4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* ipv6 = reinterpret_cast<sockaddr_in6*>(&address);
+  bool any = false;
+  if (inet_pton(AF_INET, host.c_str(), &ipv4->sin_addr) == 1) {
+    ipv4->sin_family = AF_INET;
+    length = sizeof(sockaddr_in);
+  } else {
+    any = inet_pton(AF_INET6, host.c_str(), &ipv6->sin6_addr) != 1;
+    if (any) ipv6->sin6_addr = in6addr_any;
+    ipv6->sin6_family = AF_INET6;
+    length = sizeof(sockaddr_in6);
   }
-  socklen_t length = sizeof(address);
+  Socket listener(socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener.valid() && any && errno == EAFNOSUPPORT) {
+    address = {};
+    ipv4->sin_family = AF_INET;
+    ipv4->sin_addr.s_addr = htonl(INADDR_ANY);
+    length = sizeof(sockaddr_in);
+    listener = Socket(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  }
+  if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (any && address.ss_family == AF_INET6) {
+    const int zero = 0;
+    setsockopt(listener.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
   if (bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
       listen(listener.fd(), 128) != 0 ||
       getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
@@ -140,14 +159,15 @@ absl::StatusOr<std::pair<Socket, int>> Listen(const std::string& host) {
         absl::StrCat("cannot listen for collective connections on ", host, ": ", ErrnoText(errno)));
   }
   SetNonBlocking(listener.fd());
-  return std::make_pair(std::move(listener), static_cast<int>(ntohs(address.sin_port)));
+  const in_port_t port = address.ss_family == AF_INET ? ipv4->sin_port : ipv6->sin6_port;
+  return std::make_pair(std::move(listener), static_cast<int>(ntohs(port)));
 }
 
 // Connects to `address`, retrying while nothing listens yet, until `deadline`.
 absl::StatusOr<Socket> Connect(const std::string& address, absl::Time deadline) {
-  STRATUM_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(address));
+  STRATUM_ASSIGN_OR_RETURN(auto host_port, HostAndPort(address));
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   std::string last_error;
   while (true) {
@@ -155,11 +175,16 @@ absl::StatusOr<Socket> Connect(const std::string& address, absl::Time deadline) 
     const int resolved = getaddrinfo(host_port.first.c_str(),
                                      std::to_string(host_port.second).c_str(), &hints, &found);
     if (resolved == 0) {
-      Socket connection(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      const int result = connect(connection.fd(), found->ai_addr, found->ai_addrlen);
+      // Each address the name has (IPv6 and IPv4), in the resolver's order.
+      for (const addrinfo* each = found; each != nullptr; each = each->ai_next) {
+        Socket connection(socket(each->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (connection.valid() && connect(connection.fd(), each->ai_addr, each->ai_addrlen) == 0) {
+          freeaddrinfo(found);
+          return connection;
+        }
+        last_error = ErrnoText(errno);
+      }
       freeaddrinfo(found);
-      if (result == 0) return connection;
-      last_error = ErrnoText(errno);
     } else {
       last_error = gai_strerror(resolved);
     }
@@ -434,7 +459,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   STRATUM_ASSIGN_OR_RETURN(auto listening, Listen(options.host));
   Socket listener = std::move(listening.first);
-  const std::string address = absl::StrCat(options.host, ":", listening.second);
+  const std::string address = JoinHostPort(options.host, absl::StrCat(listening.second));
   // Published as "" when off or when the name cannot be bound: peers then use TCP.
   Socket unix_listener;
   std::string unix_name;
