@@ -256,6 +256,30 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
 }
 
+absl::Status PsClient::Restore(const std::vector<CheckpointFileRef>& files,
+                               const std::vector<SavedRows>& rows) {
+  proto::RestoreRequest request;
+  for (const CheckpointFileRef& file : files) {
+    proto::CheckpointFile* out = request.add_files();
+    out->set_path(file.path);
+    out->set_crc32(file.crc32);
+  }
+  for (const SavedRows& piece : rows) {
+    proto::SavedRows* out = request.add_rows();
+    out->set_file(static_cast<int32_t>(piece.file));
+    out->set_saved(piece.saved);
+    out->set_first_row(piece.first_row);
+    out->set_num_rows(piece.num_rows);
+    out->set_shard(piece.shard);
+    out->set_to_row(piece.to_row);
+  }
+  SetCoordinator(options_, request.mutable_coordinator());
+  grpc::ClientContext context;
+  PrepareCall(context, options_.timeout);
+  proto::RestoreResponse response;
+  return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
+}
+
 absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, bool leaving,
                                                      bool claim, uint64_t committed_save) {
   proto::WatchRequest request;

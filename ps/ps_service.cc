@@ -57,6 +57,32 @@ void AppendVariableStatuses(const VariableStore& store,
   }
 }
 
+// The file this PS would have saved in the layout it holds now, from the rows `request`
+// lists of a checkpoint written with another layout: it reads only the files they are in.
+absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request) {
+  std::vector<TensorFile> files(static_cast<size_t>(request.files_size()));
+  std::vector<bool> read(files.size(), false);
+  std::vector<SavedRows> rows;
+  for (const proto::SavedRows& piece : request.rows()) {
+    if (piece.file() < 0 || piece.file() >= request.files_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rows of \"", piece.saved(),
+                                                     "\" to restore name file ", piece.file(),
+                                                     " of ", request.files_size()));
+    }
+    const auto file = static_cast<size_t>(piece.file());
+    if (!read[file]) {
+      const proto::CheckpointFile& source = request.files(piece.file());
+      absl::StatusOr<TensorFile> contents = ReadSafetensors(source.path(), source.crc32());
+      if (!contents.ok()) return contents.status();
+      files[file] = *std::move(contents);
+      read[file] = true;
+    }
+    rows.push_back(
+        {file, piece.saved(), piece.first_row(), piece.num_rows(), piece.shard(), piece.to_row()});
+  }
+  return ReshardTensorFiles(files, rows);
+}
+
 }  // namespace
 
 grpc::Status PsService::CreateVariables(grpc::ServerContext*,
@@ -197,7 +223,9 @@ grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreReques
   if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
     return ToGrpcStatus(held);
   }
-  absl::StatusOr<TensorFile> file = ReadSafetensors(request->path(), request->crc32());
+  absl::StatusOr<TensorFile> file = request->rows().empty()
+                                        ? ReadSafetensors(request->path(), request->crc32())
+                                        : ReadResharded(*request);
   if (!file.ok()) return ToGrpcStatus(file.status());
   absl::StatusOr<int> restored = RestoreStoreFromTensorFile(store_, *file);
   if (!restored.ok()) return ToGrpcStatus(restored.status());

@@ -1,5 +1,6 @@
 #include "stratum/ps/store_checkpoint.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +10,111 @@ namespace stratum {
 namespace {
 
 constexpr char kSlotInfix[] = "/slot_";
+
+const Tensor* FindTensor(const TensorFile& file, const std::string& name) {
+  for (const auto& [tensor_name, tensor] : file.tensors) {
+    if (tensor_name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+// The slot names of `variable` in `file`, in file order.
+std::vector<std::string> SlotNames(const TensorFile& file, const std::string& variable) {
+  const std::string prefix = variable + kSlotInfix;
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (name.rfind(prefix, 0) == 0) names.push_back(name.substr(prefix.size()));
+  }
+  return names;
+}
+
+// Copies `piece`'s rows of the saved tensor `name` into `out`.
+absl::Status CopyRows(const TensorFile& file, const SavedRows& piece, const std::string& name,
+                      Tensor& out) {
+  const Tensor* saved = FindTensor(file, name);
+  if (saved == nullptr) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", piece.file, " has no \"", name,
+                                            "\" to restore shard \"", piece.shard,
+                                            "\" from: the checkpoint is damaged"));
+  }
+  const bool same_rows =
+      saved->shape().rank() == out.shape().rank() &&
+      (out.shape().rank() == 0 || saved->shape().WithFirstDim(1) == out.shape().WithFirstDim(1));
+  if (!same_rows || piece.first_row < 0 || piece.first_row + piece.num_rows > saved->rows()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", piece.file, " holds \"", name, "\" as ", saved->DebugString(),
+        ", which has no rows [", piece.first_row, ", ", piece.first_row + piece.num_rows,
+        ") for shard \"", piece.shard, "\" (", out.DebugString(), "): the checkpoint is damaged"));
+  }
+  if (out.shape().rank() == 0) {
+    out.CopyFrom(*saved);
+  } else {
+    out.SliceRows(piece.to_row, piece.to_row + piece.num_rows)
+        .CopyFrom(saved->SliceRows(piece.first_row, piece.first_row + piece.num_rows));
+  }
+  return absl::OkStatus();
+}
+
+// One shard of the new layout from its pieces (sorted by to_row), into `out`.
+absl::Status ReshardOne(const std::vector<TensorFile>& files,
+                        const std::vector<const SavedRows*>& pieces, TensorFile& out) {
+  const std::string& shard = pieces.front()->shard;
+  int64_t rows = 0;
+  for (const SavedRows* piece : pieces) {
+    if (piece->file >= files.size() || piece->to_row != rows || piece->num_rows <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the rows to restore shard \"", shard, "\" from do not cover it once each: row ", rows,
+          " is followed by rows from ", piece->to_row, " of file ", piece->file));
+    }
+    rows += piece->num_rows;
+  }
+  const TensorFile& first_file = files[pieces.front()->file];
+  const Tensor* first = FindTensor(first_file, pieces.front()->saved);
+  if (first == nullptr) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", pieces.front()->file, " has no \"",
+                                            pieces.front()->saved, "\" to restore shard \"", shard,
+                                            "\" from: the checkpoint is damaged"));
+  }
+  const Shape shape = first->shape().rank() == 0 ? Shape{} : first->shape().WithFirstDim(rows);
+  Tensor value(DType::kFloat32, shape);
+  const std::vector<std::string> slot_names = SlotNames(first_file, pieces.front()->saved);
+  std::vector<Tensor> slots;
+  for (size_t s = 0; s < slot_names.size(); ++s) slots.emplace_back(DType::kFloat32, shape);
+  // The shards of one variable take every push together, so their update counts agree;
+  // should one lag (a PS re-seeded from an older checkpoint), the largest is the variable's.
+  int64_t updates = 0;
+  for (const SavedRows* piece : pieces) {
+    const TensorFile& file = files[piece->file];
+    if (absl::Status copied = CopyRows(file, *piece, piece->saved, value); !copied.ok()) {
+      return copied;
+    }
+    for (size_t s = 0; s < slot_names.size(); ++s) {
+      const std::string slot = absl::StrCat(piece->saved, kSlotInfix, slot_names[s]);
+      if (absl::Status copied = CopyRows(file, *piece, slot, slots[s]); !copied.ok()) {
+        return copied;
+      }
+    }
+    auto saved_updates = file.metadata.find(piece->saved + ".updates");
+    int64_t piece_updates = 0;
+    if (saved_updates == file.metadata.end() ||
+        !absl::SimpleAtoi(saved_updates->second, &piece_updates)) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", piece->file,
+                                              " lacks the update count of \"", piece->saved,
+                                              "\": the checkpoint is damaged"));
+    }
+    updates = std::max(updates, piece_updates);
+  }
+  out.tensors.push_back({shard, std::move(value)});
+  for (size_t s = 0; s < slot_names.size(); ++s) {
+    out.tensors.push_back({absl::StrCat(shard, kSlotInfix, slot_names[s]), std::move(slots[s])});
+  }
+  out.metadata[shard + ".updates"] = absl::StrCat(updates);
+  if (auto optimizer = first_file.metadata.find(pieces.front()->saved + ".optimizer");
+      optimizer != first_file.metadata.end()) {
+    out.metadata[shard + ".optimizer"] = optimizer->second;
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -74,6 +180,20 @@ absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const Tenso
     if (absl::Status status = store.Restore(snapshot); !status.ok()) return status;
   }
   return static_cast<int>(snapshots.size());
+}
+
+absl::StatusOr<TensorFile> ReshardTensorFiles(const std::vector<TensorFile>& files,
+                                              const std::vector<SavedRows>& rows) {
+  std::map<std::string, std::vector<const SavedRows*>> pieces_of_shard;
+  for (const SavedRows& piece : rows) pieces_of_shard[piece.shard].push_back(&piece);
+  TensorFile out;
+  out.metadata["format"] = "stratum-ps-checkpoint-1";
+  for (auto& [shard, pieces] : pieces_of_shard) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const SavedRows* a, const SavedRows* b) { return a->to_row < b->to_row; });
+    if (absl::Status built = ReshardOne(files, pieces, out); !built.ok()) return built;
+  }
+  return out;
 }
 
 }  // namespace stratum

@@ -269,5 +269,44 @@ TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {
   EXPECT_EQ(store.Read("b")->data<float>()[63], 250.0f);  // 500 x 0.5
 }
 
+// A shard of another layout is put together from the rows of saved shards in two files,
+// its slots with it; rows that leave a gap, or name a tensor a file lacks, are refused.
+TEST(StoreCheckpointTest, ReshardTensorFilesJoinsRowsOfSavedShardsAndTheirSlots) {
+  auto shard_file = [](const std::string& name, std::vector<float> values, int64_t updates) {
+    TensorFile file;
+    file.tensors.push_back({name, Tensor::FromVector<float>({2, 1}, values)});
+    for (float& value : values) value *= 10;
+    file.tensors.push_back({name + "/slot_m", Tensor::FromVector<float>({2, 1}, values)});
+    file.metadata[name + ".updates"] = std::to_string(updates);
+    file.metadata[name + ".optimizer"] = R"({"class_name": "SGD"})";
+    return file;
+  };
+  const std::vector<TensorFile> files = {shard_file("w/part_0", {1, 2}, 7),
+                                         shard_file("w/part_1", {3, 4}, 7)};
+  absl::StatusOr<TensorFile> joined = ReshardTensorFiles(
+      files, {{.file = 1, .saved = "w/part_1", .num_rows = 2, .shard = "w", .to_row = 2},
+              {.file = 0, .saved = "w/part_0", .num_rows = 2, .shard = "w"}});
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->tensors.size(), 2u);
+  EXPECT_EQ(joined->tensors[0].first, "w");
+  EXPECT_TRUE(
+      joined->tensors[0].second.BitwiseEqual(Tensor::FromVector<float>({4, 1}, {1, 2, 3, 4})));
+  EXPECT_EQ(joined->tensors[1].first, "w/slot_m");
+  EXPECT_TRUE(
+      joined->tensors[1].second.BitwiseEqual(Tensor::FromVector<float>({4, 1}, {10, 20, 30, 40})));
+  EXPECT_EQ(joined->metadata["w.updates"], "7");
+  EXPECT_EQ(joined->metadata["w.optimizer"], R"({"class_name": "SGD"})");
+
+  const absl::StatusOr<TensorFile> gap = ReshardTensorFiles(
+      files, {{.file = 0, .saved = "w/part_0", .num_rows = 1, .shard = "w"},
+              {.file = 1, .saved = "w/part_1", .num_rows = 1, .shard = "w", .to_row = 2}});
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(gap.status()), HasSubstr("do not cover it once each"));
+  const absl::StatusOr<TensorFile> missing =
+      ReshardTensorFiles(files, {{.file = 0, .saved = "w/part_1", .num_rows = 2, .shard = "w"}});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Message(missing.status()), HasSubstr("file 0 has no \"w/part_1\""));
+}
+
 }  // namespace
 }  // namespace stratum

@@ -20,6 +20,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/ps/data_path.h"
+#include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -80,6 +81,10 @@ class PsClient {
   // Checkpoints: the PS writes / reads `path` on its own file system.
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);
   absl::Status Restore(const std::string& path, uint32_t crc32);
+  // Restores a checkpoint written with another shard layout: the PS builds its shards from
+  // the saved rows `rows` lists, reading (and checking) the `files` they are in.
+  absl::Status Restore(const std::vector<CheckpointFileRef>& files,
+                       const std::vector<SavedRows>& rows);
   // The coordinator's heartbeat (proto::WatchRequest); the answer says whether the PS is
   // stopping. A short deadline of its own: it runs beside training, every 0.5 s. `claim`:
   // takes the PS for this coordinator (stratum/ps/coordinator_lease.h), with the usual
