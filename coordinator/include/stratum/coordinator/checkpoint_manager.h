@@ -10,8 +10,12 @@
 // restarted since the variables were created on it (and that no push has met since) saves
 // an empty store, and restoring that would quietly start its shards afresh.
 //
-// Restore checks the manifest against the job's current variable placement and every
-// file's checksum, and says what does not match. Not thread-safe.
+// Restore checks every file's checksum, and the manifest against the job's variables: a
+// checkpoint that holds the same variables (names, full shapes) split another way (another
+// number of ps tasks, another partitioner) is restored re-split, each PS reading its new
+// shards' rows, with their optimizer slots and update counts, from the saved shards' files,
+// as TensorFlow restores a ShardedVariable; one of another model is refused, naming the
+// first variable that differs. Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,15 @@
 #include "stratum/ps/sharded_variables.h"
 
 namespace stratum {
+
+// Checked before a job waits for its cluster: FAILED_PRECONDITION, as RestoreLatest says it,
+// when the latest checkpoint of `dir` cannot resume a job of the model whose variables are
+// `names` of `shapes` (however split): another kind of job wrote it, or it holds other
+// variables. OK when `dir` has no checkpoint, or when its latest cannot be read
+// (RestoreLatest then tries the ones before it).
+absl::Status CheckLatestCheckpointHoldsModel(const std::string& dir,
+                                             const std::vector<std::string>& names,
+                                             const std::vector<Shape>& shapes);
 
 class CheckpointManager {
  public:
@@ -51,6 +64,10 @@ class CheckpointManager {
  private:
   // FAILED_PRECONDITION (see Save) when PS `task`'s save lacks a shard placed on it.
   absl::Status CheckHoldsItsShards(int task, int64_t step, const proto::SaveResponse& saved) const;
+  // Restores the checkpoint in `folder` (its manifest given) whose shard map differs from
+  // the job's: FAILED_PRECONDITION naming the first variable that differs when the
+  // variables do, else each PS builds its shards from the saved ones' rows.
+  absl::Status RestoreResharded(const std::string& folder, const nlohmann::json& manifest);
   // Save, with the causes of a failed save as they come.
   absl::Status WriteAndCommit(int64_t step, const nlohmann::json& progress);
 
