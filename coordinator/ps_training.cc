@@ -244,7 +244,18 @@ std::string AdvertisedAddress(const ClusterSpec& cluster, const std::string& lis
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options) {
   STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
   STRATUM_RETURN_IF_ERROR(PartitionerFromJson(job.strategy.variable_partitioner).status());
-  return PlacementPolicyFromName(options.placement).status();
+  STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(options.placement).status());
+  if (job.checkpoint.dir.empty()) return absl::OkStatus();
+  // A checkpoint of another model is said now, not once the whole cluster is up; one of
+  // this model split another way (another number of ps tasks) is restored re-split.
+  STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (const VariableSpec& variable : model.variables()) {
+    names.push_back(variable.name);
+    shapes.push_back(variable.shape);
+  }
+  return CheckLatestCheckpointHoldsModel(job.checkpoint.dir, names, shapes);
 }
 
 absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,

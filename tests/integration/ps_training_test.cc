@@ -320,6 +320,59 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   RemoveFolder(checkpoints);
 }
 
+// The test accuracy in the summary a finished `cluster`'s chief wrote to `summary`; -1 when
+// it failed (the failure added).
+double TestAccuracyOfFinishedJob(LocalCluster& cluster, const std::string& summary) {
+  auto exit = cluster.WaitForExit({"chief", 0}, absl::Seconds(90));
+  EXPECT_TRUE(exit.ok()) << exit.status();
+  if (!exit.ok() || !exit->success()) {
+    ADD_FAILURE() << cluster.Output({"chief", 0});
+    return -1;
+  }
+  std::ifstream file(summary);
+  const nlohmann::json result = nlohmann::json::parse(file, nullptr, false);
+  EXPECT_TRUE(result.is_object()) << cluster.Output({"chief", 0});
+  return result.is_object() ? result.value("test_accuracy", -1.0) : -1;
+}
+
+// A job saved on 2 PS, its variables whole, resumes on 3 PS with every variable in 3 shards
+// (as TensorFlow restores a ShardedVariable): restored re-split, the model evaluates as it
+// did when saved.
+TEST(PsTrainingTest, ACheckpointOfTwoPsResumesOnThreeWithItsVariablesSplitAgain) {
+  const std::string checkpoints = TempPath("ckpt_reshard");
+  RemoveFolder(checkpoints);
+  const std::string summary = TempPath("reshard_summary.json");
+  const std::string job = WriteJob(1, 30, "reshard_job", checkpoints, 0);
+  auto saved = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + job, "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const double accuracy = TestAccuracyOfFinishedJob(**saved, summary);
+  ASSERT_GT(accuracy, 0.2);
+  saved->reset();
+
+  std::ifstream file(job);
+  nlohmann::json resharded = nlohmann::json::parse(file);
+  resharded["strategy"]["variable_partitioner"] = {{"type", "fixed_shards"}, {"num_shards", 3}};
+  std::ofstream(job) << resharded.dump();
+  auto resumed = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 3,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + job, "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(TestAccuracyOfFinishedJob(**resumed, summary), accuracy);
+  const std::string output = (*resumed)->Output({"chief", 0});
+  EXPECT_THAT(output, HasSubstr("restoring its variables re-split into this job's 12 shards over "
+                                "3 ps tasks"));
+  EXPECT_THAT(output, HasSubstr("the checkpoint at step 30 already completes this job's 1 epochs"));
+  RemoveFolder(checkpoints);
+}
+
 TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesOn) {
   const std::string checkpoints = TempPath("ckpt_ps");
   RemoveFolder(checkpoints);

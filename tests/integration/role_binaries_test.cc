@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
@@ -267,6 +269,30 @@ TEST(RoleBinariesTest, TheCoordinatorRefusesAMissingDataFileBeforeItWaitsForTheC
       "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
       [](nlohmann::json& job) { job["data"]["test"]["labels"] = "/nonexistent/t10k-labels.gz"; });
   EXPECT_THAT(run.output, HasSubstr("IDX file \"/nonexistent/t10k-labels.gz\" not found"));
+}
+
+// A checkpoint.dir whose latest checkpoint is of another model (a narrower first layer):
+// said at once, naming the variable, not once the whole cluster is up. One of the same
+// model split over another number of ps tasks would be restored re-split.
+TEST(RoleBinariesTest, TheCoordinatorRefusesACheckpointOfAnotherModelBeforeItWaitsForTheCluster) {
+  const std::string dir = ::testing::TempDir() + "/other_model_ckpt_" + std::to_string(getpid());
+  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  const nlohmann::json shard = {{"variable", "dense/kernel"},
+                                {"shard", "dense/kernel"},
+                                {"ps_task", 0},
+                                {"first_row", 0},
+                                {"shape", {784, 64}}};
+  const nlohmann::json manifest = {{"format", "stratum-checkpoint-1"},
+                                   {"step", 100},
+                                   {"files", nlohmann::json::array()},
+                                   {"shards", nlohmann::json::array({shard})}};
+  ASSERT_TRUE(CommitCheckpoint(dir, 100, manifest, 3).ok());
+  BinaryRun run = RunChangedJobWithoutCluster(
+      "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
+      [&](nlohmann::json& job) { job["checkpoint"]["dir"] = dir; });
+  EXPECT_THAT(run.output, HasSubstr("ckpt-000000000100 holds \"dense/kernel\" as [784, 64], but "
+                                    "this job's model has [784, 128]"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RoleBinariesTest, AMultiWorkerWorkerRefusesABadJobBeforeItWaitsForTheLeader) {

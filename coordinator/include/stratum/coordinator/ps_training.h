@@ -46,8 +46,8 @@ struct PsTrainingOptions {
 };
 
 // What RunParameterServerJob would refuse in the job itself (model, loss, optimizer,
-// partitioner, placement, the headers of the data files), checked before the cluster is
-// waited for.
+// partitioner, placement, the headers of the data files, a checkpoint.dir whose latest
+// checkpoint is of another model), checked before the cluster is waited for.
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options);
 
 // `job_json` is the job file's text and `job_base_dir` its folder, handed to the workers.
