@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "stratum/util/counted.h"
 
@@ -105,15 +106,18 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
         queue_.push_front(std::move(pending));
         wait_for_worker = true;
       } else {
+        // Named once: the executor's errors often begin with its name already.
+        const absl::string_view what =
+            absl::StripPrefix(result.status().message(), absl::StrCat(executor.name(), ": "));
         absl::Status error =
             IsWorkerFailure(result.status())
-                ? absl::UnavailableError(
-                      absl::StrCat("closure \"", pending.closure.function, "\" failed on ",
-                                   pending.closure.attempts, " workers in a row, last on ",
-                                   executor.name(), ": ", result.status().message()))
+                ? absl::UnavailableError(absl::StrCat("closure \"", pending.closure.function,
+                                                      "\" failed on ", pending.closure.attempts,
+                                                      " workers in a row, last on ",
+                                                      executor.name(), ": ", what))
                 : absl::Status(result.status().code(),
                                absl::StrCat("closure \"", pending.closure.function, "\" on ",
-                                            executor.name(), ": ", result.status().message()));
+                                            executor.name(), ": ", what));
         pending.value->Set(error);
         if (error_.ok()) {
           error_ = error;
