@@ -26,6 +26,8 @@
 #include "stratum/net/health.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/coordinator_lease.h"
+#include "stratum/ps/ps_client.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/counted.h"
@@ -56,6 +58,21 @@ class GrpcWorkerExecutor : public WorkerExecutor {
         channel_(std::move(channel)),
         may_set_up_again_(std::move(may_set_up_again)),
         stub_(proto::WorkerService::NewStub(MakeChannel(address_, channel_))) {}
+
+  // Done with the worker (best effort): another coordinator may set it up at once, not
+  // only once this one's claim has run out.
+  ~GrpcWorkerExecutor() override {
+    {
+      absl::MutexLock lock(&setup_mutex_);
+      if (generation_ == 0) return;  // never set up: nothing held
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    proto::LeaveRequest request;
+    request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+    proto::LeaveResponse response;
+    (void)stub_->Leave(&context, request, &response);
+  }
 
   std::string name() const override { return absl::StrCat(task_, " at ", address_); }
 
@@ -131,8 +148,14 @@ class GrpcWorkerExecutor : public WorkerExecutor {
 
   // A worker that restarted lost its job ("not set up"), one that is unreachable is down:
   // both mean "run the closure elsewhere" and "set it up again", unless another closure has
-  // set it up since `generation`; anything else is the job's own error.
+  // set it up since `generation`; anything else is the job's own error. One that another
+  // coordinator holds ends this one's job.
   absl::Status Classify(const absl::Status& status, uint64_t generation, bool locked = false) {
+    if (absl::IsFailedPrecondition(status) &&
+        absl::StrContains(status.message(), kHeldByAnotherCoordinator)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(status.message(), "; this coordinator stops and leaves the job to it"));
+    }
     const bool lost =
         (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up"));
     const bool down = absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
@@ -335,6 +358,7 @@ absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::
     setup.set_job_json(job_json);
     setup.set_job_base_dir(job_base_dir);
     setup.set_coordinator_incarnation(ProcessIncarnation());
+    *setup.mutable_coordinator() = ThisCoordinator(ps_client_options);
     setup.set_ps_timeout_ms(absl::ToInt64Milliseconds(options.ps_timeout));
     for (const std::string& address : ps_addresses) setup.add_ps_addresses(address);
     for (const ShardSpec& shard : shards) {

@@ -22,14 +22,12 @@ bool CoordinatorLease::HolderSilent() const {
 absl::Status CoordinatorLease::RefusalFor(uint64_t incarnation) const {
   if (auto how = replaced_.find(incarnation); how != replaced_.end()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("this parameter server ", kHeldByAnotherCoordinator, ": ", how->second));
+        absl::StrCat(wording_.held, " ", kHeldByAnotherCoordinator, ": ", how->second));
   }
   if (holder_ == 0 || holder_ == incarnation || HolderSilent()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "this parameter server ", kHeldByAnotherCoordinator, " (", holder_claim_.who,
-      "), heard from ", Ago(last_heard_),
-      " ago: two coordinators on one cluster would overwrite each other's variables and "
-      "checkpoints; stop that one first, or give this job parameter servers of its own"));
+  return absl::FailedPreconditionError(absl::StrCat(wording_.held, " ", kHeldByAnotherCoordinator,
+                                                    " (", holder_claim_.who, "), heard from ",
+                                                    Ago(last_heard_), " ago: ", wording_.why));
 }
 
 absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::Duration wait) {

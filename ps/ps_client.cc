@@ -15,16 +15,6 @@
 namespace stratum {
 namespace {
 
-// This process, as the coordinator that creates and watches variables.
-void SetCoordinator(const PsClientOptions& options, proto::CoordinatorId* id) {
-  id->set_incarnation(ProcessIncarnation());
-  id->set_description(options.coordinator.empty()
-                          ? absl::StrCat("a coordinator with pid ", getpid())
-                          : options.coordinator);
-  id->set_address(options.coordinator_address);
-  id->set_host(HostName());
-}
-
 absl::StatusOr<std::vector<Tensor>> DecodeValues(
     const google::protobuf::RepeatedPtrField<proto::NamedTensor>& values, const std::string& peer) {
   std::vector<Tensor> tensors;
@@ -40,6 +30,16 @@ absl::StatusOr<std::vector<Tensor>> DecodeValues(
 }
 
 }  // namespace
+
+proto::CoordinatorId ThisCoordinator(const PsClientOptions& options) {
+  proto::CoordinatorId id;
+  id.set_incarnation(ProcessIncarnation());
+  id.set_description(options.coordinator.empty() ? absl::StrCat("a coordinator with pid ", getpid())
+                                                 : options.coordinator);
+  id.set_address(options.coordinator_address);
+  id.set_host(HostName());
+  return id;
+}
 
 absl::Status PsFailure(const absl::Status& status) {
   // VariableStore::Find's answer: a PS that restarted between two calls holds nothing.
@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<Na
                                                             bool replace) {
   proto::CreateVariablesRequest request;
   request.set_replace(replace);
-  SetCoordinator(options_, request.mutable_coordinator());
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   const std::string optimizer_json = optimizer.is_null() ? "" : optimizer.dump();
   for (const NamedValue& variable : initial) {
     proto::VariableDef* def = request.add_variables();
@@ -208,7 +208,7 @@ absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vecto
 
 absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
   proto::AssignRequest request;
-  SetCoordinator(options_, request.mutable_coordinator());
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   for (const NamedValue& value : values) {
     proto::NamedTensor* message = request.add_values();
     message->set_name(value.name);
@@ -249,7 +249,7 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   proto::RestoreRequest request;
   request.set_path(path);
   request.set_crc32(crc32);
-  SetCoordinator(options_, request.mutable_coordinator());
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::RestoreResponse response;
@@ -273,7 +273,7 @@ absl::Status PsClient::Restore(const std::vector<CheckpointFileRef>& files,
     out->set_shard(piece.shard);
     out->set_to_row(piece.to_row);
   }
-  SetCoordinator(options_, request.mutable_coordinator());
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::RestoreResponse response;
@@ -287,7 +287,7 @@ absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, boo
   request.set_leaving(leaving);
   request.set_claim(claim);
   request.set_committed_save(committed_save);
-  SetCoordinator(options_, request.mutable_coordinator());
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   grpc::ClientContext context;
   // A claim may wait out the lease of a holder that just died (about 6 s).
   PrepareCall(context, claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1)));

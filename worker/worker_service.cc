@@ -229,11 +229,25 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
                              Tensor::Scalar(static_cast<float>(sums.examples))};
 }
 
-WorkerService::WorkerService(ChannelOptions channel) : channel_(std::move(channel)) {}
+WorkerService::WorkerService(ChannelOptions channel, absl::Duration lease)
+    : channel_(std::move(channel)),
+      lease_(lease, {.held = "this worker",
+                     .why = "two coordinators would take turns setting it up for their own "
+                            "jobs, each undoing the other's; stop that one first, or give this "
+                            "job workers of its own"}) {}
 WorkerService::~WorkerService() = default;
 
 grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
                                      proto::SetupJobResponse* response) {
+  // Claimed before the job is built (the data loaded): a refused coordinator costs nothing.
+  // A holder gone quiet (it died, and this is its successor elsewhere) is waited out.
+  const proto::CoordinatorId& id = request->coordinator();
+  if (absl::Status claimed = lease_.Claim(
+          {request->coordinator_incarnation(), id.description(), id.address(), id.host()},
+          lease_.lease() + absl::Seconds(1));
+      !claimed.ok()) {
+    return ToGrpcStatus(claimed);
+  }
   absl::StatusOr<std::unique_ptr<WorkerJob>> job = BuildJob(*request, channel_);
   if (!job.ok()) return ToGrpcStatus(job.status());
   absl::MutexLock lock(&mutex_);
@@ -249,6 +263,9 @@ grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJob
 grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
                                        const proto::RunClosureRequest* request,
                                        proto::RunClosureResponse* response) {
+  if (absl::Status held = lease_.Heartbeat(request->coordinator_incarnation()); !held.ok()) {
+    return ToGrpcStatus(held);
+  }
   absl::MutexLock lock(&mutex_);
   if (job_ == nullptr || job_->incarnation != request->coordinator_incarnation()) {
     return ToGrpcStatus(absl::FailedPreconditionError(
@@ -273,6 +290,22 @@ grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
   absl::StatusOr<std::vector<Tensor>> outputs = job_->TrainSteps(steps);
   if (!outputs.ok()) return ToGrpcStatus(outputs.status());
   for (const Tensor& output : *outputs) TensorToProto(output, response->add_outputs());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Leave(grpc::ServerContext*, const proto::LeaveRequest* request,
+                                  proto::LeaveResponse* response) {
+  if (!lease_.Release(request->coordinator_incarnation())) return grpc::Status::OK;
+  response->set_left(true);
+  std::unique_ptr<WorkerJob> done;  // freed outside the lock
+  {
+    absl::MutexLock lock(&mutex_);
+    if (job_ != nullptr && job_->incarnation == request->coordinator_incarnation()) {
+      done = std::move(job_);
+    }
+  }
+  spdlog::info("coordinator incarnation {:016x} is done with this worker: its job is dropped",
+               request->coordinator_incarnation());
   return grpc::Status::OK;
 }
 

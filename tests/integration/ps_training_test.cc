@@ -761,6 +761,60 @@ TEST(PsTrainingTest, OneCoordinatorAtATimeTrainsOnAClusterAndOneTakenOverStops) 
               HasSubstr("; this coordinator stops and leaves the job to it"));
 }
 
+// Two jobs that share a worker but not their parameter servers (a TF_CONFIG copied from
+// another job, say): the worker serves one coordinator at a time. The second is refused,
+// naming the first (the two used to take turns setting the worker up for their own jobs,
+// each closure loading its job's data again, and neither said a word). Once the first has
+// been silent past the worker's lease (here: stopped), the second takes the worker over,
+// and the first, when it comes back, stops.
+TEST(PsTrainingTest, AWorkerSharedByTwoJobsServesOneCoordinatorAtATime) {
+  auto cluster = PsJobPastItsFirstEpoch(WriteJob(5000, 100, "shared_first"), 5000, {}, 1);
+  ASSERT_NE(cluster, nullptr);
+  // A parameter server of the second job's own (its cluster's other tasks not started).
+  auto other_ps = LocalCluster::Start({.num_workers = 1,
+                                       .num_ps = 1,
+                                       .chief = true,
+                                       .not_started = {{"chief", 0}, {"worker", 0}},
+                                       .forward_output = false});
+  ASSERT_TRUE(other_ps.ok()) << other_ps.status();
+  nlohmann::json tf_config = nlohmann::json::parse(cluster->TfConfig({"chief", 0}));
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  tf_config["cluster"]["chief"][0] = absl::StrCat("127.0.0.1:", *port);
+  tf_config["cluster"]["ps"] = {(*other_ps)->Address({"ps", 0})};
+  const std::string second_job = WriteJob(2, 100, "shared_second");
+
+  auto refused = SpawnCoordinator(tf_config.dump(), second_job);
+  ASSERT_NE(refused, nullptr);
+  auto exit = refused->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_FALSE(exit->success()) << refused->output();
+  EXPECT_THAT(refused->output(),
+              HasSubstr(absl::StrCat("this worker is held by another coordinator (the "
+                                     "coordinator chief:0 at ",
+                                     cluster->Address({"chief", 0}), ", pid ",
+                                     cluster->Pid({"chief", 0}), " on ")));
+  EXPECT_THAT(refused->output(), HasSubstr("give this job workers of its own"));
+  EXPECT_THAT(cluster->Output({"chief", 0}), Not(HasSubstr("set up anew")));
+
+  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGSTOP).ok());
+  auto takeover = SpawnCoordinator(tf_config.dump(), second_job);
+  ASSERT_NE(takeover, nullptr);
+  exit = takeover->Wait(absl::Seconds(60));
+  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGCONT).ok());
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_TRUE(exit->success()) << takeover->output();
+  EXPECT_THAT(takeover->output(), HasSubstr("Epoch 2/2"));
+  auto first_exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(60));
+  ASSERT_TRUE(first_exit.ok()) << first_exit.status();
+  EXPECT_FALSE(first_exit->success());
+  const std::string first = cluster->Output({"chief", 0});
+  EXPECT_THAT(first, HasSubstr("this worker is held by another coordinator: the coordinator "
+                               "chief:0 at 127.0.0.1:"));
+  EXPECT_THAT(first, HasSubstr("took it over after this coordinator was silent for "));
+  EXPECT_THAT(first, HasSubstr("; this coordinator stops and leaves the job to it"));
+}
+
 TEST(PsTrainingTest, TheEvaluatorSideCarEvaluatesEveryNewCheckpoint) {
   const std::string checkpoints = TempPath("ckpt_eval");
   RemoveFolder(checkpoints);

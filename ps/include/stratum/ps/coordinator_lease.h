@@ -1,8 +1,10 @@
-// Which coordinator a parameter server trains for. Two coordinators on one cluster (a
-// second one started by mistake, an old one that came back after a pause) would re-seed
-// each other's variables and overwrite each other's checkpoints while both report success.
-// A coordinator claims every PS before it creates variables there; its heartbeats (Watch,
-// every 0.5 s) keep the claim. Another coordinator may claim the PS only once the holder has
+// Which coordinator a parameter server (or a worker) trains for. Two coordinators on one
+// cluster (a second one started by mistake, an old one that came back after a pause) would
+// re-seed each other's variables and overwrite each other's checkpoints while both report
+// success; two on one worker would take turns setting it up for their own jobs. A
+// coordinator claims every PS before it creates variables there; its heartbeats (Watch,
+// every 0.5 s) keep the claim. It claims a worker when it sets its job up there; its
+// closures keep that claim. Another coordinator may claim the PS only once the holder has
 // been silent for the lease (it died, or stalled: it is then refused for good and stops),
 // or at once when it is the holder restarted (a new process serving on the holder's address
 // on the same host). Thread-safe.
@@ -10,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -28,9 +31,18 @@ struct CoordinatorClaimant {
   std::string host;     // the host it runs on
 };
 
+// How a refusal names what is held, and why two coordinators must not share it.
+struct LeaseWording {
+  std::string held = "this parameter server";
+  std::string why =
+      "two coordinators on one cluster would overwrite each other's variables and "
+      "checkpoints; stop that one first, or give this job parameter servers of its own";
+};
+
 class CoordinatorLease {
  public:
-  explicit CoordinatorLease(absl::Duration lease = absl::Seconds(5)) : lease_(lease) {}
+  explicit CoordinatorLease(absl::Duration lease = absl::Seconds(5), LeaseWording wording = {})
+      : lease_(lease), wording_(std::move(wording)) {}
 
   // Takes the PS for `claimant` (or keeps it). A holder heard from within the lease makes
   // this wait up to `wait` for it to fall silent, then FAILED_PRECONDITION naming it.
@@ -51,6 +63,7 @@ class CoordinatorLease {
   absl::Status RefusalFor(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const absl::Duration lease_;
+  const LeaseWording wording_;
   absl::Mutex mutex_;
   uint64_t holder_ ABSL_GUARDED_BY(mutex_) = 0;  // 0: none
   CoordinatorClaimant holder_claim_ ABSL_GUARDED_BY(mutex_);

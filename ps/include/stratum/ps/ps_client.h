@@ -39,6 +39,10 @@ struct PsClientOptions {
   std::string coordinator_address;  // where it serves, "" when it does not
 };
 
+// This process as a coordinator names itself to the parameter servers and workers it
+// claims (stratum/ps/coordinator_lease.h).
+proto::CoordinatorId ThisCoordinator(const PsClientOptions& options);
+
 struct NamedValue {
   std::string name;
   Tensor value;
