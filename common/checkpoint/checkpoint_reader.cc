@@ -1,8 +1,6 @@
 #include "stratum/checkpoint/checkpoint_reader.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -12,14 +10,11 @@
 
 namespace stratum {
 absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, " is missing"));
-  std::stringstream text;
-  text << file.rdbuf();
-  nlohmann::json json =
-      JsonNestingDepth(text.str()) > kMaxJsonDepth
-          ? nlohmann::json(nlohmann::json::value_t::discarded)
-          : nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  nlohmann::json json = JsonNestingDepth(*text) > kMaxJsonDepth
+                            ? nlohmann::json(nlohmann::json::value_t::discarded)
+                            : nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::DataLossError(absl::StrCat(path, " is not a JSON object: it is corrupt"));
   }

@@ -1,12 +1,12 @@
 #include "stratum/checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +56,38 @@ absl::Status WriteFailed(const std::string& path, int error) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what) {
+  const std::string named = what.empty() ? path : absl::StrCat(what, " ", path);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(named, " is missing"));
+    return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(errno)));
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat(
+        "cannot read ", named, ": ",
+        S_ISDIR(info.st_mode) ? "it is a folder, not a file" : "it is not a regular file"));
+  }
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(info.st_size));
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(error)));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return bytes;
+}
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
@@ -127,9 +159,9 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const Tens
 
 absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
                                            std::optional<uint32_t> expected_crc32) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " is missing"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> read = ReadWholeFile(path, "checkpoint file");
+  if (!read.ok()) return read.status();
+  const std::string& bytes = *read;
   auto corrupt = [&](const std::string& problem) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: ", problem,
                                             "; restore an older checkpoint"));

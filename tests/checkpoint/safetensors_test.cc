@@ -101,6 +101,20 @@ TEST(SafetensorsTest, CorruptFilesAreNamedAndRefused) {
             absl::StatusCode::kNotFound);
 }
 
+// A file that cannot be read (here a folder in its place; a disk's I/O error takes the same
+// path) is damage to fall back from, named: the read used to throw from std::ifstream and
+// abort stratum-train, the evaluator and the PS's restore (QA round 4, finding 1).
+TEST(SafetensorsTest, AFileThatCannotBeReadIsDamageNotACrash) {
+  const std::string path = Path("folder.safetensors");
+  std::filesystem::create_directories(path);
+  absl::StatusOr<TensorFile> read = ReadSafetensors(path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(read.status().message()),
+              HasSubstr("cannot read checkpoint file " + path + ": it is a folder, not a file"));
+  EXPECT_EQ(ReadWholeFile(path).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadWholeFile(Path("missing")).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
   EXPECT_FALSE(WriteSafetensors("/nonexistent/folder/x.safetensors", {}).ok());
   const std::string path = Path("keep.safetensors");

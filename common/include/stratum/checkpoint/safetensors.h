@@ -33,6 +33,12 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const Tens
 absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
                                            std::optional<uint32_t> expected_crc32 = std::nullopt);
 
+// The bytes of the file at `path`: NOT_FOUND when there is none; DATA_LOSS, naming the path
+// and the reason, when it is not a regular file (a folder in its place) or cannot be read
+// (an I/O error). Never throws, as std::ifstream reads can. Errors call it `what` `path`
+// ("checkpoint file /a/b").
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what = "");
+
 // Writes `text` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
 
