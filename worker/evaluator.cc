@@ -1,6 +1,8 @@
 #include "stratum/worker/evaluator.h"
 
-#include <fstream>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -17,22 +19,36 @@
 namespace stratum {
 namespace {
 
-// The "history" of an evaluation.json an earlier run of the side-car wrote; empty when there
-// is none or it cannot be read (it is written anew).
-nlohmann::json EarlierEvaluations(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return nlohmann::json::array();
-  const nlohmann::json report = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-  if (!report.is_object() || !report.contains("history") || !report["history"].is_array()) {
-    return nlohmann::json::array();
-  }
-  nlohmann::json history = nlohmann::json::array();
-  for (const nlohmann::json& entry : report["history"]) {
-    if (entry.is_object() && entry.contains("step") && entry["step"].is_number_integer()) {
-      history.push_back(entry);
+// The results an earlier run of the side-car wrote (evaluation.json's "history"); empty
+// when there is none. One that cannot be read as a report (damaged, or a folder in its
+// place) is kept aside as evaluation.json.damaged, with a warning, rather than overwritten.
+absl::StatusOr<nlohmann::json> EarlierEvaluations(const std::string& path) {
+  absl::StatusOr<nlohmann::json> report = ReadJsonObjectFile(path);
+  if (absl::IsNotFound(report.status())) return nlohmann::json::array();
+  auto is_result = [](const nlohmann::json& entry) {
+    return entry.is_object() && entry.contains("step") && entry["step"].is_number_integer();
+  };
+  if (report.ok() && report->contains("history") && (*report)["history"].is_array()) {
+    nlohmann::json history = nlohmann::json::array();
+    for (const nlohmann::json& entry : (*report)["history"]) {
+      if (is_result(entry)) history.push_back(entry);
     }
+    return history;
   }
-  return history;
+  if (report.ok() && is_result(*report)) {  // written before the history was kept
+    return nlohmann::json::array({*report});
+  }
+  const std::string problem = report.ok() ? absl::StrCat(path, " is no evaluation report")
+                                          : std::string(report.status().message());
+  const std::string aside = path + ".damaged";
+  if (std::rename(path.c_str(), aside.c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(problem, ", and it cannot be moved to ",
+                                                      aside, " (", std::strerror(errno),
+                                                      "): move it out of the way, as the evaluator "
+                                                      "writes its results there"));
+  }
+  spdlog::warn("{}: kept as {}; the results start anew", problem, aside);
+  return nlohmann::json::array();
 }
 
 }  // namespace
@@ -79,7 +95,9 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   // Every evaluation, oldest first, kept across restarts of the side-car: evaluation.json
   // holds the latest at its top level and them all in "history".
   const std::string report_path = job.checkpoint.dir + "/evaluation.json";
-  nlohmann::json history = EarlierEvaluations(report_path);
+  absl::StatusOr<nlohmann::json> earlier = EarlierEvaluations(report_path);
+  if (!earlier.ok()) return earlier.status();
+  nlohmann::json history = *std::move(earlier);
   spdlog::info("evaluator watching {}", job.checkpoint.dir);
   // One pass over the latest checkpoint: evaluated when it is new.
   auto evaluate_latest = [&]() -> absl::Status {

@@ -183,6 +183,49 @@ TEST_F(EvaluatorTest, EvaluationJsonKeepsEveryResultAcrossRestarts) {
   ASSERT_EQ(report["history"].size(), 2u) << report;
   EXPECT_EQ(report["history"][0]["step"], 1);
   EXPECT_EQ(report["history"][1]["val_loss"], report["val_loss"]);
+
+  // A damaged report is kept aside with a warning, not overwritten without a word (QA
+  // round 4, finding 3); a folder in its place too, where the side-car used to abort
+  // (finding 2).
+  const std::string report_path = job_.checkpoint.dir + "/evaluation.json";
+  for (const bool folder : {false, true}) {
+    std::filesystem::remove_all(report_path);
+    std::filesystem::remove_all(report_path + ".damaged");
+    if (folder) {
+      std::filesystem::create_directories(report_path);
+    } else {
+      std::ofstream(report_path) << R"({"history": [{"step": 1)";
+    }
+    Save(3);
+    LogCapture log;
+    report = run_until_evaluated(3);
+    ASSERT_EQ(report["history"].size(), 1u) << report;
+    EXPECT_TRUE(folder ? std::filesystem::is_directory(report_path + ".damaged")
+                       : std::filesystem::is_regular_file(report_path + ".damaged"));
+  }
+}
+
+// The warning for a damaged report names it and where it is kept.
+TEST_F(EvaluatorTest, ADamagedEvaluationJsonIsKeptAsideWithAWarning) {
+  std::filesystem::create_directories(job_.checkpoint.dir);
+  const std::string report_path = job_.checkpoint.dir + "/evaluation.json";
+  std::ofstream(report_path) << "not json";
+  Save(1);
+  LogCapture log;
+  ShutdownWatcher shutdown;
+  absl::Status ended = absl::UnknownError("still running");
+  std::thread evaluator([&] { ended = RunEvaluator(job_, shutdown, absl::Milliseconds(5)); });
+  EXPECT_TRUE(log.WaitFor("evaluated the checkpoint at step 1"));
+  shutdown.RequestShutdown();
+  evaluator.join();
+  EXPECT_TRUE(ended.ok()) << ended;
+  EXPECT_EQ(
+      log.CountLines(absl::StrCat(report_path, " is not a JSON object: it is corrupt: kept as ",
+                                  report_path, ".damaged; the results start anew"),
+                     "warn"),
+      1);
+  std::ifstream kept(report_path + ".damaged");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "not json");
 }
 
 }  // namespace
