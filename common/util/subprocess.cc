@@ -1,8 +1,10 @@
 #include "stratum/util/subprocess.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
                                             "; build it (deploy/setup.sh) or fix the path"));
   }
   const int read_fd = output_pipe[0];
+  process->stop_reading_fd_ = eventfd(0, EFD_CLOEXEC);
   Subprocess* raw = process.get();
   process->reader_ = std::thread([raw, read_fd] { raw->ForwardOutput(read_fd); });
   return process;
@@ -152,6 +155,11 @@ void Subprocess::ForwardOutput(int fd) {
     }
   };
   while (true) {
+    pollfd watched[2] = {{.fd = fd, .events = POLLIN, .revents = 0},
+                         {.fd = stop_reading_fd_, .events = POLLIN, .revents = 0}};
+    const int ready = poll(watched, stop_reading_fd_ >= 0 ? 2 : 1, -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || (watched[1].revents & POLLIN) != 0) break;
     const ssize_t got = read(fd, buffer, sizeof(buffer));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
@@ -176,8 +184,15 @@ Subprocess::~Subprocess() {
   // Processes the child left behind in its group may still hold the output pipe open.
   if (pid_ > 0 && !output_closed_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
     kill(-pid_, SIGKILL);
+    // One that left the group (setsid) is out of reach: its output is not waited for.
+    if (!output_closed_.WaitForNotificationWithTimeout(absl::Milliseconds(500)) &&
+        stop_reading_fd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!write(stop_reading_fd_, &one, sizeof(one));
+    }
   }
   if (reader_.joinable()) reader_.join();
+  if (stop_reading_fd_ >= 0) close(stop_reading_fd_);
 }
 
 std::optional<ExitInfo> Subprocess::Poll() {

@@ -2,8 +2,12 @@
 
 #include <signal.h>
 
+#include <string>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
 
 namespace stratum {
 namespace {
@@ -98,6 +102,22 @@ TEST(SubprocessTest, DestructorKillsARunningChild) {
   const pid_t pid = process->pid();
   process.reset();
   EXPECT_EQ(kill(pid, 0), -1);  // reaped and gone
+}
+
+// A process the child started in a session of its own (setsid: out of reach of the
+// group's SIGKILL) keeps the output pipe open as long as it lives: the destructor does not
+// wait for it. stratum-launch used to outlive its --grace_period by as long (QA round 4,
+// finding 4).
+TEST(SubprocessTest, DestructorDoesNotWaitForAnEscapedHolderOfTheOutput) {
+  auto process = Shell("setsid sleep 60 & echo $!");
+  ASSERT_NE(process, nullptr);
+  ASSERT_TRUE(process->Wait(absl::Seconds(10)).ok());
+  const pid_t holder = std::stoi(process->output());
+  const absl::Time start = absl::Now();
+  process.reset();
+  const absl::Duration took = absl::Now() - start;
+  kill(holder, SIGKILL);
+  EXPECT_LT(took, absl::Seconds(10));  // not the holder's 60 s
 }
 
 }  // namespace

@@ -76,6 +76,9 @@ class Subprocess {
   const SubprocessOptions options_;
   pid_t pid_ = -1;
   std::thread reader_;
+  // Tells the reader to stop waiting for the end of the output: a process that left the
+  // child's group (setsid) may hold the pipe open for as long as it lives.
+  int stop_reading_fd_ = -1;
   absl::Notification output_closed_;
   mutable absl::Mutex mutex_;
   std::optional<ExitInfo> exit_ ABSL_GUARDED_BY(mutex_);
