@@ -117,6 +117,16 @@ CheckpointFolderLock::~CheckpointFolderLock() {
 absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir,
                                                           absl::Duration wait) {
   STRATUM_RETURN_IF_ERROR(CheckWritableFolder(dir, "checkpoint.dir"));
+  // Each save names the latest checkpoint there: found now, not after an epoch of training.
+  const std::string pointer = absl::StrCat(dir, "/checkpoint");
+  std::error_code error;
+  if (std::filesystem::exists(pointer, error) &&
+      !std::filesystem::is_regular_file(pointer, error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir ", dir, ": ", pointer,
+        " is not a file (each save writes the name of the latest checkpoint there): move it "
+        "away, or set another checkpoint.dir"));
+  }
   const std::string path = absl::StrCat(dir, "/.lock");
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   // Another user's lock file in a shared folder: flock needs no write access.

@@ -316,6 +316,22 @@ TEST(CheckpointFolderTest, OneJobAtATimeWritesAFolder) {
   std::filesystem::remove_all(dir);
 }
 
+// A folder where the latest checkpoint is named is found when the job starts, with the fix,
+// not at its first save as 'cannot write .../checkpoint: Is a directory' (QA round 4,
+// finding 6).
+TEST(CheckpointFolderTest, AFolderInThePlaceOfThePointerFileIsRefusedAtTheStart) {
+  const std::string dir = Path("ckpt_pointer_folder");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/checkpoint");
+  absl::StatusOr<CheckpointFolderLock> lock = LockCheckpointFolder(dir);
+  EXPECT_EQ(lock.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(lock.status().message()),
+              HasSubstr(dir + "/checkpoint is not a file (each save writes the name of the "
+                              "latest checkpoint there): move it away, or set another "
+                              "checkpoint.dir"));
+  std::filesystem::remove_all(dir);
+}
+
 // A damaged latest checkpoint does not stop the job: the newest intact one before it is
 // restored and becomes the latest, and the damaged one is kept aside.
 TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
