@@ -220,7 +220,8 @@ absl::StatusOr<Header> ReadHeader(const std::string& path, gzFile file, std::str
 
 absl::Status CheckSupported(const std::string& path, const Header& header, uint8_t code) {
   if (header.type.supported) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrFormat(
+  // INVALID_ARGUMENT (exit 2, not restarted): the file must be converted first.
+  return absl::InvalidArgumentError(absl::StrFormat(
       "IDX file \"%s\" holds %s elements (type byte 0x%02X), which Stratum does not read: "
       "convert it to ubyte (0x08), int32 (0x0C) or float32 (0x0D)",
       path, header.type.name, code));
