@@ -132,6 +132,9 @@ absl::Status ValidateAddress(absl::string_view address) {
       return absl::InvalidArgumentError(
           absl::StrCat("its host \"", host, "\" is not an IPv6 address"));
     }
+  } else if (in6_addr ipv6; inet_pton(AF_INET6, std::string(host).c_str(), &ipv6) == 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("its IPv6 host is not in brackets (write \"[", host, "]:", port_text, "\")"));
   } else if (std::string problem = HostNameProblem(host); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
   }
@@ -264,7 +267,18 @@ namespace {
 // names are not case-sensitive, and the loopback has several names. (A server binds a
 // loopback name or an IP as given, and a host name on every interface.)
 std::string SocketOf(absl::string_view address) {
-  const std::string host = absl::AsciiStrToLower(HostOf(address));
+  std::string host = absl::AsciiStrToLower(HostOf(address));
+  // One spelling per IPv6 address ("0:0:0:0:0:0:0:1" is "::1"); an IPv4-mapped one is its
+  // IPv4 address, which an IPv6 socket of the host serves too.
+  if (in6_addr ipv6; inet_pton(AF_INET6, host.c_str(), &ipv6) == 1) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (IN6_IS_ADDR_V4MAPPED(&ipv6)) {
+      inet_ntop(AF_INET, &ipv6.s6_addr[12], text, sizeof(text));
+    } else {
+      inet_ntop(AF_INET6, &ipv6, text, sizeof(text));
+    }
+    host = text;
+  }
   const bool loopback = host == "localhost" || host == "127.0.0.1" || host == "::1" ||
                         host == "localhost.localdomain" || host == "ip6-localhost";
   return absl::StrCat(loopback ? "this machine's loopback" : absl::StrCat("host ", host), ", port ",

@@ -137,6 +137,9 @@ TEST(ClusterSpecValidationTest, RejectsHostsThatAreNeitherAnIpNorAName) {
             "10.0.0.1), and a host name has a letter in its last part: write it as host:port, "
             "for example \"localhost:2222\"");
   EXPECT_THAT(ErrorOf(R"({"worker": ["10.0.1:2222"]})"), HasSubstr("not an IPv4 address"));
+  // An IPv6 host without brackets: the fix is the brackets (QA round 4, finding 9).
+  EXPECT_THAT(ErrorOf(R"({"worker": ["::1:2222"]})"),
+              HasSubstr("its IPv6 host is not in brackets (write \"[::1]:2222\")"));
   EXPECT_THAT(ErrorOf(R"({"worker": ["[::g]:2222"]})"),
               HasSubstr("its host \"[::g]\" is not an IPv6 address"));
   EXPECT_THAT(ErrorOf(R"({"worker": ["-worker:2222"]})"),
@@ -171,6 +174,14 @@ TEST(ClusterSpecValidationTest, RejectsOneSocketSpelledTwoWays) {
   // A port is a number, however it is written (QA: "029001" passed as another socket).
   EXPECT_THAT(ErrorOf(R"({"worker": ["127.0.0.1:29001", "127.0.0.1:029001"]})"),
               HasSubstr("are one socket (this machine's loopback, port 29001)"));
+  // One IPv6 address however it is written, and an IPv4-mapped one as its IPv4 address (QA
+  // round 4, finding 8: the second task failed later with "the port is in use").
+  EXPECT_THAT(ErrorOf(R"({"ps": ["[::1]:7000", "[0:0:0:0:0:0:0:1]:7000"]})"),
+              HasSubstr("are one socket (this machine's loopback, port 7000)"));
+  EXPECT_THAT(ErrorOf(R"({"ps": ["[fe80::1]:7000", "[FE80:0::0001]:7000"]})"),
+              HasSubstr("are one socket (host fe80::1, port 7000)"));
+  EXPECT_THAT(ErrorOf(R"({"ps": ["[::ffff:127.0.0.1]:7000"], "worker": ["127.0.0.1:7000"]})"),
+              HasSubstr("are one socket (this machine's loopback, port 7000)"));
   // Other loopback addresses, other hosts and other ports are other sockets.
   EXPECT_TRUE(
       ClusterSpec::FromJson(
