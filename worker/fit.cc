@@ -375,8 +375,11 @@ absl::StatusOr<FitState> StartState(Strategy& strategy, const Model& model,
           ", and this run has a global batch of ", global_batch, " over ", strategy.num_workers(),
           " worker(s) (", strategy.num_workers(), " x ", strategy.NumLocalReplicas(),
           " replica(s) x ", options.batch_size_per_replica,
-          "): its place in the data would not be the same; resume with the job's earlier "
-          "workers and devices, or remove ",
+          "): its place in the data would not be the same; resume with its global batch of ",
+          state.global_batch,
+          state.num_workers > 0 ? absl::StrCat(" over ", state.num_workers, " worker(s)") : "",
+          " again (the workers, devices and fit.batch_size_per_replica it was written with), "
+          "or remove ",
           options.checkpoint_dir, " to train from scratch", or_epoch_end));
     }
     // Mid-epoch, the steps done are the first of the epoch's order: another shuffle would

@@ -364,6 +364,11 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTh
       std::string(refused.status().message()),
       ::testing::HasSubstr("stopped in the middle of epoch 1 with a global batch of 16, and this "
                            "run has a global batch of 8 over 1 worker(s) (1 x 1 replica(s) x 8)"));
+  // The fix names the batch, whichever of its factors changed (QA round 4, finding 10: a
+  // changed fit.batch_size_per_replica was told to use the earlier workers and devices).
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("resume with its global batch of 16 again (the workers, "
+                                   "devices and fit.batch_size_per_replica it was written with)"));
   auto resumed = run(2);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 5);
