@@ -7,11 +7,13 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "stratum/data/dataset.h"
 #include "stratum/data/idx.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -28,7 +30,7 @@ constexpr char kModel[] = R"({"class_name": "Sequential", "config": {"layers": [
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "custom_training_loop: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return stratum::ExitCodeFor(status);  // 2 for a missing data file, as every binary
 }
 
 }  // namespace
@@ -36,6 +38,10 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   stratum::ParseFlagsOrExit(argc, argv, "A custom training loop on Stratum's library API.");
   using namespace stratum;
+  if (absl::GetFlag(FLAGS_epochs) < 1) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--epochs ", absl::GetFlag(FLAGS_epochs), " trains nothing: give 1 or more")));
+  }
 
   auto strategy = MirroredStrategy::Create({.devices = {"CPU:0", "CPU:1"}});
   if (!strategy.ok()) return Fail(strategy.status());
