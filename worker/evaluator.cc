@@ -54,7 +54,7 @@ absl::StatusOr<nlohmann::json> EarlierEvaluations(const std::string& path) {
 }  // namespace
 
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
-                          absl::Duration poll_interval) {
+                          absl::Duration poll_interval, bool once) {
   if (job.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError(
         "the evaluator reads checkpoints, but the job has no checkpoint.dir: add one");
@@ -170,7 +170,7 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   // final checkpoint, often written just before the stop, is evaluated too.
   bool stopping = false;
   while (!stopping) {
-    stopping = shutdown.WaitFor(poll_interval);
+    stopping = once || shutdown.WaitFor(poll_interval);
     STRATUM_RETURN_IF_ERROR(evaluate_latest());
   }
   return absl::OkStatus();

@@ -33,6 +33,9 @@ ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(25),
           "30 s Kubernetes and stratum-launch give before SIGKILL)");
 ABSL_FLAG(absl::Duration, eval_interval, absl::Seconds(2),
           "With --evaluator: how often to look for a new checkpoint");
+ABSL_FLAG(bool, eval_once, false,
+          "With --evaluator: evaluate the latest checkpoint once (as a side-car stopped does) "
+          "and exit, without serving");
 
 namespace stratum {
 namespace {
@@ -159,13 +162,15 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));
     if (!job.ok()) return stratum::ReportFatal(context.binary, job.status());
+    const bool once = absl::GetFlag(FLAGS_eval_once);
     std::unique_ptr<stratum::TaskServer> server;  // health probes keep working
-    if (!context.listen_address.empty()) {
+    if (!context.listen_address.empty() && !once) {
       auto started = stratum::StartTaskServer(context);
       if (!started.ok()) return stratum::ReportFatal(context.binary, started.status());
       server = *std::move(started);
     }
-    absl::Status status = stratum::RunEvaluator(*job, shutdown, absl::GetFlag(FLAGS_eval_interval));
+    absl::Status status =
+        stratum::RunEvaluator(*job, shutdown, absl::GetFlag(FLAGS_eval_interval), once);
     if (server) server->Shutdown(context.shutdown_grace);
     if (!status.ok()) return stratum::ReportFatal(context.binary, status);
     spdlog::info("stopped");

@@ -175,6 +175,27 @@ std::vector<std::vector<Subprocess*>> StopOrder(const LaunchPlan& plan,
   return stages;
 }
 
+// The job is done while an evaluator side-car that failed waits to be started again (it
+// died just before the end): the final checkpoint would go unevaluated, so one pass of it
+// (--eval_once) runs first, as a running side-car makes one when it is stopped.
+void EvaluateOnceIfDown(const LaunchPlan& plan, const std::vector<absl::Time>& restart_at,
+                        absl::Duration grace) {
+  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+    if (plan.tasks[i].task.type != kEvaluator || restart_at[i] == absl::InfiniteFuture()) continue;
+    PlannedTask once = plan.tasks[i];
+    once.argv.push_back("--eval_once");
+    Say(absl::StrCat(once.task.ToString(),
+                     " is down at the end of the job: evaluating the final checkpoint once"));
+    absl::StatusOr<std::unique_ptr<Subprocess>> pass = StartTask(once, {});
+    if (!pass.ok()) {
+      Say(absl::StrCat("cannot start ", once.task.ToString(), ": ", pass.status().message()));
+      continue;
+    }
+    // Bounded as a stop is: an evaluation takes seconds.
+    if (!(*pass)->Wait(grace).ok()) StopAll({pass->get()}, absl::ZeroDuration());
+  }
+}
+
 int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
   const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
   std::vector<std::unique_ptr<Subprocess>> children;
@@ -276,6 +297,7 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       const PlannedTask& task = plan.tasks[i];
       if (task.task == plan.main_task) {
         Say(absl::StrCat(task.task.ToString(), " ", exit.ToString(), "; stopping the others"));
+        if (exit.success()) EvaluateOnceIfDown(plan, restart_at, grace);
         stop_all();
         return exit.ShellCode();
       }

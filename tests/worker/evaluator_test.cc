@@ -205,6 +205,21 @@ TEST_F(EvaluatorTest, EvaluationJsonKeepsEveryResultAcrossRestarts) {
   }
 }
 
+// --eval_once: one pass over the latest checkpoint, without a stop, as stratum-launch runs
+// when the side-car is down at the end of a job (QA round 4, finding 5).
+TEST_F(EvaluatorTest, OncePassEvaluatesTheLatestCheckpointAndReturns) {
+  Save(1);
+  Save(2);
+  ShutdownWatcher never_stopped;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(RunEvaluator(job_, never_stopped, absl::Hours(1), /*once=*/true).ok());
+  EXPECT_LT(absl::Now() - start, absl::Minutes(1));  // not the hour between polls
+  std::ifstream file(job_.checkpoint.dir + "/evaluation.json");
+  const nlohmann::json report = nlohmann::json::parse(file);
+  EXPECT_EQ(report["step"], 2);
+  EXPECT_EQ(report["history"].size(), 1u);
+}
+
 // The warning for a damaged report names it and where it is kept.
 TEST_F(EvaluatorTest, ADamagedEvaluationJsonIsKeptAsideWithAWarning) {
   std::filesystem::create_directories(job_.checkpoint.dir);

@@ -12,11 +12,12 @@
 
 namespace stratum {
 
-// Runs until `shutdown` is requested. Errors in the job (no checkpoint.dir, a bad model,
+// Runs until `shutdown` is requested (`once`: one pass over the latest checkpoint, the pass
+// a stopped side-car makes, then returns). Errors in the job (no checkpoint.dir, a bad model,
 // missing test data) end it. A damaged latest checkpoint (corrupt, lacking a file, or
 // holding NaN or infinity) is reported once, naming it and the damage, and skipped until a
 // newer one comes; one it cannot read for another reason is logged (once) and retried.
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
-                          absl::Duration poll_interval);
+                          absl::Duration poll_interval, bool once = false);
 
 }  // namespace stratum
