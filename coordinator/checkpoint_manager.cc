@@ -31,6 +31,13 @@ nlohmann::json ShardMap(const std::vector<ShardSpec>& shards) {
   return map;
 }
 
+// Once every call in `running` has ended: the first error, or OK.
+absl::Status AllEnded(std::vector<std::future<absl::Status>>& running) {
+  absl::Status all = absl::OkStatus();
+  for (std::future<absl::Status>& call : running) all.Update(call.get());
+  return all;
+}
+
 // The shards of a manifest's shard map (name, variable, ps_task, first_row, shape).
 absl::StatusOr<std::vector<ShardSpec>> ShardsOfMap(const std::string& folder,
                                                    const nlohmann::json& map) {
@@ -268,9 +275,7 @@ absl::Status CheckpointManager::RestoreResharded(const std::string& folder,
       return variables_.client(task).Restore(files, rows[static_cast<size_t>(task)]);
     }));
   }
-  absl::Status all = absl::OkStatus();
-  for (auto& restore : restores) all.Update(restore.get());
-  return all;
+  return AllEnded(restores);
 }
 
 absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
@@ -304,9 +309,7 @@ absl::StatusOr<std::optional<int64_t>> CheckpointManager::RestoreLatest() {
             return variables_.client(task).Restore(path, crc);
           }));
         }
-        absl::Status all = absl::OkStatus();
-        for (auto& restore : restores) all.Update(restore.get());
-        return all;
+        return AllEnded(restores);
       });
   if (!restored.ok()) return restored.status();
   restored_progress_ = nullptr;

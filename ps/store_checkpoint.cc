@@ -10,6 +10,7 @@ namespace stratum {
 namespace {
 
 constexpr char kSlotInfix[] = "/slot_";
+constexpr char kFileFormat[] = "stratum-ps-checkpoint-1";
 
 const Tensor* FindTensor(const TensorFile& file, const std::string& name) {
   for (const auto& [tensor_name, tensor] : file.tensors) {
@@ -28,15 +29,17 @@ std::vector<std::string> SlotNames(const TensorFile& file, const std::string& va
   return names;
 }
 
+absl::Status NoSuchTensor(const SavedRows& piece, const std::string& name) {
+  return absl::DataLossError(absl::StrCat("checkpoint file ", piece.file, " has no \"", name,
+                                          "\" to restore shard \"", piece.shard,
+                                          "\" from: the checkpoint is damaged"));
+}
+
 // Copies `piece`'s rows of the saved tensor `name` into `out`.
 absl::Status CopyRows(const TensorFile& file, const SavedRows& piece, const std::string& name,
                       Tensor& out) {
   const Tensor* saved = FindTensor(file, name);
-  if (saved == nullptr) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", piece.file, " has no \"", name,
-                                            "\" to restore shard \"", piece.shard,
-                                            "\" from: the checkpoint is damaged"));
-  }
+  if (saved == nullptr) return NoSuchTensor(piece, name);
   const bool same_rows =
       saved->shape().rank() == out.shape().rank() &&
       (out.shape().rank() == 0 || saved->shape().WithFirstDim(1) == out.shape().WithFirstDim(1));
@@ -70,11 +73,7 @@ absl::Status ReshardOne(const std::vector<TensorFile>& files,
   }
   const TensorFile& first_file = files[pieces.front()->file];
   const Tensor* first = FindTensor(first_file, pieces.front()->saved);
-  if (first == nullptr) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", pieces.front()->file, " has no \"",
-                                            pieces.front()->saved, "\" to restore shard \"", shard,
-                                            "\" from: the checkpoint is damaged"));
-  }
+  if (first == nullptr) return NoSuchTensor(*pieces.front(), pieces.front()->saved);
   const Shape shape = first->shape().rank() == 0 ? Shape{} : first->shape().WithFirstDim(rows);
   Tensor value(DType::kFloat32, shape);
   const std::vector<std::string> slot_names = SlotNames(first_file, pieces.front()->saved);
@@ -120,7 +119,7 @@ absl::Status ReshardOne(const std::vector<TensorFile>& files,
 
 absl::StatusOr<TensorFile> StoreToTensorFile(const VariableStore& store) {
   TensorFile file;
-  file.metadata["format"] = "stratum-ps-checkpoint-1";
+  file.metadata["format"] = kFileFormat;
   for (const VariableInfo& info : store.List()) {
     absl::StatusOr<VariableSnapshot> snapshot = store.Snapshot(info.name);
     if (!snapshot.ok()) return snapshot.status();
@@ -187,7 +186,7 @@ absl::StatusOr<TensorFile> ReshardTensorFiles(const std::vector<TensorFile>& fil
   std::map<std::string, std::vector<const SavedRows*>> pieces_of_shard;
   for (const SavedRows& piece : rows) pieces_of_shard[piece.shard].push_back(&piece);
   TensorFile out;
-  out.metadata["format"] = "stratum-ps-checkpoint-1";
+  out.metadata["format"] = kFileFormat;
   for (auto& [shard, pieces] : pieces_of_shard) {
     std::sort(pieces.begin(), pieces.end(),
               [](const SavedRows* a, const SavedRows* b) { return a->to_row < b->to_row; });
