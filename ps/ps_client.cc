@@ -249,11 +249,7 @@ absl::Status PsClient::Restore(const std::string& path, uint32_t crc32) {
   proto::RestoreRequest request;
   request.set_path(path);
   request.set_crc32(crc32);
-  *request.mutable_coordinator() = ThisCoordinator(options_);
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
-  proto::RestoreResponse response;
-  return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
+  return SendRestore(request);
 }
 
 absl::Status PsClient::Restore(const std::vector<CheckpointFileRef>& files,
@@ -273,6 +269,10 @@ absl::Status PsClient::Restore(const std::vector<CheckpointFileRef>& files,
     out->set_shard(piece.shard);
     out->set_to_row(piece.to_row);
   }
+  return SendRestore(request);
+}
+
+absl::Status PsClient::SendRestore(proto::RestoreRequest& request) {
   *request.mutable_coordinator() = ThisCoordinator(options_);
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);

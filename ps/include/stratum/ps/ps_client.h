@@ -101,6 +101,8 @@ class PsClient {
 
  private:
   std::string Peer() const;
+  // Sends `request` (either kind of Restore) as this coordinator.
+  absl::Status SendRestore(proto::RestoreRequest& request);
   // Sets the call's deadline, `timeout` from now; while the channel's connection is failed,
   // first makes it again and waits for it (see the file comment).
   void PrepareCall(grpc::ClientContext& context, absl::Duration timeout);
