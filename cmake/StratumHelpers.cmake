@@ -9,6 +9,8 @@ function(stratum_add_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} stratum_private_temp_dir GTest::gtest GTest::gmock GTest::gtest_main)
+  # The test helpers of tests/include/stratum/testing/ (header-only ones need no library).
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/include)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 30
     PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")

@@ -78,6 +78,7 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
 }  // namespace
 
 absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer) {
+  STRATUM_RETURN_IF_ERROR(model.LinearLayers().status());
   if (loss.kind() != Loss::Kind::kSparseCategoricalCrossentropy) {
     return absl::UnimplementedError(absl::StrCat("loss ", loss.name(),
                                                  " has no GPU kernel yet (the GPU path trains with "
@@ -171,7 +172,7 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   if (optimizer.name() == "Adagrad" && config.contains("initial_accumulator_value")) {
     fresh_slot_value_ = config["initial_accumulator_value"].get<float>();
   }
-  layers_ = model_.layers();
+  STRATUM_ASSIGN_OR_RETURN(layers_, model_.LinearLayers());
   first_trainable_ = static_cast<int>(layers_.size());
   max_width_ = model_.input_shape().num_elements();
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -1,5 +1,6 @@
 // Finite-difference checks of Model::TrainStep's gradients, for every layer, activation and
-// loss combination Stratum supports.
+// loss combination Stratum supports, and for functional graphs: several inputs, merge
+// layers, and tensors that feed several layers (whose gradients add up).
 #include <cmath>
 #include <random>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
+#include "stratum/testing/functional_json.h"
 
 namespace stratum {
 namespace {
@@ -20,6 +22,7 @@ struct GradientCase {
   std::vector<int64_t> input_shape;
   json layers;
   json loss;
+  json functional = nullptr;  // a whole Functional model, instead of Sequential `layers`
 };
 
 json Dense(int units, const char* activation, bool use_bias = true) {
@@ -33,6 +36,11 @@ json Dropout(double rate) { return {{"class_name", "Dropout"}, {"config", {{"rat
 json Flatten() { return {{"class_name", "Flatten"}, {"config", json::object()}}; }
 
 Model Build(const GradientCase& c) {
+  if (!c.functional.is_null()) {
+    auto model = Model::FromKerasJson(c.functional);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return *std::move(model);
+  }
   json input_shape = json::array({nullptr});
   for (int64_t dim : c.input_shape) input_shape.push_back(dim);
   json layers = json::array(
@@ -172,11 +180,46 @@ INSTANTIATE_TEST_SUITE_P(
                      {2, 3},
                      {Dense(4, "tanh"), Flatten(), Dense(3, "softmax")},
                      "sparse_categorical_crossentropy"},
-        GradientCase{"DropoutFirst",
-                     {2, 3},
-                     {Flatten(), Dropout(0.25), Dense(4, "relu"), Dense(3, "softmax")},
-                     {{"class_name", "SparseCategoricalCrossentropy"},
-                      {"config", {{"from_logits", true}}}}}),
+        GradientCase{
+            "DropoutFirst",
+            {2, 3},
+            {Flatten(), Dropout(0.25), Dense(4, "relu"), Dense(3, "softmax")},
+            {{"class_name", "SparseCategoricalCrossentropy"}, {"config", {{"from_logits", true}}}}},
+        GradientCase{"FunctionalTwoInputsResidualAdd",
+                     {784},
+                     nullptr,
+                     "sparse_categorical_crossentropy",
+                     testing::Keras2Functional(testing::TwoInputResidualGraph(3, 3))},
+        GradientCase{
+            "FunctionalMergesAndFanOut",
+            {6},
+            nullptr,
+            "categorical_crossentropy",
+            testing::Keras3Functional(
+                {.inputs = {{"a", {2}}, {"b", {4}}},
+                 .calls =
+                     {{testing::Layer("Dense", "h", {{"units", 4}, {"activation", "tanh"}}), {"a"}},
+                      {testing::Layer("Dense", "g", {{"units", 4}, {"activation", "sigmoid"}}),
+                       {"b"}},
+                      {testing::Layer("Multiply", "gate"), {"h", "g", "b"}},
+                      {testing::Layer("Average", "mean"), {"h", "gate"}},
+                      {testing::Layer("Add", "twice"), {"mean", "mean"}},
+                      {testing::Layer("Concatenate", "joined"), {"twice", "h"}},
+                      {testing::Layer("Dense", "out", {{"units", 3}, {"activation", "softmax"}}),
+                       {"joined"}}},
+                 .outputs = {"out"}})},
+        GradientCase{
+            "FunctionalSoftmaxReadTwice",
+            {4},
+            nullptr,
+            "mse",
+            testing::Keras2Functional(
+                {.inputs = {{"x", {4}}},
+                 .calls = {{testing::Layer("Dense", "p", {{"units", 3}, {"activation", "softmax"}}),
+                            {"x"}},
+                           {testing::Layer("Dense", "q", {{"units", 3}}), {"p"}},
+                           {testing::Layer("Add", "out"), {"p", "q"}}},
+                 .outputs = {"out"}})}),
     [](const ::testing::TestParamInfo<GradientCase>& info) { return info.param.label; });
 
 }  // namespace

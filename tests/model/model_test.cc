@@ -117,7 +117,8 @@ std::string WithLayer(const std::string& layer) {
 TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Conv2D", "config": {"name": "conv2d"}})")),
             "model layer \"conv2d\" has class \"Conv2D\", which Stratum does not support: use "
-            "InputLayer, Flatten, Dense, Activation or Dropout");
+            "InputLayer, Activation, Add, Average, Concatenate, Dense, Dropout, Flatten or "
+            "Multiply");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "activation": "elu"}})")),
             "model layer \"d\" (Dense) has activation \"elu\", which Stratum does not support: "
@@ -152,9 +153,12 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "bias_initializer": "orthogonal"}})")),
               HasSubstr("bias_initializer \"orthogonal\""));
-  EXPECT_EQ(Refusal(R"({"class_name": "Functional", "config": {"layers": []}})"),
-            "model has class \"Functional\", which Stratum does not support: build the model as "
-            "keras.Sequential([...]) and save its to_json()");
+  EXPECT_EQ(Refusal(R"({"class_name": "MyModel", "config": {"layers": []}})"),
+            "model has class \"MyModel\", which Stratum does not support: build the model as "
+            "keras.Sequential([...]) or with the functional API (keras.Model(inputs, outputs)) "
+            "and save its to_json()");
+  EXPECT_THAT(Refusal(R"({"class_name": "Functional", "config": {"layers": []}})"),
+              HasSubstr("model config has no layers"));
   EXPECT_EQ(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
                 {"class_name": "Dense", "config": {"units": 2}}]}})"),
             "model has no input shape: start the Sequential model with keras.Input(shape=(...)) "

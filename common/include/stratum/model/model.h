@@ -1,6 +1,12 @@
-// Model: a Keras Sequential model (InputLayer, Flatten, Dense, Activation, Dropout) built
-// from Keras' own model.to_json() text, with the forward pass, loss and backward pass that
-// one replica runs per step.
+// Model: a Keras model built from Keras' own model.to_json() text, Sequential or Functional
+// (several named inputs and outputs, merge layers such as a residual Add), as one graph of
+// layers (stratum/model/layer.h, made by the registry of layer_registry.h), with the forward
+// pass, loss and backward pass that one replica runs per step. Backward walks the graph in
+// reverse and adds the gradients of a tensor that feeds several layers.
+//
+// A model with several inputs takes each example as their values side by side: the
+// example's features, flattened, are split over the inputs in the model's input order (an
+// image of 784 values feeds inputs of 392 and 392 with its top and bottom halves).
 //
 // The model holds the architecture only. Variables live outside it, in tensors the caller
 // owns (one copy per replica, or shards on parameter servers), and per-thread scratch lives
@@ -21,37 +27,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "stratum/model/layer.h"
 #include "stratum/model/loss.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
-
-// One trainable variable of a model, in the order the model's methods take them.
-struct VariableSpec {
-  std::string name;         // "dense/kernel", "dense/bias", "dense_1/kernel", ...
-  Shape shape;              // kernel [inputs, units]; bias [units]
-  std::string initializer;  // "glorot_uniform", "zeros", ...
-  // The initializer's own seed (Keras' seed=): its values are drawn from it alone, the same
-  // whatever seed InitialVariables is given. nullopt (seed None): drawn from that seed.
-  std::optional<uint64_t> seed;
-};
-
-// One layer as an executor on another device (the GPU path) needs it: what it computes and
-// the sizes it computes with. Sizes are per example, without the batch dimension.
-struct LayerInfo {
-  enum class Kind { kFlatten, kDense, kActivation, kDropout };
-  enum class Activation { kLinear, kRelu, kSigmoid, kTanh, kSoftmax };
-  Kind kind = Kind::kFlatten;
-  Activation activation = Activation::kLinear;  // Dense and Activation
-  std::string name;
-  int64_t in_size = 0;  // elements in and out
-  int64_t out_size = 0;
-  int64_t in_width = 0;  // last dimension in and out (a Dense layer maps rows of in_width)
-  int64_t out_width = 0;
-  float rate = 0;   // Dropout
-  int kernel = -1;  // Dense: indices into variables(); bias -1 without use_bias
-  int bias = -1;
-};
 
 // Per-thread scratch for a Model's steps: activations, dropout masks, the dropout random
 // stream and gradient buffers. Buffers are sized for the largest batch seen so far, so a
@@ -79,9 +59,9 @@ class Workspace {
 
 class Model {
  public:
-  // Keras' model.to_json() output for a Sequential model, in the tf.keras (Keras 2) or the
-  // Keras 3 form; also the file Keras writes with json.dump(model.to_json()), where the
-  // whole text is a JSON string. Unsupported layers and options are refused by name.
+  // Keras' model.to_json() output for a Sequential or Functional model, in the tf.keras
+  // (Keras 2) or the Keras 3 form; also the file Keras writes with json.dump(model.to_json()),
+  // where the whole text is a JSON string. Unsupported layers and options are refused by name.
   static absl::StatusOr<Model> FromKerasJson(absl::string_view text);
   // The same for std::string and C strings (which would otherwise be ambiguous between the
   // text and the JSON-value overloads).
@@ -98,20 +78,26 @@ class Model {
 
   const std::string& name() const;
   const std::vector<VariableSpec>& variables() const;
-  // The shape of one example, without the batch dimension ([28, 28]).
+  // The shape of one example, without the batch dimension ([28, 28]); with several inputs,
+  // [the elements of all of them].
   Shape input_shape() const;
-  // Outputs per example (classes for a classifier).
+  // The model's inputs (its InputLayers), in the order their values are taken.
+  const std::vector<std::string>& input_names() const;
+  // Outputs per example (classes for a classifier); with several outputs, of all of them.
   int64_t output_size() const;
+  int num_outputs() const;
   int64_t num_parameters() const;
-  // The layers in order (InputLayer excluded).
-  std::vector<LayerInfo> layers() const;
+  // The layers in order (InputLayer excluded) for the GPU executor, which runs a single
+  // chain of layers that all have CUDA kernels; else UNIMPLEMENTED naming the layer.
+  absl::StatusOr<std::vector<LayerInfo>> LinearLayers() const;
   // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
   std::string Summary() const;
 
   // Variables initialized as the layers' initializers say; the same seed gives the same
   // values, bit for bit. An initializer with a seed of its own ignores `seed`.
   std::vector<Tensor> InitialVariables(uint64_t seed) const;
-  // Whether `loss` reads this model's output as what it is. INVALID_ARGUMENT, with the fix,
+  // Whether `loss` reads this model's output as what it is, and the model has the one output
+  // a loss trains. INVALID_ARGUMENT, with the fix,
   // for a cross-entropy with from_logits true on a softmax output: that output holds
   // probabilities, not logits (Keras warns and takes them as logits; TrainStep would fuse
   // the softmax and train as from_logits false). Jobs are checked with it before training.
@@ -132,7 +118,8 @@ class Model {
   // Loss and accuracy in inference mode (dropout off).
   absl::StatusOr<StepStats> Evaluate(const std::vector<Tensor>& variables, const Tensor& x,
                                      const Tensor& y, const Loss& loss, Workspace& ws) const;
-  // The model's outputs, float32 [B, output_size()], in inference mode.
+  // The model's outputs, float32 [B, output_size()], in inference mode (several outputs side
+  // by side, in the model's order). TrainStep and Evaluate take a model with one output.
   absl::StatusOr<Tensor> Predict(const std::vector<Tensor>& variables, const Tensor& x,
                                  Workspace& ws) const;
 

@@ -1,0 +1,169 @@
+// Eigen's matrix products take their packing buffers from the stack up to this size, and from
+// the heap above it (128 KiB by default). The reference model's first Dense layer needs 200
+// KiB; 512 KiB keeps a step free of heap allocations for layers up to about 1,000 units while
+// staying far below a thread's stack (8 MiB by default). Must precede every Eigen include.
+#define EIGEN_STACK_ALLOCATION_LIMIT 524288
+
+#include <Eigen/Core>
+
+#include "stratum/device/device.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+namespace {
+
+using ConstRowVectorMap = Eigen::Map<const Eigen::RowVectorXf>;
+using RowVectorMap = Eigen::Map<Eigen::RowVectorXf>;
+
+// c (+)= a * b for any Eigen operands, without an aliasing temporary.
+template <typename A, typename B>
+void Product(const A& a, const B& b, MatrixMap c, bool accumulate) {
+  if (accumulate) {
+    c.noalias() += a * b;
+  } else {
+    c.noalias() = a * b;
+  }
+}
+
+class Cpu final : public Device {
+ public:
+  std::string name() const override { return "CPU"; }
+
+  void MatMul(const float* a, bool transpose_a, const float* b, bool transpose_b, int64_t m,
+              int64_t n, int64_t k, float* c, bool accumulate) const override {
+    const MatrixMap out(c, m, n);
+    if (!transpose_a && !transpose_b) {
+      Product(ConstMatrixMap(a, m, k), ConstMatrixMap(b, k, n), out, accumulate);
+    } else if (transpose_a && !transpose_b) {
+      Product(ConstMatrixMap(a, k, m).transpose(), ConstMatrixMap(b, k, n), out, accumulate);
+    } else if (!transpose_a && transpose_b) {
+      Product(ConstMatrixMap(a, m, k), ConstMatrixMap(b, n, k).transpose(), out, accumulate);
+    } else {
+      Product(ConstMatrixMap(a, k, m).transpose(), ConstMatrixMap(b, n, k).transpose(), out,
+              accumulate);
+    }
+  }
+
+  void AddBias(float* x, const float* bias, int64_t rows, int64_t width) const override {
+    MatrixMap(x, rows, width).rowwise() += ConstRowVectorMap(bias, width);
+  }
+
+  void SumRows(const float* x, int64_t rows, int64_t width, float* out,
+               bool accumulate) const override {
+    const ConstMatrixMap in(x, rows, width);
+    if (accumulate) {
+      RowVectorMap(out, width) += in.colwise().sum();
+    } else {
+      RowVectorMap(out, width) = in.colwise().sum();
+    }
+  }
+
+  void Activation(ActivationKind kind, const float* z, float* out, int64_t rows,
+                  int64_t width) const override {
+    const ConstMatrixMap in(z, rows, width);
+    MatrixMap o(out, rows, width);
+    switch (kind) {
+      case ActivationKind::kLinear:
+        if (out != z) o = in;
+        return;
+      case ActivationKind::kRelu:
+        o.array() = in.array().max(0.0f);
+        return;
+      case ActivationKind::kSigmoid:
+        o.array() = (1.0f + (-in.array()).exp()).inverse();
+        return;
+      case ActivationKind::kTanh:
+        o.array() = in.array().tanh();
+        return;
+      case ActivationKind::kSoftmax:
+        for (int64_t r = 0; r < rows; ++r) {
+          const float max = in.row(r).maxCoeff();
+          o.row(r).array() = (in.row(r).array() - max).exp();
+          o.row(r) /= o.row(r).sum();
+        }
+        return;
+    }
+  }
+
+  void ActivationGrad(ActivationKind kind, const float* y, float* g, int64_t rows,
+                      int64_t width) const override {
+    const ConstMatrixMap out(y, rows, width);
+    MatrixMap grad(g, rows, width);
+    switch (kind) {
+      case ActivationKind::kLinear:
+        return;
+      case ActivationKind::kRelu:
+        grad.array() = (out.array() > 0.0f).select(grad.array(), 0.0f);
+        return;
+      case ActivationKind::kSigmoid:
+        grad.array() *= out.array() * (1.0f - out.array());
+        return;
+      case ActivationKind::kTanh:
+        grad.array() *= 1.0f - out.array().square();
+        return;
+      case ActivationKind::kSoftmax:
+        for (int64_t r = 0; r < rows; ++r) {
+          const float dot = (grad.row(r).array() * out.row(r).array()).sum();
+          grad.row(r).array() = out.row(r).array() * (grad.row(r).array() - dot);
+        }
+        return;
+    }
+  }
+
+  void Copy(const float* x, float* out, int64_t n, bool accumulate) const override {
+    if (accumulate) {
+      FlatMap<float>(out, n) += ConstFlatMap<float>(x, n);
+    } else if (out != x) {
+      FlatMap<float>(out, n) = ConstFlatMap<float>(x, n);
+    }
+  }
+
+  void Multiply(const float* x, const float* y, float* out, int64_t n,
+                bool accumulate) const override {
+    if (accumulate) {
+      FlatMap<float>(out, n) += ConstFlatMap<float>(x, n) * ConstFlatMap<float>(y, n);
+    } else {
+      FlatMap<float>(out, n) = ConstFlatMap<float>(x, n) * ConstFlatMap<float>(y, n);
+    }
+  }
+
+  void Scale(float alpha, const float* x, float* out, int64_t n, bool accumulate) const override {
+    if (accumulate) {
+      FlatMap<float>(out, n) += alpha * ConstFlatMap<float>(x, n);
+    } else {
+      FlatMap<float>(out, n) = alpha * ConstFlatMap<float>(x, n);
+    }
+  }
+
+  void Sum(const float* const* inputs, int count, float* out, int64_t n) const override {
+    FlatMap<float> o(out, n);
+    if (count == 1) {
+      if (out != inputs[0]) o = ConstFlatMap<float>(inputs[0], n);
+      return;
+    }
+    o = ConstFlatMap<float>(inputs[0], n) + ConstFlatMap<float>(inputs[1], n);
+    for (int i = 2; i < count; ++i) o += ConstFlatMap<float>(inputs[i], n);
+  }
+
+  void Zero(float* out, int64_t n) const override { FlatMap<float>(out, n).setZero(); }
+
+  void CopyBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t rows,
+                  int64_t width, bool accumulate) const override {
+    for (int64_t r = 0; r < rows; ++r)
+      Copy(x + r * x_stride, out + r * out_stride, width, accumulate);
+  }
+
+  void DropoutMask(RandomStream& rng, float rate, float* mask, int64_t n) const override {
+    const float keep_scale = 1.0f / (1.0f - rate);
+    for (int64_t j = 0; j < n; ++j) mask[j] = Uniform01(rng) >= rate ? keep_scale : 0.0f;
+  }
+};
+
+}  // namespace
+
+const Device& CpuDevice() {
+  static const Cpu* const kCpu = new Cpu();
+  return *kCpu;
+}
+
+}  // namespace stratum

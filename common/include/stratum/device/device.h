@@ -1,0 +1,84 @@
+// Device: the one interface through which a layer's math runs, so that the same layer code
+// trains on the CPU and on a GPU. Every pointer is memory of the device (host memory for
+// the CPU); a layer never reads or writes it directly. Matrices are row-major float32.
+// Methods queue or run the operation; on the CPU they run before they return.
+//
+// Where a method takes `accumulate`, false overwrites the output and true adds to it: the
+// model's backward pass adds the gradients of a tensor that feeds several layers.
+//
+// CpuDevice() is the CPU implementation, on Eigen: stateless, so one instance serves every
+// thread. A CUDA implementation (cuBLAS and the kernels of common/cuda/) is the GPU issue's.
+//
+// Thread safety: the methods of a Device are const and may run from several threads at
+// once on distinct outputs.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+namespace stratum {
+
+// Keras' activations that Stratum's layers apply.
+enum class ActivationKind { kLinear, kRelu, kSigmoid, kTanh, kSoftmax };
+
+// Where a layer draws its random numbers (dropout masks): one stream per replica, reseeded
+// by the training loop before each step so that a resumed run draws the same masks.
+using RandomStream = std::mt19937_64;
+
+// A uniform float in [0, 1) from 24 random bits: the same on every platform, so a seed
+// gives the same initial values and dropout masks everywhere.
+inline float Uniform01(RandomStream& rng) {
+  return static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f);
+}
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "CPU", "GPU:0".
+  virtual std::string name() const = 0;
+
+  // c[m, n] (+)= op(a) * op(b), where op(a) is [m, k] (a stored [k, m] when transpose_a)
+  // and op(b) is [k, n] (b stored [n, k] when transpose_b).
+  virtual void MatMul(const float* a, bool transpose_a, const float* b, bool transpose_b, int64_t m,
+                      int64_t n, int64_t k, float* c, bool accumulate) const = 0;
+  // x[r, :] += bias for every row of x [rows, width].
+  virtual void AddBias(float* x, const float* bias, int64_t rows, int64_t width) const = 0;
+  // out[width] (+)= the sum of the rows of x [rows, width] (a bias gradient).
+  virtual void SumRows(const float* x, int64_t rows, int64_t width, float* out,
+                       bool accumulate) const = 0;
+
+  // out = activation(z), rows of `width` (softmax is per row); out may be z.
+  virtual void Activation(ActivationKind kind, const float* z, float* out, int64_t rows,
+                          int64_t width) const = 0;
+  // g <- g * activation'(.) in place, from the activation's output y.
+  virtual void ActivationGrad(ActivationKind kind, const float* y, float* g, int64_t rows,
+                              int64_t width) const = 0;
+
+  // out (+)= x, n elements.
+  virtual void Copy(const float* x, float* out, int64_t n, bool accumulate) const = 0;
+  // out (+)= x * y elementwise; out may be x or y when not accumulating.
+  virtual void Multiply(const float* x, const float* y, float* out, int64_t n,
+                        bool accumulate) const = 0;
+  // out (+)= alpha * x; out may be x when not accumulating.
+  virtual void Scale(float alpha, const float* x, float* out, int64_t n, bool accumulate) const = 0;
+  // out = sum of inputs[0..count), elementwise (count >= 1).
+  virtual void Sum(const float* const* inputs, int count, float* out, int64_t n) const = 0;
+  // out = 0.
+  virtual void Zero(float* out, int64_t n) const = 0;
+
+  // Block copies between row-major arrays: for each of `rows` rows, copies `width`
+  // elements from x + r * x_stride to out + r * out_stride (+= when accumulating).
+  // Concatenation and splitting along an axis are this.
+  virtual void CopyBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                          int64_t rows, int64_t width, bool accumulate) const = 0;
+
+  // An inverted-dropout mask: each element 1 / (1 - rate) with probability 1 - rate, else 0.
+  virtual void DropoutMask(RandomStream& rng, float rate, float* mask, int64_t n) const = 0;
+};
+
+// The CPU implementation.
+const Device& CpuDevice();
+
+}  // namespace stratum

@@ -1,0 +1,130 @@
+// Layer: one Keras layer as a component. A layer is made from its Keras config (by the
+// registry in layer_registry.h, from its class_name), then built for the shapes of its
+// inputs: it checks them, names the shape of its output and declares its variables (with
+// their initializers) and the scratch it needs per example. Its forward and backward passes
+// run through a Device (stratum/device/device.h), on memory the model's executor owns, so
+// the same layer code runs wherever a Device is implemented.
+//
+// Adding a Keras layer is one file (its config parsing next to its math), its test, and one
+// line in layer_registry.cc.
+//
+// Shapes are per example, without the batch dimension; buffers hold `batch` examples one
+// after another (row-major, batch first). Variables are the layer's own, in the order its
+// Build declared them.
+//
+// Thread safety: a built Layer is immutable; Forward and Backward are const and run from
+// many threads at once, each with its own buffers. Ownership: the model owns its layers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stratum/device/device.h"
+#include "stratum/tensor/tensor.h"
+
+namespace stratum {
+
+// One variable of a model, in the order the model's methods take them.
+struct VariableSpec {
+  std::string name;         // "dense/kernel", "dense/bias", "dense_1/kernel", ...
+  Shape shape;              // kernel [inputs, units]; bias [units]
+  std::string initializer;  // "glorot_uniform", "zeros", ...
+  // The initializer's own seed (Keras' seed=): its values are drawn from it alone, the same
+  // whatever seed InitialVariables is given. nullopt (seed None): drawn from that seed.
+  std::optional<uint64_t> seed;
+};
+
+// One layer as an executor on another device (the GPU path) needs it: what it computes and
+// the sizes it computes with. Sizes are per example, without the batch dimension.
+struct LayerInfo {
+  enum class Kind { kFlatten, kDense, kActivation, kDropout };
+  using Activation = ActivationKind;
+  Kind kind = Kind::kFlatten;
+  Activation activation = Activation::kLinear;  // Dense and Activation
+  std::string name;
+  int64_t in_size = 0;  // elements in and out
+  int64_t out_size = 0;
+  int64_t in_width = 0;  // last dimension in and out (a Dense layer maps rows of in_width)
+  int64_t out_width = 0;
+  float rate = 0;   // Dropout
+  int kernel = -1;  // Dense: indices into the model's variables(); bias -1 without use_bias
+  int bias = -1;
+};
+
+// What Build found: the output's shape, the variables (names without the layer's prefix:
+// "kernel", "bias") and the scratch floats per example that Forward and Backward share.
+struct LayerBuild {
+  Shape output;
+  std::vector<VariableSpec> variables;
+  int64_t scratch_per_example = 0;
+};
+
+// The buffers of one forward pass of one layer.
+struct LayerForward {
+  const Device* device = nullptr;
+  int64_t batch = 0;
+  bool training = false;
+  std::span<const float* const> inputs;     // one per input, [batch, input shape]
+  std::span<const float* const> variables;  // the layer's own
+  float* output = nullptr;                  // [batch, output shape]
+  float* scratch = nullptr;                 // [batch, scratch_per_example]
+  RandomStream* rng = nullptr;              // draws in training mode (dropout)
+};
+
+// The buffers of one backward pass of one layer, after its forward pass on the same buffers.
+struct LayerBackward {
+  const Device* device = nullptr;
+  int64_t batch = 0;
+  bool training = false;
+  std::span<const float* const> inputs;
+  std::span<const float* const> variables;
+  const float* output = nullptr;
+  float* scratch = nullptr;
+  // d(objective)/d(output); the layer may overwrite it. With fused_softmax, d/d(logits) of
+  // the softmax the layer ends in (the loss took the logits): the softmax is not applied.
+  float* grad_output = nullptr;
+  bool fused_softmax = false;
+  // d(objective)/d(input i), overwritten (or added to, where accumulate[i]); nullptr where
+  // no gradient is needed.
+  std::span<float* const> grad_inputs;
+  std::span<const bool> accumulate;
+  // d(objective)/d(variable), overwritten.
+  std::span<float* const> grad_variables;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // Checks the input shapes and declares the output and the variables. `where` names the
+  // layer for messages (model layer "dense" (Dense)).
+  virtual absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
+                                           const std::string& where) = 0;
+
+  // Whether the forward pass in this mode returns input 0 unchanged (Flatten; Dropout in
+  // inference): the model then passes the input's buffer on, and its gradient back, without
+  // calling Forward or Backward.
+  virtual bool IsIdentity(bool /*training*/) const { return false; }
+  // Whether the output is a softmax whose logits a cross-entropy may take instead
+  // (SoftmaxLogits gives them after Forward).
+  virtual bool EndsInSoftmax() const { return false; }
+  virtual const float* SoftmaxLogits(const LayerForward& /*args*/) const { return nullptr; }
+
+  virtual void Forward(const LayerForward& args) const = 0;
+  // Writes the gradients of the inputs in their order: a tensor given twice appears twice in
+  // grad_inputs, with accumulate set for the later one.
+  virtual void Backward(const LayerBackward& args) const = 0;
+  // Whether Backward may be given grad_inputs[0] == grad_output (it transforms the gradient
+  // elementwise, in place): the model then spares the input's gradient a buffer and a copy.
+  virtual bool BackwardInPlace() const { return false; }
+
+  // What the Dense-only GPU executor needs of it, or nullopt when it has no CUDA kernel.
+  // The model fills in the sizes, the name and the variable indices.
+  virtual std::optional<LayerInfo> GpuInfo() const { return std::nullopt; }
+};
+
+}  // namespace stratum

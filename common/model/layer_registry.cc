@@ -1,0 +1,40 @@
+#include "stratum/model/layer_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/model/layers/layers.h"
+
+namespace stratum {
+namespace {
+
+struct Registration {
+  const char* class_name;
+  LayerFactory make;
+};
+
+// One line a layer, in alphabetical order (the order messages list them in).
+constexpr Registration kLayers[] = {
+    {"Activation", layers::MakeActivation}, {"Add", layers::MakeAdd},
+    {"Average", layers::MakeAverage},       {"Concatenate", layers::MakeConcatenate},
+    {"Dense", layers::MakeDense},           {"Dropout", layers::MakeDropout},
+    {"Flatten", layers::MakeFlatten},       {"Multiply", layers::MakeMultiply},
+};
+
+}  // namespace
+
+LayerFactory FindLayerFactory(absl::string_view class_name) {
+  for (const Registration& layer : kLayers) {
+    if (class_name == layer.class_name) return layer.make;
+  }
+  return nullptr;
+}
+
+std::string SupportedLayersHint() {
+  // InputLayer is the model's, not a registered layer, but users write it like one.
+  std::string hint = "use InputLayer";
+  const size_t n = std::size(kLayers);
+  for (size_t i = 0; i < n; ++i)
+    absl::StrAppend(&hint, i + 1 < n ? ", " : " or ", kLayers[i].class_name);
+  return hint;
+}
+
+}  // namespace stratum

@@ -1,0 +1,72 @@
+// Activation: an activation function on its own, elementwise (softmax per row of the last
+// dimension).
+#include "absl/strings/str_cat.h"
+#include "common/model/keras_config.h"
+#include "common/model/layers/layers.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum::layers {
+namespace {
+
+class Activation final : public Layer {
+ public:
+  explicit Activation(ActivationKind kind) : kind_(kind) {}
+
+  absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
+                                   const std::string& /*where*/) override {
+    const Shape& in = inputs[0];
+    width_ = in.dim(in.rank() - 1);
+    rows_per_example_ = in.num_elements() / width_;
+    LayerBuild build;
+    build.output = in;
+    return build;
+  }
+
+  bool EndsInSoftmax() const override { return kind_ == ActivationKind::kSoftmax; }
+  const float* SoftmaxLogits(const LayerForward& args) const override { return args.inputs[0]; }
+
+  void Forward(const LayerForward& args) const override {
+    args.device->Activation(kind_, args.inputs[0], args.output, args.batch * rows_per_example_,
+                            width_);
+  }
+
+  // Transforms the gradient in place (grad_inputs[0] may be grad_output).
+  void Backward(const LayerBackward& args) const override {
+    const int64_t rows = args.batch * rows_per_example_;
+    if (!args.fused_softmax) {
+      args.device->ActivationGrad(kind_, args.output, args.grad_output, rows, width_);
+    }
+    if (args.grad_inputs[0] != nullptr) {
+      args.device->Copy(args.grad_output, args.grad_inputs[0], rows * width_, args.accumulate[0]);
+    }
+  }
+  bool BackwardInPlace() const override { return true; }
+
+  std::optional<LayerInfo> GpuInfo() const override {
+    LayerInfo info;
+    info.kind = LayerInfo::Kind::kActivation;
+    info.activation = kind_;
+    return info;
+  }
+
+ private:
+  const ActivationKind kind_;
+  int64_t width_ = 0;
+  int64_t rows_per_example_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeActivation(const nlohmann::json& config,
+                                                      const std::string& where) {
+  STRATUM_RETURN_IF_ERROR(keras::RefuseUnknown(where, config, {"activation"}));
+  const auto activation = config.find("activation");
+  if (activation == config.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has no activation: set activation to relu, softmax, sigmoid, tanh or linear"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(const ActivationKind kind, keras::ParseActivation(where, *activation));
+  return std::make_unique<Activation>(kind);
+}
+
+}  // namespace stratum::layers

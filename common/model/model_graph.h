@@ -1,0 +1,66 @@
+// The model's graph: its layers as nodes in an order that runs every node after its
+// inputs, the tensors between them (shapes per example), the model's inputs and outputs,
+// and the variables of all layers in one list. Built from Keras' JSON by model_json.cc;
+// run by model.cc. Internal to common/model/.
+//
+// Thread safety: immutable once built; the layers are shared by copies of a Model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "stratum/model/layer.h"
+#include "stratum/model/model.h"
+
+namespace stratum {
+
+// A tensor of the graph: a model input or a layer's output.
+struct GraphTensor {
+  Shape shape;              // per example
+  int64_t size = 0;         // elements per example
+  int producer = -1;        // the node that computes it; -1 for a model input
+  int consumers = 0;        // inputs of nodes that read it (a node reading it twice counts twice)
+  bool needs_grad = false;  // a trainable variable lies upstream: backward reaches it
+};
+
+// A layer applied once, to its input tensors.
+struct GraphNode {
+  std::string name;
+  std::string class_name;
+  std::shared_ptr<const Layer> layer;
+  std::vector<int> inputs;     // tensor ids
+  int output = -1;             // tensor id
+  std::vector<int> variables;  // indices into the model's variables, in the layer's order
+  int64_t scratch_per_example = 0;
+  int64_t parameters = 0;
+};
+
+struct Model::Impl {
+  std::string name;
+  bool sequential = true;  // a Sequential model (else Functional), for Summary
+  std::vector<std::string> input_names;
+  std::vector<int> inputs;   // tensor ids, in the model's input order
+  std::vector<int> outputs;  // tensor ids, in the model's output order
+  std::vector<GraphNode> nodes;
+  std::vector<GraphTensor> tensors;
+  std::vector<VariableSpec> variables;
+  Shape input_shape;  // the one input's shape, or [elements of all inputs]
+  int64_t output_size = 0;
+  // Per-tensor sizes; a workspace made for another model does not match.
+  std::vector<int64_t> signature;
+
+  // The node whose softmax output the model returns (through layers that are the identity
+  // in this mode), whose logits a cross-entropy then takes; -1 when there is none. In
+  // training, only a chain that nothing else reads fuses.
+  int SoftmaxOutputNode(bool training) const;
+};
+
+// The graph of Keras' model.to_json() (Sequential or Functional), unwrapped and checked.
+absl::StatusOr<std::unique_ptr<Model::Impl>> BuildModelGraph(const nlohmann::json& input);
+
+}  // namespace stratum
