@@ -1,0 +1,107 @@
+// A Keras functional model (examples/fashion_mnist_functional.json: two inputs, the top and
+// bottom halves of each image, and a residual Add) trained on Fashion-MNIST by the real
+// binaries under every strategy: Default and Mirrored (2 CPU replicas) in stratum-train,
+// MultiWorkerMirrored (2 workers) and ParameterServer (2 workers, 2 ps) in stratum-launch.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+#include "stratum/util/subprocess.h"
+
+namespace stratum {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+}
+
+struct Strategy {
+  std::string label;
+  nlohmann::json strategy;  // the job's strategy.type (and devices)
+  std::string binary;       // stratum-train, or stratum-launch for a cluster
+  std::vector<std::string> flags;
+  int replicas;
+  int workers;
+  int ps;
+};
+
+class FunctionalTrainingTest : public ::testing::TestWithParam<Strategy> {};
+
+TEST_P(FunctionalTrainingTest, TheTwoInputResidualModelLearnsFashionMnist) {
+  const Strategy& s = GetParam();
+  std::ifstream example(std::string(STRATUM_SOURCE_DIR) +
+                        "/examples/fashion_mnist_functional.json");
+  nlohmann::json job = nlohmann::json::parse(example);
+  ASSERT_EQ(job["model"]["class_name"], "Functional");
+  job["strategy"] = s.strategy;
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 400;
+  const std::string checkpoints = TempPath(s.label + "_ckpt");
+  if (s.ps > 0) job["checkpoint"] = {{"dir", checkpoints}, {"every_steps", 200}};
+  const std::string job_path = TempPath(s.label + "_job.json");
+  std::ofstream(job_path) << job.dump();
+  const std::string summary_path = TempPath(s.label + "_summary.json");
+
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/" + s.binary, "--job=" + job_path,
+                  "--summary_json=" + summary_path};
+  options.argv.insert(options.argv.end(), s.flags.begin(), s.flags.end());
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  ASSERT_TRUE(process.ok()) << process.status();
+  // The destructor stops the process group, should the wait end first.
+  auto exit = (*process)->Wait(absl::Seconds(150));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << (*process)->output();
+  ASSERT_EQ(exit->exit_code, 0) << (*process)->output();
+
+  std::ifstream file(summary_path);
+  const nlohmann::json summary = nlohmann::json::parse(file, nullptr, false);
+  ASSERT_TRUE(summary.is_object()) << (*process)->output();
+  EXPECT_EQ(summary["num_replicas_in_sync"], s.replicas);
+  EXPECT_EQ(summary["num_workers"], s.workers);
+  EXPECT_EQ(summary["num_ps"], s.ps);
+  // One short epoch: the reference model reaches about 0.8; chance is 0.1.
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.75) << (*process)->output();
+  EXPECT_LT(summary["test_loss"].get<double>(), 0.7) << (*process)->output();
+  std::error_code ignored;
+  std::filesystem::remove_all(checkpoints, ignored);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStrategy, FunctionalTrainingTest,
+    ::testing::Values(Strategy{"Default", {{"type", "default"}}, "stratum-train", {}, 1, 1, 0},
+                      Strategy{"Mirrored",
+                               {{"type", "mirrored"}, {"devices", {"CPU:0", "CPU:1"}}},
+                               "stratum-train",
+                               {},
+                               2,
+                               1,
+                               0},
+                      Strategy{"MultiWorkerMirrored",
+                               {{"type", "multi_worker_mirrored"}},
+                               "stratum-launch",
+                               {"--workers=2", "--ps=0"},
+                               2,
+                               2,
+                               0},
+                      Strategy{"ParameterServer",
+                               {{"type", "parameter_server"}},
+                               "stratum-launch",
+                               {"--workers=2", "--ps=2", "--chief"},
+                               1,
+                               2,
+                               2}),
+    [](const ::testing::TestParamInfo<Strategy>& info) { return info.param.label; });
+
+}  // namespace
+}  // namespace stratum
