@@ -58,6 +58,18 @@ class Cpu final : public Device {
     }
   }
 
+  void BiasActivation(ActivationKind kind, float* z, const float* bias, float* out, int64_t rows,
+                      int64_t width) const override {
+    if (bias != nullptr) AddBias(z, bias, rows, width);
+    Activation(kind, z, out, rows, width);
+  }
+
+  void ActivationGradSumRows(ActivationKind kind, const float* y, float* g, int64_t rows,
+                             int64_t width, float* sums) const override {
+    ActivationGrad(kind, y, g, rows, width);
+    if (sums != nullptr) SumRows(g, rows, width, sums, false);
+  }
+
   void Activation(ActivationKind kind, const float* z, float* out, int64_t rows,
                   int64_t width) const override {
     const ConstMatrixMap in(z, rows, width);
@@ -153,9 +165,11 @@ class Cpu final : public Device {
       Copy(x + r * x_stride, out + r * out_stride, width, accumulate);
   }
 
-  void DropoutMask(RandomStream& rng, float rate, float* mask, int64_t n) const override {
+  void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
+               int64_t n) const override {
     const float keep_scale = 1.0f / (1.0f - rate);
     for (int64_t j = 0; j < n; ++j) mask[j] = Uniform01(rng) >= rate ? keep_scale : 0.0f;
+    Multiply(x, mask, out, n, false);
   }
 };
 

@@ -65,18 +65,19 @@ class Dense final : public Layer {
     float* z = EndsInSoftmax() ? args.scratch : args.output;
     device.MatMul(args.inputs[0], false, args.variables[0], false, rows, units_, in_width_, z,
                   false);
-    if (use_bias_) device.AddBias(z, args.variables[1], rows, units_);
-    device.Activation(activation_, z, args.output, rows, units_);
+    device.BiasActivation(activation_, z, use_bias_ ? args.variables[1] : nullptr, args.output,
+                          rows, units_);
   }
 
   void Backward(const LayerBackward& args) const override {
     const Device& device = *args.device;
     const int64_t rows = args.batch * rows_per_example_;
     float* grad = args.grad_output;
-    if (!args.fused_softmax) device.ActivationGrad(activation_, args.output, grad, rows, units_);
+    float* bias_grad = use_bias_ ? args.grad_variables[1] : nullptr;
+    device.ActivationGradSumRows(args.fused_softmax ? ActivationKind::kLinear : activation_,
+                                 args.output, grad, rows, units_, bias_grad);
     device.MatMul(args.inputs[0], true, grad, false, in_width_, units_, rows,
                   args.grad_variables[0], false);
-    if (use_bias_) device.SumRows(grad, rows, units_, args.grad_variables[1], false);
     if (args.grad_inputs[0] != nullptr) {
       device.MatMul(grad, false, args.variables[0], true, rows, in_width_, units_,
                     args.grad_inputs[0], args.accumulate[0]);

@@ -25,8 +25,7 @@ class Dropout final : public Layer {
 
   void Forward(const LayerForward& args) const override {
     const int64_t n = args.batch * size_;
-    args.device->DropoutMask(*args.rng, rate_, args.scratch, n);
-    args.device->Multiply(args.inputs[0], args.scratch, args.output, n, false);
+    args.device->Dropout(*args.rng, rate_, args.inputs[0], args.output, args.scratch, n);
   }
 
   // Scales the gradient in place (grad_inputs[0] may be grad_output).

@@ -49,6 +49,14 @@ class Device {
   virtual void SumRows(const float* x, int64_t rows, int64_t width, float* out,
                        bool accumulate) const = 0;
 
+  // z += bias (when bias is set), then out = activation(z): a Dense layer's epilogue. For a
+  // softmax, z keeps the logits and out must be another buffer; otherwise out may be z.
+  virtual void BiasActivation(ActivationKind kind, float* z, const float* bias, float* out,
+                              int64_t rows, int64_t width) const = 0;
+  // ActivationGrad, then sums = the sums of the rows of g (a bias gradient) when set.
+  virtual void ActivationGradSumRows(ActivationKind kind, const float* y, float* g, int64_t rows,
+                                     int64_t width, float* sums) const = 0;
+
   // out = activation(z), rows of `width` (softmax is per row); out may be z.
   virtual void Activation(ActivationKind kind, const float* z, float* out, int64_t rows,
                           int64_t width) const = 0;
@@ -74,8 +82,11 @@ class Device {
   virtual void CopyBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
                           int64_t rows, int64_t width, bool accumulate) const = 0;
 
-  // An inverted-dropout mask: each element 1 / (1 - rate) with probability 1 - rate, else 0.
-  virtual void DropoutMask(RandomStream& rng, float rate, float* mask, int64_t n) const = 0;
+  // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
+  // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and
+  // a counter on the device, so that a step captured in a CUDA graph draws anew each replay.
+  virtual void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
+                       int64_t n) const = 0;
 };
 
 // The CPU implementation.
