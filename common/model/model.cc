@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/graph_executor.h"
 #include "common/model/keras_config.h"
 #include "common/model/model_graph.h"
 #include "stratum/util/status_macros.h"
@@ -36,15 +37,6 @@ std::pair<double, double> Fans(const Shape& shape) {
 // run to run) trained to different bits each run.
 using Floats = std::vector<float, Eigen::aligned_allocator<float>>;
 
-// The pointer lists one node's Forward and Backward take, kept so a step allocates nothing.
-struct NodeArgs {
-  std::vector<const float*> inputs;
-  std::vector<const float*> variables;
-  std::vector<float*> grad_inputs;
-  std::vector<float*> grad_variables;
-  std::unique_ptr<bool[]> accumulate;
-};
-
 }  // namespace
 
 int Model::Impl::SoftmaxOutputNode(bool training) const {
@@ -62,17 +54,19 @@ int Model::Impl::SoftmaxOutputNode(bool training) const {
 }
 
 struct Workspace::State {
-  explicit State(uint64_t seed) : rng(seed) {}
+  State(const Model::Impl& model, uint64_t seed)
+      : signature(model.signature),
+        sizes(BufferSizes(model)),
+        executor(model, CpuDevice()),
+        rng(seed) {}
 
   int64_t capacity = 0;
   std::vector<int64_t> signature;
-  std::vector<Floats> values;       // per tensor: its own buffer, where it has one
-  std::vector<const float*> act;    // per tensor: where its values are this step
-  std::vector<Floats> grad_values;  // per tensor that needs a gradient
-  std::vector<float*> grad;         // per tensor: where its gradient is this step
-  std::vector<char> grad_ready;     // per tensor: written this step (later writes add)
-  std::vector<Floats> scratch;      // per node
-  std::vector<NodeArgs> args;       // per node
+  GraphBufferSizes sizes;
+  std::vector<Floats> values, grads, scratch;  // as sizes says, for `capacity` examples
+  GraphExecutor executor;
+  std::vector<const float*> variables;  // this step's, one pointer per model variable
+  std::vector<float*> gradients;
   RandomStream rng;
 };
 
@@ -85,159 +79,30 @@ namespace {
 
 const Device& Cpu() { return CpuDevice(); }
 
-void Grow(const Model::Impl& model, Workspace::State& ws, int64_t batch) {
+// Buffers of `sizes` for `batch` examples each; nullptr where a size is 0.
+std::vector<float*> Allocate(const std::vector<int64_t>& sizes, int64_t batch,
+                             std::vector<Floats>& storage) {
+  storage.resize(sizes.size());
+  std::vector<float*> pointers;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    storage[i].resize(static_cast<size_t>(batch * sizes[i]));
+    pointers.push_back(sizes[i] > 0 ? storage[i].data() : nullptr);
+  }
+  return pointers;
+}
+
+void Grow(Workspace::State& ws, int64_t batch) {
   if (batch <= ws.capacity) return;
-  for (size_t t = 0; t < model.tensors.size(); ++t) {
-    const GraphTensor& tensor = model.tensors[t];
-    const auto size = static_cast<size_t>(batch * tensor.size);
-    const bool own =
-        tensor.producer < 0
-            ? model.inputs.size() > 1  // several inputs: split from x
-            : !(model.nodes[static_cast<size_t>(tensor.producer)].layer->IsIdentity(true) &&
-                model.nodes[static_cast<size_t>(tensor.producer)].layer->IsIdentity(false));
-    if (own) ws.values[t].resize(size);
-    if (tensor.needs_grad) ws.grad_values[t].resize(size);
-  }
-  for (size_t n = 0; n < model.nodes.size(); ++n) {
-    ws.scratch[n].resize(static_cast<size_t>(batch * model.nodes[n].scratch_per_example));
-  }
+  ws.executor.Bind(GraphBuffers{.values = Allocate(ws.sizes.values, batch, ws.values),
+                                .grads = Allocate(ws.sizes.grads, batch, ws.grads),
+                                .scratch = Allocate(ws.sizes.scratch, batch, ws.scratch)});
   ws.capacity = batch;
 }
 
-// Points the model's inputs at the batch: x itself for one input; for several, x's columns
-// split into one buffer each, in the order of the model's inputs.
-void FeedInputs(const Model::Impl& model, const float* x, int64_t batch, Workspace::State& ws) {
-  if (model.inputs.size() == 1) {
-    ws.act[static_cast<size_t>(model.inputs[0])] = x;
-    return;
-  }
-  const int64_t total = model.input_shape.num_elements();
-  int64_t offset = 0;
-  for (int id : model.inputs) {
-    const int64_t size = model.tensors[static_cast<size_t>(id)].size;
-    float* out = ws.values[static_cast<size_t>(id)].data();
-    Cpu().CopyBlocks(x + offset, total, out, size, batch, size, false);
-    ws.act[static_cast<size_t>(id)] = out;
-    offset += size;
-  }
-}
-
-LayerForward ForwardArgs(const Model::Impl& model, int n, int64_t batch, bool training,
-                         Workspace::State& ws) {
-  const GraphNode& node = model.nodes[static_cast<size_t>(n)];
-  NodeArgs& args = ws.args[static_cast<size_t>(n)];
-  return LayerForward{.device = &Cpu(),
-                      .batch = batch,
-                      .training = training,
-                      .inputs = args.inputs,
-                      .variables = args.variables,
-                      .output = ws.values[static_cast<size_t>(node.output)].data(),
-                      .scratch = ws.scratch[static_cast<size_t>(n)].data(),
-                      .rng = &ws.rng};
-}
-
-// The forward pass; afterwards ws.act holds every tensor.
-void Forward(const Model::Impl& model, const std::vector<Tensor>& variables, const float* x,
-             int64_t batch, bool training, Workspace::State& ws) {
-  FeedInputs(model, x, batch, ws);
-  for (size_t n = 0; n < model.nodes.size(); ++n) {
-    const GraphNode& node = model.nodes[n];
-    const auto out = static_cast<size_t>(node.output);
-    if (node.layer->IsIdentity(training)) {
-      ws.act[out] = ws.act[static_cast<size_t>(node.inputs[0])];
-      continue;
-    }
-    NodeArgs& args = ws.args[n];
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      args.inputs[i] = ws.act[static_cast<size_t>(node.inputs[i])];
-    }
-    for (size_t v = 0; v < node.variables.size(); ++v) {
-      args.variables[v] = variables[static_cast<size_t>(node.variables[v])].data<float>();
-    }
-    const LayerForward forward = ForwardArgs(model, static_cast<int>(n), batch, training, ws);
-    node.layer->Forward(forward);
-    ws.act[out] = forward.output;
-  }
-}
-
-// Hands `grad` (the gradient of a tensor read only as an identity layer's input) to `input`:
-// the same buffer when nothing else writes the input's gradient, else added to it.
-void PassGradient(const Model::Impl& model, int input, float* grad, int64_t batch,
-                  Workspace::State& ws) {
-  const auto t = static_cast<size_t>(input);
-  if (!model.tensors[t].needs_grad) return;
-  if (!ws.grad_ready[t] && model.tensors[t].consumers == 1) {
-    ws.grad[t] = grad;
-  } else {
-    Cpu().Copy(grad, ws.grad[t], batch * model.tensors[t].size, ws.grad_ready[t] != 0);
-  }
-  ws.grad_ready[t] = 1;
-}
-
-// Where node n writes the gradient of its input i, and whether it adds to it.
-void PointGradInput(const Model::Impl& model, const GraphNode& node, size_t i, float* grad_output,
-                    NodeArgs& args, Workspace::State& ws) {
-  const auto t = static_cast<size_t>(node.inputs[i]);
-  if (!model.tensors[t].needs_grad) {
-    args.grad_inputs[i] = nullptr;
-    args.accumulate[i] = false;
-    return;
-  }
-  if (i == 0 && node.layer->BackwardInPlace() && !ws.grad_ready[t] &&
-      model.tensors[t].consumers == 1) {
-    ws.grad[t] = grad_output;
-  }
-  args.grad_inputs[i] = ws.grad[t];
-  args.accumulate[i] = ws.grad_ready[t] != 0;
-  ws.grad_ready[t] = 1;
-}
-
-// Clears the step's gradients, and returns the buffer the loss writes its gradient into:
-// the output's, or (with `fused`) the softmax node's output's, taken as its logits'. nullptr
-// when nothing in the model is trainable.
-float* StartGradients(const Model::Impl& model, int fused, Workspace::State& ws) {
-  for (size_t t = 0; t < model.tensors.size(); ++t) {
-    ws.grad[t] = ws.grad_values[t].empty() ? nullptr : ws.grad_values[t].data();
-    ws.grad_ready[t] = 0;
-  }
-  const auto seed = static_cast<size_t>(fused >= 0 ? model.nodes[static_cast<size_t>(fused)].output
-                                                   : model.outputs[0]);
-  ws.grad_ready[seed] = 1;
-  return ws.grad[seed];
-}
-
-// The backward pass, after StartGradients and the loss.
-void Backward(const Model::Impl& model, int64_t batch, bool training, int fused,
-              Workspace::State& ws, std::vector<Tensor>& gradients) {
-  for (int n = static_cast<int>(model.nodes.size()) - 1; n >= 0; --n) {
-    const GraphNode& node = model.nodes[static_cast<size_t>(n)];
-    const auto out = static_cast<size_t>(node.output);
-    if (!ws.grad_ready[out] || !model.tensors[out].needs_grad) continue;
-    float* grad = ws.grad[out];
-    if (node.layer->IsIdentity(training)) {
-      PassGradient(model, node.inputs[0], grad, batch, ws);
-      continue;
-    }
-    NodeArgs& args = ws.args[static_cast<size_t>(n)];
-    for (size_t i = 0; i < node.inputs.size(); ++i) PointGradInput(model, node, i, grad, args, ws);
-    for (size_t v = 0; v < node.variables.size(); ++v) {
-      args.grad_variables[v] = gradients[static_cast<size_t>(node.variables[v])].data<float>();
-    }
-    const LayerForward forward = ForwardArgs(model, n, batch, training, ws);
-    node.layer->Backward(LayerBackward{
-        .device = &Cpu(),
-        .batch = batch,
-        .training = training,
-        .inputs = forward.inputs,
-        .variables = forward.variables,
-        .output = ws.act[out],
-        .scratch = forward.scratch,
-        .grad_output = grad,
-        .fused_softmax = n == fused,
-        .grad_inputs = args.grad_inputs,
-        .accumulate = std::span<const bool>(args.accumulate.get(), node.inputs.size()),
-        .grad_variables = args.grad_variables});
-  }
+void Forward(const std::vector<Tensor>& variables, const float* x, int64_t batch, bool training,
+             Workspace::State& ws) {
+  for (size_t v = 0; v < variables.size(); ++v) ws.variables[v] = variables[v].data<float>();
+  ws.executor.Forward(x, batch, training, ws.variables, ws.rng);
 }
 
 }  // namespace
@@ -440,26 +305,9 @@ absl::Status Model::CheckLoss(const Loss& loss) const {
 }
 
 std::unique_ptr<Workspace> Model::NewWorkspace(uint64_t seed) const {
-  const Impl& model = *impl_;
-  auto state = std::make_unique<Workspace::State>(seed);
-  state->signature = model.signature;
-  const size_t tensors = model.tensors.size();
-  state->values.resize(tensors);
-  state->act.resize(tensors);
-  state->grad_values.resize(tensors);
-  state->grad.resize(tensors);
-  state->grad_ready.resize(tensors);
-  state->scratch.resize(model.nodes.size());
-  state->args.resize(model.nodes.size());
-  for (size_t n = 0; n < model.nodes.size(); ++n) {
-    const GraphNode& node = model.nodes[n];
-    NodeArgs& args = state->args[n];
-    args.inputs.resize(node.inputs.size());
-    args.variables.resize(node.variables.size());
-    args.grad_inputs.resize(node.inputs.size());
-    args.grad_variables.resize(node.variables.size());
-    args.accumulate = std::make_unique<bool[]>(node.inputs.size());
-  }
+  auto state = std::make_unique<Workspace::State>(*impl_, seed);
+  state->variables.resize(impl_->variables.size());
+  state->gradients.resize(impl_->variables.size());
   return std::make_unique<Workspace>(std::move(state));
 }
 
@@ -520,15 +368,7 @@ void EnsureGradients(const Model::Impl& model, std::vector<Tensor>& gradients) {
 
 // The output's values after Forward, [batch, output size].
 ConstMatrixMap OutputOf(const Model::Impl& model, const Workspace::State& ws, int64_t batch) {
-  return ConstMatrixMap(ws.act[static_cast<size_t>(model.outputs[0])], batch, model.output_size);
-}
-
-// The logits of the fused softmax node after Forward, or nullptr.
-const float* LogitsOf(const Model::Impl& model, int fused, int64_t batch, bool training,
-                      Workspace::State& ws) {
-  if (fused < 0) return nullptr;
-  return model.nodes[static_cast<size_t>(fused)].layer->SoftmaxLogits(
-      ForwardArgs(model, fused, batch, training, ws));
+  return ConstMatrixMap(ws.executor.Output(), batch, model.output_size);
 }
 
 }  // namespace
@@ -545,14 +385,17 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
     return StepStats{};
   }
   Workspace::State& state = ws.state();
-  Grow(*impl_, state, batch);
-  Forward(*impl_, variables, x.data<float>(), batch, true, state);
+  Grow(state, batch);
+  Forward(variables, x.data<float>(), batch, true, state);
   const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(true) : -1;
-  float* loss_grad = StartGradients(*impl_, fused, state);
+  float* loss_grad = state.executor.StartGradients(fused);
   const StepStats stats =
-      loss.Compute(OutputOf(*impl_, state, batch), LogitsOf(*impl_, fused, batch, true, state), y,
+      loss.Compute(OutputOf(*impl_, state, batch), state.executor.Logits(fused, batch, true), y,
                    loss_scale, loss_grad);
-  if (loss_grad != nullptr) Backward(*impl_, batch, true, fused, state, gradients);
+  if (loss_grad != nullptr) {
+    for (size_t v = 0; v < gradients.size(); ++v) state.gradients[v] = gradients[v].data<float>();
+    state.executor.Backward(batch, true, fused, state.gradients);
+  }
   return stats;
 }
 
@@ -563,11 +406,11 @@ absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, 
   STRATUM_RETURN_IF_ERROR(loss.ValidateTargets(y, batch, impl_->output_size));
   if (batch == 0) return StepStats{};
   Workspace::State& state = ws.state();
-  Grow(*impl_, state, batch);
-  Forward(*impl_, variables, x.data<float>(), batch, false, state);
+  Grow(state, batch);
+  Forward(variables, x.data<float>(), batch, false, state);
   const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(false) : -1;
-  return loss.Compute(OutputOf(*impl_, state, batch), LogitsOf(*impl_, fused, batch, false, state),
-                      y, 1.0f, nullptr);
+  return loss.Compute(OutputOf(*impl_, state, batch), state.executor.Logits(fused, batch, false), y,
+                      1.0f, nullptr);
 }
 
 absl::StatusOr<Tensor> Model::Predict(const std::vector<Tensor>& variables, const Tensor& x,
@@ -576,13 +419,13 @@ absl::StatusOr<Tensor> Model::Predict(const std::vector<Tensor>& variables, cons
   Tensor result(DType::kFloat32, Shape({batch, impl_->output_size}));
   if (batch == 0) return result;
   Workspace::State& state = ws.state();
-  Grow(*impl_, state, batch);
-  Forward(*impl_, variables, x.data<float>(), batch, false, state);
+  Grow(state, batch);
+  Forward(variables, x.data<float>(), batch, false, state);
   // Several outputs side by side, in the model's order.
   int64_t offset = 0;
-  for (int id : impl_->outputs) {
-    const int64_t size = impl_->tensors[static_cast<size_t>(id)].size;
-    Cpu().CopyBlocks(state.act[static_cast<size_t>(id)], size, result.data<float>() + offset,
+  for (size_t i = 0; i < impl_->outputs.size(); ++i) {
+    const int64_t size = impl_->tensors[static_cast<size_t>(impl_->outputs[i])].size;
+    Cpu().CopyBlocks(state.executor.Output(i), size, result.data<float>() + offset,
                      impl_->output_size, batch, size, false);
     offset += size;
   }
