@@ -148,7 +148,7 @@ constexpr int kRowLanes = 16;
 // Block (32, 16): 32 columns, 16 row lanes; the lanes' partial sums add in a fixed order,
 // so the result is deterministic.
 __global__ void BackwardColumnSumKernel(Act act, const float* out, float* g, int64_t rows,
-                                        int64_t cols, float* column_sums) {
+                                        int64_t cols, float* column_sums, bool accumulate) {
   __shared__ float partial[kRowLanes][kColumnTile + 1];
   const int64_t c = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
   float sum = 0;
@@ -168,7 +168,7 @@ __global__ void BackwardColumnSumKernel(Act act, const float* out, float* g, int
   if (threadIdx.y == 0 && c < cols && column_sums != nullptr) {
     float total = 0;
     for (int lane = 0; lane < kRowLanes; ++lane) total += partial[lane][threadIdx.x];
-    column_sums[c] = total;
+    column_sums[c] = accumulate ? column_sums[c] + total : total;
   }
 }
 
@@ -313,6 +313,33 @@ __global__ void ScaleKernel(float* dst, float factor, int64_t n) {
   }
 }
 
+__global__ void AxpbyKernel(float alpha, const float* x, float* out, int64_t n, bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = alpha * x[i];
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+__global__ void MultiplyIntoKernel(const float* x, const float* y, float* out, int64_t n,
+                                   bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i] * y[i];
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+__global__ void AddBlocksKernel(const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                                int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    out[r * out_stride + c] += x[r * x_stride + c];
+  }
+}
+
 __global__ void OptimizerKernel(OptimizerParams p, float* var, const float* grad, float* s0,
                                 float* s1, float* s2, int64_t n, const StepCounters* counters) {
   __shared__ float alpha;
@@ -422,15 +449,16 @@ absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t row
 }
 
 absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, int64_t rows,
-                                         int64_t cols, float* column_sums, cudaStream_t stream) {
+                                         int64_t cols, float* column_sums, cudaStream_t stream,
+                                         bool accumulate) {
   if (act == Act::kSoftmax) {
     return absl::InvalidArgumentError(
         "ActivationBackwardColumnSum takes elementwise activations; use ActivationBackward for "
         "softmax");
   }
   const dim3 block(kColumnTile, kRowLanes);
-  BackwardColumnSumKernel<<<Blocks(cols, kColumnTile), block, 0, stream>>>(act, out, g, rows, cols,
-                                                                           column_sums);
+  BackwardColumnSumKernel<<<Blocks(cols, kColumnTile), block, 0, stream>>>(
+      act, out, g, rows, cols, column_sums, accumulate);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BackwardColumnSumKernel");
   return absl::OkStatus();
 }
@@ -472,6 +500,31 @@ absl::Status Scale(float* dst, float factor, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, factor, n);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status Axpby(float alpha, const float* x, float* out, int64_t n, bool accumulate,
+                   cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AxpbyKernel<<<Blocks(n), kThreads, 0, stream>>>(alpha, x, out, n, accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AxpbyKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MultiplyInto(const float* x, const float* y, float* out, int64_t n, bool accumulate,
+                          cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  MultiplyIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, out, n, accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("MultiplyIntoKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AddBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                       int64_t rows, int64_t width, cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return absl::OkStatus();
+  AddBlocksKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(x, x_stride, out, out_stride,
+                                                                 rows, width);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AddBlocksKernel");
   return absl::OkStatus();
 }
 

@@ -6,37 +6,21 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/graph_executor.h"
 #include "stratum/cuda/cuda_check.h"
+#include "stratum/cuda/cuda_device.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum::cuda {
 namespace {
 
-using Kind = LayerInfo::Kind;
-
 constexpr int64_t kAlignFloats = 64;  // 256 bytes
 constexpr size_t kCublasWorkspaceBytes = size_t{4} << 20;
-
-Act ToAct(LayerInfo::Activation activation) { return static_cast<Act>(activation); }
 
 absl::StatusOr<DeviceBuffer> Zeroed(CachingAllocator& allocator, size_t bytes) {
   STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(allocator, bytes));
   STRATUM_CUDA_RETURN_IF_ERROR(cudaMemset(buffer.data(), 0, bytes));
   return buffer;
-}
-
-// C[M, N] = op(A) op(B) (+ beta C), all row-major: cuBLAS (column-major) computes
-// C^T = op(B)^T op(A)^T.
-absl::Status Gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                  int64_t k, const float* a, const float* b, float* c) {
-  const float alpha = 1.0f, beta = 0.0f;
-  const int lda = static_cast<int>(trans_a ? m : k);
-  const int ldb = static_cast<int>(trans_b ? k : n);
-  STRATUM_CUBLAS_RETURN_IF_ERROR(
-      cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a,
-                  lda, &beta, c, static_cast<int>(n)));
-  return absl::OkStatus();
 }
 
 absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
@@ -78,7 +62,7 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
 }  // namespace
 
 absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer) {
-  STRATUM_RETURN_IF_ERROR(model.LinearLayers().status());
+  STRATUM_RETURN_IF_ERROR(model.CheckRunsOnGpu());
   if (loss.kind() != Loss::Kind::kSparseCategoricalCrossentropy) {
     return absl::UnimplementedError(absl::StrCat("loss ", loss.name(),
                                                  " has no GPU kernel yet (the GPU path trains with "
@@ -144,7 +128,7 @@ absl::StatusOr<std::unique_ptr<DeviceDataset>> UploadDataset(CachingAllocator& a
 
 Replica::Replica(const Model& model, const Loss& loss, CachingAllocator& allocator,
                  const ReplicaOptions& options)
-    : model_(model), loss_(loss), allocator_(allocator), options_(options) {}
+    : model_(model), loss_(loss), allocator_(allocator), options_(options), rng_(options.seed) {}
 
 Replica::~Replica() {
   for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph);
@@ -171,15 +155,6 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   const nlohmann::json config = optimizer.config();
   if (optimizer.name() == "Adagrad" && config.contains("initial_accumulator_value")) {
     fresh_slot_value_ = config["initial_accumulator_value"].get<float>();
-  }
-  STRATUM_ASSIGN_OR_RETURN(layers_, model_.LinearLayers());
-  first_trainable_ = static_cast<int>(layers_.size());
-  max_width_ = model_.input_shape().num_elements();
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].kind == Kind::kDense && first_trainable_ == static_cast<int>(layers_.size())) {
-      first_trainable_ = static_cast<int>(i);
-    }
-    max_width_ = std::max(max_width_, layers_[i].out_size);
   }
   const int device = options_.device;
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -211,28 +186,42 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
               allocator_, row_bytes * static_cast<size_t>(model_.input_shape().num_elements())));
   STRATUM_ASSIGN_OR_RETURN(labels_,
                            DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch) * 4));
-  STRATUM_ASSIGN_OR_RETURN(
-      grad_a_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
-  STRATUM_ASSIGN_OR_RETURN(
-      grad_b_, DeviceBuffer::Allocate(allocator_, row_bytes * static_cast<size_t>(max_width_)));
-  buffers_.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const LayerInfo& layer = layers_[i];
-    const size_t bytes = row_bytes * static_cast<size_t>(layer.out_size);
-    if (layer.kind != Kind::kFlatten) {
-      STRATUM_ASSIGN_OR_RETURN(buffers_[i].out, DeviceBuffer::Allocate(allocator_, bytes));
-    }
-    if (layer.kind == Kind::kDropout) {
-      STRATUM_ASSIGN_OR_RETURN(buffers_[i].mask, DeviceBuffer::Allocate(allocator_, bytes));
-    }
-    if (layer.activation == LayerInfo::Activation::kSoftmax &&
-        (layer.kind == Kind::kDense || layer.kind == Kind::kActivation)) {
-      STRATUM_ASSIGN_OR_RETURN(buffers_[i].logits, DeviceBuffer::Allocate(allocator_, bytes));
-    }
-  }
-  acts_.resize(layers_.size() + 1);
   STRATUM_ASSIGN_OR_RETURN(counters_, Zeroed(allocator_, sizeof(StepCounters)));
   STRATUM_ASSIGN_OR_RETURN(sums_, Zeroed(allocator_, 2 * sizeof(MetricSums)));
+  return InitGraph(batch);
+}
+
+// The graph's executor on this replica's device, with its buffers for `batch` examples.
+absl::Status Replica::InitGraph(int64_t batch) {
+  device_ = std::make_unique<CudaDevice>(options_.device, stream_.get(), cublas_,
+                                         counters_.as<StepCounters>());
+  executor_ = std::make_unique<GraphExecutor>(model_.graph(), *device_);
+  const GraphBufferSizes sizes = BufferSizes(model_.graph());
+  auto allocate =
+      [&](const std::vector<int64_t>& per_example) -> absl::StatusOr<std::vector<float*>> {
+    std::vector<float*> pointers;
+    for (int64_t size : per_example) {
+      if (size == 0) {
+        pointers.push_back(nullptr);
+        continue;
+      }
+      STRATUM_ASSIGN_OR_RETURN(
+          DeviceBuffer buffer,
+          DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch * size) * sizeof(float)));
+      pointers.push_back(buffer.as<float>());
+      graph_buffers_.push_back(std::move(buffer));
+    }
+    return pointers;
+  };
+  GraphBuffers buffers;
+  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(sizes.values));
+  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(sizes.grads));
+  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(sizes.scratch));
+  executor_->Bind(std::move(buffers));
+  for (size_t v = 0; v < offsets_.size(); ++v) {
+    variable_pointers_.push_back(Variable(static_cast<int>(v)));
+    gradient_pointers_.push_back(Gradient(static_cast<int>(v)));
+  }
   return absl::OkStatus();
 }
 
@@ -321,150 +310,31 @@ absl::Status Replica::GetGradients(std::vector<Tensor>* gradients) const {
   return absl::OkStatus();
 }
 
-int Replica::FusedLayer(bool training) const {
-  // As Model::Impl::SoftmaxOutputLayer: the softmax the output is (through identity dropouts).
-  for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
-    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
-    if (layer.kind == Kind::kDropout && !(training && layer.rate > 0)) continue;
-    if (layer.kind == Kind::kFlatten) return -1;
-    const bool softmax = (layer.kind == Kind::kDense || layer.kind == Kind::kActivation) &&
-                         layer.activation == LayerInfo::Activation::kSoftmax;
-    return softmax ? i : -1;
-  }
-  return -1;
-}
-
-absl::Status Replica::Forward(int rows, bool training, int fused) {
-  cudaStream_t stream = stream_.get();
-  acts_[0] = x_.as<float>();
-  const int last = fused >= 0 ? fused : static_cast<int>(layers_.size()) - 1;
-  for (int i = 0; i <= last; ++i) {
-    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
-    LayerBuffers& buffers = buffers_[static_cast<size_t>(i)];
-    const float* in = acts_[static_cast<size_t>(i)];
-    float* out = buffers.out.as<float>();
-    const int64_t n = rows * layer.out_size;
-    switch (layer.kind) {
-      case Kind::kFlatten:
-        acts_[static_cast<size_t>(i) + 1] = in;
-        break;
-      case Kind::kDropout:
-        if (!training || layer.rate == 0) {
-          acts_[static_cast<size_t>(i) + 1] = in;
-          break;
-        }
-        STRATUM_RETURN_IF_ERROR(DropoutForward(in, out, buffers.mask.as<float>(), n, layer.rate,
-                                               options_.seed * 1000003 + static_cast<uint64_t>(i),
-                                               counters_.as<StepCounters>(), stream));
-        acts_[static_cast<size_t>(i) + 1] = out;
-        break;
-      case Kind::kActivation:
-        if (i == fused) break;  // the loss reads this layer's input as logits
-        STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            out, in, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-        STRATUM_RETURN_IF_ERROR(BiasActivation(ToAct(layer.activation), out, nullptr,
-                                               n / layer.out_width, layer.out_width,
-                                               buffers.logits.as<float>(), stream));
-        acts_[static_cast<size_t>(i) + 1] = out;
-        break;
-      case Kind::kDense: {
-        const int64_t dense_rows = rows * layer.in_size / layer.in_width;
-        float* z = i == fused ? buffers.logits.as<float>() : out;
-        STRATUM_RETURN_IF_ERROR(Gemm(cublas_, false, false, dense_rows, layer.out_width,
-                                     layer.in_width, in, Variable(layer.kernel), z));
-        // The fused softmax layer's bias and softmax are the loss kernel's.
-        if (i != fused) {
-          STRATUM_RETURN_IF_ERROR(BiasActivation(
-              ToAct(layer.activation), out, layer.bias >= 0 ? Variable(layer.bias) : nullptr,
-              dense_rows, layer.out_width, buffers.logits.as<float>(), stream));
-        }
-        acts_[static_cast<size_t>(i) + 1] = out;
-        break;
-      }
-    }
-  }
-  return absl::OkStatus();
+absl::Status Replica::Forward(int rows, bool training) {
+  executor_->Forward(x_.as<float>(), rows, training, variable_pointers_, rng_);
+  return device_->TakeStatus();
 }
 
 absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
                                   StepCounters* counters) {
   const int classes = static_cast<int>(model_.output_size());
-  float* grad = training ? grad_a_.as<float>() : nullptr;
+  float* grad = training ? executor_->StartGradients(fused) : nullptr;
+  // The kernel reads, and with a bias would write, its values: never with these arguments.
   if (fused >= 0) {
-    const LayerInfo& layer = layers_[static_cast<size_t>(fused)];
-    LayerBuffers& buffers = buffers_[static_cast<size_t>(fused)];
-    if (layer.kind == Kind::kDense) {
-      // Writes logits + bias back into the logits, and the softmax into the layer's output.
-      return SparseCrossEntropy(CrossEntropyInput::kFusedSoftmax, buffers.logits.as<float>(),
-                                layer.bias >= 0 ? Variable(layer.bias) : nullptr,
-                                buffers.out.as<float>(), labels_.as<int32_t>(), rows, classes,
-                                scale, grad, sums, counters, stream_.get());
-    }
     return SparseCrossEntropy(CrossEntropyInput::kFusedSoftmax,
-                              const_cast<float*>(acts_[static_cast<size_t>(fused)]), nullptr,
+                              const_cast<float*>(executor_->Logits(fused, rows, training)), nullptr,
                               nullptr, labels_.as<int32_t>(), rows, classes, scale, grad, sums,
                               counters, stream_.get());
   }
   return SparseCrossEntropy(
       loss_.from_logits() ? CrossEntropyInput::kFromLogits : CrossEntropyInput::kProbabilities,
-      const_cast<float*>(acts_.back()), nullptr, nullptr, labels_.as<int32_t>(), rows, classes,
-      scale, grad, sums, counters, stream_.get());
+      const_cast<float*>(executor_->Output()), nullptr, nullptr, labels_.as<int32_t>(), rows,
+      classes, scale, grad, sums, counters, stream_.get());
 }
 
 absl::Status Replica::Backward(int rows, int fused) {
-  cudaStream_t stream = stream_.get();
-  float* g = grad_a_.as<float>();
-  float* other = grad_b_.as<float>();
-  for (int i = static_cast<int>(layers_.size()) - 1; i >= first_trainable_; --i) {
-    if (fused >= 0 && i > fused) continue;
-    const LayerInfo& layer = layers_[static_cast<size_t>(i)];
-    const bool skip_activation = i == fused;
-    const float* out = acts_[static_cast<size_t>(i) + 1];
-    const Act act = ToAct(layer.activation);
-    switch (layer.kind) {
-      case Kind::kFlatten:
-        break;
-      case Kind::kDropout:
-        if (layer.rate > 0) {
-          STRATUM_RETURN_IF_ERROR(Multiply(g, buffers_[static_cast<size_t>(i)].mask.as<float>(),
-                                           rows * layer.out_size, stream));
-        }
-        break;
-      case Kind::kActivation:
-        if (!skip_activation) {
-          STRATUM_RETURN_IF_ERROR(ActivationBackward(
-              act, out, g, rows * layer.out_size / layer.out_width, layer.out_width, stream));
-        }
-        break;
-      case Kind::kDense: {
-        const int64_t dense_rows = rows * layer.in_size / layer.in_width;
-        const int64_t units = layer.out_width;
-        float* bias_grad = layer.bias >= 0 ? Gradient(layer.bias) : nullptr;
-        if (!skip_activation && act == Act::kSoftmax) {
-          STRATUM_RETURN_IF_ERROR(ActivationBackward(act, out, g, dense_rows, units, stream));
-          if (bias_grad != nullptr) {
-            STRATUM_RETURN_IF_ERROR(ActivationBackwardColumnSum(Act::kLinear, out, g, dense_rows,
-                                                                units, bias_grad, stream));
-          }
-        } else {
-          const Act elementwise = skip_activation ? Act::kLinear : act;
-          if (bias_grad != nullptr || elementwise != Act::kLinear) {
-            STRATUM_RETURN_IF_ERROR(ActivationBackwardColumnSum(elementwise, out, g, dense_rows,
-                                                                units, bias_grad, stream));
-          }
-        }
-        STRATUM_RETURN_IF_ERROR(Gemm(cublas_, true, false, layer.in_width, units, dense_rows,
-                                     acts_[static_cast<size_t>(i)], g, Gradient(layer.kernel)));
-        if (i > first_trainable_) {
-          STRATUM_RETURN_IF_ERROR(Gemm(cublas_, false, true, dense_rows, layer.in_width, units, g,
-                                       Variable(layer.kernel), other));
-          std::swap(g, other);
-        }
-        break;
-      }
-    }
-  }
-  return absl::OkStatus();
+  executor_->Backward(rows, true, fused, gradient_pointers_);
+  return device_->TakeStatus();
 }
 
 absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, bool update) {
@@ -483,8 +353,8 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
         GatherRescale(input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(),
                       input.data->row_size, input.order, counters, input.stride, input.offset,
                       input.rows, input.rescale, x_.as<float>(), labels_.as<int32_t>(), stream));
-    const int fused = FusedLayer(true);
-    STRATUM_RETURN_IF_ERROR(Forward(input.rows, true, fused));
+    const int fused = model_.graph().SoftmaxOutputNode(true);
+    STRATUM_RETURN_IF_ERROR(Forward(input.rows, true));
     STRATUM_RETURN_IF_ERROR(EnqueueLoss(input.rows, true, fused, loss_scale, sums, counters));
     STRATUM_RETURN_IF_ERROR(Backward(input.rows, fused));
   }
@@ -550,8 +420,8 @@ absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, 
   STRATUM_RETURN_IF_ERROR(GatherRescale(data.images.as<uint8_t>(), data.labels.as<uint8_t>(),
                                         data.row_size, nullptr, nullptr, 0, first, rows, rescale,
                                         x_.as<float>(), labels_.as<int32_t>(), stream_.get()));
-  const int fused = FusedLayer(false);
-  STRATUM_RETURN_IF_ERROR(Forward(rows, false, fused));
+  const int fused = model_.graph().SoftmaxOutputNode(false);
+  STRATUM_RETURN_IF_ERROR(Forward(rows, false));
   return EnqueueLoss(rows, false, fused, 1.0f, sums_.as<MetricSums>() + 1, nullptr);
 }
 

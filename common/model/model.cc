@@ -155,38 +155,13 @@ int64_t Model::output_size() const { return impl_->output_size; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
-absl::StatusOr<std::vector<LayerInfo>> Model::LinearLayers() const {
-  const Impl& model = *impl_;
-  if (model.inputs.size() != 1 || model.outputs.size() != 1) {
+absl::Status Model::CheckRunsOnGpu() const {
+  for (const GraphNode& node : impl_->nodes) {
+    if (node.layer->RunsOnGpu()) continue;
     return absl::UnimplementedError(
-        absl::StrCat("model \"", model.name, "\" has ", model.inputs.size(), " inputs and ",
-                     model.outputs.size(), " outputs; the GPU path runs a single chain of layers"));
+        absl::StrCat(keras::Where(node.name, node.class_name), " has no CUDA kernel yet"));
   }
-  std::vector<LayerInfo> result;
-  int previous = model.inputs[0];
-  for (const GraphNode& node : model.nodes) {
-    const std::string where = keras::Where(node.name, node.class_name);
-    if (node.inputs.size() != 1 || node.inputs[0] != previous) {
-      return absl::UnimplementedError(
-          absl::StrCat(where,
-                       " is not in a single chain of layers; the GPU path runs such chains (as a "
-                       "Sequential model is)"));
-    }
-    std::optional<LayerInfo> info = node.layer->GpuInfo();
-    if (!info) return absl::UnimplementedError(absl::StrCat(where, " has no CUDA kernel yet"));
-    const Shape& in = model.tensors[static_cast<size_t>(node.inputs[0])].shape;
-    const Shape& out = model.tensors[static_cast<size_t>(node.output)].shape;
-    info->name = node.name;
-    info->in_size = in.num_elements();
-    info->out_size = out.num_elements();
-    info->in_width = in.dim(in.rank() - 1);
-    info->out_width = out.dim(out.rank() - 1);
-    if (!node.variables.empty()) info->kernel = node.variables[0];
-    if (node.variables.size() > 1) info->bias = node.variables[1];
-    result.push_back(std::move(*info));
-    previous = node.output;
-  }
-  return result;
+  return absl::OkStatus();
 }
 
 int64_t Model::num_parameters() const {

@@ -1,7 +1,8 @@
 // The GPU path against the CPU Model: kernels (forward, gradients, metrics, every optimizer
-// update), the caching allocator, the check macros, mirrored replicas on logical GPUs, and a
-// short Fit. Every test that needs a GPU skips, with the reason, when none is visible (as
-// in CI, which builds with CUDA but has no GPU).
+// update; Sequential models and functional graphs with several inputs and merge layers), the
+// caching allocator, the check macros, mirrored replicas on logical GPUs, and a short Fit. Every
+// test that needs a GPU skips, with the reason, when none is visible (as in CI, which builds with
+// CUDA but has no GPU).
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -16,6 +17,7 @@
 #include "stratum/cuda/device.h"
 #include "stratum/cuda/nccl_group.h"
 #include "stratum/cuda/replica.h"
+#include "stratum/testing/functional_json.h"
 #include "stratum/util/devices.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -159,6 +161,32 @@ std::vector<Case> Cases() {
                      "activation": "softmax"}},)") +
            "",
        Loss::SparseCategoricalCrossentropy(true), 6},
+      // A graph: two inputs split from each example, a gate, a residual sum and a join.
+      {"functional_merges_softmax_fused",
+       testing::Keras2Functional(
+           {.inputs = {{"a", {3}}, {"b", {5}}},
+            .calls =
+                {{testing::Layer("Dense", "h", {{"units", 16}, {"activation", "relu"}}), {"a"}},
+                 {testing::Layer("Dense", "g", {{"units", 16}, {"activation", "tanh"}}), {"b"}},
+                 {testing::Layer("Multiply", "gate"), {"h", "g"}},
+                 {testing::Layer("Add", "residual"), {"gate", "h", "g"}},
+                 {testing::Layer("Average", "mean"), {"residual", "h"}},
+                 {testing::Layer("Concatenate", "joined"), {"mean", "g"}},
+                 {testing::Layer("Dense", "out", {{"units", 5}, {"activation", "softmax"}}),
+                  {"joined"}}},
+            .outputs = {"out"}})
+           .dump(),
+       Loss::SparseCategoricalCrossentropy()},
+      {"functional_activation_softmax_layer",
+       testing::Keras3Functional(
+           {.inputs = {{"x", {8}}},
+            .calls = {{testing::Layer("Dense", "h", {{"units", 16}, {"activation", "sigmoid"}}),
+                       {"x"}},
+                      {testing::Layer("Dense", "z", {{"units", 5}}), {"h"}},
+                      {testing::Layer("Activation", "p", {{"activation", "softmax"}}), {"z"}}},
+            .outputs = {"p"}})
+           .dump(),
+       Loss::SparseCategoricalCrossentropy()},
   };
 }
 

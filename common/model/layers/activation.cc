@@ -42,13 +42,6 @@ class Activation final : public Layer {
   }
   bool BackwardInPlace() const override { return true; }
 
-  std::optional<LayerInfo> GpuInfo() const override {
-    LayerInfo info;
-    info.kind = LayerInfo::Kind::kActivation;
-    info.activation = kind_;
-    return info;
-  }
-
  private:
   const ActivationKind kind_;
   int64_t width_ = 0;

@@ -84,13 +84,6 @@ class Dense final : public Layer {
     }
   }
 
-  std::optional<LayerInfo> GpuInfo() const override {
-    LayerInfo info;
-    info.kind = LayerInfo::Kind::kDense;
-    info.activation = activation_;
-    return info;
-  }
-
  private:
   const int64_t units_;
   const ActivationKind activation_;

@@ -36,13 +36,6 @@ class Dropout final : public Layer {
   }
   bool BackwardInPlace() const override { return true; }
 
-  std::optional<LayerInfo> GpuInfo() const override {
-    LayerInfo info;
-    info.kind = LayerInfo::Kind::kDropout;
-    info.rate = rate_;
-    return info;
-  }
-
  private:
   const float rate_;
   int64_t size_ = 0;  // elements per example

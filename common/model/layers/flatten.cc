@@ -29,12 +29,6 @@ class Flatten final : public Layer {
   void Forward(const LayerForward&) const override {}
   void Backward(const LayerBackward&) const override {}
 
-  std::optional<LayerInfo> GpuInfo() const override {
-    LayerInfo info;
-    info.kind = LayerInfo::Kind::kFlatten;
-    return info;
-  }
-
  private:
   const bool channels_first_;
 };

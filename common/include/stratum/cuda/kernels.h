@@ -52,9 +52,11 @@ absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t row
                                 cudaStream_t stream);
 
 // ActivationBackward (elementwise activations only) fused with the column sums of the
-// result into `column_sums` [cols] (the bias gradient); column_sums may be null.
+// result into `column_sums` [cols] (the bias gradient; added to it with `accumulate`);
+// column_sums may be null.
 absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, int64_t rows,
-                                         int64_t cols, float* column_sums, cudaStream_t stream);
+                                         int64_t cols, float* column_sums, cudaStream_t stream,
+                                         bool accumulate = false);
 
 // How the sparse cross-entropy reads the model's output.
 enum class CrossEntropyInput : int {
@@ -83,6 +85,16 @@ absl::Status Multiply(float* g, const float* mask, int64_t n, cudaStream_t strea
 // dst += src (n floats); dst *= factor.
 absl::Status AddInto(float* dst, const float* src, int64_t n, cudaStream_t stream);
 absl::Status Scale(float* dst, float factor, int64_t n, cudaStream_t stream);
+
+// out = alpha * x, or out += alpha * x with `accumulate` (n floats).
+absl::Status Axpby(float alpha, const float* x, float* out, int64_t n, bool accumulate,
+                   cudaStream_t stream);
+// out = x * y elementwise, or out += x * y with `accumulate`.
+absl::Status MultiplyInto(const float* x, const float* y, float* out, int64_t n, bool accumulate,
+                          cudaStream_t stream);
+// out[r * out_stride + c] += x[r * x_stride + c] for r < rows, c < width.
+absl::Status AddBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
+                       int64_t rows, int64_t width, cudaStream_t stream);
 
 // Keras optimizer updates of `n` variables at once (a flat buffer), with the update count
 // read from counters->iteration (already advanced for this step: the step number, 1-based).

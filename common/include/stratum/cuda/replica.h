@@ -1,8 +1,9 @@
-// Replica: one replica of a Sequential model trained on one GPU (or one logical GPU): the
-// variables, the optimizer's slots, the gradients and the activations live in device memory;
-// a step is the CPU Model's TrainStep (common/model/model.cc) on cuBLAS and the kernels of
-// kernels.h, then the Keras optimizer update, all queued on the replica's stream with no
-// host synchronization. Loss and accuracy accumulate on the device (MetricSums) and are
+// Replica: one replica of a model trained on one GPU (or one logical GPU): the variables,
+// the optimizer's slots, the gradients and the activations live in device memory; a step
+// runs the model's graph with the same GraphExecutor as the CPU Model's TrainStep
+// (common/model/graph_executor.h), on a CudaDevice (cuBLAS and the kernels of kernels.h),
+// then the loss kernel and the Keras optimizer update, all queued on the replica's stream
+// with no host synchronization. Loss and accuracy accumulate on the device (MetricSums) and are
 // read when the caller asks (TakeMetrics), once per epoch or progress update.
 //
 // A training step with a batch size seen before replays a CUDA graph captured the first
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "stratum/cuda/device.h"
 #include "stratum/cuda/kernels.h"
+#include "stratum/device/device.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -33,7 +35,13 @@
 struct cublasContext;
 struct CUgraphExec_st;
 
+namespace stratum {
+class GraphExecutor;
+}  // namespace stratum
+
 namespace stratum::cuda {
+
+class CudaDevice;
 
 struct DeviceDataset {
   DeviceBuffer images;  // uint8 [rows, row_size]
@@ -114,18 +122,11 @@ class Replica {
   int device() const { return options_.device; }
 
  private:
-  struct LayerBuffers {
-    DeviceBuffer out;     // [max_batch * out_size]; empty where the output aliases the input
-    DeviceBuffer logits;  // softmax layers
-    DeviceBuffer mask;    // dropout layers
-  };
-
   Replica(const Model& model, const Loss& loss, CachingAllocator& allocator,
           const ReplicaOptions& options);
   absl::Status Init(const Optimizer& optimizer);
-  // The layer whose softmax output the loss reads through its logits, or -1.
-  int FusedLayer(bool training) const;
-  absl::Status Forward(int rows, bool training, int fused);
+  absl::Status InitGraph(int64_t batch);
+  absl::Status Forward(int rows, bool training);
   absl::Status Backward(int rows, int fused);
   absl::Status EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
                            StepCounters* counters);
@@ -136,9 +137,6 @@ class Replica {
 
   Model model_;
   Loss loss_;
-  std::vector<LayerInfo> layers_;
-  int first_trainable_ = 0;
-  int64_t max_width_ = 0;
   CachingAllocator& allocator_;
   ReplicaOptions options_;
   OptimizerParams optimizer_;
@@ -152,11 +150,15 @@ class Replica {
   int64_t flat_size_ = 0;
   DeviceBuffer params_, gradients_;
   std::vector<DeviceBuffer> slots_;
-  DeviceBuffer x_, labels_, grad_a_, grad_b_;
-  std::vector<LayerBuffers> buffers_;
-  std::vector<const float*> acts_;  // acts_[i]: input of layer i; back(): the output
-  DeviceBuffer counters_;           // StepCounters
-  DeviceBuffer sums_;               // MetricSums[2]: training, evaluation
+  DeviceBuffer x_, labels_;
+  DeviceBuffer counters_;  // StepCounters
+  DeviceBuffer sums_;      // MetricSums[2]: training, evaluation
+  std::unique_ptr<CudaDevice> device_;
+  std::unique_ptr<GraphExecutor> executor_;
+  std::vector<DeviceBuffer> graph_buffers_;      // the executor's activations, gradients, scratch
+  std::vector<const float*> variable_pointers_;  // per model variable, into params_
+  std::vector<float*> gradient_pointers_;        // per model variable, into gradients_
+  RandomStream rng_;                             // seeds of the dropout masks
 
   using GraphKey = std::tuple<const void*, const void*, int64_t, int64_t, int, float, float, bool>;
   std::map<GraphKey, CUgraphExec_st*> graphs_;

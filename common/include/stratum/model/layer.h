@@ -38,23 +38,6 @@ struct VariableSpec {
   std::optional<uint64_t> seed;
 };
 
-// One layer as an executor on another device (the GPU path) needs it: what it computes and
-// the sizes it computes with. Sizes are per example, without the batch dimension.
-struct LayerInfo {
-  enum class Kind { kFlatten, kDense, kActivation, kDropout };
-  using Activation = ActivationKind;
-  Kind kind = Kind::kFlatten;
-  Activation activation = Activation::kLinear;  // Dense and Activation
-  std::string name;
-  int64_t in_size = 0;  // elements in and out
-  int64_t out_size = 0;
-  int64_t in_width = 0;  // last dimension in and out (a Dense layer maps rows of in_width)
-  int64_t out_width = 0;
-  float rate = 0;   // Dropout
-  int kernel = -1;  // Dense: indices into the model's variables(); bias -1 without use_bias
-  int bias = -1;
-};
-
 // What Build found: the output's shape, the variables (names without the layer's prefix:
 // "kernel", "bias") and the scratch floats per example that Forward and Backward share.
 struct LayerBuild {
@@ -122,9 +105,10 @@ class Layer {
   // elementwise, in place): the model then spares the input's gradient a buffer and a copy.
   virtual bool BackwardInPlace() const { return false; }
 
-  // What the Dense-only GPU executor needs of it, or nullopt when it has no CUDA kernel.
-  // The model fills in the sizes, the name and the variable indices.
-  virtual std::optional<LayerInfo> GpuInfo() const { return std::nullopt; }
+  // Whether the layer runs on a GPU: true when its math is the Device interface's alone,
+  // which the CUDA device implements in full. A layer calling a CPU-only library overrides
+  // it; a model with such a layer trains on the CPU, naming it.
+  virtual bool RunsOnGpu() const { return true; }
 };
 
 }  // namespace stratum

@@ -87,9 +87,8 @@ class Model {
   int64_t output_size() const;
   int num_outputs() const;
   int64_t num_parameters() const;
-  // The layers in order (InputLayer excluded) for the GPU executor, which runs a single
-  // chain of layers that all have CUDA kernels; else UNIMPLEMENTED naming the layer.
-  absl::StatusOr<std::vector<LayerInfo>> LinearLayers() const;
+  // OK when every layer runs on a GPU; else UNIMPLEMENTED naming the first that does not.
+  absl::Status CheckRunsOnGpu() const;
   // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
   std::string Summary() const;
 
@@ -123,9 +122,11 @@ class Model {
   absl::StatusOr<Tensor> Predict(const std::vector<Tensor>& variables, const Tensor& x,
                                  Workspace& ws) const;
 
-  // Opaque; defined in model.cc.
+  // Opaque; defined in common/model/model_graph.h. The graph, for the executors of
+  // common/ (the CPU workspace's and the GPU replica's GraphExecutor).
   struct Impl;
   explicit Model(std::unique_ptr<Impl> impl);
+  const Impl& graph() const { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;

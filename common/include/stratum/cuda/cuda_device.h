@@ -1,0 +1,66 @@
+// CudaDevice: the Device interface (stratum/device/device.h) on one GPU: matrix products on
+// cuBLAS, the rest on the kernels of kernels.h, every operation queued on one stream, so a
+// step's operations may be captured in a CUDA graph. Dropout draws its masks from a seed
+// and the replica's iteration counter on the device, so a replayed graph draws new ones.
+//
+// Operations return nothing (the interface is the CPU's too); the first failure is kept and
+// handed over by TakeStatus, which the replica checks after queueing a step.
+//
+// Thread safety: used by one thread at a time (the replica's). Ownership: the stream, the
+// cuBLAS handle and the counters are the caller's, and must outlive the device.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "stratum/cuda/kernels.h"
+#include "stratum/device/device.h"
+
+struct cublasContext;
+
+namespace stratum::cuda {
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int device, cudaStream_t stream, cublasContext* cublas, const StepCounters* counters);
+
+  // The first error since the last call, then OK again.
+  absl::Status TakeStatus() const;
+
+  std::string name() const override;
+  void MatMul(const float* a, bool transpose_a, const float* b, bool transpose_b, int64_t m,
+              int64_t n, int64_t k, float* c, bool accumulate) const override;
+  void AddBias(float* x, const float* bias, int64_t rows, int64_t width) const override;
+  void SumRows(const float* x, int64_t rows, int64_t width, float* out,
+               bool accumulate) const override;
+  void BiasActivation(ActivationKind kind, float* z, const float* bias, float* out, int64_t rows,
+                      int64_t width) const override;
+  void ActivationGradSumRows(ActivationKind kind, const float* y, float* g, int64_t rows,
+                             int64_t width, float* sums) const override;
+  void Activation(ActivationKind kind, const float* z, float* out, int64_t rows,
+                  int64_t width) const override;
+  void ActivationGrad(ActivationKind kind, const float* y, float* g, int64_t rows,
+                      int64_t width) const override;
+  void Copy(const float* x, float* out, int64_t n, bool accumulate) const override;
+  void Multiply(const float* x, const float* y, float* out, int64_t n,
+                bool accumulate) const override;
+  void Scale(float alpha, const float* x, float* out, int64_t n, bool accumulate) const override;
+  void Sum(const float* const* inputs, int count, float* out, int64_t n) const override;
+  void Zero(float* out, int64_t n) const override;
+  void CopyBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t rows,
+                  int64_t width, bool accumulate) const override;
+  void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
+               int64_t n) const override;
+
+ private:
+  // Keeps the first failure.
+  void Record(absl::Status status) const;
+
+  const int device_;
+  cudaStream_t stream_;
+  cublasContext* cublas_;
+  const StepCounters* counters_;
+  mutable absl::Status status_;
+};
+
+}  // namespace stratum::cuda
