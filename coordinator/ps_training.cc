@@ -30,11 +30,13 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/training/evaluate.h"
+#include "stratum/training/fit_job.h"
+#include "stratum/training/training_status.h"
 #include "stratum/util/counted.h"
 #include "stratum/util/json_text.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
-#include "stratum/worker/training_job.h"
 
 namespace stratum {
 namespace {

@@ -20,68 +20,10 @@
 
 namespace stratum {
 
-nlohmann::json EpochLogJson(const EpochLog& log) {
-  nlohmann::json json = {{"epoch", log.epoch},
-                         {"steps", log.steps},
-                         {"loss", log.loss},
-                         {"accuracy", log.accuracy},
-                         {"examples_per_sec", log.examples_per_sec},
-                         {"seconds", log.seconds}};
-  if (log.validated) {  // as Keras' History: no val_ keys for an epoch not validated
-    json["val_loss"] = log.val_loss;
-    json["val_accuracy"] = log.val_accuracy;
-  }
-  return json;
-}
-
-EpochLog EpochLogFromJson(const nlohmann::json& json) {
-  EpochLog log;
-  log.epoch = json.value("epoch", 0);
-  log.steps = json.value("steps", int64_t{0});
-  log.loss = JsonNumberOr(json, "loss", 0);
-  log.accuracy = JsonNumberOr(json, "accuracy", 0);
-  log.val_loss = JsonNumberOr(json, "val_loss", 0);
-  log.val_accuracy = JsonNumberOr(json, "val_accuracy", 0);
-  log.validated = json.contains("val_loss");
-  log.examples_per_sec = JsonNumberOr(json, "examples_per_sec", 0);
-  log.seconds = JsonNumberOr(json, "seconds", 0);
-  return log;
-}
-
 namespace fit_internal {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// x: raw features -> float32 [B, ...input_shape] times `rescale`.
-absl::StatusOr<Tensor> ToModelInput(const Tensor& x, const Model& model, double rescale) {
-  std::vector<int64_t> dims = {x.rows()};
-  const Shape input = model.input_shape();
-  for (int64_t dim : input.dims()) dims.push_back(dim);
-  Shape shape(dims);
-  if (shape.num_elements() != x.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data's examples are ", x.DebugString(), " but the model takes ",
-        model.input_shape().ToString(), " per example: fix the model's input shape or the data"));
-  }
-  Tensor out(DType::kFloat32, shape);
-  const float scale = static_cast<float>(rescale);
-  switch (x.dtype()) {
-    case DType::kUInt8:
-      out.Flat() = x.Flat<uint8_t>().cast<float>() * scale;
-      break;
-    case DType::kFloat32:
-      out.Flat() = x.Flat() * scale;
-      break;
-    case DType::kInt32:
-      out.Flat() = x.Flat<int32_t>().cast<float>() * scale;
-      break;
-    case DType::kInt64:
-      out.Flat() = x.Flat<int64_t>().cast<float>() * scale;
-      break;
-  }
-  return out;
 }
 
 int64_t Rows(const PerReplica<Element>& batch) {
@@ -89,41 +31,6 @@ int64_t Rows(const PerReplica<Element>& batch) {
   for (const Element& part : batch.values()) rows += part.front().rows();
   return rows;
 }
-
-// Sums per-replica StepStats.
-StepStats Total(const PerReplica<StepStats>& stats) {
-  StepStats total{};
-  for (const StepStats& s : stats.values()) {
-    total.loss_sum += s.loss_sum;
-    total.correct += s.correct;
-    total.examples += s.examples;
-  }
-  return total;
-}
-
-void Accumulate(StepStats& into, const StepStats& more) {
-  into.loss_sum += more.loss_sum;
-  into.correct += more.correct;
-  into.examples += more.examples;
-}
-
-// `stats` summed over the workers in sync (a no-op with one).
-absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
-  if (strategy.num_workers() == 1) return absl::OkStatus();
-  // float32 counts are exact below 2^24 examples per epoch and worker.
-  Tensor values(DType::kFloat32, Shape({3}));
-  float* v = values.data<float>();
-  v[0] = static_cast<float>(stats.loss_sum);
-  v[1] = static_cast<float>(stats.correct);
-  v[2] = static_cast<float>(stats.examples);
-  std::vector<Tensor> across = {std::move(values)};
-  STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, across));
-  v = across[0].data<float>();
-  stats = {static_cast<double>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2])};
-  return absl::OkStatus();
-}
-
-constexpr char kStoppedEarlyPayload[] = "stratum/stopped-early";
 
 absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
                                                      const FitOptions& options, int64_t iteration,
@@ -177,24 +84,6 @@ std::string WhoseLossDiverged(const Strategy& strategy, const StopVote::Agreed& 
       " is not finite");
 }
 
-absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
-                          int64_t steps_per_epoch) {
-  const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
-  const std::string where = absl::StrCat("after step ", iteration, " (epoch ", epoch, ", step ",
-                                         step, " of ", steps_per_epoch, ")");
-  absl::Status status = absl::CancelledError(absl::StrCat(
-      "training stopped ", where,
-      here ? ": this process was stopped by a signal"
-           : " because another worker was stopped by a signal",
-      options.checkpoint_dir.empty()
-          ? "; the job has no checkpoint.dir, so its progress is lost: set checkpoint.dir to "
-            "resume after a stop"
-          : absl::StrCat("; the state at step ", iteration, " is saved in ", options.checkpoint_dir,
-                         ": run the same job again to resume from it")));
-  status.SetPayload(kStoppedEarlyPayload, absl::Cord(where));
-  return status;
-}
-
 // Said whatever the progress style: where training starts is not progress.
 void SayResumed(const FitOptions& options, const FitState& state, bool has_test) {
   if (state.epoch >= options.epochs) {
@@ -214,32 +103,6 @@ void SayResumed(const FitOptions& options, const FitState& state, bool has_test)
 
 }  // namespace fit_internal
 
-absl::Status TrainingDiverged(const std::string& what, int64_t iteration, int epoch, int64_t step,
-                              int64_t steps_per_epoch, const ResumePoint& resume) {
-  std::string rerun;
-  if (resume.newest_step.has_value()) {
-    rerun = absl::StrCat(": it resumes from the checkpoint of step ", *resume.newest_step, " in ",
-                         resume.checkpoint_dir,
-                         ", written before the divergence (remove the folder to train from "
-                         "scratch)");
-  } else if (!resume.checkpoint_dir.empty()) {
-    rerun = absl::StrCat(": it starts from scratch, as no checkpoint was written in ",
-                         resume.checkpoint_dir, " before the divergence");
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "training diverged: ", what, " after step ", iteration, " (epoch ", epoch, ", step ", step,
-      " of ", steps_per_epoch,
-      "), so training stopped there and that state is not saved; lower the optimizer's "
-      "learning_rate (or check data.rescale and that the loss suits the model's output), then "
-      "run the job again",
-      rerun));
-}
-
-bool IsStoppedEarly(const absl::Status& status) {
-  return absl::IsCancelled(status) &&
-         status.GetPayload(fit_internal::kStoppedEarlyPayload).has_value();
-}
-
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -257,71 +120,11 @@ uint64_t DropoutSeed(uint64_t seed, int64_t iteration, int replica) {
 
 }  // namespace
 
-using fit_internal::Accumulate;
 using fit_internal::Backup;
 using fit_internal::Now;
 using fit_internal::Progress;
 using fit_internal::Rows;
 using fit_internal::StartState;
-using fit_internal::StoppedEarly;
-using fit_internal::SumOverWorkers;
-using fit_internal::ToModelInput;
-using fit_internal::Total;
-
-Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
-                    double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat,
-                    bool drop_remainder) {
-  Dataset dataset = examples;
-  if (shuffle_buffer > 1) dataset = dataset.Shuffle(shuffle_buffer, seed);
-  if (repeat) dataset = dataset.Repeat();
-  return dataset.Batch(global_batch, drop_remainder)
-      .Map([model, rescale](Element batch) -> absl::StatusOr<Element> {
-        absl::StatusOr<Tensor> x = ToModelInput(batch[0], model, rescale);
-        if (!x.ok()) return x.status();
-        batch[0] = *std::move(x);
-        return batch;
-      })
-      .Prefetch(2);
-}
-
-absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
-                                         const std::vector<Tensor>& variables, const Dataset& data,
-                                         double rescale, int64_t global_batch) {
-  // Several workers: each evaluates its shard; the totals are summed over the workers.
-  const int workers = strategy.num_workers();
-  const Dataset shard = workers > 1 ? data.Shard(workers, strategy.worker_index()) : data;
-  const Dataset batches =
-      MakeBatches(shard, model, std::max<int64_t>(global_batch / workers, 1), rescale, 0, 0, false);
-  // Already this worker's shard and batch: only split over the local replicas.
-  absl::StatusOr<DistributedDataset> distributed =
-      DistributedDataset::FromGlobalBatches(batches, strategy.NumLocalReplicas(), {});
-  if (!distributed.ok()) return distributed.status();
-  std::vector<std::unique_ptr<Workspace>> workspaces;
-  for (int r = 0; r < strategy.NumLocalReplicas(); ++r) workspaces.push_back(model.NewWorkspace(r));
-  auto iterator = distributed->MakeIterator();
-  StepStats total{};
-  while (true) {
-    absl::StatusOr<std::optional<PerReplica<Element>>> batch = iterator->GetNext();
-    if (!batch.ok()) return batch.status();
-    if (!batch->has_value()) break;
-    const PerReplica<Element>& parts = **batch;
-    absl::StatusOr<PerReplica<StepStats>> stats =
-        strategy.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
-          const int r = context.local_replica_id();
-          if (parts[r][0].rows() == 0) return StepStats{};
-          return model.Evaluate(variables, parts[r][0], parts[r][1], loss, *workspaces[r]);
-        });
-    if (!stats.ok()) return stats.status();
-    Accumulate(total, Total(*stats));
-  }
-  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, total));
-  EpochLog log;
-  const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
-  log.val_loss = total.loss_sum / examples;
-  log.val_accuracy = static_cast<double>(total.correct) / examples;
-  log.validated = true;
-  return log;
-}
 
 namespace fit_internal {
 
@@ -703,7 +506,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
       if (!applied.ok()) return applied;
       ++iteration;
       ++step;
-      const StepStats total = Total(*stats);
+      const StepStats total = SumOverReplicas(*stats);
       Accumulate(epoch_stats, total);
       Accumulate(trained, total);
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
@@ -797,33 +600,6 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   summary.wall_s = Now() - fit_start;
   summary.variables = variables.primary();
   return summary;
-}
-
-nlohmann::json FitSummary::ToJson() const {
-  nlohmann::json history_json = nlohmann::json::array();
-  for (const EpochLog& log : history) history_json.push_back(EpochLogJson(log));
-  return {{"test_accuracy", tested ? nlohmann::json(test_accuracy) : nlohmann::json()},
-          {"test_loss", tested ? nlohmann::json(test_loss) : nlohmann::json()},
-          {"steps", steps},
-          {"examples_per_sec", examples_per_sec > 0 ? nlohmann::json(examples_per_sec) : nullptr},
-          {"wall_s", wall_s},
-          {"strategy", strategy},
-          {"num_replicas_in_sync", num_replicas_in_sync},
-          {"num_workers", num_workers},
-          {"num_ps", num_ps},
-          {"resumed_from_step", resumed_from_step},
-          {"epochs", static_cast<int64_t>(history.size())},
-          {"history", history_json}};
-}
-
-std::string FitSummary::ResultLine() const {
-  return absl::StrFormat(
-      "%s, %s, %.1f s",
-      tested ? absl::StrFormat("test accuracy %.4f, test loss %.4f", test_accuracy, test_loss)
-             : "no test accuracy (the job has no data.test)",
-      examples_per_sec > 0 ? absl::StrFormat("%.0f examples/s", examples_per_sec)
-                           : "nothing left to train",
-      wall_s);
 }
 
 }  // namespace stratum

@@ -46,8 +46,6 @@ absl::StatusOr<std::pair<Tensor, Tensor>> MaterializeTrainingData(const Dataset&
 void DrawOrder(uint64_t seed, int64_t epoch, int64_t n, int64_t length, int32_t* out);
 #endif
 
-// `stats` summed over the workers in sync (a no-op with one).
-absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats);
 // Examples per step over every replica of every worker.
 inline int64_t GlobalBatch(const Strategy& strategy, const FitOptions& options) {
   return options.batch_size_per_replica * strategy.NumReplicasInSync();
@@ -83,19 +81,12 @@ class StopVote {
 // What diverged, as TrainingDiverged words it: "the loss on worker:1 is not finite".
 std::string WhoseLossDiverged(const Strategy& strategy, const StopVote::Agreed& agreed);
 
-// The error Fit returns when it stops early after step `iteration` (step `step` of
-// `steps_per_epoch` in epoch `epoch`); IsStoppedEarly is true for it.
-absl::Status StoppedEarly(const FitOptions& options, int64_t iteration, int epoch, int64_t step,
-                          int64_t steps_per_epoch);
-
 // Says where a Fit that found a checkpoint goes on from, or that the checkpoint already
 // completes the job (and whether its model is evaluated on the test set, `has_test`).
 void SayResumed(const FitOptions& options, const FitState& state, bool has_test);
 
 // Seconds on a steady clock.
 double Now();
-
-void Accumulate(StepStats& into, const StepStats& more);
 
 // The training state as the chief has it (restored from its checkpoint, or fresh), the same
 // on every worker afterwards: the chief decides and broadcasts. A checkpoint this run

@@ -42,7 +42,6 @@
 namespace stratum {
 namespace {
 
-using fit_internal::Accumulate;
 using fit_internal::Now;
 
 }  // namespace
@@ -385,7 +384,7 @@ absl::StatusOr<EpochLog> GpuFit::Evaluate() {
         replica.EnqueueEvaluate(test, first, rows, static_cast<float>(data_.rescale)));
   }
   STRATUM_ASSIGN_OR_RETURN(StepStats total, replica.TakeMetrics(/*evaluation=*/true));
-  STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, total));
+  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy_, total));
   EpochLog log;
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
@@ -473,7 +472,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       if (stopping && step < steps_per_epoch_) {
         STRATUM_RETURN_IF_ERROR(WaitForCollectives());
         progress.Interrupt();
-        return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
+        return StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
       }
     }
     STRATUM_RETURN_IF_ERROR(WaitForCollectives());
@@ -485,7 +484,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       Accumulate(epoch_stats, stats);
     }
     state_.epoch_stats = StepStats{};
-    STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, epoch_stats));
+    STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy_, epoch_stats));
     EpochLog log;
     log.epoch = epoch;
     log.steps = step;
@@ -521,7 +520,7 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
       STRATUM_RETURN_IF_ERROR(SaveBackup(epoch, 0, StepStats{}, state_.history, iteration));
     }
     if (stopping && epoch < options_.epochs) {
-      return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
+      return StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
     }
   }
   if (data_.has_test) {
