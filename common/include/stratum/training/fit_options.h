@@ -48,7 +48,7 @@ struct FitOptions {
   // Preemption, as TensorFlow's PreemptionCheckpointHandler: once `stop` is notified (a
   // SIGTERM) on any worker, every worker finishes the same step, the state there is saved
   // into checkpoint_dir (when set), and Fit returns an error for which IsStoppedEarly is
-  // true. Workers agree with a tiny all-reduce about every 0.1 s (fit_internal::StopVote),
+  // true. Workers agree with a tiny all-reduce about every 0.1 s (the epoch loop's vote),
   // whether or not they have a `stop`; one worker looks at every step.
   const absl::Notification* stop = nullptr;
 };
