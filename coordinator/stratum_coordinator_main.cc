@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/checkpoint/safetensors.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/coordinator/ps_training.h"
 #include "stratum/net/health.h"
@@ -18,7 +19,6 @@
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/util/status_macros.h"
-#include "stratum/worker/training_job.h"
 
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(10),
           "How long to wait for every task to answer its health check (pods may start slowly)");

@@ -34,19 +34,14 @@
 #include "stratum/cuda/device.h"
 #include "stratum/cuda/nccl_group.h"
 #include "stratum/cuda/replica.h"
+#include "stratum/training/epoch_loop.h"
+#include "stratum/training/fit_state.h"
 #include "stratum/util/devices.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/nccl_across_workers.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
 
 namespace stratum {
-namespace {
-
-using fit_internal::Accumulate;
-using fit_internal::Now;
-
-}  // namespace
-
 namespace fit_internal {
 
 absl::StatusOr<std::pair<Tensor, Tensor>> Materialize(const Dataset& dataset, int64_t examples) {
@@ -101,7 +96,9 @@ struct GpuSlot {
   cuda::Event uploaded[2];
 };
 
-class GpuFit {
+// The GPU's StepRunner: steps queued on the replicas' streams without the host waiting, the
+// figures kept on the device until the epoch ends (or a backup reads them).
+class GpuFit : public StepRunner {
  public:
   GpuFit(Strategy& strategy, const Model& model, const Loss& loss, const Optimizer& optimizer,
          const FitData& data, const FitOptions& options)
@@ -112,24 +109,33 @@ class GpuFit {
         data_(data),
         options_(options) {}
 
+  // Sets up the devices and the training state, then runs the epoch loop on this runner.
   absl::StatusOr<FitSummary> Run();
   // After a failed Run: leaves without flushing the NCCL group (its peers may be gone).
   void AbandonCollectives() {
     if (nccl_ != nullptr) nccl_->Abandon();
   }
 
+  bool HasStepStats() const override { return false; }
+  absl::Status StartEpoch(int epoch, int64_t first_step) override;
+  absl::StatusOr<StepResult> Step(int epoch, int64_t step, int64_t iteration) override;
+  // Before the host reads anything the steps wrote: the NCCL all-reduces in flight end (or
+  // fail) within their deadline, so the host never blocks behind a dead peer.
+  absl::Status Sync() override { return nccl_ != nullptr ? nccl_->Wait() : absl::OkStatus(); }
+  absl::Status TakeStats(StepStats& into) override;
+  absl::StatusOr<int64_t> ExamplesTrained(int64_t first_step, int64_t last_step) override;
+  absl::Status GetState(std::vector<Tensor>* variables,
+                        std::vector<std::vector<Tensor>>* slots) override {
+    return replicas_on_[0]->GetState(variables, slots);
+  }
+  absl::StatusOr<EpochLog> Evaluate() override;
+
  private:
   absl::Status Setup();
   absl::Status UploadOrder(int64_t epoch);
-  absl::Status Step(int64_t step, int64_t epoch);
+  absl::Status EnqueueStep(int64_t step, int64_t epoch);
   absl::Status AllReduceAcrossWorkers();
   absl::Status FormNcclGroup(const MultiWorkerMirroredStrategy& strategy);
-  // Before the host reads anything the steps wrote: the NCCL all-reduces in flight end (or
-  // fail) within their deadline, so the host never blocks behind a dead peer.
-  absl::Status WaitForCollectives() { return nccl_ != nullptr ? nccl_->Wait() : absl::OkStatus(); }
-  absl::StatusOr<EpochLog> Evaluate();
-  absl::Status SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
-                          const nlohmann::json& history, int64_t iteration);
 
   Strategy& strategy_;
   const Model& model_;
@@ -145,14 +151,15 @@ class GpuFit {
   int64_t steps_per_epoch_ = 0;
   int64_t order_length_ = 0;
   int64_t eval_batch_ = 0;
+  bool order_uploaded_ = false;  // the first epoch's order is on its way
+  int64_t first_step_ = 0;       // of the epoch in progress, in this run
   std::vector<int> physical_;    // per replica
   std::map<int, GpuSlot> gpus_;  // by physical device
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
   std::unique_ptr<cuda::DeviceAllReduce> all_reduce_;
   cuda::PinnedBuffer host_order_[2];
   cuda::PinnedBuffer host_gradients_;  // several workers: the cross-worker all-reduce's buffer
-  FitState state_;
-  ResumePoint resume_;  // where a rerun goes on from: the newest save
+  FitState state_;                     // where training starts, until the loop takes it
   // Communication NCCL: every replica of every worker. Last, so destroyed first: its bounded
   // close comes before anything whose release would wait on the device behind a dead peer.
   std::unique_ptr<cuda::NcclGroup> nccl_;
@@ -229,8 +236,7 @@ absl::Status GpuFit::Setup() {
   // From here on every worker takes part in collectives: nothing may answer UNIMPLEMENTED
   // (a fallback to the CPU) any more, or the workers would part ways.
   STRATUM_ASSIGN_OR_RETURN(
-      state_, fit_internal::StartState(strategy_, model_, optimizer_, options_, steps_per_epoch_));
-  resume_ = fit_internal::ResumeFrom(options_, state_);
+      state_, StartFitState(strategy_, model_, optimizer_, options_, steps_per_epoch_));
   for (int r = 0; r < replicas_; ++r) {
     cuda::ReplicaOptions replica_options;
     replica_options.device = physical_[static_cast<size_t>(r)];
@@ -303,7 +309,7 @@ absl::Status GpuFit::UploadOrder(int64_t epoch) {
   return absl::OkStatus();
 }
 
-absl::Status GpuFit::Step(int64_t step, int64_t epoch) {
+absl::Status GpuFit::EnqueueStep(int64_t step, int64_t epoch) {
   const int b = static_cast<int>(epoch % 2);
   // The step's rows, split over the replicas (a last partial batch: the first replicas
   // take one more row than the others).
@@ -385,7 +391,7 @@ absl::StatusOr<EpochLog> GpuFit::Evaluate() {
         replica.EnqueueEvaluate(test, first, rows, static_cast<float>(data_.rescale)));
   }
   STRATUM_ASSIGN_OR_RETURN(StepStats total, replica.TakeMetrics(/*evaluation=*/true));
-  STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, total));
+  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy_, total));
   EpochLog log;
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
@@ -394,152 +400,53 @@ absl::StatusOr<EpochLog> GpuFit::Evaluate() {
   return log;
 }
 
-absl::Status GpuFit::SaveBackup(int64_t epoch, int64_t step, const StepStats& epoch_stats,
-                                const nlohmann::json& history, int64_t iteration) {
-  FitState now;
-  now.epoch = epoch;
-  now.step_in_epoch = step;
-  now.iteration = iteration;
-  now.epoch_stats = epoch_stats;
-  now.history = history;
-  STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&now.variables, &now.slots));
-  return fit_internal::Backup(strategy_, model_, optimizer_, options_, steps_per_epoch_,
-                              std::move(now), resume_);
+absl::Status GpuFit::StartEpoch(int epoch, int64_t first_step) {
+  const int64_t index = epoch - 1;
+  if (!order_uploaded_) {
+    STRATUM_RETURN_IF_ERROR(UploadOrder(index));
+    order_uploaded_ = true;
+  }
+  first_step_ = first_step;
+  for (int r = 0; r < replicas_; ++r) {
+    cuda::Replica& replica = *replicas_on_[static_cast<size_t>(r)];
+    STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(replica.device()));
+    STRATUM_RETURN_IF_ERROR(gpus_[replica.device()].uploaded[index % 2].WaitOn(replica.stream()));
+    STRATUM_RETURN_IF_ERROR(replica.ResetStep(first_step));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepRunner::StepResult> GpuFit::Step(int epoch, int64_t step,
+                                                    int64_t /*iteration*/) {
+  STRATUM_RETURN_IF_ERROR(EnqueueStep(step, epoch - 1));
+  // The next epoch's order travels while this one's steps run.
+  if (step == first_step_ && epoch < options_.epochs) STRATUM_RETURN_IF_ERROR(UploadOrder(epoch));
+  return StepResult{};
+}
+
+absl::Status GpuFit::TakeStats(StepStats& into) {
+  for (auto& replica : replicas_on_) {
+    STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
+    Accumulate(into, stats);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> GpuFit::ExamplesTrained(int64_t first_step, int64_t last_step) {
+  // Every worker trains as many full batches as this one.
+  return (std::min(last_step * worker_batch_, order_length_) -
+          std::min(first_step * worker_batch_, order_length_)) *
+         workers_;
 }
 
 absl::StatusOr<FitSummary> GpuFit::Run() {
-  const double fit_start = Now();
+  const double fit_start = EpochLoopNow();
   STRATUM_RETURN_IF_ERROR(Setup());
-  FitSummary summary;
-  summary.strategy = strategy_.name();
-  summary.num_replicas_in_sync = strategy_.NumReplicasInSync();
-  summary.num_workers = workers_;
-  summary.resumed_from_step = state_.iteration;
-  for (const nlohmann::json& log : state_.history) {
-    summary.history.push_back(EpochLogFromJson(log));
-    summary.steps += summary.history.back().steps;
-  }
-  if (state_.epoch > 0 || state_.step_in_epoch > 0)
-    fit_internal::SayResumed(options_, state_, data_.has_test);
-  fit_internal::Progress progress(options_);
-  int64_t iteration = state_.iteration;
-  double train_seconds = 0;
-  int64_t train_examples = 0;
-  const bool validate = options_.validate && data_.has_test;
-  bool stopping = false;  // FitOptions::stop: every worker agreed to stop
-  fit_internal::StopVote stop_vote;
-  STRATUM_RETURN_IF_ERROR(UploadOrder(state_.epoch));
-  const int64_t restored_epochs = state_.epoch;
-  for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
-    const int64_t index = epoch - 1;
-    const bool resuming_mid_epoch = epoch == state_.epoch + 1 && state_.step_in_epoch > 0;
-    int64_t step = resuming_mid_epoch ? state_.step_in_epoch : 0;
-    progress.StartEpoch(epoch, options_.epochs, steps_per_epoch_);
-    const double epoch_start = Now();
-    for (int r = 0; r < replicas_; ++r) {
-      cuda::Replica& replica = *replicas_on_[static_cast<size_t>(r)];
-      STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(replica.device()));
-      STRATUM_RETURN_IF_ERROR(gpus_[replica.device()].uploaded[index % 2].WaitOn(replica.stream()));
-      STRATUM_RETURN_IF_ERROR(replica.ResetStep(step));
-    }
-    const int64_t first_step = step;
-    while (step < steps_per_epoch_) {
-      STRATUM_RETURN_IF_ERROR(Step(step, index));
-      ++step;
-      ++iteration;
-      // The next epoch's order travels while this one's steps run.
-      if (step == first_step + 1 && epoch < options_.epochs) {
-        STRATUM_RETURN_IF_ERROR(UploadOrder(index + 1));
-      }
-      // The loss stays on the device until the epoch ends: divergence is found there, or
-      // by the check of the variables before a save.
-      STRATUM_ASSIGN_OR_RETURN(const fit_internal::StopVote::Agreed agreed,
-                               stop_vote.AfterStep(strategy_, options_, iteration, false));
-      stopping = agreed.stop;
-      const bool periodic =
-          options_.checkpoint_every_steps > 0 && iteration % options_.checkpoint_every_steps == 0;
-      if (!options_.checkpoint_dir.empty() && (periodic || stopping) && step < steps_per_epoch_) {
-        STRATUM_RETURN_IF_ERROR(WaitForCollectives());
-        StepStats so_far = state_.epoch_stats;
-        for (auto& replica : replicas_on_) {
-          STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
-          Accumulate(so_far, stats);
-        }
-        // TakeMetrics zeroed the device sums: keep what they held in state_ for the epoch.
-        state_.epoch_stats = so_far;
-        STRATUM_RETURN_IF_ERROR(SaveBackup(epoch - 1, step, so_far, state_.history, iteration));
-      }
-      // Stopped at the epoch's last step: the epoch ends (and is saved) first.
-      if (stopping && step < steps_per_epoch_) {
-        STRATUM_RETURN_IF_ERROR(WaitForCollectives());
-        progress.Interrupt();
-        return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
-      }
-    }
-    STRATUM_RETURN_IF_ERROR(WaitForCollectives());
-    // What the device sums held before the last mid-epoch backup (or the checkpoint this
-    // run resumed from), plus what they hold now.
-    StepStats epoch_stats = state_.epoch_stats;
-    for (auto& replica : replicas_on_) {
-      STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(false));
-      Accumulate(epoch_stats, stats);
-    }
-    state_.epoch_stats = StepStats{};
-    STRATUM_RETURN_IF_ERROR(fit_internal::SumOverWorkers(strategy_, epoch_stats));
-    EpochLog log;
-    log.epoch = epoch;
-    log.steps = step;
-    log.seconds = Now() - epoch_start;
-    const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
-    log.loss = epoch_stats.loss_sum / seen;
-    log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
-    if (absl::Status finite =
-            fit_internal::CheckEpochLoss(log.loss, iteration, epoch, step, resume_);
-        !finite.ok()) {
-      progress.Interrupt();
-      return finite;
-    }
-    // Every worker trains as many full batches as this one.
-    const int64_t trained = (std::min(step * worker_batch_, order_length_) -
-                             std::min(first_step * worker_batch_, order_length_)) *
-                            workers_;
-    log.examples_per_sec = static_cast<double>(trained) / std::max(log.seconds, 1e-9);
-    train_seconds += log.seconds;
-    train_examples += trained;
-    summary.steps += step;
-    progress.Step(step, log.loss, log.accuracy);
-    if (validate) {
-      STRATUM_ASSIGN_OR_RETURN(EpochLog val, Evaluate());
-      log.val_loss = val.val_loss;
-      log.val_accuracy = val.val_accuracy;
-      log.validated = true;
-    }
-    progress.EndEpoch(log, options_.epochs);
-    summary.history.push_back(log);
-    state_.history.push_back(EpochLogJson(log));
-    if (!options_.checkpoint_dir.empty()) {
-      STRATUM_RETURN_IF_ERROR(SaveBackup(epoch, 0, StepStats{}, state_.history, iteration));
-    }
-    if (stopping && epoch < options_.epochs) {
-      return fit_internal::StoppedEarly(options_, iteration, epoch, step, steps_per_epoch_);
-    }
-  }
-  if (data_.has_test) {
-    summary.tested = true;
-    // As in Fit: a checkpoint that completed the job already is evaluated anew.
-    if (options_.epochs > restored_epochs && summary.history.back().validated) {
-      summary.test_loss = summary.history.back().val_loss;
-      summary.test_accuracy = summary.history.back().val_accuracy;
-    } else {
-      STRATUM_ASSIGN_OR_RETURN(EpochLog test, Evaluate());
-      summary.test_loss = test.val_loss;
-      summary.test_accuracy = test.val_accuracy;
-    }
-  }
-  summary.examples_per_sec = static_cast<double>(train_examples) / std::max(train_seconds, 1e-9);
-  STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&summary.variables, nullptr));
-  summary.wall_s = Now() - fit_start;
-  return summary;
+  const EpochLoopSpec spec{.steps_per_epoch = steps_per_epoch_,
+                           .has_test = data_.has_test,
+                           .start = fit_start,
+                           .worker_names = fit_internal::WorkerNames(strategy_)};
+  return RunEpochs(strategy_, model_, optimizer_, options_, spec, std::move(state_), *this);
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ absl::StatusOr<StepStats> GpuTrainSteps::TakeMetrics() {
   StepStats total{};
   for (const auto& replica : impl_->replicas) {
     STRATUM_ASSIGN_OR_RETURN(StepStats stats, replica->TakeMetrics(/*evaluation=*/false));
-    fit_internal::Accumulate(total, stats);
+    Accumulate(total, stats);
   }
   return total;
 }

@@ -21,8 +21,8 @@
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/training/fit_checkpoint.h"
 #include "stratum/util/shutdown.h"
-#include "stratum/worker/fit_checkpoint.h"
 
 namespace stratum {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
-#include "stratum/worker/fit_checkpoint.h"
+#include "stratum/training/fit_checkpoint.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {

@@ -15,7 +15,7 @@
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/job/job_spec.h"
 #include "stratum/net/channel.h"
-#include "stratum/worker/fit.h"
+#include "stratum/training/fit_summary.h"
 
 namespace stratum {
 

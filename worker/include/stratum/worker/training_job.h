@@ -1,5 +1,6 @@
-// A training job of stratum-train, from its JobSpec: the strategy, the data, the model,
-// the loss and the optimizer, ready for Fit.
+// A training job of stratum-train, from its JobSpec: the local strategy it trains on. The
+// job's data, Fit's options and the checks of the job itself, which the coordinator shares,
+// are in stratum/training/fit_job.h (included). Plain functions.
 #pragma once
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/strategy/strategy.h"
+#include "stratum/training/fit_job.h"
 #include "stratum/worker/fit.h"
 
 namespace stratum {
@@ -24,25 +26,5 @@ void ConfigureLogicalGpus(const StrategySpec& spec);
 // ConfigureLogicalGpus(spec); the cluster strategies (parameter_server,
 // multi_worker_mirrored) are refused with how to run them.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec);
-
-// Reads the job's IDX files into unbatched (image, label) datasets. Class ids outside the
-// model's outputs are refused naming the field, the file and the example.
-absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model);
-
-// Fit's options from the job: fit, the data's auto_shard_policy, and checkpoint (backup
-// and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
-absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
-
-// The headers of the job's data files, read without their data, against the model and the
-// loss: there, readable, IDX; images with as many values per example as the model's input;
-// labels the loss takes (one class id per example for the sparse loss, float32 rows of the
-// model's outputs for the others); as many labels as images. Errors name the job field
-// (data.test.labels) and its file. LoadFitData still finds a truncated or corrupt data part.
-absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss);
-
-// What training the job would refuse in the job itself, checked quickly, before a process
-// waits for its peers (which may take minutes): the model, the loss and whether it fits the
-// model's output (Model::CheckLoss), the optimizer, the fit options, and CheckDataHeaders.
-absl::Status CheckTrainingJob(const JobSpec& job);
 
 }  // namespace stratum

@@ -1,7 +1,7 @@
 // CheckTrainingJob: what the coordinator and MultiWorkerMirrored workers refuse in a job
 // before they wait for their peers, and stratum-train before it trains: here, a loss that
 // does not fit the model's output and data files whose shapes do not fit the model and loss.
-#include "stratum/worker/training_job.h"
+#include "stratum/training/fit_job.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "stratum/worker/fit_checkpoint.h"
+#include "stratum/training/fit_checkpoint.h"
 
 #include <cmath>
 #include <utility>

@@ -1,0 +1,89 @@
+// The one epoch loop of Keras' model.fit on a worker's local replicas (Fit on the CPU and
+// Fit on GPUs, one worker or several in lock-step): the progress output, the steps of each
+// epoch through a StepRunner, the preemption vote and the divergence check after every
+// step, backups at the checkpoint cadence and at every epoch's end, validation, the history
+// and the summary. What differs between devices is the StepRunner: where the variables and
+// the data live and how one step runs.
+//
+// Single-threaded: RunEpochs calls its runner from the calling thread. With several workers
+// every worker runs it, and the collectives it makes (the stop vote, an epoch's sums,
+// backups) and those its runner makes come in the same order on every worker.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
+#include "stratum/strategy/strategy.h"
+#include "stratum/tensor/tensor.h"
+#include "stratum/training/fit_checkpoint.h"
+#include "stratum/training/fit_options.h"
+#include "stratum/training/fit_summary.h"
+
+namespace stratum {
+
+// One worker's training steps on its local replicas. RunEpochs owns the order of calls:
+// per epoch StartEpoch, then Step until the epoch's steps are done (with Sync, TakeStats and
+// GetState around backups), then Sync, TakeStats, ExamplesTrained and Evaluate.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+
+  // Whether Step returns each step's figures on the host (the CPU); otherwise they stay on
+  // the device and TakeStats collects them (the GPU), and divergence is found from an
+  // epoch's loss or from the variables before a save.
+  virtual bool HasStepStats() const = 0;
+
+  // Before the steps of `epoch` (from 1), the first of which is `first_step` (> 0 when the
+  // run resumes in the middle of the epoch): positions the data.
+  virtual absl::Status StartEpoch(int epoch, int64_t first_step) = 0;
+
+  struct StepResult {
+    bool data_ended = false;  // the data ended before the epoch's steps: no step ran
+    StepStats stats;          // this worker's figures of the step, when HasStepStats
+  };
+  // Runs step `step` (from 0) of `epoch`, optimizer update `iteration` (from 0 at the job's
+  // start) on every local replica, gradients reduced over every replica in sync.
+  virtual absl::StatusOr<StepResult> Step(int epoch, int64_t step, int64_t iteration) = 0;
+
+  // Waits, within its deadline, for the work in flight that the host reads next (the GPU's
+  // collectives), so the host never blocks behind a dead peer.
+  virtual absl::Status Sync() = 0;
+  // Adds to `into` the figures the steps left on the device since the last call, and zeroes
+  // them there; after Sync. Nothing with HasStepStats.
+  virtual absl::Status TakeStats(StepStats& into) = 0;
+  // The examples every worker trained in steps [first_step, last_step) of the current
+  // epoch, in this run. A collective with several workers.
+  virtual absl::StatusOr<int64_t> ExamplesTrained(int64_t first_step, int64_t last_step) = 0;
+  // The primary copy of the variables and, when `slots` is set, the optimizer's slots.
+  virtual absl::Status GetState(std::vector<Tensor>* variables,
+                                std::vector<std::vector<Tensor>>* slots) = 0;
+  // The test set's loss and accuracy of the current variables (val_loss, val_accuracy). A
+  // collective with several workers.
+  virtual absl::StatusOr<EpochLog> Evaluate() = 0;
+};
+
+// What the loop needs besides FitOptions and the runner.
+struct EpochLoopSpec {
+  int64_t steps_per_epoch = 0;
+  bool has_test = false;  // the job has a test set: validation and the summary's test_*
+  double start = 0;       // the run's start (EpochLoopNow()), for the summary's wall_s
+  // Every worker's name in sync ("worker:1"), for the divergence message; empty: "worker N".
+  std::vector<std::string> worker_names;
+};
+
+// Trains the epochs after `state` (StartFitState's answer, the same on every worker) and
+// returns the summary, the trained variables included. Errors: the runner's; those of
+// FitOptions::stop (IsStoppedEarly) and of divergence (TrainingDiverged); a backup's.
+absl::StatusOr<FitSummary> RunEpochs(Strategy& strategy, const Model& model,
+                                     const Optimizer& optimizer, const FitOptions& options,
+                                     const EpochLoopSpec& spec, FitState state, StepRunner& runner);
+
+// Seconds on a steady clock.
+double EpochLoopNow();
+
+}  // namespace stratum

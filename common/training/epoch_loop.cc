@@ -1,0 +1,408 @@
+#include "stratum/training/epoch_loop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stratum/training/evaluate.h"
+#include "stratum/training/fit_state.h"
+#include "stratum/training/training_status.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+
+double EpochLoopNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+
+// Progress in Keras' style: a bar redrawn in place on a terminal, one line per epoch else.
+class Progress {
+ public:
+  explicit Progress(const FitOptions& options) : out_(options.out) {
+    style_ = options.progress;
+    if (style_ == ProgressStyle::kAuto) {
+      style_ = isatty(fileno(out_)) ? ProgressStyle::kBar : ProgressStyle::kLines;
+    }
+  }
+
+  void StartEpoch(int epoch, int epochs, int64_t steps) {
+    steps_ = steps;
+    last_draw_ = 0;
+    if (style_ == ProgressStyle::kBar) std::fprintf(out_, "Epoch %d/%d\n", epoch, epochs);
+  }
+
+  void Step(int64_t step, double loss, double accuracy) {
+    if (style_ != ProgressStyle::kBar) return;
+    const double now = EpochLoopNow();
+    if (now - last_draw_ < 0.1 && step != steps_) return;
+    last_draw_ = now;
+    const int width = 30;
+    const int filled =
+        steps_ > 0 ? static_cast<int>(width * std::min<double>(1, double(step) / steps_)) : 0;
+    std::string bar(static_cast<size_t>(filled), '=');
+    if (filled < width) bar += '>';
+    bar.resize(width, '.');
+    std::fprintf(out_, "\r%6lld/%lld [%s] - loss: %.4f - accuracy: %.4f",
+                 static_cast<long long>(step), static_cast<long long>(steps_), bar.c_str(), loss,
+                 accuracy);
+    std::fflush(out_);
+  }
+
+  // Ends a bar left half-drawn (training stopped mid-epoch).
+  void Interrupt() {
+    if (style_ != ProgressStyle::kBar) return;
+    std::fprintf(out_, "\n");
+    std::fflush(out_);
+  }
+
+  void EndEpoch(const EpochLog& log, int epochs) {
+    if (style_ == ProgressStyle::kNone) return;
+    std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
+    if (log.validated) {
+      absl::StrAppend(&text, absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss,
+                                             log.val_accuracy));
+    }
+    absl::StrAppend(
+        &text, absl::StrFormat(" - %.0f examples/s - %.2fs", log.examples_per_sec, log.seconds));
+    if (style_ == ProgressStyle::kBar) {
+      std::fprintf(out_, "\r%6lld/%lld - %s\n", static_cast<long long>(log.steps),
+                   static_cast<long long>(log.steps), text.c_str());
+    } else {
+      std::fprintf(out_, "Epoch %d/%d - %lld steps - %s\n", log.epoch, epochs,
+                   static_cast<long long>(log.steps), text.c_str());
+    }
+    std::fflush(out_);
+  }
+
+ private:
+  FILE* out_;
+  ProgressStyle style_;
+  int64_t steps_ = 0;
+  double last_draw_ = 0;
+};
+
+// FitOptions::stop across workers: whether training stops after a step, the same answer on
+// every worker, and whether any worker saw its training diverge. With several workers they
+// vote with a 12-byte all-reduce at steps they all
+// compute alike: each vote also sums every worker's proposal for the next one, the steps
+// it trains in about kStopVoteInterval, so the votes cost little and a stop comes soon.
+class StopVote {
+ public:
+  static constexpr double kStopVoteInterval = 0.1;  // seconds
+
+  // What every worker agreed on after a step: to stop (FitOptions::stop was notified on
+  // some worker), or that training diverged (some worker's loss was not finite).
+  struct Agreed {
+    bool stop = false;
+    bool diverged = false;
+    int diverged_workers = 0;  // how many workers saw a loss that is not finite
+    int diverged_worker = -1;  // its index, when there is one
+  };
+  // Call after every step (`iteration` counts from the job's start), on every worker;
+  // `diverged_here`: this worker has seen a loss that is not finite.
+  absl::StatusOr<Agreed> AfterStep(const Strategy& strategy, const FitOptions& options,
+                                   int64_t iteration, bool diverged_here);
+
+ private:
+  int64_t next_vote_ = 0;  // the first step of the run votes
+  int64_t last_vote_iteration_ = -1;
+  double last_vote_time_ = 0;
+};
+
+absl::StatusOr<StopVote::Agreed> StopVote::AfterStep(const Strategy& strategy,
+                                                     const FitOptions& options, int64_t iteration,
+                                                     bool diverged_here) {
+  const bool here = options.stop != nullptr && options.stop->HasBeenNotified();
+  if (strategy.num_workers() == 1) {
+    return Agreed{.stop = here, .diverged = diverged_here, .diverged_workers = diverged_here};
+  }
+  if (iteration < next_vote_) return Agreed{};
+  // This worker's proposal: the steps it trains in about kStopVoteInterval.
+  const double now = EpochLoopNow();
+  double proposal = 1;
+  if (last_vote_iteration_ >= 0 && now > last_vote_time_) {
+    const double steps_per_second =
+        static_cast<double>(iteration - last_vote_iteration_) / (now - last_vote_time_);
+    proposal = std::clamp(std::floor(steps_per_second * kStopVoteInterval), 1.0, 4096.0);
+  }
+  Tensor vote(DType::kFloat32, Shape({4}));
+  vote.data<float>()[0] = here ? 1.0f : 0.0f;
+  vote.data<float>()[1] = static_cast<float>(proposal);
+  vote.data<float>()[2] = diverged_here ? 1.0f : 0.0f;
+  // Summed: the index + 1 of the worker that diverged, when it is the only one.
+  vote.data<float>()[3] = diverged_here ? static_cast<float>(strategy.worker_index() + 1) : 0.0f;
+  std::vector<Tensor> votes = {std::move(vote)};
+  STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, votes));
+  const float* sum = votes[0].data<float>();
+  // The same sums on every worker, so the same next vote.
+  next_vote_ =
+      iteration + std::max<int64_t>(1, static_cast<int64_t>(sum[1]) / strategy.num_workers());
+  last_vote_iteration_ = iteration;
+  last_vote_time_ = now;
+  const int diverged_workers = static_cast<int>(std::lround(sum[2]));
+  return Agreed{
+      .stop = sum[0] > 0.5f,
+      .diverged = diverged_workers > 0,
+      .diverged_workers = diverged_workers,
+      .diverged_worker = diverged_workers == 1 ? static_cast<int>(std::lround(sum[3])) - 1 : -1};
+}
+
+// What diverged, as TrainingDiverged words it: "the loss on worker:1 is not finite".
+std::string WhoseLossDiverged(const std::vector<std::string>& names,
+                              const StopVote::Agreed& agreed) {
+  if (agreed.diverged_worker < 0) {
+    return absl::StrCat("the loss of ", agreed.diverged_workers, " workers is not finite");
+  }
+  const size_t index = static_cast<size_t>(agreed.diverged_worker);
+  return absl::StrCat(
+      "the loss on ",
+      index < names.size() ? names[index] : absl::StrCat("worker ", agreed.diverged_worker),
+      " is not finite");
+}
+
+// Says where a Fit that found a checkpoint goes on from, or that the checkpoint already
+// completes the job (and whether its model is evaluated on the test set, `has_test`). Said
+// whatever the progress style: where training starts is not progress.
+void SayResumed(const FitOptions& options, const FitState& state, bool has_test) {
+  if (state.epoch >= options.epochs) {
+    std::fprintf(options.out,
+                 "the checkpoint at step %lld in %s already completes this job's %d epochs: %s "
+                 "(remove %s to train from scratch)\n",
+                 static_cast<long long>(state.iteration), options.checkpoint_dir.c_str(),
+                 options.epochs,
+                 has_test ? "evaluating its model on data.test" : "nothing left to train",
+                 options.checkpoint_dir.c_str());
+    return;
+  }
+  std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
+               static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
+               static_cast<long long>(state.step_in_epoch));
+}
+
+// TrainingDiverged when an epoch's loss over every worker is not finite (the same answer
+// on every worker); `steps` of the epoch ended after step `iteration`.
+absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t steps,
+                            const ResumePoint& resume) {
+  if (std::isfinite(loss)) return absl::OkStatus();
+  return TrainingDiverged(absl::StrCat("the epoch's loss is ", loss), iteration, epoch, steps,
+                          steps, resume);
+}
+
+// RunEpochs' state: the loop's position (iteration_, stopping_), the history so far and what
+// the summary adds up. Its methods are the loop's parts.
+class EpochLoop {
+ public:
+  EpochLoop(Strategy& strategy, const Model& model, const Optimizer& optimizer,
+            const FitOptions& options, const EpochLoopSpec& spec, FitState state,
+            StepRunner& runner)
+      : strategy_(strategy),
+        model_(model),
+        optimizer_(optimizer),
+        options_(options),
+        spec_(spec),
+        state_(std::move(state)),
+        runner_(runner),
+        progress_(options),
+        resume_(ResumeFrom(options, state_)),
+        iteration_(state_.iteration) {}
+
+  absl::StatusOr<FitSummary> Run();
+
+ private:
+  absl::Status TrainEpoch(int epoch);
+  // The steps of `epoch` from `step` on; `step` and `epoch_stats` follow them.
+  absl::Status RunSteps(int epoch, int64_t& step, StepStats& epoch_stats);
+  // The epoch's figures, validation, line, history and backup.
+  absl::Status EndEpoch(int epoch, int64_t first_step, int64_t step, StepStats epoch_stats,
+                        double epoch_start);
+  // Saves the state after `epochs_done` epochs and `step_in_epoch` steps of the next.
+  absl::Status Backup(int64_t epochs_done, int64_t step_in_epoch, const StepStats& epoch_stats);
+  // The summary's test figures: the last epoch's validation, when this run trained it; a
+  // checkpoint that completed the job already is evaluated anew (data.test may have changed
+  // since it was saved).
+  absl::Status Test(int64_t restored_epochs);
+
+  Strategy& strategy_;
+  const Model& model_;
+  const Optimizer& optimizer_;
+  const FitOptions& options_;
+  const EpochLoopSpec& spec_;
+  FitState state_;
+  StepRunner& runner_;
+  Progress progress_;
+  StopVote stop_vote_;
+  ResumePoint resume_;  // where a rerun goes on from: the newest save
+  FitSummary summary_;
+  int64_t iteration_;
+  bool stopping_ = false;       // FitOptions::stop: every worker agreed to stop
+  bool diverged_here_ = false;  // a step's loss on this worker was not finite
+  double train_seconds_ = 0;
+  int64_t train_examples_ = 0;
+};
+
+absl::StatusOr<FitSummary> EpochLoop::Run() {
+  summary_.strategy = strategy_.name();
+  summary_.num_replicas_in_sync = strategy_.NumReplicasInSync();
+  summary_.num_workers = strategy_.num_workers();
+  summary_.resumed_from_step = state_.iteration;
+  for (const nlohmann::json& log : state_.history) {
+    summary_.history.push_back(EpochLogFromJson(log));
+    summary_.steps += summary_.history.back().steps;
+  }
+  if (state_.epoch > 0 || state_.step_in_epoch > 0) {
+    SayResumed(options_, state_, spec_.has_test);
+  }
+  const int64_t restored_epochs = state_.epoch;
+  for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
+    STRATUM_RETURN_IF_ERROR(TrainEpoch(epoch));
+  }
+  STRATUM_RETURN_IF_ERROR(Test(restored_epochs));
+  summary_.examples_per_sec = static_cast<double>(train_examples_) / std::max(train_seconds_, 1e-9);
+  STRATUM_RETURN_IF_ERROR(runner_.GetState(&summary_.variables, nullptr));
+  summary_.wall_s = EpochLoopNow() - spec_.start;
+  return std::move(summary_);
+}
+
+absl::Status EpochLoop::TrainEpoch(int epoch) {
+  const bool resuming_mid_epoch = epoch == state_.epoch + 1 && state_.step_in_epoch > 0;
+  const int64_t first_step = resuming_mid_epoch ? state_.step_in_epoch : 0;
+  STRATUM_RETURN_IF_ERROR(runner_.StartEpoch(epoch, first_step));
+  progress_.StartEpoch(epoch, options_.epochs, spec_.steps_per_epoch);
+  const double epoch_start = EpochLoopNow();
+  StepStats epoch_stats = resuming_mid_epoch ? state_.epoch_stats : StepStats{};
+  int64_t step = first_step;
+  STRATUM_RETURN_IF_ERROR(RunSteps(epoch, step, epoch_stats));
+  return EndEpoch(epoch, first_step, step, epoch_stats, epoch_start);
+}
+
+absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stats) {
+  const int64_t steps_per_epoch = spec_.steps_per_epoch;
+  while (step < steps_per_epoch) {
+    STRATUM_ASSIGN_OR_RETURN(const StepRunner::StepResult result,
+                             runner_.Step(epoch, step, iteration_));
+    if (result.data_ended) break;
+    ++iteration_;
+    ++step;
+    if (runner_.HasStepStats()) {
+      Accumulate(epoch_stats, result.stats);
+      const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
+      progress_.Step(step, epoch_stats.loss_sum / seen,
+                     static_cast<double>(epoch_stats.correct) / seen);
+      if (!std::isfinite(result.stats.loss_sum)) diverged_here_ = true;
+    }
+    // Without figures per step, the loss stays on the device until the epoch ends:
+    // divergence is found there, or by the check of the variables before a save.
+    STRATUM_ASSIGN_OR_RETURN(const StopVote::Agreed agreed,
+                             stop_vote_.AfterStep(strategy_, options_, iteration_, diverged_here_));
+    if (agreed.diverged) {
+      progress_.Interrupt();
+      return TrainingDiverged(strategy_.num_workers() == 1
+                                  ? absl::StrCat("the loss is ", result.stats.loss_sum)
+                                  : WhoseLossDiverged(spec_.worker_names, agreed),
+                              iteration_, epoch, step, steps_per_epoch, resume_);
+    }
+    stopping_ = agreed.stop;
+    const bool periodic =
+        options_.checkpoint_every_steps > 0 && iteration_ % options_.checkpoint_every_steps == 0;
+    if (!options_.checkpoint_dir.empty() && (periodic || stopping_) && step < steps_per_epoch) {
+      STRATUM_RETURN_IF_ERROR(runner_.Sync());
+      STRATUM_RETURN_IF_ERROR(runner_.TakeStats(epoch_stats));
+      STRATUM_RETURN_IF_ERROR(Backup(epoch - 1, step, epoch_stats));
+    }
+    // Stopped at the epoch's last step: the epoch ends (and is saved) first.
+    if (stopping_ && step < steps_per_epoch) {
+      STRATUM_RETURN_IF_ERROR(runner_.Sync());
+      progress_.Interrupt();
+      return StoppedEarly(options_, iteration_, epoch, step, steps_per_epoch);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, StepStats epoch_stats,
+                                 double epoch_start) {
+  // What the device holds since the last mid-epoch backup (or the checkpoint this run
+  // resumed from), then the epoch's figures over every worker.
+  STRATUM_RETURN_IF_ERROR(runner_.Sync());
+  STRATUM_RETURN_IF_ERROR(runner_.TakeStats(epoch_stats));
+  EpochLog log;
+  log.epoch = epoch;
+  log.steps = step;
+  log.seconds = EpochLoopNow() - epoch_start;
+  STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy_, epoch_stats));
+  STRATUM_ASSIGN_OR_RETURN(const int64_t trained, runner_.ExamplesTrained(first_step, step));
+  const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
+  log.loss = epoch_stats.loss_sum / seen;
+  log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+  if (absl::Status finite = CheckEpochLoss(log.loss, iteration_, epoch, step, resume_);
+      !finite.ok()) {
+    progress_.Interrupt();
+    return finite;
+  }
+  log.examples_per_sec = static_cast<double>(trained) / std::max(log.seconds, 1e-9);
+  train_seconds_ += log.seconds;
+  train_examples_ += trained;
+  summary_.steps += step;
+  if (!runner_.HasStepStats()) progress_.Step(step, log.loss, log.accuracy);
+  if (options_.validate && spec_.has_test) {
+    STRATUM_ASSIGN_OR_RETURN(const EpochLog val, runner_.Evaluate());
+    log.val_loss = val.val_loss;
+    log.val_accuracy = val.val_accuracy;
+    log.validated = true;
+  }
+  progress_.EndEpoch(log, options_.epochs);
+  summary_.history.push_back(log);
+  state_.history.push_back(EpochLogJson(log));
+  if (!options_.checkpoint_dir.empty()) STRATUM_RETURN_IF_ERROR(Backup(epoch, 0, StepStats{}));
+  if (stopping_ && epoch < options_.epochs) {
+    return StoppedEarly(options_, iteration_, epoch, step, spec_.steps_per_epoch);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpochLoop::Backup(int64_t epochs_done, int64_t step_in_epoch,
+                               const StepStats& epoch_stats) {
+  FitState now;
+  now.epoch = epochs_done;
+  now.step_in_epoch = step_in_epoch;
+  now.iteration = iteration_;
+  now.epoch_stats = epoch_stats;
+  now.history = state_.history;
+  STRATUM_RETURN_IF_ERROR(runner_.GetState(&now.variables, &now.slots));
+  return BackupFitState(strategy_, model_, optimizer_, options_, spec_.steps_per_epoch,
+                        std::move(now), resume_);
+}
+
+absl::Status EpochLoop::Test(int64_t restored_epochs) {
+  if (!spec_.has_test) return absl::OkStatus();
+  summary_.tested = true;
+  if (options_.epochs > restored_epochs && summary_.history.back().validated) {
+    summary_.test_loss = summary_.history.back().val_loss;
+    summary_.test_accuracy = summary_.history.back().val_accuracy;
+    return absl::OkStatus();
+  }
+  STRATUM_ASSIGN_OR_RETURN(const EpochLog test, runner_.Evaluate());
+  summary_.test_loss = test.val_loss;
+  summary_.test_accuracy = test.val_accuracy;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FitSummary> RunEpochs(Strategy& strategy, const Model& model,
+                                     const Optimizer& optimizer, const FitOptions& options,
+                                     const EpochLoopSpec& spec, FitState state,
+                                     StepRunner& runner) {
+  EpochLoop loop(strategy, model, optimizer, options, spec, std::move(state), runner);
+  return loop.Run();
+}
+
+}  // namespace stratum

@@ -1,0 +1,173 @@
+#include "stratum/training/fit_job.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "stratum/data/idx.h"
+#include "stratum/model/optimizer.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+namespace {
+
+int64_t Rows(const Shape& shape) { return shape.rank() == 0 ? 1 : shape.dim(0); }
+
+absl::Status CheckRowsAgree(const DataSourceSpec& source, const Shape& images,
+                            const Shape& labels) {
+  if (Rows(images) == Rows(labels)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(source.images, " has ", Rows(images), " images but ", source.labels, " has ",
+                   Rows(labels), " labels: give the label file that belongs to these images"));
+}
+
+// Class ids are checked once here, where the file and the example can still be named: a bad
+// one found by the loss mid-training could only be named by its place in a shuffled batch.
+absl::Status CheckClassIds(const std::string& field, const std::string& path, const Tensor& labels,
+                           int64_t classes) {
+  const auto outside = FirstClassIdOutside(labels, labels.rows(), classes);
+  if (!outside) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ".labels ", path, ": example ", outside->index, " has class id ",
+                   outside->class_id, ", outside the model's ", classes, " classes (0..",
+                   classes - 1, "): give labels from 0 to ", classes - 1,
+                   outside->class_id < 0 ? ""
+                                         : absl::StrCat(", or give the model's last Dense layer at "
+                                                        "least ",
+                                                        outside->class_id + 1, " units")));
+}
+
+absl::StatusOr<Dataset> LoadSource(const std::string& field, const DataSourceSpec& source,
+                                   int64_t classes, int64_t& examples) {
+  STRATUM_ASSIGN_OR_RETURN(Tensor images, ReadIdxFile(source.images));
+  STRATUM_ASSIGN_OR_RETURN(Tensor labels, ReadIdxFile(source.labels));
+  STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape(), labels.shape()));
+  STRATUM_RETURN_IF_ERROR(CheckClassIds(field, source.labels, labels, classes));
+  examples = images.rows();
+  return Dataset::FromTensorSlices({std::move(images), std::move(labels)});
+}
+
+std::string Describe(const IdxHeader& header) {
+  return absl::StrCat(DTypeName(header.dtype), header.shape.ToString());
+}
+
+// Fit reshapes each example to the model's input shape: any layout of as many values fits.
+absl::Status CheckImages(const std::string& field, const std::string& path, const IdxHeader& header,
+                         const Model& model) {
+  int64_t per_example = 1;
+  for (int d = 1; d < header.shape.rank(); ++d) per_example *= header.shape.dim(d);
+  const int64_t wanted = model.input_shape().num_elements();
+  if (per_example == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " ", path, " is ", Describe(header), ", ", per_example,
+      per_example == 1 ? " value" : " values", " per example, but the model takes ",
+      model.input_shape().ToString(), " (", wanted, wanted == 1 ? " value" : " values",
+      ") per example: point ", field, " at the images file, or change the model's input shape"));
+}
+
+absl::Status CheckLabels(const std::string& source_field, const std::string& path,
+                         const IdxHeader& header, const Model& model, const Loss& loss) {
+  const int64_t classes = model.output_size();
+  if (loss.TakesTargets(header.dtype, header.shape, classes)) return absl::OkStatus();
+  const std::string field = absl::StrCat(source_field, ".labels");
+  const std::string what = absl::StrCat(field, " ", path, " is ", Describe(header), ", but ");
+  const int64_t rows = Rows(header.shape);
+  if (!loss.sparse_targets()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, loss.name(), " takes float32 targets of shape [", rows, ", ", classes,
+        "] (one row per example for the model's ", classes,
+        " outputs): give such a file, or use sparse_categorical_crossentropy for class ids"));
+  }
+  if (header.dtype == DType::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, loss.name(),
+                     " takes integer class ids (uint8 or int32): give a file of class ids, or use "
+                     "categorical_crossentropy for one-hot float32 rows"));
+  }
+  const char* example =
+      source_field == "data.test" ? "t10k-labels-idx1-ubyte.gz" : "train-labels-idx1-ubyte.gz";
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, loss.name(), " takes one class id per example, a file of shape [", rows, "]: point ",
+      field, " at the labels of ", source_field, ".images (an idx1 file, such as ", example, ")"));
+}
+
+// A header that does not fit may be a corrupt file rather than the wrong one (a damaged
+// dimension count reads as another shape): when the file's data does not match its own
+// header either, that is what to report. Read only on this error path.
+absl::Status CorruptOr(const std::string& path, absl::Status mismatch) {
+  if (mismatch.ok()) return mismatch;
+  absl::StatusOr<Tensor> whole = ReadIdxFile(path);
+  return whole.ok() ? mismatch : whole.status();
+}
+
+absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& source,
+                                const Model& model, const Loss& loss) {
+  STRATUM_ASSIGN_OR_RETURN(const IdxHeader images, ReadIdxHeader(source.images));
+  STRATUM_ASSIGN_OR_RETURN(const IdxHeader labels, ReadIdxHeader(source.labels));
+  STRATUM_RETURN_IF_ERROR(CorruptOr(
+      source.images, CheckImages(absl::StrCat(field, ".images"), source.images, images, model)));
+  STRATUM_RETURN_IF_ERROR(
+      CorruptOr(source.labels, CheckLabels(field, source.labels, labels, model, loss)));
+  STRATUM_RETURN_IF_ERROR(CheckRowsAgree(source, images.shape, labels.shape));
+  // A test set of no examples measures nothing: its accuracy would read 0, as if measured.
+  if (field == "data.test" && images.shape.rank() > 0 && images.shape.dim(0) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.test.images ", source.images,
+                     " holds no examples, so the model could not be tested on it: point "
+                     "data.test at a test set with examples, or remove data.test"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
+  FitData data;
+  data.rescale = spec.rescale;
+  const int64_t classes = model.output_size();
+  absl::StatusOr<Dataset> train =
+      LoadSource("data.train", spec.train, classes, data.train_examples);
+  if (!train.ok()) return train.status();
+  data.train = *std::move(train);
+  if (!spec.test.images.empty()) {
+    absl::StatusOr<Dataset> test = LoadSource("data.test", spec.test, classes, data.test_examples);
+    if (!test.ok()) return test.status();
+    data.test = *std::move(test);
+    data.has_test = true;
+  }
+  return data;
+}
+
+absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
+  const FitSpec& spec = job.fit;
+  FitOptions options;
+  STRATUM_ASSIGN_OR_RETURN(options.auto_shard_policy,
+                           AutoShardPolicyFromName(job.data.auto_shard_policy));
+  options.checkpoint_dir = job.checkpoint.dir;
+  options.checkpoint_every_steps = job.checkpoint.every_steps;
+  options.max_to_keep = job.checkpoint.max_to_keep;
+  options.epochs = spec.epochs;
+  options.steps_per_epoch = spec.steps_per_epoch;
+  options.batch_size_per_replica = spec.batch_size_per_replica;
+  options.shuffle_buffer = spec.shuffle_buffer;
+  options.seed = spec.seed;
+  options.validate = spec.validate;
+  return options;
+}
+
+absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss) {
+  STRATUM_RETURN_IF_ERROR(CheckSourceHeaders("data.train", data.train, model, loss));
+  if (data.test.images.empty()) return absl::OkStatus();
+  return CheckSourceHeaders("data.test", data.test, model, loss);
+}
+
+absl::Status CheckTrainingJob(const JobSpec& job) {
+  STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
+  STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
+  STRATUM_RETURN_IF_ERROR(model.CheckLoss(loss));
+  STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
+  STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
+  return CheckDataHeaders(job.data, model, loss);
+}
+
+}  // namespace stratum

@@ -1,0 +1,131 @@
+#include "grpc_worker_executor.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "stratum/net/health.h"
+#include "stratum/net/status.h"
+#include "stratum/ps/coordinator_lease.h"
+#include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum {
+
+GrpcWorkerExecutor::GrpcWorkerExecutor(std::string task, std::string address,
+                                       proto::SetupJobRequest setup, absl::Duration timeout,
+                                       ChannelOptions channel,
+                                       std::function<absl::Status()> may_set_up_again)
+    : task_(std::move(task)),
+      address_(std::move(address)),
+      setup_(std::move(setup)),
+      timeout_(timeout),
+      channel_(std::move(channel)),
+      may_set_up_again_(std::move(may_set_up_again)),
+      stub_(proto::WorkerService::NewStub(MakeChannel(address_, channel_))) {}
+
+GrpcWorkerExecutor::~GrpcWorkerExecutor() {
+  {
+    absl::MutexLock lock(&setup_mutex_);
+    if (generation_ == 0) return;  // never set up: nothing held
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  proto::LeaveRequest request;
+  request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+  proto::LeaveResponse response;
+  (void)stub_->Leave(&context, request, &response);
+}
+
+std::string GrpcWorkerExecutor::name() const { return absl::StrCat(task_, " at ", address_); }
+
+absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closure) {
+  absl::StatusOr<uint64_t> generation = EnsureSetUp();
+  if (!generation.ok()) return generation.status();
+  proto::RunClosureRequest request;
+  request.set_function(closure.function);
+  request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+  for (const Tensor& arg : closure.args) TensorToProto(arg, request.add_args());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  {
+    absl::MutexLock lock(&mutex_);
+    if (cancelled_) return absl::CancelledError("the coordinator is shutting down");
+    in_flight_.insert(&context);
+  }
+  proto::RunClosureResponse response;
+  absl::Status status = FromGrpcStatus(stub_->RunClosure(&context, request, &response), name());
+  {
+    absl::MutexLock lock(&mutex_);
+    in_flight_.erase(&context);
+    if (cancelled_ && !status.ok()) {
+      return absl::CancelledError("the coordinator shut down before the closure ended");
+    }
+  }
+  if (!status.ok()) return Classify(status, *generation);
+  ClosureOutputs outputs;
+  for (const proto::TensorProto& output : response.outputs()) {
+    absl::StatusOr<Tensor> tensor = TensorFromProto(output);
+    if (!tensor.ok()) return tensor.status();
+    outputs.push_back(*std::move(tensor));
+  }
+  return outputs;
+}
+
+void GrpcWorkerExecutor::Cancel() {
+  absl::MutexLock lock(&mutex_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
+absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& stop) {
+  bool said = false;
+  while (!stop) {
+    if (CheckHealth(address_, absl::Seconds(1), channel_).ok()) {
+      spdlog::info("{} answers again; it will be set up anew", name());
+      return absl::OkStatus();
+    }
+    if (!said) spdlog::warn("{} is down; its closures run on the other workers", name());
+    said = true;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return absl::CancelledError("stopping");
+}
+
+absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
+  absl::MutexLock lock(&setup_mutex_);
+  if (set_up_) return generation_;
+  // A worker that lost its job may have been set up by another coordinator since.
+  if (generation_ > 0) STRATUM_RETURN_IF_ERROR(may_set_up_again_());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  proto::SetupJobResponse response;
+  absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
+  if (!status.ok()) return Classify(status, generation_, /*locked=*/true);
+  set_up_ = true;
+  return ++generation_;
+}
+
+absl::Status GrpcWorkerExecutor::Classify(const absl::Status& status, uint64_t generation,
+                                          bool locked) {
+  if (absl::IsFailedPrecondition(status) &&
+      absl::StrContains(status.message(), kHeldByAnotherCoordinator)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(status.message(), "; this coordinator stops and leaves the job to it"));
+  }
+  const bool lost =
+      (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up"));
+  const bool down =
+      absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsCancelled(status);
+  if (!lost && !down) return status;
+  {
+    std::optional<absl::MutexLock> lock;
+    if (!locked) lock.emplace(&setup_mutex_);
+    if (generation_ == generation) set_up_ = false;
+  }
+  return lost ? absl::AbortedError(status.message()) : absl::UnavailableError(status.message());
+}
+
+}  // namespace stratum

@@ -1,0 +1,78 @@
+// GrpcWorkerExecutor: the ClusterCoordinator's WorkerExecutor for one stratum-worker over
+// gRPC (proto::WorkerService). It sets the job up on the worker on first use and again
+// after the worker restarted (lost its job) or was unreachable, and classifies the worker's
+// failures for the coordinator: UNAVAILABLE (down) and ABORTED (restarted) run the closure
+// elsewhere; FAILED_PRECONDITION when another coordinator holds the worker ends the job.
+// Internal to coordinator/ (the PS training job builds one per worker).
+//
+// Thread safety: Execute, Cancel and WaitUntilAvailable may be called from several of the
+// coordinator's threads at once (several closures in flight on one worker): one thread sets
+// the job up while the others wait (setup_mutex_), and Cancel ends every RPC in flight.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/worker.grpc.pb.h"
+#include "stratum/coordinator/cluster_coordinator.h"
+#include "stratum/net/channel.h"
+
+namespace stratum {
+
+class GrpcWorkerExecutor : public WorkerExecutor {
+ public:
+  // `task` ("worker:1") and `address` name the worker; `setup` is the job it is given;
+  // `timeout` bounds every RPC. `may_set_up_again`: asked before the job is set up on the
+  // worker again; an error ends the job instead (this coordinator lost the cluster to
+  // another one).
+  GrpcWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
+                     absl::Duration timeout, ChannelOptions channel,
+                     std::function<absl::Status()> may_set_up_again);
+
+  // Done with the worker (best effort): another coordinator may set it up at once, not
+  // only once this one's claim has run out.
+  ~GrpcWorkerExecutor() override;
+
+  std::string name() const override;
+  absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override;
+  void Cancel() override;
+  absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override;
+
+ private:
+  // Sets the job up on the worker unless it is set up already, and returns the set-up's
+  // generation. With several closures in flight, one thread sets up and the others wait.
+  absl::StatusOr<uint64_t> EnsureSetUp();
+
+  // A worker that restarted lost its job ("not set up"), one that is unreachable is down:
+  // both mean "run the closure elsewhere" and "set it up again", unless another closure has
+  // set it up since `generation`; anything else is the job's own error. One that another
+  // coordinator holds ends this one's job.
+  absl::Status Classify(const absl::Status& status, uint64_t generation, bool locked = false);
+
+  std::string task_;
+  std::string address_;
+  proto::SetupJobRequest setup_;
+  absl::Duration timeout_;
+  ChannelOptions channel_;
+  std::function<absl::Status()> may_set_up_again_;
+  std::unique_ptr<proto::WorkerService::Stub> stub_;
+  absl::Mutex setup_mutex_;
+  bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
+  absl::Mutex mutex_;
+  bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace stratum
