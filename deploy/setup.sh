@@ -26,6 +26,7 @@ packages=(
   g++ cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libspdlog-dev libeigen3-dev zlib1g-dev libssl-dev
+  libdnnl-dev  # oneDNN: the CPU convolutions
   libgtest-dev libgmock-dev
   iproute2  # the tests' simulated hosts (network namespaces)
   dataset-fashion-mnist

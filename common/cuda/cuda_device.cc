@@ -141,4 +141,28 @@ void CudaDevice::Dropout(RandomStream& rng, float rate, const float* x, float* o
   Record(DropoutForward(x, out, mask, n, rate, rng(), counters_, stream_));
 }
 
+void CudaDevice::Conv2D(const Window2D&, int64_t, const float*, const float*, const float*,
+                        float*) const {
+  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+}
+
+void CudaDevice::Conv2DBackwardData(const Window2D&, int64_t, const float*, const float*,
+                                    float*) const {
+  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+}
+
+void CudaDevice::Conv2DBackwardWeights(const Window2D&, int64_t, const float*, const float*, float*,
+                                       float*) const {
+  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+}
+
+void CudaDevice::MaxPool2D(const Window2D&, int64_t, const float*, float*) const {
+  Record(absl::UnimplementedError("MaxPooling2D has no CUDA kernel yet"));
+}
+
+void CudaDevice::MaxPool2DBackward(const Window2D&, int64_t, const float*, const float*,
+                                   const float*, float*, bool) const {
+  Record(absl::UnimplementedError("MaxPooling2D has no CUDA kernel yet"));
+}
+
 }  // namespace stratum::cuda

@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 
+#include "common/device/onednn.h"
 #include "stratum/device/device.h"
 #include "stratum/tensor/tensor.h"
 
@@ -22,6 +23,34 @@ void Product(const A& a, const B& b, MatrixMap c, bool accumulate) {
     c.noalias() += a * b;
   } else {
     c.noalias() = a * b;
+  }
+}
+
+// Calls visit(output index, index of the window's first maximum in x) for every output
+// element of a max pooling; positions in the padding are skipped.
+template <typename Visit>
+void ForEachWindow(const Window2D& w, int64_t batch, Visit visit, const float* x) {
+  int64_t out_index = 0;
+  for (int64_t n = 0; n < batch; ++n) {
+    const int64_t image = n * w.in_h * w.in_w * w.in_c;
+    for (int64_t oh = 0; oh < w.out_h; ++oh) {
+      for (int64_t ow = 0; ow < w.out_w; ++ow) {
+        for (int64_t c = 0; c < w.out_c; ++c, ++out_index) {
+          int64_t best = -1;
+          for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
+            const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
+            if (h < 0 || h >= w.in_h) continue;
+            for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
+              const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
+              if (col < 0 || col >= w.in_w) continue;
+              const int64_t i = image + (h * w.in_w + col) * w.in_c + c;
+              if (best < 0 || x[i] > x[best]) best = i;
+            }
+          }
+          visit(out_index, best);
+        }
+      }
+    }
   }
 }
 
@@ -163,6 +192,35 @@ class Cpu final : public Device {
                   int64_t width, bool accumulate) const override {
     for (int64_t r = 0; r < rows; ++r)
       Copy(x + r * x_stride, out + r * out_stride, width, accumulate);
+  }
+
+  void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
+              const float* bias, float* out) const override {
+    onednn::Conv2DForward(w, batch, x, kernel, bias, out);
+  }
+
+  void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
+                          const float* kernel, float* grad_x) const override {
+    onednn::Conv2DBackwardData(w, batch, grad_out, kernel, grad_x);
+  }
+
+  void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x,
+                             const float* grad_out, float* grad_kernel,
+                             float* grad_bias) const override {
+    onednn::Conv2DBackwardWeights(w, batch, x, grad_out, grad_kernel, grad_bias);
+  }
+
+  void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
+    ForEachWindow(
+        w, batch, [&](int64_t out_index, int64_t first_max) { out[out_index] = x[first_max]; }, x);
+  }
+
+  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* /*out*/,
+                         const float* grad_out, float* grad_x, bool accumulate) const override {
+    if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
+    ForEachWindow(
+        w, batch,
+        [&](int64_t out_index, int64_t first_max) { grad_x[first_max] += grad_out[out_index]; }, x);
   }
 
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,

@@ -28,13 +28,19 @@ std::string Canonical(const std::string& name) {
   return out;
 }
 
-// Keras' default layer name for a class: "Dense" -> "dense".
+// Keras' default layer name for a class, as its to_snake_case makes it: "Dense" -> "dense",
+// "MaxPooling2D" -> "max_pooling2d", "Conv2D" -> "conv2d".
 std::string SnakeCase(const std::string& name) {
+  auto upper = [](char c) { return std::isupper(static_cast<unsigned char>(c)) != 0; };
+  auto lower = [](char c) { return std::islower(static_cast<unsigned char>(c)) != 0; };
   std::string out;
   for (size_t i = 0; i < name.size(); ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (std::isupper(c) && i > 0) out.push_back('_');
-    out.push_back(static_cast<char>(std::tolower(c)));
+    // An underscore before a capital that starts a word (followed by a lower-case letter),
+    // or that follows a lower-case letter.
+    const bool word = i > 0 && upper(name[i]) && i + 1 < name.size() && lower(name[i + 1]);
+    const bool after_lower = i > 0 && upper(name[i]) && lower(name[i - 1]);
+    if (word || after_lower) out.push_back('_');
+    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(name[i]))));
   }
   return out;
 }

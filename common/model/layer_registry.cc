@@ -12,12 +12,21 @@ struct Registration {
 };
 
 // One line a layer, in alphabetical order (the order messages list them in).
+// clang-format off
 constexpr Registration kLayers[] = {
-    {"Activation", layers::MakeActivation}, {"Add", layers::MakeAdd},
-    {"Average", layers::MakeAverage},       {"Concatenate", layers::MakeConcatenate},
-    {"Dense", layers::MakeDense},           {"Dropout", layers::MakeDropout},
-    {"Flatten", layers::MakeFlatten},       {"Multiply", layers::MakeMultiply},
+    {"Activation", layers::MakeActivation},
+    {"Add", layers::MakeAdd},
+    {"Average", layers::MakeAverage},
+    {"Concatenate", layers::MakeConcatenate},
+    {"Conv2D", layers::MakeConv2D},
+    {"Dense", layers::MakeDense},
+    {"Dropout", layers::MakeDropout},
+    {"Flatten", layers::MakeFlatten},
+    {"MaxPooling2D", layers::MakeMaxPooling2D},
+    {"Multiply", layers::MakeMultiply},
+    {"Reshape", layers::MakeReshape},
 };
+// clang-format on
 
 }  // namespace
 

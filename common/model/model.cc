@@ -24,11 +24,17 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Keras' fans: a 2-D kernel [in, out]; a vector counts as both.
+// Keras' fans: a 2-D kernel [in, out]; a convolution kernel [..., in, out] times its
+// receptive field (the product of the leading dimensions); a vector counts as both.
 std::pair<double, double> Fans(const Shape& shape) {
-  if (shape.rank() == 2) return {static_cast<double>(shape.dim(0)), double(shape.dim(1))};
-  const double n = static_cast<double>(shape.num_elements());
-  return {n, n};
+  if (shape.rank() < 2) {
+    const double n = static_cast<double>(shape.num_elements());
+    return {n, n};
+  }
+  double field = 1;
+  for (int d = 0; d + 2 < shape.rank(); ++d) field *= static_cast<double>(shape.dim(d));
+  return {static_cast<double>(shape.dim(shape.rank() - 2)) * field,
+          static_cast<double>(shape.dim(shape.rank() - 1)) * field};
 }
 
 // Scratch floats aligned as Eigen's packets are. Eigen's vectorised sums peel a start that

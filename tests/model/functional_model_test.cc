@@ -241,8 +241,8 @@ TEST(FunctionalModelTest, RefusesBrokenGraphsNamingTheLayer) {
                            {"c"})),
               HasSubstr("has axis 0, which its inputs of shape (None, 4) do not have (axis 0 is "
                         "the batch)"));
-  EXPECT_THAT(Refusal(with({{Layer("Conv2D", "conv"), {"x"}}}, {"conv"})),
-              HasSubstr("model layer \"conv\" has class \"Conv2D\", which Stratum does not "
+  EXPECT_THAT(Refusal(with({{Layer("Conv3D", "conv"), {"x"}}}, {"conv"})),
+              HasSubstr("model layer \"conv\" has class \"Conv3D\", which Stratum does not "
                         "support: use InputLayer, Activation, Add"));
 
   json shared = with({{dense, {"x"}}}, {"d"});

@@ -34,6 +34,11 @@ json Act(const char* activation) {
 }
 json Dropout(double rate) { return {{"class_name", "Dropout"}, {"config", {{"rate", rate}}}}; }
 json Flatten() { return {{"class_name", "Flatten"}, {"config", json::object()}}; }
+json Conv(json config) { return {{"class_name", "Conv2D"}, {"config", std::move(config)}}; }
+json MaxPool(json config) { return {{"class_name", "MaxPooling2D"}, {"config", std::move(config)}}; }
+json Reshape(std::vector<int64_t> shape) {
+  return {{"class_name", "Reshape"}, {"config", {{"target_shape", shape}}}};
+}
 
 Model Build(const GradientCase& c) {
   if (!c.functional.is_null()) {
@@ -185,6 +190,36 @@ INSTANTIATE_TEST_SUITE_P(
             {2, 3},
             {Flatten(), Dropout(0.25), Dense(4, "relu"), Dense(3, "softmax")},
             {{"class_name", "SparseCategoricalCrossentropy"}, {"config", {{"from_logits", true}}}}},
+        GradientCase{"Conv2DValidTanhThenDense",
+                     {5, 5, 2},
+                     {Conv({{"filters", 3}, {"kernel_size", 3}, {"activation", "tanh"}}), Flatten(),
+                      Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"Conv2DSameStridesThenDilated",
+                     {6, 6, 1},
+                     {Conv({{"filters", 2},
+                            {"kernel_size", {3, 2}},
+                            {"strides", 2},
+                            {"padding", "same"},
+                            {"activation", "tanh"}}),
+                      Conv({{"filters", 2},
+                            {"kernel_size", 2},
+                            {"dilation_rate", 2},
+                            {"use_bias", false}}),
+                      Flatten(), Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"MaxPoolingValidAndSame",
+                     {5, 5, 2},
+                     {Conv({{"filters", 2}, {"kernel_size", 2}, {"activation", "sigmoid"}}),
+                      MaxPool({{"pool_size", 2}}),
+                      MaxPool({{"pool_size", 2}, {"strides", 1}, {"padding", "same"}}), Flatten(),
+                      Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"ReshapeThenConv2D",
+                     {12},
+                     {Reshape({3, 4, 1}), Conv({{"filters", 2}, {"kernel_size", 2}}), Flatten(),
+                      Dense(3, "linear")},
+                     "mse"},
         GradientCase{"FunctionalTwoInputsResidualAdd",
                      {784},
                      nullptr,

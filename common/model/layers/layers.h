@@ -14,13 +14,19 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeAverage(const nlohmann::json& config,
                                                    const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeConcatenate(const nlohmann::json& config,
                                                        const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
+                                                  const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
                                                  const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeDropout(const nlohmann::json& config,
                                                    const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeFlatten(const nlohmann::json& config,
                                                    const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeMaxPooling2D(const nlohmann::json& config,
+                                                        const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeMultiply(const nlohmann::json& config,
                                                     const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeReshape(const nlohmann::json& config,
+                                                   const std::string& where);
 
 }  // namespace stratum::layers

@@ -51,6 +51,18 @@ class CudaDevice final : public Device {
                   int64_t width, bool accumulate) const override;
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override;
+  // Not yet on the GPU (the cuDNN issue): these record UNIMPLEMENTED. The layers that call
+  // them say RunsOnGpu() false, so a model with them trains on the CPU, naming the layer.
+  void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
+              const float* bias, float* out) const override;
+  void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
+                          const float* kernel, float* grad_x) const override;
+  void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x,
+                             const float* grad_out, float* grad_kernel,
+                             float* grad_bias) const override;
+  void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override;
+  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
+                         const float* grad_out, float* grad_x, bool accumulate) const override;
 
  private:
   // Keeps the first failure.

@@ -32,6 +32,18 @@ inline float Uniform01(RandomStream& rng) {
   return static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f);
 }
 
+// The geometry of a 2-D window operation (convolution, pooling) on channels-last batches:
+// x [batch, in_h, in_w, in_c] -> out [batch, out_h, out_w, out_c]. Padding is explicit (Keras'
+// "same" becomes top/left/bottom/right amounts); dilation 1 is none.
+struct Window2D {
+  int64_t in_h = 0, in_w = 0, in_c = 0;
+  int64_t out_h = 0, out_w = 0, out_c = 0;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -81,6 +93,23 @@ class Device {
   // Concatenation and splitting along an axis are this.
   virtual void CopyBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
                           int64_t rows, int64_t width, bool accumulate) const = 0;
+
+  // out = the convolution of x with kernel [kernel_h, kernel_w, in_c, out_c] (Keras' layout)
+  // plus bias [out_c] when set.
+  virtual void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
+                      const float* bias, float* out) const = 0;
+  // grad_x = d/dx of the convolution, from grad_out (overwritten).
+  virtual void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
+                                  const float* kernel, float* grad_x) const = 0;
+  // grad_kernel (and grad_bias, when set) from x and grad_out (overwritten).
+  virtual void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x,
+                                     const float* grad_out, float* grad_kernel,
+                                     float* grad_bias) const = 0;
+  // out = the maximum of each window (padding never wins); out_c == in_c.
+  virtual void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const = 0;
+  // grad_x (+)= grad_out routed to the first maximum of each window.
+  virtual void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
+                                 const float* grad_out, float* grad_x, bool accumulate) const = 0;
 
   // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
   // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and

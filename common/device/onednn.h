@@ -1,0 +1,22 @@
+// The CPU device's convolutions on oneDNN (Debian's libdnnl, the library TensorFlow and
+// PyTorch use on CPUs), in the plain channels-last layouts Keras uses (nhwc data, hwio
+// kernels), so no reorder runs. oneDNN keeps the primitives it made in its own cache, so a
+// shape seen before costs a lookup. Internal to common/device/.
+//
+// Thread safety: each call runs on a stream of the calling thread, on that thread alone.
+#pragma once
+
+#include <cstdint>
+
+#include "stratum/device/device.h"
+
+namespace stratum::onednn {
+
+void Conv2DForward(const Window2D& w, int64_t batch, const float* x, const float* kernel,
+                   const float* bias, float* out);
+void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
+                        const float* kernel, float* grad_x);
+void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x, const float* grad_out,
+                           float* grad_kernel, float* grad_bias);
+
+}  // namespace stratum::onednn
