@@ -165,4 +165,12 @@ void CudaDevice::MaxPool2DBackward(const Window2D&, int64_t, const float*, const
   Record(absl::UnimplementedError("MaxPooling2D has no CUDA kernel yet"));
 }
 
+void CudaDevice::AvgPool2D(const Window2D&, int64_t, const float*, float*) const {
+  Record(absl::UnimplementedError("AveragePooling2D has no CUDA kernel yet"));
+}
+
+void CudaDevice::AvgPool2DBackward(const Window2D&, int64_t, const float*, float*, bool) const {
+  Record(absl::UnimplementedError("AveragePooling2D has no CUDA kernel yet"));
+}
+
 }  // namespace stratum::cuda

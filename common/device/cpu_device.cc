@@ -26,32 +26,50 @@ void Product(const A& a, const B& b, MatrixMap c, bool accumulate) {
   }
 }
 
-// Calls visit(output index, index of the window's first maximum in x) for every output
-// element of a max pooling; positions in the padding are skipped.
+// Calls visit(output index, window) for every output element of a pooling, where
+// window(f) calls f(input index) for each position of the window inside the input (the
+// padding is skipped: it never wins a maximum and does not count in an average, as in TF).
 template <typename Visit>
-void ForEachWindow(const Window2D& w, int64_t batch, Visit visit, const float* x) {
+void ForEachWindow(const Window2D& w, int64_t batch, Visit visit) {
   int64_t out_index = 0;
   for (int64_t n = 0; n < batch; ++n) {
     const int64_t image = n * w.in_h * w.in_w * w.in_c;
     for (int64_t oh = 0; oh < w.out_h; ++oh) {
       for (int64_t ow = 0; ow < w.out_w; ++ow) {
         for (int64_t c = 0; c < w.out_c; ++c, ++out_index) {
-          int64_t best = -1;
-          for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
-            const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
-            if (h < 0 || h >= w.in_h) continue;
-            for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
-              const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
-              if (col < 0 || col >= w.in_w) continue;
-              const int64_t i = image + (h * w.in_w + col) * w.in_c + c;
-              if (best < 0 || x[i] > x[best]) best = i;
+          auto window = [&](auto&& f) {
+            for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
+              const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
+              if (h < 0 || h >= w.in_h) continue;
+              for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
+                const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
+                if (col >= 0 && col < w.in_w) f(image + (h * w.in_w + col) * w.in_c + c);
+              }
             }
-          }
-          visit(out_index, best);
+          };
+          visit(out_index, window);
         }
       }
     }
   }
+}
+
+// The index of the window's first maximum in x.
+template <typename Window>
+int64_t FirstMax(const float* x, Window& window) {
+  int64_t best = -1;
+  window([&](int64_t i) {
+    if (best < 0 || x[i] > x[best]) best = i;
+  });
+  return best;
+}
+
+// The positions of the window inside the input.
+template <typename Window>
+int64_t Count(Window& window) {
+  int64_t count = 0;
+  window([&](int64_t) { ++count; });
+  return count;
 }
 
 class Cpu final : public Device {
@@ -211,16 +229,31 @@ class Cpu final : public Device {
   }
 
   void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
-    ForEachWindow(
-        w, batch, [&](int64_t out_index, int64_t first_max) { out[out_index] = x[first_max]; }, x);
+    ForEachWindow(w, batch, [&](int64_t o, auto& window) { out[o] = x[FirstMax(x, window)]; });
   }
 
   void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* /*out*/,
                          const float* grad_out, float* grad_x, bool accumulate) const override {
     if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
-    ForEachWindow(
-        w, batch,
-        [&](int64_t out_index, int64_t first_max) { grad_x[first_max] += grad_out[out_index]; }, x);
+    ForEachWindow(w, batch,
+                  [&](int64_t o, auto& window) { grad_x[FirstMax(x, window)] += grad_out[o]; });
+  }
+
+  void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
+    ForEachWindow(w, batch, [&](int64_t o, auto& window) {
+      float sum = 0;
+      window([&](int64_t i) { sum += x[i]; });
+      out[o] = sum / static_cast<float>(Count(window));
+    });
+  }
+
+  void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out, float* grad_x,
+                         bool accumulate) const override {
+    if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
+    ForEachWindow(w, batch, [&](int64_t o, auto& window) {
+      const float share = grad_out[o] / static_cast<float>(Count(window));
+      window([&](int64_t i) { grad_x[i] += share; });
+    });
   }
 
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,

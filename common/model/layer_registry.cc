@@ -2,9 +2,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/layers/layers.h"
+#include "common/model/layers/pooling.h"
 
 namespace stratum {
 namespace {
+
+// The pooling layers: one implementation, four Keras classes.
+template <layers::PoolKind kKind, bool kGlobal>
+absl::StatusOr<std::unique_ptr<Layer>> MakePooling(const nlohmann::json& config,
+                                                   const std::string& where) {
+  return kGlobal ? layers::MakeGlobalPooling2D(kKind, config, where)
+                 : layers::MakePooling2D(kKind, config, where);
+}
 
 struct Registration {
   const char* class_name;
@@ -17,12 +26,15 @@ constexpr Registration kLayers[] = {
     {"Activation", layers::MakeActivation},
     {"Add", layers::MakeAdd},
     {"Average", layers::MakeAverage},
+    {"AveragePooling2D", MakePooling<layers::PoolKind::kAverage, false>},
     {"Concatenate", layers::MakeConcatenate},
     {"Conv2D", layers::MakeConv2D},
     {"Dense", layers::MakeDense},
     {"Dropout", layers::MakeDropout},
     {"Flatten", layers::MakeFlatten},
-    {"MaxPooling2D", layers::MakeMaxPooling2D},
+    {"GlobalAveragePooling2D", MakePooling<layers::PoolKind::kAverage, true>},
+    {"GlobalMaxPooling2D", MakePooling<layers::PoolKind::kMax, true>},
+    {"MaxPooling2D", MakePooling<layers::PoolKind::kMax, false>},
     {"Multiply", layers::MakeMultiply},
     {"Reshape", layers::MakeReshape},
 };

@@ -35,7 +35,9 @@ json Act(const char* activation) {
 json Dropout(double rate) { return {{"class_name", "Dropout"}, {"config", {{"rate", rate}}}}; }
 json Flatten() { return {{"class_name", "Flatten"}, {"config", json::object()}}; }
 json Conv(json config) { return {{"class_name", "Conv2D"}, {"config", std::move(config)}}; }
-json MaxPool(json config) { return {{"class_name", "MaxPooling2D"}, {"config", std::move(config)}}; }
+json MaxPool(json config) {
+  return {{"class_name", "MaxPooling2D"}, {"config", std::move(config)}};
+}
 json Reshape(std::vector<int64_t> shape) {
   return {{"class_name", "Reshape"}, {"config", {{"target_shape", shape}}}};
 }
@@ -195,24 +197,31 @@ INSTANTIATE_TEST_SUITE_P(
                      {Conv({{"filters", 3}, {"kernel_size", 3}, {"activation", "tanh"}}), Flatten(),
                       Dense(3, "softmax")},
                      "sparse_categorical_crossentropy"},
-        GradientCase{"Conv2DSameStridesThenDilated",
-                     {6, 6, 1},
-                     {Conv({{"filters", 2},
-                            {"kernel_size", {3, 2}},
-                            {"strides", 2},
-                            {"padding", "same"},
-                            {"activation", "tanh"}}),
-                      Conv({{"filters", 2},
-                            {"kernel_size", 2},
-                            {"dilation_rate", 2},
-                            {"use_bias", false}}),
-                      Flatten(), Dense(3, "softmax")},
-                     "sparse_categorical_crossentropy"},
+        GradientCase{
+            "Conv2DSameStridesThenDilated",
+            {6, 6, 1},
+            {Conv({{"filters", 2},
+                   {"kernel_size", {3, 2}},
+                   {"strides", 2},
+                   {"padding", "same"},
+                   {"activation", "tanh"}}),
+             Conv({{"filters", 2}, {"kernel_size", 2}, {"dilation_rate", 2}, {"use_bias", false}}),
+             Flatten(), Dense(3, "softmax")},
+            "sparse_categorical_crossentropy"},
         GradientCase{"MaxPoolingValidAndSame",
                      {5, 5, 2},
                      {Conv({{"filters", 2}, {"kernel_size", 2}, {"activation", "sigmoid"}}),
                       MaxPool({{"pool_size", 2}}),
                       MaxPool({{"pool_size", 2}, {"strides", 1}, {"padding", "same"}}), Flatten(),
+                      Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{"AveragePoolingAndGlobalPools",
+                     {5, 5, 2},
+                     {Conv({{"filters", 3}, {"kernel_size", 2}, {"activation", "tanh"}}),
+                      json{{"class_name", "AveragePooling2D"},
+                           {"config", {{"pool_size", 3}, {"strides", 2}, {"padding", "same"}}}},
+                      json{{"class_name", "GlobalMaxPooling2D"}, {"config", {{"keepdims", true}}}},
+                      json{{"class_name", "GlobalAveragePooling2D"}, {"config", json::object()}},
                       Dense(3, "softmax")},
                      "sparse_categorical_crossentropy"},
         GradientCase{"ReshapeThenConv2D",

@@ -117,8 +117,9 @@ std::string WithLayer(const std::string& layer) {
 TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Conv3D", "config": {"name": "conv3d"}})")),
             "model layer \"conv3d\" has class \"Conv3D\", which Stratum does not support: use "
-            "InputLayer, Activation, Add, Average, Concatenate, Conv2D, Dense, Dropout, Flatten, "
-            "MaxPooling2D, Multiply or Reshape");
+            "InputLayer, Activation, Add, Average, AveragePooling2D, Concatenate, Conv2D, Dense, "
+            "Dropout, Flatten, GlobalAveragePooling2D, GlobalMaxPooling2D, MaxPooling2D, "
+            "Multiply or Reshape");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "activation": "elu"}})")),
             "model layer \"d\" (Dense) has activation \"elu\", which Stratum does not support: "

@@ -1,5 +1,6 @@
-// The factories of the layers Stratum implements, one file each in this folder; the
-// registry (layer_registry.cc) maps Keras class names to them. Internal to common/model/.
+// The factories of the layers Stratum implements, one file each in this folder (the pooling
+// layers share pooling.h); the registry (layer_registry.cc) maps Keras class names to them.
+// Internal to common/model/.
 #pragma once
 
 #include "stratum/model/layer_registry.h"
@@ -22,8 +23,6 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDropout(const nlohmann::json& config,
                                                    const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeFlatten(const nlohmann::json& config,
                                                    const std::string& where);
-absl::StatusOr<std::unique_ptr<Layer>> MakeMaxPooling2D(const nlohmann::json& config,
-                                                        const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeMultiply(const nlohmann::json& config,
                                                     const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeReshape(const nlohmann::json& config,

@@ -63,6 +63,9 @@ class CudaDevice final : public Device {
   void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override;
   void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
                          const float* grad_out, float* grad_x, bool accumulate) const override;
+  void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override;
+  void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out, float* grad_x,
+                         bool accumulate) const override;
 
  private:
   // Keeps the first failure.

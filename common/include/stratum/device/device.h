@@ -111,6 +111,12 @@ class Device {
   virtual void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
                                  const float* grad_out, float* grad_x, bool accumulate) const = 0;
 
+  // out = the mean of each window's positions inside the input (padding does not count).
+  virtual void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const = 0;
+  // grad_x (+)= grad_out shared evenly over each window's positions.
+  virtual void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
+                                 float* grad_x, bool accumulate) const = 0;
+
   // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
   // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and
   // a counter on the device, so that a step captured in a CUDA graph draws anew each replay.
