@@ -29,6 +29,7 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/strategy/strategy.h"
+#include "stratum/training/epoch_loop.h"
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_job.h"
 #include "stratum/training/training_status.h"
@@ -156,9 +157,14 @@ struct EpochProgress {
 // RunParameterServerJob's program: its members are the job's state (the model, the
 // variables on the PSs, the checkpoints, the closure queue, the epoch in progress, the
 // history), its methods the steps: set up, train the epochs, recover from a PS failure,
-// stop at a signal, finish. Run once, from one thread; the ClusterCoordinator's threads
-// only call the executors, and through them PsWatcher::CheckHold.
-class ParameterServerJob {
+// stop at a signal, finish. The epochs are the one epoch loop's (RunEpochs), with this job
+// as its StepRunner: a call trains one closure of several steps on some worker, the figures
+// come back with the closures and are summed once they are joined, saves go through the
+// CheckpointManager (at the cadence, and at an epoch's end only where the cadence falls,
+// before its line), and a stop at a signal is this job's own (StopEarly). Run once, from one
+// thread; the ClusterCoordinator's threads only call the executors, and through them
+// PsWatcher::CheckHold.
+class ParameterServerJob : public StepRunner {
  public:
   ParameterServerJob(const JobSpec& job, const std::string& job_json,
                      const std::string& job_base_dir, const ClusterSpec& cluster,
@@ -183,13 +189,46 @@ class ParameterServerJob {
   void ConnectWorkers();
   absl::Status LoadData();
 
-  // One pass over the remaining epochs; a PS failure ends it early (RecoverFromPsFailure).
-  absl::Status TrainEpochs();
-  // Schedules the steps of `epoch` that are left, saving at the checkpoint cadence.
-  absl::Status ScheduleEpoch(int epoch);
-  // Once the epoch's closures are done: its figures, validation, checkpoint and line.
-  absl::Status EndEpoch(int epoch);
-  void PrintEpoch(const EpochLog& log);
+  // One pass of RunEpochs over the remaining epochs, from where the job stands (in the
+  // middle of an epoch after a PS failure); a PS failure ends it early
+  // (RecoverFromPsFailure).
+  absl::StatusOr<FitSummary> TrainEpochs();
+
+  // StepRunner, for RunEpochs.
+  bool HasStepStats() const override { return false; }
+  // Begins `epoch`, or goes on with it when it is the epoch in progress (after a PS
+  // failure that rolled nothing back, or a save at its end that failed).
+  absl::Status StartEpoch(int epoch, int64_t first_step) override;
+  absl::StatusOr<StepResult> Step(int epoch, int64_t step, int64_t iteration) override {
+    return Steps(epoch, step, iteration, 1);
+  }
+  int64_t StepsPerCall() const override { return steps_per_closure_; }
+  // Schedules one closure of `count` steps, once a stop at a signal and the PSs are seen to.
+  absl::StatusOr<StepResult> Steps(int epoch, int64_t step, int64_t iteration,
+                                   int64_t count) override;
+  std::optional<double> EpochStart() const override { return progress_.start; }
+  // Joins the closures scheduled; a stop at a signal met there is StopEarly's.
+  absl::Status Sync() override;
+  // The epoch's figures from its checkpoint and its finished closures, not taken before.
+  absl::Status TakeStats(StepStats& into) override;
+  // The examples the epoch's closures trained in this process (since progress_.start).
+  absl::StatusOr<int64_t> ExamplesTrained(int64_t first_step, int64_t last_step) override;
+  // The summary holds no variables: they stay on the PSs.
+  absl::Status GetState(std::vector<Tensor>* /*variables*/,
+                        std::vector<std::vector<Tensor>>* /*slots*/) override {
+    return absl::OkStatus();
+  }
+  // Validation marks a PS failure for recovery; the final test (every epoch reported) ends
+  // the job with its error as it is.
+  absl::StatusOr<EpochLog> Evaluate() override;
+  BackupPolicy Backups() const override {
+    return {.by_runner = true, .every_epoch_end = false, .before_epoch_line = true};
+  }
+  std::optional<ResumePoint> ResumeFrom() const override;
+  absl::Status BackUp(const FitState& state) override;
+  // Records the epoch (history, speed) and says on how many workers it trained, and whether
+  // it was trained again after a rollback.
+  EpochLineNotes EpochEnded(const EpochLog& log) override;
 
   // Better than TensorFlow: a parameter server that comes back is re-seeded from the last
   // checkpoint and training goes on, without restarting the job. Another PS failing while
@@ -216,22 +255,27 @@ class ParameterServerJob {
   // now, are what its restart rolls back to.
   absl::Status SaveForStoppingPs(const std::string& ps);
 
-  // The epochs and the current epoch's figures so far, saved with each checkpoint so that
-  // a resume (or a rollback after a PS failure) reports every epoch whole.
-  nlohmann::json ProgressJson() const;
+  // The epochs (`history`, EpochLogJson's) and the current epoch's figures so far, saved
+  // with each checkpoint so that a resume (or a rollback after a PS failure) reports every
+  // epoch whole.
+  nlohmann::json ProgressJson(const nlohmann::json& history) const;
+  // The epochs reported so far, as FitState holds them.
+  nlohmann::json HistoryJson() const;
   // After a restore to `step`: the epochs before it, and the figures of the one it is in.
   void ResumeProgress(int64_t step, const nlohmann::json& saved);
   // Where a run of the job again goes on from: the latest checkpoint, if there is one.
-  ResumePoint ResumeFrom() const;
+  ResumePoint SavedAt() const;
   // Keras' TerminateOnNaN, checked where it costs nothing: at each epoch's end and before
   // each save. The variables need no check: every PS refuses a gradient that is not finite.
   absl::Status CheckFinite(int64_t step, double loss_sum) const;
-  // A save writes what the PSs hold: never once they are another coordinator's.
-  absl::Status Save(int64_t step);
+  // A save writes what the PSs hold: never once they are another coordinator's. `history`:
+  // the epochs it records (HistoryJson() but at an epoch's end, which it includes).
+  absl::Status Save(int64_t step, const nlohmann::json& history);
   // The test set's loss and accuracy of the variables the PSs hold now.
   absl::StatusOr<EpochLog> EvaluateTest();
-  // The last save and the test figures, once every epoch is trained.
-  absl::StatusOr<FitSummary> Finish();
+  // The last save, and the summary with `trained`'s test figures, once every epoch is
+  // trained.
+  absl::StatusOr<FitSummary> Finish(const FitSummary& trained);
 
   const JobSpec& job_;
   const std::string& job_json_;
@@ -262,6 +306,7 @@ class ParameterServerJob {
   int replicas_per_worker_ = 1;
   int64_t steps_per_epoch_ = 0;
   int64_t steps_per_closure_ = 1;
+  FitOptions fit_options_;  // RunEpochs': the job's, its lines always printed
 
   FitSummary summary_;
   DefaultStrategy evaluation_;
@@ -269,6 +314,10 @@ class ParameterServerJob {
   int64_t train_examples_ = 0;
   int64_t saved_step_ = 0;  // of the latest checkpoint (or the start)
   EpochProgress progress_;
+  // What TakeStats took of progress_ since StartEpoch: its carried figures, and closures.
+  bool carried_taken_ = false;
+  size_t closures_taken_ = 0;
+  int64_t trained_this_epoch_ = 0;  // ExamplesTrained's answer, for EpochEnded
   int logged_epochs_ = 0;
   int printed_epochs_ = 0;       // the highest epoch whose line this process printed
   int epochs_trained_here_ = 0;  // epochs this process ended (and reported)
@@ -280,15 +329,25 @@ absl::StatusOr<FitSummary> ParameterServerJob::Run() {
   STRATUM_RETURN_IF_ERROR(RestoreLatestCheckpoint());
   ConnectWorkers();
   STRATUM_RETURN_IF_ERROR(LoadData());
-  absl::Status failure = TrainEpochs();
-  while (!failure.ok()) {
+  if (logged_epochs_ >= job_.fit.epochs && data_.has_test) {
+    // The checkpoint already completes the job: report the model it holds.
+    std::fprintf(options_.out,
+                 "the checkpoint at step %lld already completes this job's %d epochs: evaluating "
+                 "it (remove %s to train from scratch)\n",
+                 static_cast<long long>(global_step_), job_.fit.epochs,
+                 job_.checkpoint.dir.c_str());
+  }
+  absl::StatusOr<FitSummary> trained = TrainEpochs();
+  while (!trained.ok()) {
+    const absl::Status& failure = trained.status();
     const bool ps_failed =
         absl::StrContains(failure.message(), "a parameter server is unavailable");
-    if (!ps_failed) return failure;
+    // Once every epoch is reported, only the test is left: its failure ends the job.
+    if (!ps_failed || logged_epochs_ >= job_.fit.epochs) return failure;
     STRATUM_RETURN_IF_ERROR(RecoverFromPsFailure(failure));
-    failure = TrainEpochs();
+    trained = TrainEpochs();
   }
-  return Finish();
+  return Finish(*trained);
 }
 
 absl::Status ParameterServerJob::BuildModel() {
@@ -416,15 +475,25 @@ absl::Status ParameterServerJob::LoadData() {
   summary_.resumed_from_step = global_step_;
   saved_step_ = global_step_;
   logged_epochs_ = static_cast<int>(global_step_ / steps_per_epoch_);
+  fit_options_.epochs = job_.fit.epochs;
+  fit_options_.validate = job_.fit.validate;
+  fit_options_.progress = ProgressStyle::kLines;
+  fit_options_.out = options_.out;
+  fit_options_.checkpoint_dir = job_.checkpoint.dir;
+  fit_options_.checkpoint_every_steps = every_;
   if (checkpoints_ && global_step_ > 0) {
     ResumeProgress(global_step_, checkpoints_->restored_progress());
   }
   return absl::OkStatus();
 }
 
-nlohmann::json ParameterServerJob::ProgressJson() const {
+nlohmann::json ParameterServerJob::HistoryJson() const {
   nlohmann::json history = nlohmann::json::array();
   for (const EpochLog& log : summary_.history) history.push_back(EpochLogJson(log));
+  return history;
+}
+
+nlohmann::json ParameterServerJob::ProgressJson(const nlohmann::json& history) const {
   nlohmann::json saved = {{"history", history}};
   absl::StatusOr<EpochTally> tally = Tally(progress_.carried, progress_.scheduled);
   if (progress_.epoch > 0 && tally.ok()) {
@@ -465,7 +534,7 @@ void ParameterServerJob::ResumeProgress(int64_t step, const nlohmann::json& save
   }
 }
 
-ResumePoint ParameterServerJob::ResumeFrom() const {
+ResumePoint ParameterServerJob::SavedAt() const {
   ResumePoint resume{.checkpoint_dir = job_.checkpoint.dir};
   if (checkpoints_ && saved_step_ > 0) resume.newest_step = saved_step_;
   return resume;
@@ -475,14 +544,14 @@ absl::Status ParameterServerJob::CheckFinite(int64_t step, double loss_sum) cons
   if (std::isfinite(loss_sum)) return absl::OkStatus();
   const int epoch = progress_.epoch;
   return TrainingDiverged("the loss is not finite", step, epoch,
-                          step - (epoch - 1) * steps_per_epoch_, steps_per_epoch_, ResumeFrom());
+                          step - (epoch - 1) * steps_per_epoch_, steps_per_epoch_, SavedAt());
 }
 
-absl::Status ParameterServerJob::Save(int64_t step) {
+absl::Status ParameterServerJob::Save(int64_t step, const nlohmann::json& history) {
   STRATUM_RETURN_IF_ERROR(ps_watcher_->CheckHold());
   const absl::StatusOr<EpochTally> tally = Tally(progress_.carried, progress_.scheduled);
   STRATUM_RETURN_IF_ERROR(CheckFinite(step, tally.ok() ? tally->loss_sum : 0));
-  STRATUM_RETURN_IF_ERROR(checkpoints_->Save(step, ProgressJson()));
+  STRATUM_RETURN_IF_ERROR(checkpoints_->Save(step, ProgressJson(history)));
   // A PS that got a signal goes once told that a save begun after it is committed,
   // whichever save.
   ps_watcher_->Committed(checkpoints_->committed_save_ids(), checkpoints_->stopping_in_last_save());
@@ -524,7 +593,7 @@ absl::Status ParameterServerJob::StopEarly() {
                      "start it"));
   }
   absl::Status saved = drained;
-  if (saved.ok() && finished != saved_step_) saved = Save(finished);
+  if (saved.ok() && finished != saved_step_) saved = Save(finished, HistoryJson());
   if (!saved.ok()) {
     return absl::CancelledError(absl::StrCat(where, "; the state there could not be saved (",
                                              saved.message(), "): the job resumes from step ",
@@ -552,119 +621,118 @@ absl::Status ParameterServerJob::SaveForStoppingPs(const std::string& ps) {
   // Saved even when the latest checkpoint is at this step: the PS waits for a new one
   // (the same bytes again).
   STRATUM_RETURN_IF_ERROR(coordinator_->Join());
-  STRATUM_RETURN_IF_ERROR(PsFailure(Save(global_step_)));  // says so for `ps`
+  STRATUM_RETURN_IF_ERROR(PsFailure(Save(global_step_, HistoryJson())));  // says so for `ps`
   saved_step_ = global_step_;
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerJob::TrainEpochs() {
-  for (int epoch = logged_epochs_ + 1; epoch <= job_.fit.epochs; ++epoch) {
-    if (progress_.epoch != epoch) progress_ = {epoch, global_step_, Now(), {}, {}};
-    STRATUM_RETURN_IF_ERROR(ScheduleEpoch(epoch));
-    STRATUM_RETURN_IF_ERROR(EndEpoch(epoch));
-  }
+absl::StatusOr<FitSummary> ParameterServerJob::TrainEpochs() {
+  FitState state;
+  state.epoch = logged_epochs_;
+  state.step_in_epoch = global_step_ - logged_epochs_ * steps_per_epoch_;
+  state.iteration = global_step_;
+  state.history = HistoryJson();
+  const EpochLoopSpec spec{.steps_per_epoch = steps_per_epoch_,
+                           .has_test = data_.has_test,
+                           .start = start_,
+                           .say_resumed = false};
+  return RunEpochs(evaluation_, *model_, *optimizer_, fit_options_, spec, std::move(state), *this);
+}
+
+absl::Status ParameterServerJob::StartEpoch(int epoch, int64_t /*first_step*/) {
+  if (progress_.epoch != epoch) progress_ = {epoch, global_step_, Now(), {}, {}};
+  carried_taken_ = false;
+  closures_taken_ = 0;
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerJob::ScheduleEpoch(int epoch) {
-  const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch_;
-  while (global_step_ < epoch_end) {
-    if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) return StopEarly();
-    STRATUM_RETURN_IF_ERROR(ps_watcher_->Lost());
-    if (const std::string ps = ps_watcher_->TakeStopping(); !ps.empty()) {
-      if (absl::Status saved = SaveForStoppingPs(ps); !saved.ok()) {
-        // Still waiting for a committed save: the next chance (after a PS failure is
-        // recovered, say) saves for them again.
-        ps_watcher_->SaveFailed(ps);
-        return Stopped(saved) ? StopEarly() : saved;
-      }
-    }
-    int64_t steps = std::min<int64_t>(steps_per_closure_, epoch_end - global_step_);
-    if (checkpoints_ && every_ > 0) steps = std::min(steps, every_ - global_step_ % every_);
-    absl::StatusOr<std::shared_ptr<RemoteValue>> value =
-        coordinator_->Schedule("train_step", {Tensor::Scalar(static_cast<float>(steps))});
-    if (Stopped(value.status())) return StopEarly();
-    if (!value.ok()) return value.status();
-    progress_.scheduled.emplace_back(*std::move(value), steps);
-    global_step_ += steps;
-    // A save at the epoch's end comes after its line, so that the line is in it.
-    if (checkpoints_ && every_ > 0 && global_step_ % every_ == 0 && global_step_ != epoch_end) {
-      absl::Status joined = coordinator_->Join();
-      if (Stopped(joined)) return StopEarly();
-      if (!joined.ok()) return joined;
-      STRATUM_RETURN_IF_ERROR(PsFailure(Save(global_step_)));
-      saved_step_ = global_step_;
+absl::StatusOr<StepRunner::StepResult> ParameterServerJob::Steps(int /*epoch*/, int64_t /*step*/,
+                                                                 int64_t /*iteration*/,
+                                                                 int64_t count) {
+  if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) return StopEarly();
+  STRATUM_RETURN_IF_ERROR(ps_watcher_->Lost());
+  if (const std::string ps = ps_watcher_->TakeStopping(); !ps.empty()) {
+    if (absl::Status saved = SaveForStoppingPs(ps); !saved.ok()) {
+      // Still waiting for a committed save: the next chance (after a PS failure is
+      // recovered, say) saves for them again.
+      ps_watcher_->SaveFailed(ps);
+      return Stopped(saved) ? StopEarly() : saved;
     }
   }
-  return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<RemoteValue>> value =
+      coordinator_->Schedule("train_step", {Tensor::Scalar(static_cast<float>(count))});
+  if (Stopped(value.status())) return StopEarly();
+  if (!value.ok()) return value.status();
+  progress_.scheduled.emplace_back(*std::move(value), count);
+  global_step_ += count;
+  return StepResult{.steps = count};
 }
 
-absl::Status ParameterServerJob::EndEpoch(int epoch) {
-  const int64_t epoch_end = static_cast<int64_t>(epoch) * steps_per_epoch_;
+absl::Status ParameterServerJob::Sync() {
   absl::Status joined = coordinator_->Join();
   if (Stopped(joined)) return StopEarly();
-  if (!joined.ok()) return joined;
-  absl::StatusOr<EpochTally> tally = Tally(progress_.carried, progress_.scheduled);
-  if (!tally.ok()) return tally.status();
-  // The figures cover the whole epoch (with its steps before a resume); the speed only
-  // this process's.
-  const double trained = tally->examples - progress_.carried.examples;
-  EpochLog log;
-  log.epoch = epoch;
-  log.steps = tally->steps;
-  log.seconds = Now() - progress_.start;
-  log.loss = tally->loss_sum / std::max(tally->examples, 1.0);
-  log.accuracy = tally->correct / std::max(tally->examples, 1.0);
-  if (!std::isfinite(log.loss)) {
-    return TrainingDiverged(absl::StrCat("the epoch's loss is ", log.loss), global_step_, epoch,
-                            steps_per_epoch_, steps_per_epoch_, ResumeFrom());
+  return joined;
+}
+
+absl::Status ParameterServerJob::TakeStats(StepStats& into) {
+  // Added one closure at a time, in the order they were scheduled, as Tally adds them.
+  if (!carried_taken_) {
+    into.loss_sum += progress_.carried.loss_sum;
+    into.correct += std::llround(progress_.carried.correct);
+    into.examples += std::llround(progress_.carried.examples);
+    carried_taken_ = true;
   }
-  log.examples_per_sec = trained / std::max(log.seconds, 1e-9);
-  train_seconds_ += log.seconds;
-  train_examples_ += static_cast<int64_t>(trained);
-  if (data_.has_test && job_.fit.validate) {
-    absl::StatusOr<EpochLog> val = EvaluateTest();
-    if (!val.ok()) return PsFailure(val.status());
-    log.val_loss = val->val_loss;
-    log.val_accuracy = val->val_accuracy;
-    log.validated = true;
+  for (; closures_taken_ < progress_.scheduled.size(); ++closures_taken_) {
+    const std::shared_ptr<RemoteValue>& result = progress_.scheduled[closures_taken_].first;
+    if (result->status() != RemoteValueStatus::kReady) continue;
+    absl::StatusOr<ClosureOutputs> outputs = result->Fetch();
+    if (!outputs.ok()) return outputs.status();
+    into.loss_sum += *(*outputs)[0].data<float>();
+    into.correct += std::llround(*(*outputs)[1].data<float>());
+    into.examples += std::llround(*(*outputs)[2].data<float>());
   }
-  summary_.history.push_back(log);
-  logged_epochs_ = epoch;
-  // Saved (with its line in the record) before its line is printed: an epoch reported
-  // done is in the checkpoint. A save that fails leaves the epoch to end again.
-  if (checkpoints_ && (every_ <= 0 || epoch_end % every_ == 0)) {
-    if (absl::Status saved = PsFailure(Save(global_step_)); !saved.ok()) {
-      summary_.history.pop_back();
-      logged_epochs_ = epoch - 1;
-      return saved;
-    }
-    saved_step_ = global_step_;
-  }
-  ++epochs_trained_here_;
-  PrintEpoch(log);
   return absl::OkStatus();
 }
 
-void ParameterServerJob::PrintEpoch(const EpochLog& log) {
+absl::StatusOr<int64_t> ParameterServerJob::ExamplesTrained(int64_t /*first_step*/,
+                                                            int64_t /*last_step*/) {
+  // The figures cover the whole epoch (with its steps before a resume); the speed only
+  // this process's.
+  STRATUM_ASSIGN_OR_RETURN(const EpochTally tally, Tally(progress_.carried, progress_.scheduled));
+  trained_this_epoch_ = static_cast<int64_t>(tally.examples - progress_.carried.examples);
+  return trained_this_epoch_;
+}
+
+absl::StatusOr<EpochLog> ParameterServerJob::Evaluate() {
+  absl::StatusOr<EpochLog> evaluated = EvaluateTest();
+  if (evaluated.ok() || logged_epochs_ >= job_.fit.epochs) return evaluated;
+  return PsFailure(evaluated.status());
+}
+
+std::optional<ResumePoint> ParameterServerJob::ResumeFrom() const { return SavedAt(); }
+
+absl::Status ParameterServerJob::BackUp(const FitState& state) {
+  STRATUM_RETURN_IF_ERROR(PsFailure(Save(global_step_, state.history)));
+  saved_step_ = global_step_;
+  return absl::OkStatus();
+}
+
+StepRunner::EpochLineNotes ParameterServerJob::EpochEnded(const EpochLog& log) {
+  train_seconds_ += log.seconds;
+  train_examples_ += trained_this_epoch_;
+  summary_.history.push_back(log);
+  logged_epochs_ = log.epoch;
+  ++epochs_trained_here_;
+  EpochLineNotes notes;
   // An epoch printed before a rollback is trained again from the checkpoint; its line
   // says so (its figures cover the whole epoch all the same).
-  const std::string again =
-      log.epoch <= printed_epochs_
-          ? absl::StrCat(" (trained again from step ", progress_.first_step, " after the rollback)")
-          : "";
+  if (log.epoch <= printed_epochs_) {
+    notes.after_epoch =
+        absl::StrCat(" (trained again from step ", progress_.first_step, " after the rollback)");
+  }
   printed_epochs_ = std::max(printed_epochs_, log.epoch);
-  const std::string validated =
-      log.validated
-          ? absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss, log.val_accuracy)
-          : "";
-  std::fprintf(options_.out,
-               "Epoch %d/%d%s - %lld steps on %s - loss %.4f - accuracy %.4f%s - "
-               "%.0f examples/s - %.2fs\n",
-               log.epoch, job_.fit.epochs, again.c_str(), static_cast<long long>(log.steps),
-               Counted(num_workers_, "worker", "workers").c_str(), log.loss, log.accuracy,
-               validated.c_str(), log.examples_per_sec, log.seconds);
-  std::fflush(options_.out);
+  notes.after_steps = absl::StrCat(" on ", Counted(num_workers_, "worker", "workers"));
+  return notes;
 }
 
 absl::Status ParameterServerJob::RecoverFromPsFailure(absl::Status failure) {
@@ -797,29 +865,15 @@ void ParameterServerJob::RolledBackTo(const std::optional<int64_t>& restored) {
   std::fflush(options_.out);
 }
 
-absl::StatusOr<FitSummary> ParameterServerJob::Finish() {
-  if (epochs_trained_here_ == 0 && data_.has_test) {
-    // The checkpoint already completes the job: report the model it holds.
-    std::fprintf(options_.out,
-                 "the checkpoint at step %lld already completes this job's %d epochs: evaluating "
-                 "it (remove %s to train from scratch)\n",
-                 static_cast<long long>(global_step_), job_.fit.epochs,
-                 job_.checkpoint.dir.c_str());
-  } else if (checkpoints_ && global_step_ != saved_step_) {
-    if (absl::Status status = Save(global_step_); !status.ok()) return status;
+absl::StatusOr<FitSummary> ParameterServerJob::Finish(const FitSummary& trained) {
+  const bool already_complete = epochs_trained_here_ == 0 && data_.has_test;
+  if (!already_complete && checkpoints_ && global_step_ != saved_step_) {
+    if (absl::Status status = Save(global_step_, HistoryJson()); !status.ok()) return status;
   }
-  if (data_.has_test) {  // the model as trained: the last epoch's validation, if it ran
-    summary_.tested = true;
-    if (epochs_trained_here_ > 0 && summary_.history.back().validated) {
-      summary_.test_loss = summary_.history.back().val_loss;
-      summary_.test_accuracy = summary_.history.back().val_accuracy;
-    } else {
-      absl::StatusOr<EpochLog> test = EvaluateTest();
-      if (!test.ok()) return test.status();
-      summary_.test_loss = test->val_loss;
-      summary_.test_accuracy = test->val_accuracy;
-    }
-  }
+  // The model as trained: the last epoch's validation, if it ran, else evaluated.
+  summary_.tested = trained.tested;
+  summary_.test_loss = trained.test_loss;
+  summary_.test_accuracy = trained.test_accuracy;
   summary_.steps = global_step_;  // the job's step counter, across restarts
   summary_.examples_per_sec = static_cast<double>(train_examples_) / std::max(train_seconds_, 1e-9);
   summary_.wall_s = Now() - start_;

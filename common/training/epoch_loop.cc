@@ -63,7 +63,7 @@ class Progress {
     std::fflush(out_);
   }
 
-  void EndEpoch(const EpochLog& log, int epochs) {
+  void EndEpoch(const EpochLog& log, int epochs, const StepRunner::EpochLineNotes& notes) {
     if (style_ == ProgressStyle::kNone) return;
     std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
     if (log.validated) {
@@ -76,8 +76,9 @@ class Progress {
       std::fprintf(out_, "\r%6lld/%lld - %s\n", static_cast<long long>(log.steps),
                    static_cast<long long>(log.steps), text.c_str());
     } else {
-      std::fprintf(out_, "Epoch %d/%d - %lld steps - %s\n", log.epoch, epochs,
-                   static_cast<long long>(log.steps), text.c_str());
+      std::fprintf(out_, "Epoch %d/%d%s - %lld steps%s - %s\n", log.epoch, epochs,
+                   notes.after_epoch.c_str(), static_cast<long long>(log.steps),
+                   notes.after_steps.c_str(), text.c_str());
     }
     std::fflush(out_);
   }
@@ -218,6 +219,9 @@ class EpochLoop {
 
  private:
   absl::Status TrainEpoch(int epoch);
+  // How many steps to ask the runner for at `step`: StepsPerCall, clipped at the epoch's end
+  // and at the checkpoint cadence.
+  int64_t StepsToAsk(int64_t step) const;
   // The steps of `epoch` from `step` on; `step` and `epoch_stats` follow them.
   absl::Status RunSteps(int epoch, int64_t& step, StepStats& epoch_stats);
   // The epoch's figures, validation, line, history and backup.
@@ -225,6 +229,8 @@ class EpochLoop {
                         double epoch_start);
   // Saves the state after `epochs_done` epochs and `step_in_epoch` steps of the next.
   absl::Status Backup(int64_t epochs_done, int64_t step_in_epoch, const StepStats& epoch_stats);
+  // Where a rerun goes on from: the runner's answer, else the loop's record.
+  ResumePoint Resume() const { return runner_.ResumeFrom().value_or(resume_); }
   // The summary's test figures: the last epoch's validation, when this run trained it; a
   // checkpoint that completed the job already is evaluated anew (data.test may have changed
   // since it was saved).
@@ -257,7 +263,7 @@ absl::StatusOr<FitSummary> EpochLoop::Run() {
     summary_.history.push_back(EpochLogFromJson(log));
     summary_.steps += summary_.history.back().steps;
   }
-  if (state_.epoch > 0 || state_.step_in_epoch > 0) {
+  if (spec_.say_resumed && (state_.epoch > 0 || state_.step_in_epoch > 0)) {
     SayResumed(options_, state_, spec_.has_test);
   }
   const int64_t restored_epochs = state_.epoch;
@@ -276,21 +282,30 @@ absl::Status EpochLoop::TrainEpoch(int epoch) {
   const int64_t first_step = resuming_mid_epoch ? state_.step_in_epoch : 0;
   STRATUM_RETURN_IF_ERROR(runner_.StartEpoch(epoch, first_step));
   progress_.StartEpoch(epoch, options_.epochs, spec_.steps_per_epoch);
-  const double epoch_start = EpochLoopNow();
+  const double epoch_start = runner_.EpochStart().value_or(EpochLoopNow());
   StepStats epoch_stats = resuming_mid_epoch ? state_.epoch_stats : StepStats{};
   int64_t step = first_step;
   STRATUM_RETURN_IF_ERROR(RunSteps(epoch, step, epoch_stats));
   return EndEpoch(epoch, first_step, step, epoch_stats, epoch_start);
 }
 
+int64_t EpochLoop::StepsToAsk(int64_t step) const {
+  int64_t steps = std::min(runner_.StepsPerCall(), spec_.steps_per_epoch - step);
+  const int64_t every = options_.checkpoint_every_steps;
+  if (!options_.checkpoint_dir.empty() && every > 0) {
+    steps = std::min(steps, every - iteration_ % every);
+  }
+  return std::max<int64_t>(steps, 1);
+}
+
 absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stats) {
   const int64_t steps_per_epoch = spec_.steps_per_epoch;
   while (step < steps_per_epoch) {
     STRATUM_ASSIGN_OR_RETURN(const StepRunner::StepResult result,
-                             runner_.Step(epoch, step, iteration_));
+                             runner_.Steps(epoch, step, iteration_, StepsToAsk(step)));
     if (result.data_ended) break;
-    ++iteration_;
-    ++step;
+    iteration_ += result.steps;
+    step += result.steps;
     if (runner_.HasStepStats()) {
       Accumulate(epoch_stats, result.stats);
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
@@ -307,7 +322,7 @@ absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stat
       return TrainingDiverged(strategy_.num_workers() == 1
                                   ? absl::StrCat("the loss is ", result.stats.loss_sum)
                                   : WhoseLossDiverged(spec_.worker_names, agreed),
-                              iteration_, epoch, step, steps_per_epoch, resume_);
+                              iteration_, epoch, step, steps_per_epoch, Resume());
     }
     stopping_ = agreed.stop;
     const bool periodic =
@@ -342,7 +357,7 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
   const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
   log.loss = epoch_stats.loss_sum / seen;
   log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
-  if (absl::Status finite = CheckEpochLoss(log.loss, iteration_, epoch, step, resume_);
+  if (absl::Status finite = CheckEpochLoss(log.loss, iteration_, epoch, step, Resume());
       !finite.ok()) {
     progress_.Interrupt();
     return finite;
@@ -358,10 +373,19 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
     log.val_accuracy = val.val_accuracy;
     log.validated = true;
   }
-  progress_.EndEpoch(log, options_.epochs);
   summary_.history.push_back(log);
   state_.history.push_back(EpochLogJson(log));
-  if (!options_.checkpoint_dir.empty()) STRATUM_RETURN_IF_ERROR(Backup(epoch, 0, StepStats{}));
+  const StepRunner::BackupPolicy backups = runner_.Backups();
+  const bool backup = !options_.checkpoint_dir.empty() &&
+                      (backups.every_epoch_end || options_.checkpoint_every_steps <= 0 ||
+                       iteration_ % options_.checkpoint_every_steps == 0);
+  if (backup && backups.before_epoch_line) {
+    STRATUM_RETURN_IF_ERROR(Backup(epoch, 0, StepStats{}));
+  }
+  progress_.EndEpoch(log, options_.epochs, runner_.EpochEnded(log));
+  if (backup && !backups.before_epoch_line) {
+    STRATUM_RETURN_IF_ERROR(Backup(epoch, 0, StepStats{}));
+  }
   if (stopping_ && epoch < options_.epochs) {
     return StoppedEarly(options_, iteration_, epoch, step, spec_.steps_per_epoch);
   }
@@ -376,6 +400,11 @@ absl::Status EpochLoop::Backup(int64_t epochs_done, int64_t step_in_epoch,
   now.iteration = iteration_;
   now.epoch_stats = epoch_stats;
   now.history = state_.history;
+  if (runner_.Backups().by_runner) {
+    STRATUM_RETURN_IF_ERROR(runner_.BackUp(now));
+    resume_.newest_step = iteration_;
+    return absl::OkStatus();
+  }
   STRATUM_RETURN_IF_ERROR(runner_.GetState(&now.variables, &now.slots));
   return BackupFitState(strategy_, model_, optimizer_, options_, spec_.steps_per_epoch,
                         std::move(now), resume_);

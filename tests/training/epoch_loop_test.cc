@@ -1,6 +1,8 @@
 // The one epoch loop (stratum/training/epoch_loop.h) against a fake StepRunner: the order of
 // the runner's calls, the figures of the history and the summary with step figures on the
-// host and on the device, the stop vote, divergence, and backups at the cadence.
+// host and on the device, the stop vote, divergence, backups at the cadence, and the hooks
+// of a runner that is not Fit's (several steps a call, its own backups, resume point, epoch
+// line notes and epoch start).
 #include "stratum/training/epoch_loop.h"
 
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_state.h"
 #include "stratum/training/training_status.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -249,6 +252,150 @@ TEST(EpochLoopTest, BacksUpAtTheStepCadenceAndAtEveryEpochsEnd) {
   EXPECT_EQ((*latest)->epoch, 2);
   EXPECT_EQ((*latest)->iteration, 6);
   EXPECT_EQ((*latest)->history.size(), 2u);
+}
+
+// The parameter-server job's kind of runner: several steps a call, figures at the epoch's
+// end, its own backups (at an epoch's end only on the cadence, before the line), its own
+// resume point, epoch line notes, and an epoch that began before the loop's call.
+class ClosureRunner : public FakeRunner {
+ public:
+  explicit ClosureRunner(const Model& model) : FakeRunner(model, /*on_device=*/true) {}
+
+  int64_t StepsPerCall() const override { return 4; }
+  absl::StatusOr<StepResult> Steps(int epoch, int64_t step, int64_t iteration,
+                                   int64_t count) override {
+    asked.push_back(count);
+    for (int64_t i = 0; i < count; ++i) {
+      STRATUM_RETURN_IF_ERROR(Step(epoch, step + i, iteration + i).status());
+    }
+    return StepResult{.steps = count};
+  }
+  std::optional<double> EpochStart() const override { return epoch_start; }
+  BackupPolicy Backups() const override {
+    return {.by_runner = true, .every_epoch_end = false, .before_epoch_line = true};
+  }
+  std::optional<ResumePoint> ResumeFrom() const override {
+    return ResumePoint{.checkpoint_dir = "/runner/ckpt", .newest_step = 7};
+  }
+  absl::Status BackUp(const FitState& state) override {
+    events.push_back("backup " + std::to_string(state.iteration) + " (" +
+                     std::to_string(state.epoch) + "+" + std::to_string(state.step_in_epoch) +
+                     ", " + std::to_string(state.history.size()) + " epochs)");
+    EXPECT_TRUE(state.variables.empty());
+    return absl::OkStatus();
+  }
+  EpochLineNotes EpochEnded(const EpochLog& log) override {
+    events.push_back("ended " + std::to_string(log.epoch));
+    return {.after_epoch = " (again)", .after_steps = " on 2 workers"};
+  }
+
+  std::vector<int64_t> asked;
+  std::vector<std::string> events;
+  std::optional<double> epoch_start;
+};
+
+FitOptions LinesInto(std::FILE* out, int epochs) {
+  FitOptions options;
+  options.epochs = epochs;
+  options.progress = ProgressStyle::kLines;
+  options.out = out;
+  return options;
+}
+
+std::vector<std::string> Lines(std::FILE* out) {
+  std::rewind(out);
+  std::vector<std::string> lines;
+  char line[512] = {};
+  while (std::fgets(line, sizeof(line), out) != nullptr) lines.emplace_back(line);
+  return lines;
+}
+
+TEST(EpochLoopTest, AsksForSeveralStepsClippedAtTheCadenceAndTheEpochsEnd) {
+  DefaultStrategy strategy;
+  const Model model = TestModel();
+  ClosureRunner runner(model);
+  std::FILE* out = std::tmpfile();
+  FitOptions options = LinesInto(out, 2);
+  options.checkpoint_dir = "/runner/ckpt";  // never written: the runner backs up
+  options.checkpoint_every_steps = 3;
+  const EpochLoopSpec spec{.steps_per_epoch = 5};
+  absl::StatusOr<FitSummary> summary =
+      RunEpochs(strategy, model, *Sgd(), options, spec, Fresh(model), runner);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  // Epoch 1: steps 0-2 (to the cadence), 3-4 (to the epoch's end); epoch 2: 5, 6-8, 9.
+  EXPECT_THAT(runner.asked, ElementsAre(3, 2, 1, 3, 1));
+  EXPECT_THAT(runner.iterations, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  ASSERT_EQ(summary->history.size(), 2u);
+  EXPECT_EQ(summary->history[0].steps, 5);
+  EXPECT_DOUBLE_EQ(summary->history[0].loss, 0.5);
+  // Saved at the cadence, mid-epoch, by the runner; epoch 1's end (step 5) is off the
+  // cadence, so not saved; none of the variables read for a backup, only for the summary.
+  EXPECT_THAT(runner.events,
+              ElementsAre("backup 3 (0+3, 0 epochs)", "ended 1", "backup 6 (1+1, 1 epochs)",
+                          "backup 9 (1+4, 1 epochs)", "ended 2"));
+  EXPECT_EQ(runner.states_taken, 1);
+  const std::vector<std::string> lines = Lines(out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], ::testing::StartsWith("Epoch 1/2 (again) - 5 steps on 2 workers - loss "
+                                              "0.5000 - accuracy 0.7500 - "));
+  std::fclose(out);
+}
+
+TEST(EpochLoopTest, ARunnersBackupAtAnEpochsEndOnTheCadenceComesBeforeItsLine) {
+  DefaultStrategy strategy;
+  const Model model = TestModel();
+  ClosureRunner runner(model);
+  FitOptions options = QuietOptions(2);
+  options.checkpoint_dir = "/runner/ckpt";
+  options.checkpoint_every_steps = 4;
+  const EpochLoopSpec spec{.steps_per_epoch = 4};
+  absl::StatusOr<FitSummary> summary =
+      RunEpochs(strategy, model, *Sgd(), options, spec, Fresh(model), runner);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_THAT(runner.asked, ElementsAre(4, 4));
+  // The epoch's own log is in the history its backup records.
+  EXPECT_THAT(runner.events, ElementsAre("backup 4 (1+0, 1 epochs)", "ended 1",
+                                         "backup 8 (2+0, 2 epochs)", "ended 2"));
+}
+
+TEST(EpochLoopTest, ARunnerThatGoesOnWithAnEpochKeepsItsStartItsResumePointAndItsWords) {
+  DefaultStrategy strategy;
+  const Model model = TestModel();
+  ClosureRunner runner(model);
+  runner.epoch_start = EpochLoopNow() - 100;
+  runner.nan_at = 5;
+  std::FILE* out = std::tmpfile();
+  FitState state = Fresh(model);
+  state.epoch = 1;
+  state.step_in_epoch = 1;
+  state.iteration = 4;
+  state.history.push_back(EpochLogJson(EpochLog{.epoch = 1, .steps = 3}));
+  EpochLoopSpec spec{.steps_per_epoch = 3, .say_resumed = false};
+  absl::StatusOr<FitSummary> summary =
+      RunEpochs(strategy, model, *Sgd(), LinesInto(out, 3), spec, std::move(state), runner);
+  ASSERT_FALSE(summary.ok());
+  // The runner's resume point, not the loop's start (step 4).
+  EXPECT_THAT(summary.status().message(),
+              HasSubstr("the epoch's loss is nan after step 6 (epoch 2, step 3 of 3), so training "
+                        "stopped there"));
+  EXPECT_THAT(summary.status().message(),
+              HasSubstr("it resumes from the checkpoint of step 7 in /runner/ckpt"));
+  EXPECT_THAT(runner.asked, ElementsAre(2));
+  EXPECT_TRUE(Lines(out).empty());  // no "resumed from" line: the runner says it its own way
+
+  // Without the loss that is not finite, the epoch's seconds count from the runner's start.
+  ClosureRunner again(model);
+  again.epoch_start = EpochLoopNow() - 100;
+  FitState resumed = Fresh(model);
+  resumed.epoch = 1;
+  resumed.step_in_epoch = 1;
+  resumed.iteration = 4;
+  resumed.history.push_back(EpochLogJson(EpochLog{.epoch = 1, .steps = 3}));
+  summary = RunEpochs(strategy, model, *Sgd(), QuietOptions(2), spec, std::move(resumed), again);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->history.size(), 2u);
+  EXPECT_GE(summary->history[1].seconds, 100);
+  std::fclose(out);
 }
 
 }  // namespace
