@@ -37,6 +37,7 @@ constexpr Registration kLayers[] = {
     {"MaxPooling2D", MakePooling<layers::PoolKind::kMax, false>},
     {"Multiply", layers::MakeMultiply},
     {"Reshape", layers::MakeReshape},
+    {"ZeroPadding2D", layers::MakeZeroPadding2D},
 };
 // clang-format on
 

@@ -260,8 +260,8 @@ std::string SecondOfTwoWorkers() {
 TEST(RoleBinariesTest, TheCoordinatorRefusesABadModelBeforeItWaitsForTheCluster) {
   BinaryRun run = RunChangedJobWithoutCluster(
       "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
-      [](nlohmann::json& job) { job["model"]["config"]["layers"][1]["class_name"] = "Conv2D"; });
-  EXPECT_THAT(run.output, HasSubstr("has class \"Conv2D\", which Stratum does not support"));
+      [](nlohmann::json& job) { job["model"]["config"]["layers"][1]["class_name"] = "LSTM"; });
+  EXPECT_THAT(run.output, HasSubstr("has class \"LSTM\", which Stratum does not support"));
 }
 
 TEST(RoleBinariesTest, TheCoordinatorRefusesAMissingDataFileBeforeItWaitsForTheCluster) {

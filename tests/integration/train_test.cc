@@ -163,11 +163,11 @@ TEST(StratumTrainTest, DrawsAProgressBarOnATerminal) {
 
 TEST(StratumTrainTest, UnsupportedLayerIsRefusedByName) {
   nlohmann::json job = ExampleJob();
-  job["model"]["config"]["layers"][2]["class_name"] = "Conv2D";
-  TrainRun run = RunTrain({"--job=" + WriteJob(job, "conv")});
+  job["model"]["config"]["layers"][2]["class_name"] = "LSTM";
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "lstm")});
   EXPECT_EQ(run.exit.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, StartsWith("stratum-train: "));
-  EXPECT_THAT(run.output, HasSubstr("Conv2D"));
+  EXPECT_THAT(run.output, HasSubstr("has class \"LSTM\", which Stratum does not support"));
   EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
 }
 

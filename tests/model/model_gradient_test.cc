@@ -224,6 +224,13 @@ INSTANTIATE_TEST_SUITE_P(
                       json{{"class_name", "GlobalAveragePooling2D"}, {"config", json::object()}},
                       Dense(3, "softmax")},
                      "sparse_categorical_crossentropy"},
+        GradientCase{
+            "ZeroPaddingAsymmetricThenConv",
+            {3, 4, 2},
+            {json{{"class_name", "ZeroPadding2D"}, {"config", {{"padding", {{1, 0}, {2, 1}}}}}},
+             Conv({{"filters", 2}, {"kernel_size", 3}, {"strides", 2}}), Flatten(),
+             Dense(3, "softmax")},
+            "sparse_categorical_crossentropy"},
         GradientCase{"ReshapeThenConv2D",
                      {12},
                      {Reshape({3, 4, 1}), Conv({{"filters", 2}, {"kernel_size", 2}}), Flatten(),

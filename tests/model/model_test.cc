@@ -119,7 +119,7 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
             "model layer \"conv3d\" has class \"Conv3D\", which Stratum does not support: use "
             "InputLayer, Activation, Add, Average, AveragePooling2D, Concatenate, Conv2D, Dense, "
             "Dropout, Flatten, GlobalAveragePooling2D, GlobalMaxPooling2D, MaxPooling2D, "
-            "Multiply or Reshape");
+            "Multiply, Reshape or ZeroPadding2D");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "activation": "elu"}})")),
             "model layer \"d\" (Dense) has activation \"elu\", which Stratum does not support: "

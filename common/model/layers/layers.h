@@ -27,5 +27,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeMultiply(const nlohmann::json& config
                                                     const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeReshape(const nlohmann::json& config,
                                                    const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeZeroPadding2D(const nlohmann::json& config,
+                                                         const std::string& where);
 
 }  // namespace stratum::layers
