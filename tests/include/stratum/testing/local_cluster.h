@@ -9,7 +9,8 @@
 //   ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());  // same address, new incarnation
 //
 // Start() returns once every started server task answers its health check (the chief,
-// a program that exits when done, is started but not waited for: WaitForExit it). The
+// a program that exits when done, is started but not waited for: WaitForExit it), or
+// once they have all ended with success (a job so short it ended before it was seen). The
 // destructor stops every process (TERM, then KILL) whatever happened, so a failing test
 // leaves nothing behind. Each task's output is captured (Output()) and, by default,
 // forwarded to stderr prefixed with its name. Not thread-safe: use from the test thread.
@@ -108,6 +109,8 @@ class LocalCluster {
   absl::StatusOr<const PlannedTask*> Find(const TaskKey& task) const;
   absl::Status StartTask(const PlannedTask& task);
   absl::Status WaitForTasks(const std::vector<TaskKey>& tasks, absl::Duration timeout);
+  // Whether every one of `tasks` exits with success, waiting up to `within` for them.
+  bool AllEndWithSuccess(const std::vector<TaskKey>& tasks, absl::Duration within);
 
   const LocalClusterOptions options_;
   const LaunchPlan plan_;
