@@ -3,8 +3,8 @@
 // halves of each image, and a residual Add) under every strategy: Default and Mirrored (2
 // CPU replicas) in stratum-train, MultiWorkerMirrored (2 workers) and ParameterServer (2
 // workers, 2 ps) in stratum-launch; and the convolutional network of TensorFlow's "Distributed
-// training with Keras" tutorial (examples/fashion_mnist_cnn.json) in one process and on two
-// workers.
+// training with Keras" tutorial (examples/fashion_mnist_cnn.json) under every strategy too
+// (OneDevice and CentralStorage besides).
 #include <unistd.h>
 
 #include <filesystem>
@@ -123,6 +123,38 @@ INSTANTIATE_TEST_SUITE_P(
                                1,
                                1,
                                0},
+                      Strategy{"CnnOneDevice",
+                               "fashion_mnist_cnn.json",
+                               {{"type", "one_device"}, {"devices", {"CPU:0"}}},
+                               "stratum-train",
+                               {},
+                               1,
+                               1,
+                               0},
+                      Strategy{"CnnMirrored",
+                               "fashion_mnist_cnn.json",
+                               {{"type", "mirrored"}, {"devices", {"CPU:0", "CPU:1"}}},
+                               "stratum-train",
+                               {},
+                               2,
+                               1,
+                               0},
+                      Strategy{"CnnCentralStorage",
+                               "fashion_mnist_cnn.json",
+                               {{"type", "central_storage"}, {"devices", {"CPU:0", "CPU:1"}}},
+                               "stratum-train",
+                               {},
+                               2,
+                               1,
+                               0},
+                      Strategy{"CnnParameterServer",
+                               "fashion_mnist_cnn.json",
+                               {{"type", "parameter_server"}},
+                               "stratum-launch",
+                               {"--workers=2", "--ps=2", "--chief"},
+                               1,
+                               2,
+                               2},
                       Strategy{"CnnMultiWorkerMirrored",
                                "fashion_mnist_cnn.json",
                                {{"type", "multi_worker_mirrored"}},
