@@ -392,12 +392,7 @@ absl::StatusOr<EpochLog> GpuFit::Evaluate() {
   }
   STRATUM_ASSIGN_OR_RETURN(StepStats total, replica.TakeMetrics(/*evaluation=*/true));
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy_, total));
-  EpochLog log;
-  const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
-  log.val_loss = total.loss_sum / examples;
-  log.val_accuracy = static_cast<double>(total.correct) / examples;
-  log.validated = true;
-  return log;
+  return ValidationLog(total);
 }
 
 absl::Status GpuFit::StartEpoch(int epoch, int64_t first_step) {

@@ -295,6 +295,15 @@ absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const jso
                    "\", which Stratum does not support: ", kSupportedInitializers));
 }
 
+absl::Status RefuseFrozen(const std::string& where, const json& config) {
+  const json* trainable = Find(config, "trainable");
+  if (trainable == nullptr || *trainable == true) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, " has trainable ", Dump(*trainable),
+                   ", which Stratum does not support: Stratum trains every layer, so set "
+                   "trainable to true"));
+}
+
 // Options Stratum does not implement: refused unless absent or null.
 absl::Status RefuseSet(const std::string& where, const json& config,
                        std::initializer_list<const char*> keys) {

@@ -76,6 +76,9 @@ struct Initializer {
 absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const json& config,
                                              const char* key, const char* default_value);
 
+// Refuses trainable false on a layer with variables: Stratum trains every variable.
+absl::Status RefuseFrozen(const std::string& where, const json& config);
+
 // Options Stratum does not implement: refused unless absent or null.
 absl::Status RefuseSet(const std::string& where, const json& config,
                        std::initializer_list<const char*> keys);

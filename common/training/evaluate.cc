@@ -122,6 +122,10 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
     Accumulate(total, SumOverReplicas(*stats));
   }
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, total));
+  return ValidationLog(total);
+}
+
+EpochLog ValidationLog(const StepStats& total) {
   EpochLog log;
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;

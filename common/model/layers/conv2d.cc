@@ -111,13 +111,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
     return absl::InvalidArgumentError(absl::StrCat(
         where, " has groups ", Dump(*groups), ", which Stratum does not support: use groups 1"));
   }
-  if (const nlohmann::json* trainable = Find(config, "trainable");
-      trainable && *trainable != true) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " has trainable ", Dump(*trainable),
-                     ", which Stratum does not support: Stratum trains every layer, so set "
-                     "trainable to true"));
-  }
+  STRATUM_RETURN_IF_ERROR(keras::RefuseFrozen(where, config));
   ConvOptions options;
   const nlohmann::json* filters = Find(config, "filters");
   if (filters == nullptr || !filters->is_number_integer() || filters->get<int64_t>() <= 0 ||

@@ -107,13 +107,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
       where, config,
       {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
        "bias_constraint", "lora_rank", "quantization_config"}));
-  if (const nlohmann::json* trainable = Find(config, "trainable");
-      trainable && *trainable != true) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " has trainable ", Dump(*trainable),
-                     ", which Stratum does not support: Stratum trains every layer, so set "
-                     "trainable to true"));
-  }
+  STRATUM_RETURN_IF_ERROR(keras::RefuseFrozen(where, config));
   const nlohmann::json* units = Find(config, "units");
   if (units == nullptr || !units->is_number_integer() || units->get<int64_t>() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has units ",

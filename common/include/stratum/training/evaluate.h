@@ -38,4 +38,7 @@ void Accumulate(StepStats& into, const StepStats& more);
 // `stats` summed over the workers in sync (a no-op with one; a collective with several).
 absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats);
 
+// The validation figures (val_loss, val_accuracy) of the test set's summed StepStats.
+EpochLog ValidationLog(const StepStats& total);
+
 }  // namespace stratum
