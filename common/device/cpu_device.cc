@@ -4,6 +4,9 @@
 // staying far below a thread's stack (8 MiB by default). Must precede every Eigen include.
 #define EIGEN_STACK_ALLOCATION_LIMIT 524288
 
+#include <algorithm>
+#include <vector>
+
 #include <Eigen/Core>
 
 #include "common/device/onednn.h"
@@ -26,50 +29,33 @@ void Product(const A& a, const B& b, MatrixMap c, bool accumulate) {
   }
 }
 
-// Calls visit(output index, window) for every output element of a pooling, where
-// window(f) calls f(input index) for each position of the window inside the input (the
-// padding is skipped: it never wins a maximum and does not count in an average, as in TF).
+// Calls visit(out, positions, count) for every output pixel of a pooling: `out` is the
+// pixel's first channel in the output, `positions` the first channel of each window position
+// inside the input (the padding is skipped: it never wins a maximum and does not count in
+// an average, as in TF), in the window's order. The channels of a pixel are contiguous, so
+// the visitors' loops over them vectorize.
 template <typename Visit>
-void ForEachWindow(const Window2D& w, int64_t batch, Visit visit) {
-  int64_t out_index = 0;
+void ForEachPixel(const Window2D& w, int64_t batch, const float* x, Visit visit) {
+  thread_local std::vector<const float*> positions;
+  positions.resize(static_cast<size_t>(w.kernel_h * w.kernel_w));
+  int64_t out_pixel = 0;
   for (int64_t n = 0; n < batch; ++n) {
-    const int64_t image = n * w.in_h * w.in_w * w.in_c;
+    const float* image = x + n * w.in_h * w.in_w * w.in_c;
     for (int64_t oh = 0; oh < w.out_h; ++oh) {
-      for (int64_t ow = 0; ow < w.out_w; ++ow) {
-        for (int64_t c = 0; c < w.out_c; ++c, ++out_index) {
-          auto window = [&](auto&& f) {
-            for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
-              const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
-              if (h < 0 || h >= w.in_h) continue;
-              for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
-                const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
-                if (col >= 0 && col < w.in_w) f(image + (h * w.in_w + col) * w.in_c + c);
-              }
-            }
-          };
-          visit(out_index, window);
+      for (int64_t ow = 0; ow < w.out_w; ++ow, ++out_pixel) {
+        int count = 0;
+        for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
+          const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
+          if (h < 0 || h >= w.in_h) continue;
+          for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
+            const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
+            if (col >= 0 && col < w.in_w) positions[count++] = image + (h * w.in_w + col) * w.in_c;
+          }
         }
+        visit(out_pixel * w.out_c, positions.data(), count);
       }
     }
   }
-}
-
-// The index of the window's first maximum in x.
-template <typename Window>
-int64_t FirstMax(const float* x, Window& window) {
-  int64_t best = -1;
-  window([&](int64_t i) {
-    if (best < 0 || x[i] > x[best]) best = i;
-  });
-  return best;
-}
-
-// The positions of the window inside the input.
-template <typename Window>
-int64_t Count(Window& window) {
-  int64_t count = 0;
-  window([&](int64_t) { ++count; });
-  return count;
 }
 
 class Cpu final : public Device {
@@ -229,30 +215,67 @@ class Cpu final : public Device {
   }
 
   void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
-    ForEachWindow(w, batch, [&](int64_t o, auto& window) { out[o] = x[FirstMax(x, window)]; });
+    const int64_t channels = w.in_c;
+    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
+      float* max = out + o;
+      std::copy(positions[0], positions[0] + channels, max);
+      for (int p = 1; p < count; ++p) {
+        const float* v = positions[p];
+        for (int64_t c = 0; c < channels; ++c) max[c] = v[c] > max[c] ? v[c] : max[c];
+      }
+    });
   }
 
-  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* /*out*/,
+  // The gradient goes to the window's first position that holds the maximum (out).
+  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
                          const float* grad_out, float* grad_x, bool accumulate) const override {
     if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
-    ForEachWindow(w, batch,
-                  [&](int64_t o, auto& window) { grad_x[FirstMax(x, window)] += grad_out[o]; });
+    const int64_t channels = w.in_c;
+    // routed[c]: 1 once channel c's gradient has gone to a position. Branch-free, so the
+    // loop over the channels vectorizes.
+    thread_local std::vector<float> routed;
+    routed.resize(static_cast<size_t>(channels));
+    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
+      std::fill(routed.begin(), routed.end(), 0.0f);
+      float* done = routed.data();
+      const float* max = out + o;
+      const float* grad = grad_out + o;
+      for (int p = 0; p < count; ++p) {
+        const float* v = positions[p];
+        float* g = grad_x + (v - x);
+        for (int64_t c = 0; c < channels; ++c) {
+          const float take = static_cast<float>(v[c] == max[c]) * (1.0f - done[c]);
+          g[c] += take * grad[c];
+          done[c] += take;
+        }
+      }
+    });
   }
 
   void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
-    ForEachWindow(w, batch, [&](int64_t o, auto& window) {
-      float sum = 0;
-      window([&](int64_t i) { sum += x[i]; });
-      out[o] = sum / static_cast<float>(Count(window));
+    const int64_t channels = w.in_c;
+    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
+      float* mean = out + o;
+      std::copy(positions[0], positions[0] + channels, mean);
+      for (int p = 1; p < count; ++p) {
+        for (int64_t c = 0; c < channels; ++c) mean[c] += positions[p][c];
+      }
+      const float scale = 1.0f / static_cast<float>(count);
+      for (int64_t c = 0; c < channels; ++c) mean[c] *= scale;
     });
   }
 
   void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out, float* grad_x,
                          bool accumulate) const override {
     if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
-    ForEachWindow(w, batch, [&](int64_t o, auto& window) {
-      const float share = grad_out[o] / static_cast<float>(Count(window));
-      window([&](int64_t i) { grad_x[i] += share; });
+    const int64_t channels = w.in_c;
+    // The walk needs only the positions: grad_x stands in for x.
+    ForEachPixel(w, batch, grad_x, [&](int64_t o, const float* const* positions, int count) {
+      const float scale = 1.0f / static_cast<float>(count);
+      for (int p = 0; p < count; ++p) {
+        float* g = const_cast<float*>(positions[p]);
+        for (int64_t c = 0; c < channels; ++c) g[c] += grad_out[o + c] * scale;
+      }
     });
   }
 
