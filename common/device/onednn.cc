@@ -37,10 +37,17 @@ struct ConvDescs {
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
+// The weights as Keras lays them out.
+memory::desc UserWeights(const Window2D& w) {
+  return memory::desc({w.out_c, w.in_c, w.kernel_h, w.kernel_w}, memory::data_type::f32, Tag::hwio);
+}
+
+// oneDNN picks the weights' layout its fastest kernel wants; they are small, so reorders
+// from and to Keras' layout cost little beside the convolution.
 ConvDescs Descs(const Window2D& w, int64_t batch) {
   return ConvDescs{.src = Data(batch, w.in_h, w.in_w, w.in_c),
                    .weights = memory::desc({w.out_c, w.in_c, w.kernel_h, w.kernel_w},
-                                           memory::data_type::f32, Tag::hwio),
+                                           memory::data_type::f32, Tag::any),
                    .bias = memory::desc({w.out_c}, memory::data_type::f32, Tag::a),
                    .dst = Data(batch, w.out_h, w.out_w, w.out_c),
                    .strides = {w.stride_h, w.stride_w},
@@ -65,15 +72,24 @@ memory Wrap(const memory::desc& desc, const float* data) {
   return memory(desc, Engine(), const_cast<float*>(data));
 }
 
+// `user` in the layout `wanted`: itself when they agree, else a reordered copy.
+memory Reordered(const memory& user, const memory::desc& wanted) {
+  if (user.get_desc() == wanted) return user;
+  memory copy(wanted, Engine());
+  dnnl::reorder(user, copy).execute(Stream(), const_cast<memory&>(user), copy);
+  return copy;
+}
+
 }  // namespace
 
 void Conv2DForward(const Window2D& w, int64_t batch, const float* x, const float* kernel,
                    const float* bias, float* out) {
   const ConvDescs d = Descs(w, batch);
   const auto pd = ForwardDesc(d, bias != nullptr);
-  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, Wrap(d.src, x)},
-                                          {DNNL_ARG_WEIGHTS, Wrap(d.weights, kernel)},
-                                          {DNNL_ARG_DST, Wrap(d.dst, out)}};
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, Wrap(d.src, x)},
+      {DNNL_ARG_WEIGHTS, Reordered(Wrap(UserWeights(w), kernel), pd.weights_desc())},
+      {DNNL_ARG_DST, Wrap(d.dst, out)}};
   if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(d.bias, bias));
   dnnl::convolution_forward(pd).execute(Stream(), args);
   Stream().wait();
@@ -87,10 +103,10 @@ void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
       dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
                                             d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
       Engine(), hint);
-  dnnl::convolution_backward_data(pd).execute(Stream(),
-                                              {{DNNL_ARG_DIFF_DST, Wrap(d.dst, grad_out)},
-                                               {DNNL_ARG_WEIGHTS, Wrap(d.weights, kernel)},
-                                               {DNNL_ARG_DIFF_SRC, Wrap(d.src, grad_x)}});
+  dnnl::convolution_backward_data(pd).execute(
+      Stream(), {{DNNL_ARG_DIFF_DST, Wrap(d.dst, grad_out)},
+                 {DNNL_ARG_WEIGHTS, Reordered(Wrap(UserWeights(w), kernel), pd.weights_desc())},
+                 {DNNL_ARG_DIFF_SRC, Wrap(d.src, grad_x)}});
   Stream().wait();
 }
 
@@ -106,11 +122,16 @@ void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x, con
                                     dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
                                     d.strides, d.dilates, d.pad_l, d.pad_r);
   const dnnl::convolution_backward_weights::primitive_desc pd(desc, Engine(), hint);
+  const memory user = Wrap(UserWeights(w), grad_kernel);
+  const bool same = pd.diff_weights_desc() == user.get_desc();
+  memory diff_weights = same ? user : memory(pd.diff_weights_desc(), Engine());
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, Wrap(d.src, x)},
                                           {DNNL_ARG_DIFF_DST, Wrap(d.dst, grad_out)},
-                                          {DNNL_ARG_DIFF_WEIGHTS, Wrap(d.weights, grad_kernel)}};
+                                          {DNNL_ARG_DIFF_WEIGHTS, diff_weights}};
   if (with_bias) args.emplace(DNNL_ARG_DIFF_BIAS, Wrap(d.bias, grad_bias));
   dnnl::convolution_backward_weights(pd).execute(Stream(), args);
+  if (!same)
+    dnnl::reorder(diff_weights, user).execute(Stream(), diff_weights, const_cast<memory&>(user));
   Stream().wait();
 }
 
