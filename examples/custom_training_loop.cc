@@ -89,9 +89,10 @@ int main(int argc, char** argv) {
       auto per_replica_loss =
           (*strategy)->Run<Tensor>([&](ReplicaContext& context) -> absl::StatusOr<Tensor> {
             const int r = context.local_replica_id();
-            auto stats = model->TrainStep(variables.ReplicaValues(r), parts[r][0], parts[r][1],
-                                          loss, 1.0f / static_cast<float>(rows), *workspaces[r],
-                                          gradients[static_cast<size_t>(r)]);
+            auto stats = model->TrainStep(
+                variables.ReplicaValues(r), parts[r][0], parts[r][1], loss,
+                1.0f / static_cast<float>(rows), *workspaces[r], gradients[static_cast<size_t>(r)],
+                1.0f / static_cast<float>((*strategy)->NumReplicasInSync()));
             if (!stats.ok()) return stats.status();
             if (auto s = context.AllReduce(ReduceOp::kSum, gradients[static_cast<size_t>(r)]);
                 !s.ok()) {

@@ -189,6 +189,8 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
   if (!batch->has_value()) return StepResult{.data_ended = true};
   const PerReplica<Element>& parts = **batch;
   const float loss_scale = 1.0f / static_cast<float>(Rows(parts) * strategy_.num_workers());
+  // tf.distribute's scale_regularization_loss: each replica carries 1 / replicas in sync.
+  const float regularization_scale = 1.0f / static_cast<float>(strategy_.NumReplicasInSync());
   absl::StatusOr<PerReplica<StepStats>> stats =
       strategy_.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
         const int r = context.local_replica_id();
@@ -200,13 +202,16 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
             for (const Tensor& v : vars) grads.emplace_back(DType::kFloat32, v.shape());
           }
           for (Tensor& g : grads) g.SetZero();
+          // Its share of the regularization still counts, so the shares add up to one.
+          model_.AddRegularizationGradients(variables_.ReplicaValues(r), regularization_scale,
+                                            grads);
           return StepStats{};
         }
         // The dropout masks of a step depend on (seed, step, replica) alone.
         workspaces_[r]->Reseed(
             DropoutSeed(options_.seed, iteration, context.replica_id_in_sync_group()));
         return model_.TrainStep(variables_.ReplicaValues(r), parts[r][0], parts[r][1], loss_,
-                                loss_scale, *workspaces_[r], grads);
+                                loss_scale, *workspaces_[r], grads, regularization_scale);
       });
   if (!stats.ok()) return stats.status();
   absl::Status applied = strategy_.ApplyGradients(

@@ -175,9 +175,11 @@ absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tenso
   for (const Element& part : parts.values()) rows += part[0].rows();
   return strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
     const int r = context.local_replica_id();
+    // A worker's step is one update on the parameter servers: its replicas carry the
+    // regularization once between them.
     return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
                             1.0f / static_cast<float>(rows), *workspaces[static_cast<size_t>(r)],
-                            gradients[r]);
+                            gradients[r], 1.0f / static_cast<float>(strategy->NumReplicasInSync()));
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -293,6 +294,56 @@ absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const jso
   return absl::InvalidArgumentError(
       absl::StrCat(where, " has ", key, " \"", name,
                    "\", which Stratum does not support: ", kSupportedInitializers));
+}
+
+absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const json& config,
+                                             const char* key) {
+  const json* value = Find(config, key);
+  if (value == nullptr) return Regularizer{};
+  std::string name;
+  if (value->is_string()) {
+    name = value->get<std::string>();
+  } else if (FindString(*value, "class_name")) {
+    name = *FindString(*value, "class_name");
+  } else {
+    name = Dump(*value);
+  }
+  const std::string canonical = Canonical(name);
+  const bool l1 = canonical == "l1" || canonical == "l1l2";
+  const bool l2 = canonical == "l2" || canonical == "l1l2";
+  if (!l1 && !l2) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", key, " \"", name,
+                                                   "\", which Stratum does not support: use L1, "
+                                                   "L2 or L1L2"));
+  }
+  // Keras' defaults: 0.01 for a name or an L1/L2 without its factor; L1L2() is 0 and 0.
+  const double fallback = canonical == "l1l2" && value->is_object() ? 0.0 : 0.01;
+  Regularizer result{l1 ? fallback : 0, l2 ? fallback : 0};
+  const json* options = value->is_object() ? Find(*value, "config") : nullptr;
+  if (options == nullptr) return result;
+  if (!options->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", key, " with config ",
+                                                   Dump(*options), ", which is not an object"));
+  }
+  for (const auto& [option, factor] : options->items()) {
+    const bool known = (option == "l1" && l1) || (option == "l2" && l2);
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has ", key, " ", name, " with config key \"", option,
+                       "\", which Keras' ", name, " does not have: use ",
+                       l1 && l2 ? "l1 and l2"
+                       : l1     ? "l1"
+                                : "l2"));
+    }
+    if (!factor.is_number() || !(factor.get<double>() >= 0) ||
+        !std::isfinite(factor.get<double>())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has ", key, " ", name, " with ",
+                                                     option, " ", Dump(factor),
+                                                     ": use a non-negative number"));
+    }
+    (option == "l1" ? result.l1 : result.l2) = factor.get<double>();
+  }
+  return result;
 }
 
 absl::Status RefuseFrozen(const std::string& where, const json& config) {

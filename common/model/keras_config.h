@@ -76,6 +76,16 @@ struct Initializer {
 absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const json& config,
                                              const char* key, const char* default_value);
 
+// A Keras regularizer: L1, L2 or L1L2 (by name, "l1" / "l2" / "l1_l2" with Keras' default
+// 0.01, or the object form {"class_name": "L2", "config": {"l2": 1e-5}}); absent or null
+// is none (0, 0). Any other class or option is refused by name.
+struct Regularizer {
+  double l1 = 0;
+  double l2 = 0;
+};
+absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const json& config,
+                                             const char* key);
+
 // Refuses trainable false on a layer with variables: Stratum trains every variable.
 absl::Status RefuseFrozen(const std::string& where, const json& config);
 

@@ -162,6 +162,11 @@ const std::vector<std::string>& Model::input_names() const { return impl_->input
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
 absl::Status Model::CheckRunsOnGpu() const {
+  for (const VariableSpec& spec : impl_->variables) {
+    if (spec.l1 == 0 && spec.l2 == 0) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        "variable \"", spec.name, "\" has a regularizer, which has no CUDA kernel yet"));
+  }
   for (const GraphNode& node : impl_->nodes) {
     if (node.layer->RunsOnGpu()) continue;
     return absl::UnimplementedError(
@@ -354,15 +359,44 @@ ConstMatrixMap OutputOf(const Model::Impl& model, const Workspace::State& ws, in
 
 }  // namespace
 
+double Model::RegularizationLoss(const std::vector<Tensor>& variables) const {
+  double total = 0;
+  for (size_t v = 0; v < impl_->variables.size() && v < variables.size(); ++v) {
+    const VariableSpec& spec = impl_->variables[v];
+    if (spec.l1 == 0 && spec.l2 == 0) continue;
+    const auto w = variables[v].Flat();
+    if (spec.l1 != 0) total += spec.l1 * static_cast<double>(w.abs().sum());
+    if (spec.l2 != 0) total += spec.l2 * static_cast<double>(w.square().sum());
+  }
+  return total;
+}
+
+void Model::AddRegularizationGradients(const std::vector<Tensor>& variables,
+                                       float regularization_scale,
+                                       std::vector<Tensor>& gradients) const {
+  for (size_t v = 0; v < impl_->variables.size() && v < variables.size(); ++v) {
+    const VariableSpec& spec = impl_->variables[v];
+    if (spec.l1 == 0 && spec.l2 == 0) continue;
+    const auto w = variables[v].Flat();
+    auto g = gradients[v].Flat();
+    const auto l1 = static_cast<float>(spec.l1 * regularization_scale);
+    const auto l2 = static_cast<float>(2 * spec.l2 * regularization_scale);
+    if (l1 != 0) g += l1 * w.sign();
+    if (l2 != 0) g += l2 * w;
+  }
+}
+
 absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
                                            const Tensor& y, const Loss& loss, float loss_scale,
-                                           Workspace& ws, std::vector<Tensor>& gradients) const {
+                                           Workspace& ws, std::vector<Tensor>& gradients,
+                                           float regularization_scale) const {
   STRATUM_RETURN_IF_ERROR(CheckOneOutput(*impl_));
   STRATUM_ASSIGN_OR_RETURN(const int64_t batch, CheckInputs(*impl_, variables, x, ws));
   STRATUM_RETURN_IF_ERROR(loss.ValidateTargets(y, batch, impl_->output_size));
   EnsureGradients(*impl_, gradients);
   if (batch == 0) {
     for (Tensor& gradient : gradients) gradient.SetZero();
+    if (impl_->regularized) AddRegularizationGradients(variables, regularization_scale, gradients);
     return StepStats{};
   }
   Workspace::State& state = ws.state();
@@ -377,7 +411,11 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
     for (size_t v = 0; v < gradients.size(); ++v) state.gradients[v] = gradients[v].data<float>();
     state.executor.Backward(batch, true, fused, state.gradients);
   }
-  return stats;
+  if (!impl_->regularized) return stats;
+  AddRegularizationGradients(variables, regularization_scale, gradients);
+  StepStats regularized = stats;
+  regularized.loss_sum += RegularizationLoss(variables) * static_cast<double>(stats.examples);
+  return regularized;
 }
 
 absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, const Tensor& x,
@@ -390,8 +428,12 @@ absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, 
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, false, state);
   const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(false) : -1;
-  return loss.Compute(OutputOf(*impl_, state, batch), state.executor.Logits(fused, batch, false), y,
-                      1.0f, nullptr);
+  StepStats stats = loss.Compute(OutputOf(*impl_, state, batch),
+                                 state.executor.Logits(fused, batch, false), y, 1.0f, nullptr);
+  if (impl_->regularized) {
+    stats.loss_sum += RegularizationLoss(variables) * static_cast<double>(stats.examples);
+  }
+  return stats;
 }
 
 absl::StatusOr<Tensor> Model::Predict(const std::vector<Tensor>& variables, const Tensor& x,

@@ -49,7 +49,8 @@ struct Model::Impl {
   std::vector<GraphNode> nodes;
   std::vector<GraphTensor> tensors;
   std::vector<VariableSpec> variables;
-  Shape input_shape;  // the one input's shape, or [elements of all inputs]
+  Shape input_shape;         // the one input's shape, or [elements of all inputs]
+  bool regularized = false;  // some variable has a regularizer
   int64_t output_size = 0;
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;

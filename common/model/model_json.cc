@@ -131,6 +131,7 @@ class GraphBuilder {
       node.parameters += variable.shape.num_elements();
       variable.name = absl::StrCat(spec.name, "/", variable.name);
       node.variables.push_back(static_cast<int>(impl_.variables.size()));
+      impl_.regularized = impl_.regularized || variable.l1 != 0 || variable.l2 != 0;
       impl_.variables.push_back(std::move(variable));
     }
     if (total_parameters_ + node.parameters > keras::kMaxElements) {

@@ -154,8 +154,8 @@ TEST(ConvLayersTest, RefusesWhatStratumDoesNotImplementByName) {
               ::testing::HasSubstr("has a window of 5 x 5 on an input of 4 x 4"));
   EXPECT_THAT(refusal(conv({}), {16}),
               ::testing::HasSubstr("takes images of shape (None, height, width, channels)"));
-  EXPECT_THAT(refusal(conv({{"kernel_regularizer", {{"class_name", "L2"}}}})),
-              ::testing::HasSubstr("sets kernel_regularizer"));
+  EXPECT_THAT(refusal(conv({{"kernel_constraint", {{"class_name", "NonNeg"}}}})),
+              ::testing::HasSubstr("sets kernel_constraint"));
   EXPECT_THAT(refusal(json{{"class_name", "Reshape"},
                            {"config", {{"name", "r"}, {"target_shape", {5, -1}}}}}),
               ::testing::HasSubstr("model layer \"r\" (Reshape) has target_shape"));

@@ -23,6 +23,7 @@ struct ConvOptions {
   ActivationKind activation = ActivationKind::kLinear;
   bool use_bias = true;
   keras::Initializer kernel_initializer, bias_initializer;
+  keras::Regularizer kernel_regularizer, bias_regularizer;
 };
 
 class Conv2D final : public Layer {
@@ -48,7 +49,8 @@ class Conv2D final : public Layer {
     build.output = Shape({window_.out_h, window_.out_w, options_.filters});
     build.variables.push_back(
         {"kernel", Shape({window_.kernel_h, window_.kernel_w, window_.in_c, options_.filters}),
-         options_.kernel_initializer.name, options_.kernel_initializer.seed});
+         options_.kernel_initializer.name, options_.kernel_initializer.seed,
+         options_.kernel_regularizer.l1, options_.kernel_regularizer.l2});
     if (options_.use_bias) {
       build.variables.push_back({"bias", Shape({options_.filters}), options_.bias_initializer.name,
                                  options_.bias_initializer.seed});
@@ -103,9 +105,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
       {"filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate", "groups",
        "activation", "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
        "bias_regularizer", "kernel_constraint", "bias_constraint"}));
-  STRATUM_RETURN_IF_ERROR(keras::RefuseSet(
-      where, config,
-      {"kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint"}));
+  STRATUM_RETURN_IF_ERROR(
+      keras::RefuseSet(where, config, {"kernel_constraint", "bias_constraint"}));
   STRATUM_RETURN_IF_ERROR(RefuseChannelsFirst(where, config));
   if (const nlohmann::json* groups = Find(config, "groups"); groups && *groups != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -145,6 +146,10 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
       keras::ParseInitializer(where, config, "kernel_initializer", "glorot_uniform"));
   STRATUM_ASSIGN_OR_RETURN(options.bias_initializer,
                            keras::ParseInitializer(where, config, "bias_initializer", "zeros"));
+  STRATUM_ASSIGN_OR_RETURN(options.kernel_regularizer,
+                           keras::ParseRegularizer(where, config, "kernel_regularizer"));
+  STRATUM_ASSIGN_OR_RETURN(options.bias_regularizer,
+                           keras::ParseRegularizer(where, config, "bias_regularizer"));
   return std::make_unique<Conv2D>(std::move(options));
 }
 

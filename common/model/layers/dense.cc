@@ -16,12 +16,15 @@ using keras::Find;
 class Dense final : public Layer {
  public:
   Dense(int64_t units, ActivationKind activation, bool use_bias, keras::Initializer kernel,
-        keras::Initializer bias)
+        keras::Initializer bias, keras::Regularizer kernel_regularizer,
+        keras::Regularizer bias_regularizer)
       : units_(units),
         activation_(activation),
         use_bias_(use_bias),
         kernel_initializer_(std::move(kernel)),
-        bias_initializer_(std::move(bias)) {}
+        bias_initializer_(std::move(bias)),
+        kernel_regularizer_(kernel_regularizer),
+        bias_regularizer_(bias_regularizer) {}
 
   absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
                                    const std::string& where) override {
@@ -45,11 +48,13 @@ class Dense final : public Layer {
     std::vector<int64_t> dims = in.dims();
     dims.back() = units_;
     build.output = Shape(std::move(dims));
-    build.variables.push_back(
-        {"kernel", Shape({in_width_, units_}), kernel_initializer_.name, kernel_initializer_.seed});
+    build.variables.push_back({"kernel", Shape({in_width_, units_}), kernel_initializer_.name,
+                               kernel_initializer_.seed, kernel_regularizer_.l1,
+                               kernel_regularizer_.l2});
     if (use_bias_) {
-      build.variables.push_back(
-          {"bias", Shape({units_}), bias_initializer_.name, bias_initializer_.seed});
+      build.variables.push_back({"bias", Shape({units_}), bias_initializer_.name,
+                                 bias_initializer_.seed, bias_regularizer_.l1,
+                                 bias_regularizer_.l2});
     }
     // A softmax keeps its logits, which a cross-entropy takes instead of the probabilities.
     if (EndsInSoftmax()) build.scratch_per_example = rows_per_example_ * units_;
@@ -90,6 +95,8 @@ class Dense final : public Layer {
   const bool use_bias_;
   const keras::Initializer kernel_initializer_;
   const keras::Initializer bias_initializer_;
+  const keras::Regularizer kernel_regularizer_;
+  const keras::Regularizer bias_regularizer_;
   int64_t in_width_ = 0;          // the input's last dimension
   int64_t rows_per_example_ = 0;  // rows of in_width_ in one example
 };
@@ -103,10 +110,10 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
       {"units", "activation", "use_bias", "kernel_initializer", "bias_initializer",
        "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint",
        "lora_rank", "lora_alpha", "quantization_config"}));
-  STRATUM_RETURN_IF_ERROR(keras::RefuseSet(
-      where, config,
-      {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
-       "bias_constraint", "lora_rank", "quantization_config"}));
+  STRATUM_RETURN_IF_ERROR(
+      keras::RefuseSet(where, config,
+                       {"activity_regularizer", "kernel_constraint", "bias_constraint", "lora_rank",
+                        "quantization_config"}));
   STRATUM_RETURN_IF_ERROR(keras::RefuseFrozen(where, config));
   const nlohmann::json* units = Find(config, "units");
   if (units == nullptr || !units->is_number_integer() || units->get<int64_t>() <= 0) {
@@ -131,8 +138,12 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
       keras::ParseInitializer(where, config, "kernel_initializer", "glorot_uniform"));
   STRATUM_ASSIGN_OR_RETURN(keras::Initializer bias,
                            keras::ParseInitializer(where, config, "bias_initializer", "zeros"));
+  STRATUM_ASSIGN_OR_RETURN(const keras::Regularizer kernel_regularizer,
+                           keras::ParseRegularizer(where, config, "kernel_regularizer"));
+  STRATUM_ASSIGN_OR_RETURN(const keras::Regularizer bias_regularizer,
+                           keras::ParseRegularizer(where, config, "bias_regularizer"));
   return std::make_unique<Dense>(units->get<int64_t>(), activation, use_bias, std::move(kernel),
-                                 std::move(bias));
+                                 std::move(bias), kernel_regularizer, bias_regularizer);
 }
 
 }  // namespace stratum::layers

@@ -36,6 +36,10 @@ struct VariableSpec {
   // The initializer's own seed (Keras' seed=): its values are drawn from it alone, the same
   // whatever seed InitialVariables is given. nullopt (seed None): drawn from that seed.
   std::optional<uint64_t> seed;
+  // Keras' kernel_regularizer / bias_regularizer: l1 * sum|w| + l2 * sum w^2 is added to
+  // the loss (0, 0: none).
+  double l1 = 0;
+  double l2 = 0;
 };
 
 // What Build found: the output's shape, the variables (names without the layer's prefix:

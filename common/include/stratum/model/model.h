@@ -111,10 +111,24 @@ class Model {
   // 1 / global batch size, as tf.distribute does, and summed replica gradients are right.
   // `gradients` receives d(objective)/d(variable) for every variable (overwritten, not
   // accumulated); tensors of the wrong shape, or missing, are allocated.
+  //
+  // Regularizers (a layer's kernel_regularizer / bias_regularizer) add their loss to the
+  // objective times `regularization_scale`: pass 1 / replicas in sync, as tf.distribute's
+  // scale_regularization_loss does, and summed replica gradients carry it once. The
+  // returned loss_sum includes the full regularization loss once per example, so loss_sum /
+  // examples is Keras' loss (the mean example loss plus the regularization loss).
   absl::StatusOr<StepStats> TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
                                       const Tensor& y, const Loss& loss, float loss_scale,
-                                      Workspace& ws, std::vector<Tensor>& gradients) const;
-  // Loss and accuracy in inference mode (dropout off).
+                                      Workspace& ws, std::vector<Tensor>& gradients,
+                                      float regularization_scale = 1.0f) const;
+  // Adds regularization_scale * d(regularization loss)/d(variable) to `gradients` (a
+  // replica's share when it had no examples this step, so the shares still add up).
+  void AddRegularizationGradients(const std::vector<Tensor>& variables, float regularization_scale,
+                                  std::vector<Tensor>& gradients) const;
+  // The regularization loss of `variables` (0 without regularizers).
+  double RegularizationLoss(const std::vector<Tensor>& variables) const;
+  // Loss and accuracy in inference mode (dropout off); loss_sum includes the regularization
+  // loss once per example, as Keras' evaluate reports it.
   absl::StatusOr<StepStats> Evaluate(const std::vector<Tensor>& variables, const Tensor& x,
                                      const Tensor& y, const Loss& loss, Workspace& ws) const;
   // The model's outputs, float32 [B, output_size()], in inference mode (several outputs side
