@@ -457,8 +457,8 @@ absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, in
         "softmax");
   }
   const dim3 block(kColumnTile, kRowLanes);
-  BackwardColumnSumKernel<<<Blocks(cols, kColumnTile), block, 0, stream>>>(
-      act, out, g, rows, cols, column_sums, accumulate);
+  BackwardColumnSumKernel<<<Blocks(cols, kColumnTile), block, 0, stream>>>(act, out, g, rows, cols,
+                                                                           column_sums, accumulate);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BackwardColumnSumKernel");
   return absl::OkStatus();
 }
@@ -522,8 +522,8 @@ absl::Status MultiplyInto(const float* x, const float* y, float* out, int64_t n,
 absl::Status AddBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
                        int64_t rows, int64_t width, cudaStream_t stream) {
   if (rows <= 0 || width <= 0) return absl::OkStatus();
-  AddBlocksKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(x, x_stride, out, out_stride,
-                                                                 rows, width);
+  AddBlocksKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(x, x_stride, out, out_stride, rows,
+                                                                 width);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AddBlocksKernel");
   return absl::OkStatus();
 }

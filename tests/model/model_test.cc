@@ -600,17 +600,21 @@ TEST(ModelThroughputTest, ReferenceModelTrainStepPlusAdam) {
 namespace stratum {
 namespace {
 
-Model RegularizedModel(const json& kernel_regularizer, const json& bias_regularizer) {
+// A Dense layer "d" of 3 units on inputs of 4, with these regularizers (null: none).
+std::string RegularizedJson(const json& kernel_regularizer, const json& bias_regularizer) {
   json dense = {{"name", "d"}, {"units", 3}, {"activation", "tanh"}};
   if (!kernel_regularizer.is_null()) dense["kernel_regularizer"] = kernel_regularizer;
   if (!bias_regularizer.is_null()) dense["bias_regularizer"] = bias_regularizer;
-  return MustParse(
-      json{{"class_name", "Sequential"},
-           {"config",
-            {{"layers",
-              {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", {nullptr, 4}}}}},
-               {{"class_name", "Dense"}, {"config", dense}}}}}}}
-          .dump());
+  return json{{"class_name", "Sequential"},
+              {"config",
+               {{"layers",
+                 {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", {nullptr, 4}}}}},
+                  {{"class_name", "Dense"}, {"config", dense}}}}}}}
+      .dump();
+}
+
+Model RegularizedModel(const json& kernel_regularizer, const json& bias_regularizer) {
+  return MustParse(RegularizedJson(kernel_regularizer, bias_regularizer));
 }
 
 // Keras' forms of a regularizer, and what they add to the loss and the gradients: the full
@@ -670,15 +674,9 @@ TEST(ModelRegularizerTest, AddsKerasRegularizationToLossAndGradients) {
 
 TEST(ModelRegularizerTest, RefusesOtherRegularizersByName) {
   auto refusal = [](const json& regularizer) {
-    json dense = {{"name", "d"}, {"units", 3}, {"kernel_regularizer", regularizer}};
-    return Refusal(
-        json{{"class_name", "Sequential"},
-             {"config",
-              {{"layers",
-                {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", {nullptr, 4}}}}},
-                 {{"class_name", "Dense"}, {"config", dense}}}}}}}
-            .dump());
+    return Refusal(RegularizedJson(regularizer, nullptr));
   };
+
   EXPECT_EQ(refusal({{"class_name", "OrthogonalRegularizer"}, {"config", json::object()}}),
             "model layer \"d\" (Dense) has kernel_regularizer \"OrthogonalRegularizer\", which "
             "Stratum does not support: use L1, L2 or L1L2");
