@@ -1,8 +1,8 @@
 // The GPU path's kernels, each behind a host function that launches it on a stream and
 // returns the launch's error (naming the kernel). Pointers are device pointers unless
 // said otherwise; matrices are row-major. The arithmetic follows the CPU Model
-// (common/model/model.cc, loss.cc) and the Keras optimizers (common/model/optimizer.cc);
-// results agree with them within float rounding, not bit for bit.
+// (the CPU device, common/device/cpu_device.cc, and loss.cc) and the Keras optimizers
+// (common/model/optimizer.cc); results agree with them within float rounding, not bit for bit.
 //
 // Counters that drive a step captured in a CUDA graph live in device memory (StepCounters),
 // so that replaying the graph advances them without the host: the gather kernel reads the
