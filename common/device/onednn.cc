@@ -2,6 +2,10 @@
 
 #include <omp.h>
 
+#include <array>
+#include <map>
+#include <unordered_map>
+
 #include <oneapi/dnnl/dnnl.hpp>
 
 namespace stratum::onednn {
@@ -56,18 +60,6 @@ ConvDescs Descs(const Window2D& w, int64_t batch) {
                    .pad_r = {w.pad_bottom, w.pad_right}};
 }
 
-dnnl::convolution_forward::primitive_desc ForwardDesc(const ConvDescs& d, bool with_bias) {
-  const auto desc =
-      with_bias
-          ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                            dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                            d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
-          : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                            dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                            d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-  return dnnl::convolution_forward::primitive_desc(desc, Engine());
-}
-
 memory Wrap(const memory::desc& desc, const float* data) {
   return memory(desc, Engine(), const_cast<float*>(data));
 }
@@ -80,58 +72,104 @@ memory Reordered(const memory& user, const memory::desc& wanted) {
   return copy;
 }
 
+// The three primitives of one convolution shape, made once per thread and reused: a
+// primitive descriptor costs far more than a small convolution's run, and the backward
+// ones need the forward one as their hint. (The backward-data pass does not depend on the
+// bias; it comes from the entry of the shape's forward pass.)
+struct ConvPrimitives {
+  ConvDescs descs;
+  memory::desc user_weights;
+  dnnl::convolution_forward::primitive_desc forward_pd;
+  dnnl::convolution_forward forward;
+  dnnl::convolution_backward_data::primitive_desc backward_data_pd;
+  dnnl::convolution_backward_data backward_data;
+  dnnl::convolution_backward_weights::primitive_desc backward_weights_pd;
+  dnnl::convolution_backward_weights backward_weights;
+};
+
+ConvPrimitives MakePrimitives(const Window2D& w, int64_t batch, bool with_bias) {
+  ConvPrimitives p;
+  const ConvDescs& d = p.descs = Descs(w, batch);
+  p.user_weights = UserWeights(w);
+  const auto forward_training = dnnl::prop_kind::forward_training;
+  const auto direct = dnnl::algorithm::convolution_direct;
+  p.forward_pd = dnnl::convolution_forward::primitive_desc(
+      with_bias
+          ? dnnl::convolution_forward::desc(forward_training, direct, d.src, d.weights, d.bias,
+                                            d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+          : dnnl::convolution_forward::desc(forward_training, direct, d.src, d.weights, d.dst,
+                                            d.strides, d.dilates, d.pad_l, d.pad_r),
+      Engine());
+  p.forward = dnnl::convolution_forward(p.forward_pd);
+  p.backward_data_pd = dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(direct, d.src, d.weights, d.dst, d.strides, d.dilates,
+                                            d.pad_l, d.pad_r),
+      Engine(), p.forward_pd);
+  p.backward_data = dnnl::convolution_backward_data(p.backward_data_pd);
+  p.backward_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+      with_bias ? dnnl::convolution_backward_weights::desc(direct, d.src, d.weights, d.bias, d.dst,
+                                                           d.strides, d.dilates, d.pad_l, d.pad_r)
+                : dnnl::convolution_backward_weights::desc(direct, d.src, d.weights, d.dst,
+                                                           d.strides, d.dilates, d.pad_l, d.pad_r),
+      Engine(), p.forward_pd);
+  p.backward_weights = dnnl::convolution_backward_weights(p.backward_weights_pd);
+  return p;
+}
+
+// This thread's primitives for the shape (a model has a few shapes: its layers, and the
+// last partial batch).
+const ConvPrimitives& Primitives(const Window2D& w, int64_t batch, bool with_bias) {
+  using Key = std::array<int64_t, 20>;
+  thread_local std::map<Key, ConvPrimitives> cache;
+  const Key key = {w.in_h,       w.in_w,       w.in_c,     w.out_h,    w.out_w,
+                   w.out_c,      w.kernel_h,   w.kernel_w, w.stride_h, w.stride_w,
+                   w.dilation_h, w.dilation_w, w.pad_top,  w.pad_left, w.pad_bottom,
+                   w.pad_right,  batch,        with_bias,  0,          0};
+  auto found = cache.find(key);
+  if (found == cache.end()) found = cache.emplace(key, MakePrimitives(w, batch, with_bias)).first;
+  return found->second;
+}
+
 }  // namespace
 
 void Conv2DForward(const Window2D& w, int64_t batch, const float* x, const float* kernel,
                    const float* bias, float* out) {
-  const ConvDescs d = Descs(w, batch);
-  const auto pd = ForwardDesc(d, bias != nullptr);
+  const ConvPrimitives& p = Primitives(w, batch, bias != nullptr);
   std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC, Wrap(d.src, x)},
-      {DNNL_ARG_WEIGHTS, Reordered(Wrap(UserWeights(w), kernel), pd.weights_desc())},
-      {DNNL_ARG_DST, Wrap(d.dst, out)}};
-  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(d.bias, bias));
-  dnnl::convolution_forward(pd).execute(Stream(), args);
+      {DNNL_ARG_SRC, Wrap(p.descs.src, x)},
+      {DNNL_ARG_WEIGHTS, Reordered(Wrap(p.user_weights, kernel), p.forward_pd.weights_desc())},
+      {DNNL_ARG_DST, Wrap(p.descs.dst, out)}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(p.descs.bias, bias));
+  p.forward.execute(Stream(), args);
   Stream().wait();
 }
 
 void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
                         const float* kernel, float* grad_x) {
-  const ConvDescs d = Descs(w, batch);
-  const auto hint = ForwardDesc(d, false);
-  const dnnl::convolution_backward_data::primitive_desc pd(
-      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                            d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
-      Engine(), hint);
-  dnnl::convolution_backward_data(pd).execute(
-      Stream(), {{DNNL_ARG_DIFF_DST, Wrap(d.dst, grad_out)},
-                 {DNNL_ARG_WEIGHTS, Reordered(Wrap(UserWeights(w), kernel), pd.weights_desc())},
-                 {DNNL_ARG_DIFF_SRC, Wrap(d.src, grad_x)}});
+  const ConvPrimitives& p = Primitives(w, batch, /*with_bias=*/false);
+  p.backward_data.execute(
+      Stream(), {{DNNL_ARG_DIFF_DST, Wrap(p.descs.dst, grad_out)},
+                 {DNNL_ARG_WEIGHTS,
+                  Reordered(Wrap(p.user_weights, kernel), p.backward_data_pd.weights_desc())},
+                 {DNNL_ARG_DIFF_SRC, Wrap(p.descs.src, grad_x)}});
   Stream().wait();
 }
 
 void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x, const float* grad_out,
                            float* grad_kernel, float* grad_bias) {
-  const ConvDescs d = Descs(w, batch);
   const bool with_bias = grad_bias != nullptr;
-  const auto hint = ForwardDesc(d, with_bias);
-  const auto desc = with_bias ? dnnl::convolution_backward_weights::desc(
-                                    dnnl::algorithm::convolution_direct, d.src, d.weights, d.bias,
-                                    d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
-                              : dnnl::convolution_backward_weights::desc(
-                                    dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
-                                    d.strides, d.dilates, d.pad_l, d.pad_r);
-  const dnnl::convolution_backward_weights::primitive_desc pd(desc, Engine(), hint);
-  const memory user = Wrap(UserWeights(w), grad_kernel);
-  const bool same = pd.diff_weights_desc() == user.get_desc();
-  memory diff_weights = same ? user : memory(pd.diff_weights_desc(), Engine());
-  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, Wrap(d.src, x)},
-                                          {DNNL_ARG_DIFF_DST, Wrap(d.dst, grad_out)},
+  const ConvPrimitives& p = Primitives(w, batch, with_bias);
+  const memory user = Wrap(p.user_weights, grad_kernel);
+  const bool same = p.backward_weights_pd.diff_weights_desc() == user.get_desc();
+  memory diff_weights = same ? user : memory(p.backward_weights_pd.diff_weights_desc(), Engine());
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, Wrap(p.descs.src, x)},
+                                          {DNNL_ARG_DIFF_DST, Wrap(p.descs.dst, grad_out)},
                                           {DNNL_ARG_DIFF_WEIGHTS, diff_weights}};
-  if (with_bias) args.emplace(DNNL_ARG_DIFF_BIAS, Wrap(d.bias, grad_bias));
-  dnnl::convolution_backward_weights(pd).execute(Stream(), args);
-  if (!same)
+  if (with_bias) args.emplace(DNNL_ARG_DIFF_BIAS, Wrap(p.descs.bias, grad_bias));
+  p.backward_weights.execute(Stream(), args);
+  if (!same) {
     dnnl::reorder(diff_weights, user).execute(Stream(), diff_weights, const_cast<memory&>(user));
+  }
   Stream().wait();
 }
 
