@@ -273,6 +273,15 @@ class ParameterServerJob : public StepRunner {
   absl::Status Save(int64_t step, const nlohmann::json& history);
   // The test set's loss and accuracy of the variables the PSs hold now.
   absl::StatusOr<EpochLog> EvaluateTest();
+  // Per model variable, the optimizer its PS applies: the job's, or the non-trainable
+  // variables' update (moving statistics).
+  std::vector<nlohmann::json> UpdateRules() const {
+    std::vector<nlohmann::json> rules;
+    for (const VariableSpec& spec : model_->variables()) {
+      rules.push_back(UpdateJsonFor(spec, job_.optimizer));
+    }
+    return rules;
+  }
   // The last save, and the summary with `trained`'s test figures, once every epoch is
   // trained.
   absl::StatusOr<FitSummary> Finish(const FitSummary& trained);
@@ -397,7 +406,7 @@ absl::Status ParameterServerJob::CreateVariables() {
                       PsWatcherOptions{.saves_checkpoints = !job_.checkpoint.dir.empty()});
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Claim());
   if (absl::Status status =
-          variables_->Create(model_->InitialVariables(job_.fit.seed), job_.optimizer);
+          variables_->Create(model_->InitialVariables(job_.fit.seed), UpdateRules());
       !status.ok()) {
     return status;
   }
@@ -843,7 +852,7 @@ absl::StatusOr<std::optional<int64_t>> ParameterServerJob::ReseedParameterServer
   holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel);
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Claim());
   STRATUM_RETURN_IF_ERROR(
-      variables_->Create(model_->InitialVariables(job_.fit.seed), job_.optimizer));
+      variables_->Create(model_->InitialVariables(job_.fit.seed), UpdateRules()));
   return checkpoints_->RestoreLatest();
 }
 

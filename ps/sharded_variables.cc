@@ -2,8 +2,10 @@
 
 #include <cstring>
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -58,17 +60,23 @@ void ShardedVariables::Scatter(int task, const std::vector<Tensor>& values,
 }
 
 absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
-                                      const nlohmann::json& optimizer) {
-  return ForEachTask([&](int task) {
-    std::vector<NamedValue> values;
+                                      const std::vector<nlohmann::json>& optimizers) {
+  return ForEachTask([&](int task) -> absl::Status {
+    // One request per optimizer: the trainable variables', the non-trainable ones'.
+    std::map<std::string, std::pair<const nlohmann::json*, std::vector<NamedValue>>> groups;
     for (size_t s : shards_of_task_[static_cast<size_t>(task)]) {
       const ShardSpec& shard = shards_[s];
-      const Tensor& variable = initial[variable_of_shard_[s]];
-      values.push_back({shard.name, RowsOf(variable, shard)});
+      const size_t v = variable_of_shard_[s];
+      auto& [optimizer, values] = groups[optimizers[v].dump()];
+      optimizer = &optimizers[v];
+      values.push_back({shard.name, RowsOf(initial[v], shard)});
     }
-    return clients_[static_cast<size_t>(task)]
-        ->CreateVariables(values, optimizer, /*replace=*/true)
-        .status();
+    for (const auto& [key, group] : groups) {
+      STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]
+                                  ->CreateVariables(group.second, *group.first, /*replace=*/true)
+                                  .status());
+    }
+    return absl::OkStatus();
   });
 }
 

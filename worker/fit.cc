@@ -156,6 +156,7 @@ CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss&
   }
   for (int r = 0; r < strategy.NumLocalReplicas(); ++r) {
     workspaces_.push_back(model.NewWorkspace(options.seed * 7919 + static_cast<uint64_t>(r)));
+    workspaces_.back()->SetReplicaSum(ReplicaSumOf(strategy, r));
   }
 }
 
@@ -189,35 +190,25 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
   if (!batch->has_value()) return StepResult{.data_ended = true};
   const PerReplica<Element>& parts = **batch;
   const float loss_scale = 1.0f / static_cast<float>(Rows(parts) * strategy_.num_workers());
-  // tf.distribute's scale_regularization_loss: each replica carries 1 / replicas in sync.
-  const float regularization_scale = 1.0f / static_cast<float>(strategy_.NumReplicasInSync());
+  // tf.distribute's scale_regularization_loss: each replica carries 1 / replicas in sync of
+  // what a step adds once (regularization, moving statistics), so the shares add up to one;
+  // a replica that a partial batch left without examples too.
+  const float replica_share = 1.0f / static_cast<float>(strategy_.NumReplicasInSync());
   absl::StatusOr<PerReplica<StepStats>> stats =
       strategy_.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
         const int r = context.local_replica_id();
-        std::vector<Tensor>& grads = gradients_[r];
-        if (parts[r][0].rows() == 0) {  // a partial batch left this replica nothing
-          const std::vector<Tensor>& vars = variables_.ReplicaValues(r);
-          if (grads.size() != vars.size()) {
-            grads.clear();
-            for (const Tensor& v : vars) grads.emplace_back(DType::kFloat32, v.shape());
-          }
-          for (Tensor& g : grads) g.SetZero();
-          // Its share of the regularization still counts, so the shares add up to one.
-          model_.AddRegularizationGradients(variables_.ReplicaValues(r), regularization_scale,
-                                            grads);
-          return StepStats{};
-        }
         // The dropout masks of a step depend on (seed, step, replica) alone.
         workspaces_[r]->Reseed(
             DropoutSeed(options_.seed, iteration, context.replica_id_in_sync_group()));
         return model_.TrainStep(variables_.ReplicaValues(r), parts[r][0], parts[r][1], loss_,
-                                loss_scale, *workspaces_[r], grads, regularization_scale);
+                                loss_scale, *workspaces_[r], gradients_[r], replica_share);
       });
   if (!stats.ok()) return stats.status();
   absl::Status applied = strategy_.ApplyGradients(
       gradients_, variables_,
       [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
-        optimizer_.Apply(vars, grads, slots_[static_cast<size_t>(copy)], iteration);
+        optimizer_.Apply(vars, grads, slots_[static_cast<size_t>(copy)], iteration,
+                         model_.variables());
         return absl::OkStatus();
       });
   if (!applied.ok()) return applied;

@@ -156,8 +156,11 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   }
   job->variables =
       std::make_unique<ShardedVariables>(names, shapes, std::move(shards), std::move(clients));
-  for (int r = 0; r < replicas; ++r)
+  for (int r = 0; r < replicas; ++r) {
     job->workspaces.push_back(job->model->NewWorkspace(seed + static_cast<uint64_t>(r)));
+    // Synchronized layers sum over this worker's replicas: a worker's step is its own.
+    job->workspaces.back()->SetReplicaSum(ReplicaSumOf(*job->strategy, r));
+  }
   job->gradients = PerReplica<std::vector<Tensor>>{
       std::vector<std::vector<Tensor>>(static_cast<size_t>(replicas))};
   return job;
@@ -176,7 +179,7 @@ absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tenso
   return strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
     const int r = context.local_replica_id();
     // A worker's step is one update on the parameter servers: its replicas carry the
-    // regularization once between them.
+    // regularization and the moving statistics' step once between them.
     return model->TrainStep(values, parts[r][0], parts[r][1], *loss,
                             1.0f / static_cast<float>(rows), *workspaces[static_cast<size_t>(r)],
                             gradients[r], 1.0f / static_cast<float>(strategy->NumReplicasInSync()));

@@ -173,4 +173,24 @@ void CudaDevice::AvgPool2DBackward(const Window2D&, int64_t, const float*, float
   Record(absl::UnimplementedError("AveragePooling2D has no CUDA kernel yet"));
 }
 
+void CudaDevice::SumSquaredDeviations(const float*, const float*, int64_t, int64_t, float*) const {
+  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+}
+
+void CudaDevice::BatchNorm(const float*, int64_t, int64_t, const float*, const float*, float,
+                           const float*, const float*, float*) const {
+  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+}
+
+void CudaDevice::BatchNormGradSums(const float*, const float*, int64_t, int64_t, const float*,
+                                   const float*, float, float*, float*, float*) const {
+  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+}
+
+void CudaDevice::BatchNormBackward(const float*, const float*, int64_t, int64_t, const float*,
+                                   const float*, float, const float*, const float*, int64_t, float*,
+                                   bool) const {
+  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+}
+
 }  // namespace stratum::cuda

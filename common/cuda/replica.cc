@@ -196,27 +196,26 @@ absl::Status Replica::InitGraph(int64_t batch) {
   device_ = std::make_unique<CudaDevice>(options_.device, stream_.get(), cublas_,
                                          counters_.as<StepCounters>());
   executor_ = std::make_unique<GraphExecutor>(model_.graph(), *device_);
-  const GraphBufferSizes sizes = BufferSizes(model_.graph());
-  auto allocate =
-      [&](const std::vector<int64_t>& per_example) -> absl::StatusOr<std::vector<float*>> {
+  const GraphBufferSizes::Floats floats = BufferSizes(model_.graph()).ForBatch(batch);
+  auto allocate = [&](const std::vector<int64_t>& sizes) -> absl::StatusOr<std::vector<float*>> {
     std::vector<float*> pointers;
-    for (int64_t size : per_example) {
+    for (int64_t size : sizes) {
       if (size == 0) {
         pointers.push_back(nullptr);
         continue;
       }
       STRATUM_ASSIGN_OR_RETURN(
           DeviceBuffer buffer,
-          DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch * size) * sizeof(float)));
+          DeviceBuffer::Allocate(allocator_, static_cast<size_t>(size) * sizeof(float)));
       pointers.push_back(buffer.as<float>());
       graph_buffers_.push_back(std::move(buffer));
     }
     return pointers;
   };
   GraphBuffers buffers;
-  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(sizes.values));
-  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(sizes.grads));
-  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(sizes.scratch));
+  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(floats.values));
+  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(floats.grads));
+  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(floats.scratch));
   executor_->Bind(std::move(buffers));
   for (size_t v = 0; v < offsets_.size(); ++v) {
     variable_pointers_.push_back(Variable(static_cast<int>(v)));
@@ -333,7 +332,8 @@ absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scal
 }
 
 absl::Status Replica::Backward(int rows, int fused) {
-  executor_->Backward(rows, true, fused, gradient_pointers_);
+  // No layer on the GPU has non-trainable variables yet: the share scales nothing.
+  executor_->Backward(rows, true, fused, gradient_pointers_, /*replica_share=*/1.0f);
   return device_->TakeStatus();
 }
 

@@ -279,6 +279,80 @@ class Cpu final : public Device {
     });
   }
 
+  void SumSquaredDeviations(const float* x, const float* mean, int64_t rows, int64_t width,
+                            float* out) const override {
+    const ConstRowVectorMap m(mean, width);
+    RowVectorMap sum(out, width);
+    sum.setZero();
+    for (int64_t r = 0; r < rows; ++r) {
+      sum.array() += (ConstRowVectorMap(x + r * width, width) - m).array().square();
+    }
+  }
+
+  void BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                 const float* variance, float epsilon, const float* gamma, const float* beta,
+                 float* y) const override {
+    // y = x * scale + shift, per channel.
+    thread_local Eigen::RowVectorXf scale, shift;
+    scale = (ConstRowVectorMap(variance, width).array() + epsilon).rsqrt();
+    if (gamma != nullptr) scale.array() *= ConstRowVectorMap(gamma, width).array();
+    shift = -ConstRowVectorMap(mean, width).cwiseProduct(scale);
+    if (beta != nullptr) shift += ConstRowVectorMap(beta, width);
+    for (int64_t r = 0; r < rows; ++r) {
+      RowVectorMap(y + r * width, width) =
+          ConstRowVectorMap(x + r * width, width).cwiseProduct(scale) + shift;
+    }
+  }
+
+  void BatchNormGradSums(const float* dy, const float* x, int64_t rows, int64_t width,
+                         const float* mean, const float* variance, float epsilon, float* sums,
+                         float* grad_gamma, float* grad_beta) const override {
+    const ConstRowVectorMap m(mean, width);
+    RowVectorMap dy_sum(sums, width), dy_dev_sum(sums + width, width);
+    dy_sum.setZero();
+    dy_dev_sum.setZero();
+    for (int64_t r = 0; r < rows; ++r) {
+      const ConstRowVectorMap g(dy + r * width, width);
+      dy_sum += g;
+      dy_dev_sum.array() += g.array() * (ConstRowVectorMap(x + r * width, width) - m).array();
+    }
+    if (grad_gamma != nullptr) {
+      RowVectorMap(grad_gamma, width) =
+          dy_dev_sum.array() * (ConstRowVectorMap(variance, width).array() + epsilon).rsqrt();
+    }
+    if (grad_beta != nullptr) RowVectorMap(grad_beta, width) = dy_sum;
+  }
+
+  void BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                         const float* mean, const float* variance, float epsilon,
+                         const float* gamma, const float* sums, int64_t count, float* dx,
+                         bool accumulate) const override {
+    // dx = k * dy (inference); in training dx = k * (dy - mean(dy) - (x - mean) * inv_std^2 *
+    // mean(dy * (x - mean))), where k = gamma * inv_std: dx = k * dy + a * x + b per channel.
+    thread_local Eigen::RowVectorXf inv_std, k, a, b;
+    inv_std = (ConstRowVectorMap(variance, width).array() + epsilon).rsqrt();
+    k = inv_std;
+    if (gamma != nullptr) k.array() *= ConstRowVectorMap(gamma, width).array();
+    a.setZero(width);
+    b.setZero(width);
+    if (sums != nullptr) {
+      const float per_row = 1.0f / static_cast<float>(count);
+      a = -k.array() * inv_std.array().square() * ConstRowVectorMap(sums + width, width).array() *
+          per_row;
+      b = -k.array() * ConstRowVectorMap(sums, width).array() * per_row -
+          a.array() * ConstRowVectorMap(mean, width).array();
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      RowVectorMap out(dx + r * width, width);
+      const ConstRowVectorMap g(dy + r * width, width), in(x + r * width, width);
+      if (accumulate) {
+        out += g.cwiseProduct(k) + in.cwiseProduct(a) + b;
+      } else {
+        out = g.cwiseProduct(k) + in.cwiseProduct(a) + b;
+      }
+    }
+  }
+
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override {
     const float keep_scale = 1.0f / (1.0f - rate);

@@ -26,8 +26,21 @@ GraphBufferSizes BufferSizes(const Model::Impl& model) {
     sizes.values.push_back(own ? tensor.size : 0);
     sizes.grads.push_back(tensor.needs_grad ? tensor.size : 0);
   }
-  for (const GraphNode& node : model.nodes) sizes.scratch.push_back(node.scratch_per_example);
+  for (const GraphNode& node : model.nodes) {
+    sizes.scratch.push_back(node.scratch_per_example);
+    sizes.scratch_per_step.push_back(node.scratch_per_step);
+  }
   return sizes;
+}
+
+GraphBufferSizes::Floats GraphBufferSizes::ForBatch(int64_t batch) const {
+  Floats floats;
+  for (int64_t size : values) floats.values.push_back(batch * size);
+  for (int64_t size : grads) floats.grads.push_back(batch * size);
+  for (size_t n = 0; n < scratch.size(); ++n) {
+    floats.scratch.push_back(batch * scratch[n] + scratch_per_step[n]);
+  }
+  return floats;
 }
 
 GraphExecutor::GraphExecutor(const Model::Impl& model, const Device& device)
@@ -63,7 +76,8 @@ LayerForward GraphExecutor::ForwardArgs(int n, int64_t batch, bool training,
                       .variables = args.variables,
                       .output = buffers_.values[static_cast<size_t>(node.output)],
                       .scratch = buffers_.scratch[static_cast<size_t>(n)],
-                      .rng = rng};
+                      .rng = rng,
+                      .replicas = training ? replicas_ : nullptr};
 }
 
 void GraphExecutor::Forward(const float* x, int64_t batch, bool training,
@@ -157,7 +171,7 @@ void GraphExecutor::PointGradInput(int n, size_t i, float* grad_output) {
 }
 
 void GraphExecutor::Backward(int64_t batch, bool training, int fused,
-                             std::span<float* const> gradients) {
+                             std::span<float* const> gradients, float replica_share) {
   for (int n = static_cast<int>(model_.nodes.size()) - 1; n >= 0; --n) {
     const GraphNode& node = model_.nodes[static_cast<size_t>(n)];
     const auto out = static_cast<size_t>(node.output);
@@ -185,7 +199,26 @@ void GraphExecutor::Backward(int64_t batch, bool training, int fused,
         .fused_softmax = n == fused,
         .grad_inputs = args.grad_inputs,
         .accumulate = std::span<const bool>(args.accumulate.get(), node.inputs.size()),
-        .grad_variables = args.grad_variables});
+        .grad_variables = args.grad_variables,
+        .replica_share = replica_share,
+        .replicas = forward.replicas});
+  }
+}
+
+void GraphExecutor::SyncWithoutExamples() {
+  if (replicas_ == nullptr || !model_.synchronized) return;
+  std::vector<float> zeros;
+  auto sum = [&](int64_t n) {
+    zeros.assign(static_cast<size_t>(n), 0.0f);
+    replicas_->Sum(zeros.data(), n, 0);
+  };
+  for (const GraphNode& node : model_.nodes) {
+    if (!node.synchronized) continue;
+    for (int64_t n : node.layer->CrossReplicaSums(false)) sum(n);
+  }
+  for (auto node = model_.nodes.rbegin(); node != model_.nodes.rend(); ++node) {
+    if (!node->synchronized) continue;
+    for (int64_t n : node->layer->CrossReplicaSums(true)) sum(n);
   }
 }
 

@@ -22,10 +22,18 @@
 
 namespace stratum {
 
+// Floats per example, and per step whatever the batch (scratch only).
 struct GraphBufferSizes {
   std::vector<int64_t> values;   // per tensor: 0 where the tensor never needs its own buffer
   std::vector<int64_t> grads;    // per tensor: 0 where no gradient reaches it
   std::vector<int64_t> scratch;  // per node
+  std::vector<int64_t> scratch_per_step;  // per node
+
+  // The floats of each buffer for `batch` examples, in GraphBuffers' fields.
+  struct Floats {
+    std::vector<int64_t> values, grads, scratch;
+  };
+  Floats ForBatch(int64_t batch) const;
 };
 GraphBufferSizes BufferSizes(const Model::Impl& model);
 
@@ -42,8 +50,10 @@ class GraphExecutor {
   GraphExecutor(const GraphExecutor&) = delete;
   GraphExecutor& operator=(const GraphExecutor&) = delete;
 
-  // Buffers of BufferSizes' sizes times the batch capacity (device memory of `device`).
+  // Buffers of BufferSizes().ForBatch(capacity) floats (device memory of `device`).
   void Bind(GraphBuffers buffers);
+  // Where synchronized layers sum over the replicas in sync in training (nullptr: none).
+  void set_replicas(CrossReplicaSum* replicas) { replicas_ = replicas; }
 
   // The forward pass of `batch` examples in x [batch, input elements] (several inputs: their
   // values side by side, split here); `variables` holds one pointer per model variable.
@@ -60,7 +70,12 @@ class GraphExecutor {
   float* StartGradients(int fused);
   // The backward pass after StartGradients and the loss: writes every variable's gradient
   // through `gradients` (one pointer per model variable), overwriting it.
-  void Backward(int64_t batch, bool training, int fused, std::span<float* const> gradients);
+  // `replica_share` (1 / replicas in sync) scales the non-trainable variables' updates.
+  void Backward(int64_t batch, bool training, int fused, std::span<float* const> gradients,
+                float replica_share);
+  // A training step of a replica without examples: the sums over the replicas that the
+  // synchronized layers make in Forward and Backward, of zeros, so the others need not wait.
+  void SyncWithoutExamples();
 
  private:
   struct NodeArgs;
@@ -75,6 +90,7 @@ class GraphExecutor {
   std::vector<float*> grad_;       // per tensor: where its gradient is this step
   std::vector<char> grad_ready_;   // per tensor: written this step (later writes add)
   std::vector<NodeArgs> args_;     // per node
+  CrossReplicaSum* replicas_ = nullptr;
 };
 
 }  // namespace stratum

@@ -346,6 +346,17 @@ absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const jso
   return result;
 }
 
+absl::StatusOr<bool> ParseBool(const std::string& where, const json& config, const char* key,
+                               bool default_value) {
+  const json* value = Find(config, key);
+  if (value == nullptr) return default_value;
+  if (!value->is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", key, " ", Dump(*value),
+                                                   ", which is not a boolean: use true or false"));
+  }
+  return value->get<bool>();
+}
+
 absl::Status RefuseFrozen(const std::string& where, const json& config) {
   const json* trainable = Find(config, "trainable");
   if (trainable == nullptr || *trainable == true) return absl::OkStatus();

@@ -86,6 +86,10 @@ struct Regularizer {
 absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const json& config,
                                              const char* key);
 
+// config[key] as a boolean, or `default_value` when absent or null.
+absl::StatusOr<bool> ParseBool(const std::string& where, const json& config, const char* key,
+                               bool default_value);
+
 // Refuses trainable false on a layer with variables: Stratum trains every variable.
 absl::Status RefuseFrozen(const std::string& where, const json& config);
 

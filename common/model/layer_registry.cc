@@ -27,6 +27,7 @@ constexpr Registration kLayers[] = {
     {"Add", layers::MakeAdd},
     {"Average", layers::MakeAverage},
     {"AveragePooling2D", MakePooling<layers::PoolKind::kAverage, false>},
+    {"BatchNormalization", layers::MakeBatchNormalization},
     {"Concatenate", layers::MakeConcatenate},
     {"Conv2D", layers::MakeConv2D},
     {"Dense", layers::MakeDense},
@@ -36,7 +37,9 @@ constexpr Registration kLayers[] = {
     {"GlobalMaxPooling2D", MakePooling<layers::PoolKind::kMax, true>},
     {"MaxPooling2D", MakePooling<layers::PoolKind::kMax, false>},
     {"Multiply", layers::MakeMultiply},
+    {"ReLU", layers::MakeReLU},
     {"Reshape", layers::MakeReshape},
+    {"SyncBatchNormalization", layers::MakeSyncBatchNormalization},
     {"ZeroPadding2D", layers::MakeZeroPadding2D},
 };
 // clang-format on

@@ -59,6 +59,39 @@ int Model::Impl::SoftmaxOutputNode(bool training) const {
   }
 }
 
+namespace {
+
+// The workspace's CrossReplicaSum: the values and the row count, as one tensor, through the
+// caller's ReplicaSum. The first failure is kept; later sums do nothing.
+class ReplicaSumAdapter final : public CrossReplicaSum {
+ public:
+  explicit ReplicaSumAdapter(Workspace::ReplicaSum sum) : sum_(std::move(sum)) {}
+
+  int64_t Sum(float* values, int64_t n, int64_t count) override {
+    if (!status_.ok()) return count;
+    if (buffer_.size() != 1 || buffer_[0].num_elements() != n + 1) {
+      buffer_ = {Tensor(DType::kFloat32, Shape({n + 1}))};
+    }
+    float* data = buffer_[0].data<float>();
+    std::copy(values, values + n, data);
+    data[n] = static_cast<float>(count);  // exact below 2^24 rows
+    status_ = sum_(buffer_);
+    if (!status_.ok()) return count;
+    std::copy(data, data + n, values);
+    return static_cast<int64_t>(std::lround(data[n]));
+  }
+
+  // The first failure since the last call, which clears it.
+  absl::Status TakeStatus() { return std::exchange(status_, absl::OkStatus()); }
+
+ private:
+  Workspace::ReplicaSum sum_;
+  absl::Status status_;
+  std::vector<Tensor> buffer_;
+};
+
+}  // namespace
+
 struct Workspace::State {
   State(const Model::Impl& model, uint64_t seed)
       : signature(model.signature),
@@ -74,35 +107,45 @@ struct Workspace::State {
   std::vector<const float*> variables;  // this step's, one pointer per model variable
   std::vector<float*> gradients;
   RandomStream rng;
+  std::unique_ptr<ReplicaSumAdapter> replica_sum;  // set by SetReplicaSum
 };
 
 Workspace::Workspace(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Workspace::~Workspace() = default;
 int64_t Workspace::capacity() const { return state_->capacity; }
 void Workspace::Reseed(uint64_t seed) { state_->rng.seed(seed); }
+void Workspace::SetReplicaSum(ReplicaSum sum) {
+  state_->replica_sum = std::make_unique<ReplicaSumAdapter>(std::move(sum));
+  state_->executor.set_replicas(state_->replica_sum.get());
+}
 
 namespace {
 
 const Device& Cpu() { return CpuDevice(); }
 
-// Buffers of `sizes` for `batch` examples each; nullptr where a size is 0.
-std::vector<float*> Allocate(const std::vector<int64_t>& sizes, int64_t batch,
-                             std::vector<Floats>& storage) {
-  storage.resize(sizes.size());
+// Buffers of `floats` each; nullptr where a size is 0.
+std::vector<float*> Allocate(const std::vector<int64_t>& floats, std::vector<Floats>& storage) {
+  storage.resize(floats.size());
   std::vector<float*> pointers;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    storage[i].resize(static_cast<size_t>(batch * sizes[i]));
-    pointers.push_back(sizes[i] > 0 ? storage[i].data() : nullptr);
+  for (size_t i = 0; i < floats.size(); ++i) {
+    storage[i].resize(static_cast<size_t>(floats[i]));
+    pointers.push_back(floats[i] > 0 ? storage[i].data() : nullptr);
   }
   return pointers;
 }
 
 void Grow(Workspace::State& ws, int64_t batch) {
   if (batch <= ws.capacity) return;
-  ws.executor.Bind(GraphBuffers{.values = Allocate(ws.sizes.values, batch, ws.values),
-                                .grads = Allocate(ws.sizes.grads, batch, ws.grads),
-                                .scratch = Allocate(ws.sizes.scratch, batch, ws.scratch)});
+  const GraphBufferSizes::Floats floats = ws.sizes.ForBatch(batch);
+  ws.executor.Bind(GraphBuffers{.values = Allocate(floats.values, ws.values),
+                                .grads = Allocate(floats.grads, ws.grads),
+                                .scratch = Allocate(floats.scratch, ws.scratch)});
   ws.capacity = batch;
+}
+
+// The failure of a synchronized layer's sum over the replicas during the step, if any.
+absl::Status ReplicaSumStatus(Workspace::State& ws) {
+  return ws.replica_sum != nullptr ? ws.replica_sum->TakeStatus() : absl::OkStatus();
 }
 
 void Forward(const std::vector<Tensor>& variables, const float* x, int64_t batch, bool training,
@@ -181,6 +224,14 @@ int64_t Model::num_parameters() const {
   return total;
 }
 
+int64_t Model::num_non_trainable_parameters() const {
+  int64_t total = 0;
+  for (const VariableSpec& spec : impl_->variables) {
+    if (!spec.trainable) total += spec.shape.num_elements();
+  }
+  return total;
+}
+
 namespace {
 
 std::string WithCommas(int64_t n) {
@@ -234,8 +285,9 @@ std::string Model::Summary() const {
   }
   out << std::string(width, '=') << "\n";
   out << "Total params: " << WithCommas(num_parameters()) << "\n";
-  out << "Trainable params: " << WithCommas(num_parameters()) << "\n";
-  out << "Non-trainable params: 0\n" << rule << "\n";
+  const int64_t frozen = num_non_trainable_parameters();
+  out << "Trainable params: " << WithCommas(num_parameters() - frozen) << "\n";
+  out << "Non-trainable params: " << WithCommas(frozen) << "\n" << rule << "\n";
   return out.str();
 }
 
@@ -389,17 +441,19 @@ void Model::AddRegularizationGradients(const std::vector<Tensor>& variables,
 absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
                                            const Tensor& y, const Loss& loss, float loss_scale,
                                            Workspace& ws, std::vector<Tensor>& gradients,
-                                           float regularization_scale) const {
+                                           float replica_share) const {
   STRATUM_RETURN_IF_ERROR(CheckOneOutput(*impl_));
   STRATUM_ASSIGN_OR_RETURN(const int64_t batch, CheckInputs(*impl_, variables, x, ws));
   STRATUM_RETURN_IF_ERROR(loss.ValidateTargets(y, batch, impl_->output_size));
   EnsureGradients(*impl_, gradients);
+  Workspace::State& state = ws.state();
   if (batch == 0) {
     for (Tensor& gradient : gradients) gradient.SetZero();
-    if (impl_->regularized) AddRegularizationGradients(variables, regularization_scale, gradients);
+    if (impl_->regularized) AddRegularizationGradients(variables, replica_share, gradients);
+    state.executor.SyncWithoutExamples();
+    STRATUM_RETURN_IF_ERROR(ReplicaSumStatus(state));
     return StepStats{};
   }
-  Workspace::State& state = ws.state();
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, true, state);
   const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(true) : -1;
@@ -409,10 +463,11 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
                    loss_scale, loss_grad);
   if (loss_grad != nullptr) {
     for (size_t v = 0; v < gradients.size(); ++v) state.gradients[v] = gradients[v].data<float>();
-    state.executor.Backward(batch, true, fused, state.gradients);
+    state.executor.Backward(batch, true, fused, state.gradients, replica_share);
   }
+  STRATUM_RETURN_IF_ERROR(ReplicaSumStatus(state));
   if (!impl_->regularized) return stats;
-  AddRegularizationGradients(variables, regularization_scale, gradients);
+  AddRegularizationGradients(variables, replica_share, gradients);
   StepStats regularized = stats;
   regularized.loss_sum += RegularizationLoss(variables) * static_cast<double>(stats.examples);
   return regularized;

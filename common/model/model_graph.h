@@ -37,7 +37,9 @@ struct GraphNode {
   int output = -1;             // tensor id
   std::vector<int> variables;  // indices into the model's variables, in the layer's order
   int64_t scratch_per_example = 0;
+  int64_t scratch_per_step = 0;
   int64_t parameters = 0;
+  bool synchronized = false;  // sums over the replicas in sync (Layer::CrossReplicaSums)
 };
 
 struct Model::Impl {
@@ -49,8 +51,9 @@ struct Model::Impl {
   std::vector<GraphNode> nodes;
   std::vector<GraphTensor> tensors;
   std::vector<VariableSpec> variables;
-  Shape input_shape;         // the one input's shape, or [elements of all inputs]
-  bool regularized = false;  // some variable has a regularizer
+  Shape input_shape;          // the one input's shape, or [elements of all inputs]
+  bool regularized = false;   // some variable has a regularizer
+  bool synchronized = false;  // some node sums over the replicas in sync
   int64_t output_size = 0;
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;

@@ -127,6 +127,10 @@ class GraphBuilder {
     node.class_name = spec.class_name;
     node.inputs = inputs;
     node.scratch_per_example = build.scratch_per_example;
+    node.scratch_per_step = build.scratch_per_step;
+    node.synchronized =
+        !spec.layer->CrossReplicaSums(false).empty() || !spec.layer->CrossReplicaSums(true).empty();
+    impl_.synchronized = impl_.synchronized || node.synchronized;
     for (VariableSpec& variable : build.variables) {
       node.parameters += variable.shape.num_elements();
       variable.name = absl::StrCat(spec.name, "/", variable.name);

@@ -394,12 +394,29 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::FromKeras(const nlohmann::
 }
 
 void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
-                      std::vector<std::vector<Tensor>>& slots, int64_t iteration) const {
+                      std::vector<std::vector<Tensor>>& slots, int64_t iteration,
+                      std::span<const VariableSpec> specs) const {
   if (slots.size() != vars.size()) slots.resize(vars.size());
   for (size_t i = 0; i < vars.size(); ++i) {
-    if (slots[i].empty()) slots[i] = NewSlots(vars[i]);
-    ApplyDense(vars[i], grads[i], slots[i], iteration);
+    const Optimizer& update =
+        i < specs.size() && !specs[i].trainable ? NonTrainableUpdate() : *this;
+    if (slots[i].empty()) slots[i] = update.NewSlots(vars[i]);
+    update.ApplyDense(vars[i], grads[i], slots[i], iteration);
   }
+}
+
+nlohmann::json NonTrainableUpdateJson() {
+  return {{"class_name", "SGD"}, {"config", {{"learning_rate", 1.0}}}};
+}
+
+const Optimizer& NonTrainableUpdate() {
+  static const Optimizer* const kUpdate = Optimizer::FromKeras(NonTrainableUpdateJson())->release();
+  return *kUpdate;
+}
+
+const nlohmann::json& UpdateJsonFor(const VariableSpec& spec, const nlohmann::json& optimizer) {
+  static const nlohmann::json* const kUpdate = new nlohmann::json(NonTrainableUpdateJson());
+  return spec.trainable ? optimizer : *kUpdate;
 }
 
 }  // namespace stratum

@@ -32,6 +32,12 @@ absl::Status ReplicaContext::AllReduce(ReduceOp op, std::vector<Tensor>& values)
   return strategy_.CollectiveAllReduce(local_replica_id_, op, values);
 }
 
+std::function<absl::Status(std::vector<Tensor>&)> ReplicaSumOf(Strategy& strategy, int replica) {
+  return [&strategy, replica](std::vector<Tensor>& values) {
+    return ReplicaContext(strategy, replica).AllReduce(ReduceOp::kSum, values);
+  };
+}
+
 Strategy::ScopeGuard::ScopeGuard(Strategy* strategy) { scope_stack.push_back(strategy); }
 
 Strategy::ScopeGuard::~ScopeGuard() { scope_stack.pop_back(); }

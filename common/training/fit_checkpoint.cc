@@ -95,7 +95,8 @@ absl::Status SaveFitCheckpoint(const std::string& dir, int max_to_keep, const Mo
   TensorFile file;
   for (size_t i = 0; i < specs.size(); ++i) {
     file.tensors.emplace_back(specs[i].name, state.variables[i]);
-    if (i < state.slots.size() && state.slots[i].size() == slot_names.size()) {
+    if (specs[i].trainable && i < state.slots.size() &&
+        state.slots[i].size() == slot_names.size()) {
       for (size_t s = 0; s < slot_names.size(); ++s) {
         file.tensors.emplace_back(SlotName(specs[i], slot_names[s]), state.slots[i][s]);
       }
@@ -199,7 +200,8 @@ absl::StatusOr<FitState> LoadFitCheckpoint(const std::string& dir, const std::st
     STRATUM_RETURN_IF_ERROR(CheckFinite(folder, spec.name, value));
     state.variables.push_back(std::move(value));
     std::vector<Tensor> slots;
-    for (const std::string& slot : slot_names) {
+    // A non-trainable variable has no optimizer, so no slots.
+    for (const std::string& slot : spec.trainable ? slot_names : std::vector<std::string>()) {
       if (tensors.count(SlotName(spec, slot)) == 0) {
         return MissingSlot(dir, folder, optimizer, spec, slot);
       }

@@ -38,6 +38,9 @@ json Conv(json config) { return {{"class_name", "Conv2D"}, {"config", std::move(
 json MaxPool(json config) {
   return {{"class_name", "MaxPooling2D"}, {"config", std::move(config)}};
 }
+json BatchNorm(json config = json::object()) {
+  return {{"class_name", "BatchNormalization"}, {"config", std::move(config)}};
+}
 json Reshape(std::vector<int64_t> shape) {
   return {{"class_name", "Reshape"}, {"config", {{"target_shape", shape}}}};
 }
@@ -90,12 +93,17 @@ TEST_P(GradientTest, MatchesFiniteDifferences) {
     }
   }
   std::vector<Tensor> vars = model.InitialVariables(11);
-  // Non-zero biases, so that every path is exercised.
+  // Non-zero biases (and BatchNormalization's beta), gammas and moving statistics other
+  // than 1, so that every path is exercised.
   for (size_t v = 0; v < vars.size(); ++v) {
-    if (model.variables()[v].name.find("bias") != std::string::npos) {
-      for (int64_t i = 0; i < vars[v].num_elements(); ++i) {
-        vars[v].data<float>()[i] = 0.1f * normal(rng);
-      }
+    const std::string& name = model.variables()[v].name;
+    const bool shift = name.find("bias") != std::string::npos ||
+                       name.find("beta") != std::string::npos ||
+                       name.find("moving_mean") != std::string::npos;
+    const bool scale = name.find("gamma") != std::string::npos ||
+                       name.find("moving_variance") != std::string::npos;
+    for (int64_t i = 0; (shift || scale) && i < vars[v].num_elements(); ++i) {
+      vars[v].data<float>()[i] = shift ? 0.1f * normal(rng) : 1.0f + 0.3f * std::abs(normal(rng));
     }
   }
   const float scale = 1.0f / 8;  // as if the global batch had 8 examples
@@ -114,6 +122,8 @@ TEST_P(GradientTest, MatchesFiniteDifferences) {
   constexpr float kStep = 2e-3f;
   int checked = 0;
   for (size_t v = 0; v < vars.size(); ++v) {
+    // A non-trainable variable's slot holds its step, not a gradient (batch_normalization_test).
+    if (!model.variables()[v].trainable) continue;
     for (int64_t i = 0; i < vars[v].num_elements(); ++i) {
       std::vector<Tensor> plus, minus;
       for (const Tensor& t : vars) {
@@ -129,7 +139,7 @@ TEST_P(GradientTest, MatchesFiniteDifferences) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, model.num_parameters());
+  EXPECT_EQ(checked, model.num_parameters() - model.num_non_trainable_parameters());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -236,6 +246,35 @@ INSTANTIATE_TEST_SUITE_P(
                      {Reshape({3, 4, 1}), Conv({{"filters", 2}, {"kernel_size", 2}}), Flatten(),
                       Dense(3, "linear")},
                      "mse"},
+        GradientCase{"BatchNormAfterConvAndDense",
+                     {4, 4, 2},
+                     {Conv({{"filters", 2}, {"kernel_size", 2}}), BatchNorm({{"momentum", 0.9}}),
+                      Act("relu"), Flatten(), Dense(4, "linear"), BatchNorm(), Dense(3, "softmax")},
+                     "sparse_categorical_crossentropy"},
+        GradientCase{
+            "BatchNormWithoutCenterOrScaleAndFrozen",
+            {5},
+            {Dense(4, "tanh"), BatchNorm({{"center", false}, {"scale", false}}), Dense(4, "linear"),
+             BatchNorm({{"trainable", false}, {"epsilon", 0.1}}), Dense(3, "softmax")},
+            "categorical_crossentropy"},
+        GradientCase{"FunctionalResidualBlockWithBatchNorm",
+                     {4, 4, 2},
+                     nullptr,
+                     "sparse_categorical_crossentropy",
+                     testing::Keras3Functional(
+                         {.inputs = {{"image", {4, 4, 2}}},
+                          .calls = {{testing::Layer("Conv2D", "conv",
+                                                    {{"filters", 2},
+                                                     {"kernel_size", 3},
+                                                     {"padding", "same"},
+                                                     {"use_bias", false}}),
+                                     {"image"}},
+                                    {testing::Layer("BatchNormalization", "bn"), {"conv"}},
+                                    {testing::Layer("Add", "residual"), {"bn", "image"}},
+                                    {testing::Layer("ReLU", "relu"), {"residual"}},
+                                    {testing::Layer("GlobalAveragePooling2D", "pool"), {"relu"}},
+                                    {testing::Layer("Dense", "out", {{"units", 3}}), {"pool"}}},
+                          .outputs = {"out"}})},
         GradientCase{"FunctionalTwoInputsResidualAdd",
                      {784},
                      nullptr,

@@ -117,9 +117,10 @@ std::string WithLayer(const std::string& layer) {
 TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Conv3D", "config": {"name": "conv3d"}})")),
             "model layer \"conv3d\" has class \"Conv3D\", which Stratum does not support: use "
-            "InputLayer, Activation, Add, Average, AveragePooling2D, Concatenate, Conv2D, Dense, "
-            "Dropout, Flatten, GlobalAveragePooling2D, GlobalMaxPooling2D, MaxPooling2D, "
-            "Multiply, Reshape or ZeroPadding2D");
+            "InputLayer, Activation, Add, Average, AveragePooling2D, BatchNormalization, "
+            "Concatenate, Conv2D, Dense, Dropout, Flatten, GlobalAveragePooling2D, "
+            "GlobalMaxPooling2D, MaxPooling2D, Multiply, ReLU, Reshape, SyncBatchNormalization or "
+            "ZeroPadding2D");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "activation": "elu"}})")),
             "model layer \"d\" (Dense) has activation \"elu\", which Stratum does not support: "
@@ -670,6 +671,19 @@ TEST(ModelRegularizerTest, AddsKerasRegularizationToLossAndGradients) {
   EXPECT_EQ(both.variables()[0].l2, 0.0);  // L1L2's own default
   EXPECT_EQ(both.variables()[1].l1, 0.01);
   EXPECT_EQ(both.variables()[1].l2, 0.01);
+
+  // Conv2D's bias_regularizer counts as Dense's does.
+  auto conv = Model::FromKerasJson(json{
+      {"class_name", "Sequential"},
+      {"config",
+       {{"layers",
+         {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", {nullptr, 4, 4, 1}}}}},
+          {{"class_name", "Conv2D"},
+           {"config",
+            {{"name", "c"}, {"filters", 2}, {"kernel_size", 3}, {"bias_regularizer", "l2"}}}},
+          {{"class_name", "Flatten"}, {"config", json::object()}}}}}}});
+  ASSERT_TRUE(conv.ok()) << conv.status();
+  EXPECT_EQ(conv->variables()[1].l2, 0.01);
 }
 
 TEST(ModelRegularizerTest, RefusesOtherRegularizersByName) {

@@ -1,5 +1,6 @@
 // Activation: an activation function on its own, elementwise (softmax per row of the last
-// dimension).
+// dimension). Keras' ReLU layer is the same with relu, in its plain form (no max_value,
+// negative_slope or threshold).
 #include "absl/strings/str_cat.h"
 #include "common/model/keras_config.h"
 #include "common/model/layers/layers.h"
@@ -60,6 +61,21 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeActivation(const nlohmann::json& conf
   }
   STRATUM_ASSIGN_OR_RETURN(const ActivationKind kind, keras::ParseActivation(where, *activation));
   return std::make_unique<Activation>(kind);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeReLU(const nlohmann::json& config,
+                                                const std::string& where) {
+  STRATUM_RETURN_IF_ERROR(
+      keras::RefuseUnknown(where, config, {"max_value", "negative_slope", "threshold"}));
+  STRATUM_RETURN_IF_ERROR(keras::RefuseSet(where, config, {"max_value"}));
+  for (const char* key : {"negative_slope", "threshold"}) {
+    const nlohmann::json* value = keras::Find(config, key);
+    if (value == nullptr || (value->is_number() && value->get<double>() == 0)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", key, " ", keras::Dump(*value),
+                     ", which Stratum does not support: use 0 (a plain relu)"));
+  }
+  return std::make_unique<Activation>(ActivationKind::kRelu);
 }
 
 }  // namespace stratum::layers

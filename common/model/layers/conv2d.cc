@@ -53,7 +53,8 @@ class Conv2D final : public Layer {
          options_.kernel_regularizer.l1, options_.kernel_regularizer.l2});
     if (options_.use_bias) {
       build.variables.push_back({"bias", Shape({options_.filters}), options_.bias_initializer.name,
-                                 options_.bias_initializer.seed});
+                                 options_.bias_initializer.seed, options_.bias_regularizer.l1,
+                                 options_.bias_regularizer.l2});
     }
     in_size_ = inputs[0].num_elements();
     out_size_ = build.output.num_elements();
@@ -134,13 +135,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
   STRATUM_ASSIGN_OR_RETURN(
       options.activation,
       keras::ParseActivation(where, activation ? *activation : nlohmann::json()));
-  if (const nlohmann::json* use_bias = Find(config, "use_bias")) {
-    if (!use_bias->is_boolean()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " has use_bias ", Dump(*use_bias), ", which is not a boolean: use true or false"));
-    }
-    options.use_bias = use_bias->get<bool>();
-  }
+  STRATUM_ASSIGN_OR_RETURN(options.use_bias, keras::ParseBool(where, config, "use_bias", true));
   STRATUM_ASSIGN_OR_RETURN(
       options.kernel_initializer,
       keras::ParseInitializer(where, config, "kernel_initializer", "glorot_uniform"));

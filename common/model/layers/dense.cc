@@ -125,14 +125,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
   STRATUM_ASSIGN_OR_RETURN(
       const ActivationKind activation,
       keras::ParseActivation(where, activation_json ? *activation_json : nlohmann::json()));
-  bool use_bias = true;
-  if (const nlohmann::json* value = Find(config, "use_bias")) {
-    if (!value->is_boolean()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " has use_bias ", Dump(*value), ", which is not a boolean: use true or false"));
-    }
-    use_bias = value->get<bool>();
-  }
+  STRATUM_ASSIGN_OR_RETURN(const bool use_bias, keras::ParseBool(where, config, "use_bias", true));
   STRATUM_ASSIGN_OR_RETURN(
       keras::Initializer kernel,
       keras::ParseInitializer(where, config, "kernel_initializer", "glorot_uniform"));

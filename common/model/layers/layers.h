@@ -13,6 +13,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeAdd(const nlohmann::json& config,
                                                const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeAverage(const nlohmann::json& config,
                                                    const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeBatchNormalization(const nlohmann::json& config,
+                                                              const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeConcatenate(const nlohmann::json& config,
                                                        const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeConv2D(const nlohmann::json& config,
@@ -25,8 +27,12 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeFlatten(const nlohmann::json& config,
                                                    const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeMultiply(const nlohmann::json& config,
                                                     const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeReLU(const nlohmann::json& config,
+                                                const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeReshape(const nlohmann::json& config,
                                                    const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeSyncBatchNormalization(const nlohmann::json& config,
+                                                                  const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeZeroPadding2D(const nlohmann::json& config,
                                                          const std::string& where);
 

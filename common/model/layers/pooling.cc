@@ -89,14 +89,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeGlobalPooling2D(PoolKind kind,
   Pooling2D::Options options;
   options.kind = kind;
   options.global = true;
-  if (const nlohmann::json* keepdims = keras::Find(config, "keepdims")) {
-    if (!keepdims->is_boolean()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " has keepdims ", keras::Dump(*keepdims),
-                       ", which is not a boolean: use true or false"));
-    }
-    options.keepdims = keepdims->get<bool>();
-  }
+  STRATUM_ASSIGN_OR_RETURN(options.keepdims, keras::ParseBool(where, config, "keepdims", false));
   return std::make_unique<Pooling2D>(options);
 }
 

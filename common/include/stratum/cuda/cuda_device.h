@@ -66,6 +66,18 @@ class CudaDevice final : public Device {
   void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override;
   void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out, float* grad_x,
                          bool accumulate) const override;
+  void SumSquaredDeviations(const float* x, const float* mean, int64_t rows, int64_t width,
+                            float* out) const override;
+  void BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                 const float* variance, float epsilon, const float* gamma, const float* beta,
+                 float* y) const override;
+  void BatchNormGradSums(const float* dy, const float* x, int64_t rows, int64_t width,
+                         const float* mean, const float* variance, float epsilon, float* sums,
+                         float* grad_gamma, float* grad_beta) const override;
+  void BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                         const float* mean, const float* variance, float epsilon,
+                         const float* gamma, const float* sums, int64_t count, float* dx,
+                         bool accumulate) const override;
 
  private:
   // Keeps the first failure.

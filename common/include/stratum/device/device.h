@@ -117,6 +117,29 @@ class Device {
   virtual void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
                                  float* grad_x, bool accumulate) const = 0;
 
+  // Batch normalization over the rows of x [rows, width], one channel per column (Keras'
+  // axis -1). The statistics come in passes, so that a layer may sum them over replicas
+  // between passes: SumRows gives the sums of x, then, with the mean,
+  // out[c] = sum over rows of (x[r, c] - mean[c])^2.
+  virtual void SumSquaredDeviations(const float* x, const float* mean, int64_t rows, int64_t width,
+                                    float* out) const = 0;
+  // y = gamma * (x - mean) / sqrt(variance + epsilon) + beta; gamma null is 1, beta null 0.
+  virtual void BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                         const float* variance, float epsilon, const float* gamma,
+                         const float* beta, float* y) const = 0;
+  // The backward pass's sums from dy [rows, width]: sums[0, width) = sum of dy over rows,
+  // sums[width, 2 width) = sum of dy * (x - mean); and from them, when set, grad_gamma =
+  // sums[width + c] / sqrt(variance + epsilon), grad_beta = sums[c] (overwritten).
+  virtual void BatchNormGradSums(const float* dy, const float* x, int64_t rows, int64_t width,
+                                 const float* mean, const float* variance, float epsilon,
+                                 float* sums, float* grad_gamma, float* grad_beta) const = 0;
+  // dx (+)= d/dx of BatchNorm. With `sums` (BatchNormGradSums' over the `count` rows the
+  // statistics came from), the batch statistics' own dependence on x counts (training);
+  // without, mean and variance are constants (inference: the moving statistics).
+  virtual void BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                                 const float* mean, const float* variance, float epsilon,
+                                 const float* gamma, const float* sums, int64_t count, float* dx,
+                                 bool accumulate) const = 0;
   // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
   // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and
   // a counter on the device, so that a step captured in a CUDA graph draws anew each replay.

@@ -40,14 +40,37 @@ struct VariableSpec {
   // the loss (0, 0: none).
   double l1 = 0;
   double l2 = 0;
+  // Keras' non-trainable weights (BatchNormalization's moving statistics) are false: no
+  // optimizer touches them. Their gradient slot carries instead the change a step makes,
+  // already scaled by the replica's share, which every update path subtracts as it is
+  // (NonTrainableUpdate in optimizer.h), so that the replicas' shares, summed as gradients
+  // are by every strategy and pushed as gradients are to a parameter server, make one update.
+  bool trainable = true;
 };
 
 // What Build found: the output's shape, the variables (names without the layer's prefix:
-// "kernel", "bias") and the scratch floats per example that Forward and Backward share.
+// "kernel", "bias") and the scratch floats that Forward and Backward share: per example, and
+// per step whatever the batch (per-channel statistics).
 struct LayerBuild {
   Shape output;
   std::vector<VariableSpec> variables;
   int64_t scratch_per_example = 0;
+  int64_t scratch_per_step = 0;
+};
+
+// Sums small per-step values over the replicas in sync, for a layer whose statistics span
+// the global batch (BatchNormalization with synchronized: true): the replicas of this
+// process and of every worker of a MultiWorkerMirrored job. Every replica makes the same
+// sums in the same order (CrossReplicaSums says which, for a replica without examples).
+//
+// A failure (a peer that died, a deadline) is kept by the implementation: later sums do
+// nothing and the model's step returns it. Thread safety: one per replica thread.
+class CrossReplicaSum {
+ public:
+  virtual ~CrossReplicaSum() = default;
+  // values[0, n) (device memory of the layer's Device) <- their sum over the replicas;
+  // returns the sum of `count` (rows this replica summed) over the replicas.
+  virtual int64_t Sum(float* values, int64_t n, int64_t count) = 0;
 };
 
 // The buffers of one forward pass of one layer.
@@ -58,8 +81,9 @@ struct LayerForward {
   std::span<const float* const> inputs;     // one per input, [batch, input shape]
   std::span<const float* const> variables;  // the layer's own
   float* output = nullptr;                  // [batch, output shape]
-  float* scratch = nullptr;                 // [batch, scratch_per_example]
-  RandomStream* rng = nullptr;              // draws in training mode (dropout)
+  float* scratch = nullptr;     // [batch, scratch_per_example], then scratch_per_step floats
+  RandomStream* rng = nullptr;  // draws in training mode (dropout)
+  CrossReplicaSum* replicas = nullptr;  // in training; nullptr: this replica alone
 };
 
 // The buffers of one backward pass of one layer, after its forward pass on the same buffers.
@@ -79,8 +103,12 @@ struct LayerBackward {
   // no gradient is needed.
   std::span<float* const> grad_inputs;
   std::span<const bool> accumulate;
-  // d(objective)/d(variable), overwritten.
+  // d(objective)/d(variable), overwritten; for a non-trainable variable, the change this
+  // replica's step makes, times replica_share.
   std::span<float* const> grad_variables;
+  // This replica's share of the step's per-step terms (1 / replicas in sync).
+  float replica_share = 1.0f;
+  CrossReplicaSum* replicas = nullptr;  // as in LayerForward
 };
 
 class Layer {
@@ -113,6 +141,11 @@ class Layer {
   // which the CUDA device implements in full. A layer calling a CPU-only library overrides
   // it; a model with such a layer trains on the CPU, naming it.
   virtual bool RunsOnGpu() const { return true; }
+
+  // The sizes (floats) of the sums a training step's Forward (backward false) or Backward
+  // makes through CrossReplicaSum, in order: a replica without examples makes the same sums,
+  // of zeros, so that the others do not wait for it. None for most layers.
+  virtual std::vector<int64_t> CrossReplicaSums(bool /*backward*/) const { return {}; }
 };
 
 }  // namespace stratum

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,12 @@ class Workspace {
   // Restarts the dropout random stream from `seed`. Fit reseeds it before every step from
   // (seed, step, replica), so a run resumed from a checkpoint draws the same masks.
   void Reseed(uint64_t seed);
+
+  // Sums `values` in place over the replicas in sync (ReplicaContext::AllReduce with SUM):
+  // the statistics of a synchronized BatchNormalization go through it. Unset, every replica
+  // normalizes by its own batch's statistics. Set it once, before the workspace's first step.
+  using ReplicaSum = std::function<absl::Status(std::vector<Tensor>& values)>;
+  void SetReplicaSum(ReplicaSum sum);
 
   // Opaque; defined next to the Model's implementation.
   struct State;
@@ -87,6 +94,8 @@ class Model {
   int64_t output_size() const;
   int num_outputs() const;
   int64_t num_parameters() const;
+  // Of them, those no optimizer updates (BatchNormalization's moving statistics).
+  int64_t num_non_trainable_parameters() const;
   // OK when every layer runs on a GPU; else UNIMPLEMENTED naming the first that does not.
   absl::Status CheckRunsOnGpu() const;
   // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
@@ -112,15 +121,19 @@ class Model {
   // `gradients` receives d(objective)/d(variable) for every variable (overwritten, not
   // accumulated); tensors of the wrong shape, or missing, are allocated.
   //
-  // Regularizers (a layer's kernel_regularizer / bias_regularizer) add their loss to the
-  // objective times `regularization_scale`: pass 1 / replicas in sync, as tf.distribute's
-  // scale_regularization_loss does, and summed replica gradients carry it once. The
-  // returned loss_sum includes the full regularization loss once per example, so loss_sum /
-  // examples is Keras' loss (the mean example loss plus the regularization loss).
+  // `replica_share` is this replica's share of what a step adds once, not per example: pass
+  // 1 / replicas in sync, and summed replica gradients carry each once.
+  // - Regularizers (a layer's kernel_regularizer / bias_regularizer) add their loss to the
+  //   objective times replica_share, as tf.distribute's scale_regularization_loss does. The
+  //   returned loss_sum includes the full regularization loss once per example, so loss_sum
+  //   / examples is Keras' loss (the mean example loss plus the regularization loss).
+  // - A non-trainable variable's gradient is the change the step makes to it (its moving
+  //   average's step) times replica_share: subtract it (Optimizer::Apply does).
+  // A replica with an empty batch still takes part in synchronized layers' sums.
   absl::StatusOr<StepStats> TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
                                       const Tensor& y, const Loss& loss, float loss_scale,
                                       Workspace& ws, std::vector<Tensor>& gradients,
-                                      float regularization_scale = 1.0f) const;
+                                      float replica_share = 1.0f) const;
   // Adds regularization_scale * d(regularization loss)/d(variable) to `gradients` (a
   // replica's share when it had no examples this step, so the shares still add up).
   void AddRegularizationGradients(const std::vector<Tensor>& variables, float regularization_scale,

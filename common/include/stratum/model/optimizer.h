@@ -10,12 +10,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "stratum/model/layer.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -48,8 +50,11 @@ class Optimizer {
   virtual void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                           int64_t iteration) const = 0;
   // ApplyDense on every variable; slots[i] belongs to vars[i] and is created when empty.
+  // With `specs` (the model's variables), a non-trainable variable takes
+  // NonTrainableUpdate() instead, and keeps no slots.
   void Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
-             std::vector<std::vector<Tensor>>& slots, int64_t iteration) const;
+             std::vector<std::vector<Tensor>>& slots, int64_t iteration,
+             std::span<const VariableSpec> specs = {}) const;
 
  protected:
   explicit Optimizer(float learning_rate) : learning_rate_(learning_rate) {}
@@ -57,5 +62,14 @@ class Optimizer {
  private:
   float learning_rate_;
 };
+
+// How a non-trainable variable (BatchNormalization's moving statistics) is updated: its
+// gradient is the change the step makes (VariableSpec::trainable), subtracted as it is: SGD
+// with learning rate 1, which keeps no slots. Parameter servers hold such variables with
+// it, as the optimizer NonTrainableUpdateJson() names.
+const Optimizer& NonTrainableUpdate();
+nlohmann::json NonTrainableUpdateJson();
+// The optimizer that updates `spec`: `optimizer` for a trainable variable, else the above.
+const nlohmann::json& UpdateJsonFor(const VariableSpec& spec, const nlohmann::json& optimizer);
 
 }  // namespace stratum

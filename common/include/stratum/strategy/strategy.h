@@ -59,6 +59,11 @@ class ReplicaContext {
   int local_replica_id_;
 };
 
+// Sums in place over the replicas in sync as local replica `replica` of `strategy` does
+// (ReplicaContext::AllReduce with SUM), callable from that replica's thread during Run: what
+// a model workspace's synchronized layers sum through (Workspace::SetReplicaSum).
+std::function<absl::Status(std::vector<Tensor>&)> ReplicaSumOf(Strategy& strategy, int replica);
+
 // What ExperimentalDistributeValuesFromFunction hands the value function.
 struct ValueContext {
   int replica_id_in_sync_group = 0;

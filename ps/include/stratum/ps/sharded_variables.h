@@ -23,9 +23,11 @@ class ShardedVariables {
   ShardedVariables(std::vector<std::string> names, std::vector<Shape> shapes,
                    std::vector<ShardSpec> shards, std::vector<std::unique_ptr<PsClient>> clients);
 
-  // Creates every shard with its rows of `initial` and the optimizer. Shards that exist
-  // (an earlier job's, on a long-lived parameter server) start afresh: the job owns them.
-  absl::Status Create(const std::vector<Tensor>& initial, const nlohmann::json& optimizer);
+  // Creates every shard with its rows of `initial` and its variable's optimizer (one per
+  // variable: a non-trainable one has NonTrainableUpdateJson()). Shards that exist (an
+  // earlier job's, on a long-lived parameter server) start afresh: the job owns them.
+  absl::Status Create(const std::vector<Tensor>& initial,
+                      const std::vector<nlohmann::json>& optimizers);
   // The current values, whole.
   absl::StatusOr<std::vector<Tensor>> Pull();
   // Pushes whole-variable gradients (split into shards); with `pulled`, the updated values
