@@ -129,7 +129,8 @@ class Model {
   //   / examples is Keras' loss (the mean example loss plus the regularization loss).
   // - A non-trainable variable's gradient is the change the step makes to it (its moving
   //   average's step) times replica_share: subtract it (Optimizer::Apply does).
-  // A replica with an empty batch still takes part in synchronized layers' sums.
+  // A replica with an empty batch still takes part in synchronized layers' sums, but makes
+  // no step of the moving statistics (its gradients are zeros but for the regularization).
   absl::StatusOr<StepStats> TrainStep(const std::vector<Tensor>& variables, const Tensor& x,
                                       const Tensor& y, const Loss& loss, float loss_scale,
                                       Workspace& ws, std::vector<Tensor>& gradients,
