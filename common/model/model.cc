@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <sstream>
 #include <utility>
 
@@ -69,13 +70,11 @@ class ReplicaSumAdapter final : public CrossReplicaSum {
 
   int64_t Sum(float* values, int64_t n, int64_t count) override {
     if (!status_.ok()) return count;
-    if (buffer_.size() != 1 || buffer_[0].num_elements() != n + 1) {
-      buffer_ = {Tensor(DType::kFloat32, Shape({n + 1}))};
-    }
-    float* data = buffer_[0].data<float>();
+    std::vector<Tensor>& buffer = BufferOf(n + 1);
+    float* data = buffer[0].data<float>();
     std::copy(values, values + n, data);
     data[n] = static_cast<float>(count);  // exact below 2^24 rows
-    status_ = sum_(buffer_);
+    status_ = sum_(buffer);
     if (!status_.ok()) return count;
     std::copy(data, data + n, values);
     return static_cast<int64_t>(std::lround(data[n]));
@@ -85,9 +84,18 @@ class ReplicaSumAdapter final : public CrossReplicaSum {
   absl::Status TakeStatus() { return std::exchange(status_, absl::OkStatus()); }
 
  private:
+  // One buffer per size, kept: a step allocates nothing once it has run.
+  std::vector<Tensor>& BufferOf(int64_t n) {
+    for (std::vector<Tensor>& buffer : buffers_) {
+      if (buffer[0].num_elements() == n) return buffer;
+    }
+    buffers_.push_back({Tensor(DType::kFloat32, Shape({n}))});
+    return buffers_.back();
+  }
+
   Workspace::ReplicaSum sum_;
   absl::Status status_;
-  std::vector<Tensor> buffer_;
+  std::deque<std::vector<Tensor>> buffers_;  // a deque: references stay valid as it grows
 };
 
 }  // namespace

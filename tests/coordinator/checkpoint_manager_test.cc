@@ -65,6 +65,13 @@ std::string TestDir() {
 
 const nlohmann::json kAdam =
     nlohmann::json::parse(R"({"class_name": "Adam", "config": {"learning_rate": 0.1}})");
+
+// The same optimizer for each of `variables`.
+std::vector<nlohmann::json> Each(const std::vector<Tensor>& variables,
+                                 const nlohmann::json& optimizer) {
+  return std::vector<nlohmann::json>(variables.size(), optimizer);
+}
+
 const std::vector<std::string> kNames = {"dense/kernel", "dense/bias"};
 const std::vector<Shape> kShapes = {Shape{7, 3}, Shape{3}};
 
@@ -112,7 +119,7 @@ void ExpectResumesWithOtherShards(int num_ps, int64_t num_shards) {
     }
     initial.push_back(std::move(value));
   }
-  ASSERT_TRUE(saved->variables->Create(initial, kAdam).ok());
+  ASSERT_TRUE(saved->variables->Create(initial, Each(initial, kAdam)).ok());
   ASSERT_TRUE(saved->variables->Push(Gradients(1)).ok());
   ASSERT_TRUE(saved->variables->Push(Gradients(-0.5f)).ok());
   const std::string dir = TestDir();
@@ -128,7 +135,7 @@ void ExpectResumesWithOtherShards(int num_ps, int64_t num_shards) {
             static_cast<size_t>(num_shards + std::min<int64_t>(num_shards, 3)));
   std::vector<Tensor> zeros;
   for (const Shape& shape : kShapes) zeros.emplace_back(DType::kFloat32, shape);
-  ASSERT_TRUE(resumed->variables->Create(zeros, kAdam).ok());
+  ASSERT_TRUE(resumed->variables->Create(zeros, Each(zeros, kAdam)).ok());
   CheckpointManager resumed_checkpoints(dir, /*max_to_keep=*/3, *resumed->variables);
   const absl::StatusOr<std::optional<int64_t>> step = resumed_checkpoints.RestoreLatest();
   ASSERT_TRUE(step.ok()) << step.status();
@@ -180,7 +187,7 @@ TEST(CheckpointManagerTest, ACheckpointOfAnotherModelIsRefusedNamingTheVariable)
   ASSERT_TRUE(saved.ok()) << saved.status();
   std::vector<Tensor> zeros;
   for (const Shape& shape : kShapes) zeros.emplace_back(DType::kFloat32, shape);
-  ASSERT_TRUE(saved->variables->Create(zeros, kAdam).ok());
+  ASSERT_TRUE(saved->variables->Create(zeros, Each(zeros, kAdam)).ok());
   const std::string dir = TestDir();
   CheckpointManager checkpoints(dir, /*max_to_keep=*/3, *saved->variables);
   ASSERT_TRUE(checkpoints.Save(5).ok());
@@ -226,7 +233,9 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
   ShardedVariables variables({"w"}, {Shape{2}},
                              {ShardSpec{.name = "w", .variable = "w", .shape = Shape{2}}},
                              std::move(clients));
-  ASSERT_TRUE(variables.Create({Tensor::FromVector<float>({2}, {1, 2})}, kSgd).ok());
+  ASSERT_TRUE(
+      variables.Create({Tensor::FromVector<float>({2}, {1, 2})}, std::vector<nlohmann::json>{kSgd})
+          .ok());
   const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
                                        "/checkpoint_manager_test_", getpid());
   std::filesystem::remove_all(dir);
@@ -245,7 +254,9 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
   EXPECT_THAT(**latest, HasSubstr("ckpt-000000000010"));
 
   // Re-seeded and restored, the PS holds the state of step 10 again.
-  ASSERT_TRUE(variables.Create({Tensor::FromVector<float>({2}, {0, 0})}, kSgd).ok());
+  ASSERT_TRUE(
+      variables.Create({Tensor::FromVector<float>({2}, {0, 0})}, std::vector<nlohmann::json>{kSgd})
+          .ok());
   const absl::StatusOr<std::optional<int64_t>> restored = checkpoints.RestoreLatest();
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, std::optional<int64_t>(10));

@@ -227,13 +227,15 @@ TEST(FitTest, StepsPerEpochRepeatsTheData) {
   EXPECT_EQ(summary->steps, 20);
 }
 
-TEST(FitTest, AResumedRunWithDropoutEndsWithTheSameVariables) {
+TEST(FitTest, AResumedRunWithDropoutAndBatchNormEndsWithTheSameVariables) {
   // Dropout masks come from (seed, step, replica), not from a stream that a restart would
-  // begin again: one epoch, a restart from its checkpoint and a second epoch give the bits
-  // of two epochs in one go.
+  // begin again, and BatchNormalization's moving statistics (non-trainable, without
+  // optimizer slots) are saved and restored: one epoch, a restart from its checkpoint and a
+  // second epoch give the bits of two epochs in one go.
   constexpr char kDropoutModel[] = R"({"class_name": "Sequential", "config": {"layers": [
     {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
     {"class_name": "Dense", "config": {"name": "hidden", "units": 16, "activation": "relu"}},
+    {"class_name": "BatchNormalization", "config": {"name": "bn", "synchronized": true}},
     {"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.3}},
     {"class_name": "Dense", "config": {"name": "out", "units": 4, "activation": "softmax"}}]}})";
   const Model model = *Model::FromKerasJson(absl::string_view(kDropoutModel));

@@ -28,6 +28,8 @@ class ShardedVariables {
   // earlier job's, on a long-lived parameter server) start afresh: the job owns them.
   absl::Status Create(const std::vector<Tensor>& initial,
                       const std::vector<nlohmann::json>& optimizers);
+  // One optimizer would convert to a list of its fields: pass one per variable.
+  absl::Status Create(const std::vector<Tensor>& initial, const nlohmann::json& optimizer) = delete;
   // The current values, whole.
   absl::StatusOr<std::vector<Tensor>> Pull();
   // Pushes whole-variable gradients (split into shards); with `pulled`, the updated values
