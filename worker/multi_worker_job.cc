@@ -256,7 +256,7 @@ absl::StatusOr<FitSummary> RunMultiWorkerJob(const JobSpec& job,
                                              const MultiWorkerJobOptions& options) {
   // Refused before the leader is waited for.
   STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
-  ConfigureLogicalGpus(job.strategy);
+  ConfigureLocalDevices(job.strategy);
   STRATUM_ASSIGN_OR_RETURN(
       const CommunicationImplementation implementation,
       CommunicationImplementationFromName(job.strategy.communication.implementation));

@@ -9,8 +9,9 @@
 
 namespace stratum {
 
-void ConfigureLogicalGpus(const StrategySpec& spec) {
-  SetLogicalGpusPerGpu(spec.logical_gpus_per_gpu);  // ParseJobSpec checked it is 1 or more
+void ConfigureLocalDevices(const StrategySpec& spec) {
+  SetIntraOpThreads(spec.intra_op_parallelism_threads);  // ParseJobSpec checked both are >= 1
+  SetLogicalGpusPerGpu(spec.logical_gpus_per_gpu);
   if (spec.logical_gpus_per_gpu > 1 && VisibleGpuCount() == 0) {
     spdlog::warn(
         "strategy.logical_gpus_per_gpu is {}, but this process sees no GPU to split: the "
@@ -20,7 +21,7 @@ void ConfigureLogicalGpus(const StrategySpec& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec) {
-  ConfigureLogicalGpus(spec);
+  ConfigureLocalDevices(spec);
   MirroredOptions options;
   options.devices = spec.devices;
   options.cross_device_ops = spec.cross_device_ops;

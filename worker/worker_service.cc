@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   local.devices = spec->strategy.devices;
   local.cross_device_ops = spec->strategy.cross_device_ops;
   local.logical_gpus_per_gpu = spec->strategy.logical_gpus_per_gpu;
+  local.intra_op_parallelism_threads = spec->strategy.intra_op_parallelism_threads;
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(local);
   if (!strategy.ok()) return strategy.status();
   job->strategy = *std::move(strategy);

@@ -8,6 +8,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "stratum/util/devices.h"
+
 namespace stratum::onednn {
 namespace {
 
@@ -19,15 +21,17 @@ const dnnl::engine& Engine() {
   return *kEngine;
 }
 
-// One stream per thread, whose oneDNN calls run on that thread alone: Stratum runs its
-// replicas on threads of their own, and oneDNN's OpenMP team on top of them (or beside a
-// busy core) spent most of a step spinning (685 examples/s against 2,523 on one thread, for
-// the tutorial CNN on this 2-core machine kind).
+// One stream per thread, whose oneDNN calls run on that thread and IntraOpThreads() - 1 more
+// (1 by default): Stratum runs its replicas on threads of their own, and oneDNN's OpenMP
+// team on top of them (or beside a busy core) spent most of a step spinning (685 examples/s
+// against 2,523 on one thread, for the tutorial CNN on this 2-core machine kind).
 dnnl::stream& Stream() {
-  thread_local dnnl::stream stream = [] {
-    omp_set_num_threads(1);
-    return dnnl::stream(Engine());
-  }();
+  thread_local dnnl::stream stream(Engine());
+  thread_local int threads = 0;
+  if (const int wanted = IntraOpThreads(); wanted != threads) {
+    omp_set_num_threads(wanted);  // this thread's OpenMP teams
+    threads = wanted;
+  }
   return stream;
 }
 

@@ -134,16 +134,18 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
   Fields fields(object, "strategy", source);
   if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
-  if (absl::Status s =
-          fields.CheckKnown({"type", "devices", "cross_device_ops", "num_packs",
-                             "logical_gpus_per_gpu", "variable_partitioner", "communication"});
+  if (absl::Status s = fields.CheckKnown({"type", "devices", "cross_device_ops", "num_packs",
+                                          "logical_gpus_per_gpu", "intra_op_parallelism_threads",
+                                          "variable_partitioner", "communication"});
       !s.ok()) {
     return s;
   }
-  for (absl::Status s : {fields.Get("type", out.type), fields.Get("devices", out.devices),
-                         fields.Get("cross_device_ops", out.cross_device_ops),
-                         fields.Get("num_packs", out.num_packs),
-                         fields.Get("logical_gpus_per_gpu", out.logical_gpus_per_gpu)}) {
+  for (absl::Status s :
+       {fields.Get("type", out.type), fields.Get("devices", out.devices),
+        fields.Get("cross_device_ops", out.cross_device_ops),
+        fields.Get("num_packs", out.num_packs),
+        fields.Get("logical_gpus_per_gpu", out.logical_gpus_per_gpu),
+        fields.Get("intra_op_parallelism_threads", out.intra_op_parallelism_threads)}) {
     if (!s.ok()) return s;
   }
   if (object.contains("variable_partitioner")) {
@@ -180,6 +182,11 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
   if (out.logical_gpus_per_gpu < 1) {
     return fields.Error("strategy.logical_gpus_per_gpu",
                         absl::StrCat("is ", out.logical_gpus_per_gpu), "use 1 (no split) or more");
+  }
+  if (out.intra_op_parallelism_threads < 1 || out.intra_op_parallelism_threads > 1024) {
+    return fields.Error("strategy.intra_op_parallelism_threads",
+                        absl::StrCat("is ", out.intra_op_parallelism_threads),
+                        "use 1 (each replica on its own thread) up to 1024");
   }
   if (out.type == "default" && !out.devices.empty()) {
     return fields.Error("strategy.devices",

@@ -1,4 +1,5 @@
-// The logical GPU configuration, the same in builds with and without CUDA.
+// The logical GPU configuration and the intra-op threads, the same in builds with and
+// without CUDA.
 #include <atomic>
 
 #include "stratum/util/devices.h"
@@ -7,6 +8,7 @@ namespace stratum {
 namespace {
 
 std::atomic<int> logical_per_gpu{1};
+std::atomic<int> intra_op_threads{1};
 
 }  // namespace
 
@@ -19,5 +21,13 @@ bool SetLogicalGpusPerGpu(int per_gpu) {
 int LogicalGpusPerGpu() { return logical_per_gpu; }
 
 int PhysicalGpuOf(int logical) { return logical / logical_per_gpu; }
+
+bool SetIntraOpThreads(int threads) {
+  if (threads < 1) return false;
+  intra_op_threads = threads;
+  return true;
+}
+
+int IntraOpThreads() { return intra_op_threads; }
 
 }  // namespace stratum

@@ -137,6 +137,12 @@ TEST(JobSpecTest, NegativeCountsAreRefusedWithTheFix) {
   job["strategy"] = {{"type", "mirrored"}, {"logical_gpus_per_gpu", 0}};
   EXPECT_THAT(ErrorOf(job.dump()),
               HasSubstr("strategy.logical_gpus_per_gpu is 0: use 1 (no split) or more"));
+  job["strategy"] = {{"type", "default"}, {"intra_op_parallelism_threads", 0}};
+  EXPECT_THAT(ErrorOf(job.dump()), HasSubstr("strategy.intra_op_parallelism_threads is 0: use 1"));
+  job["strategy"] = {{"type", "default"}, {"intra_op_parallelism_threads", 2}};
+  absl::StatusOr<JobSpec> two_threads = ParseJobSpec(job.dump(), "job.json", "/jobs");
+  ASSERT_TRUE(two_threads.ok()) << two_threads.status();
+  EXPECT_EQ(two_threads->strategy.intra_op_parallelism_threads, 2);
 }
 
 // Values that parse but mean nothing a user could want, found by a QA pass: each is refused

@@ -31,6 +31,9 @@ struct StrategySpec {
   int num_packs = 1;                 // mirrored with NcclAllReduce
   // Logical GPUs per physical GPU (tf.config.set_logical_device_configuration); 1: none.
   int logical_gpus_per_gpu = 1;
+  // Threads of one replica's CPU kernels (tf.config.threading.
+  // set_intra_op_parallelism_threads); 1: the replica's own thread alone.
+  int intra_op_parallelism_threads = 1;
   nlohmann::json variable_partitioner;  // parameter_server
   CommunicationSpec communication;      // multi_worker_mirrored
 };

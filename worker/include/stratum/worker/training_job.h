@@ -17,13 +17,14 @@
 
 namespace stratum {
 
-// Splits every GPU of this process into spec.logical_gpus_per_gpu logical GPUs (process-wide,
-// as tf.config.set_logical_device_configuration), before its devices are resolved; warns
-// when the split has nothing to split (no GPU is visible: the replicas go on the CPU).
-void ConfigureLogicalGpus(const StrategySpec& spec);
+// The process-wide device settings of the job, before its devices are resolved: splits
+// every GPU into spec.logical_gpus_per_gpu logical GPUs (as tf.config.
+// set_logical_device_configuration; warns when no GPU is visible to split: the replicas go
+// on the CPU) and sets the intra-op threads (spec.intra_op_parallelism_threads).
+void ConfigureLocalDevices(const StrategySpec& spec);
 
 // default, one_device, mirrored or central_storage, on the logical GPUs of
-// ConfigureLogicalGpus(spec); the cluster strategies (parameter_server,
+// ConfigureLocalDevices(spec); the cluster strategies (parameter_server,
 // multi_worker_mirrored) are refused with how to run them.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeLocalStrategy(const StrategySpec& spec);
 
