@@ -121,14 +121,17 @@ ConvPrimitives MakePrimitives(const Window2D& w, int64_t batch, bool with_bias) 
 }
 
 // This thread's primitives for the shape (a model has a few shapes: its layers, and the
-// last partial batch).
+// last partial batch) and thread count. A primitive keeps the threads it was made for (its
+// work split), so they are set first: made before, the first primitives ran with an OpenMP
+// team of every core, whose other threads spun beside the replica's own.
 const ConvPrimitives& Primitives(const Window2D& w, int64_t batch, bool with_bias) {
+  Stream();  // sets this thread's OpenMP threads
   using Key = std::array<int64_t, 20>;
   thread_local std::map<Key, ConvPrimitives> cache;
   const Key key = {w.in_h,       w.in_w,       w.in_c,     w.out_h,    w.out_w,
                    w.out_c,      w.kernel_h,   w.kernel_w, w.stride_h, w.stride_w,
                    w.dilation_h, w.dilation_w, w.pad_top,  w.pad_left, w.pad_bottom,
-                   w.pad_right,  batch,        with_bias,  0,          0};
+                   w.pad_right,  batch,        with_bias,  IntraOpThreads(), 0};
   auto found = cache.find(key);
   if (found == cache.end()) found = cache.emplace(key, MakePrimitives(w, batch, with_bias)).first;
   return found->second;
