@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,16 @@ inline void PrintFigure(const std::string& name, double value, const std::string
   }
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
+}
+
+// Puts the model and compile settings of the job file `example` (such as
+// examples/fashion_mnist_cnn.json) into `job`, which keeps its data, fit and strategy: a
+// benchmark of one job trained with another example's model.
+inline void UseModelOf(const std::string& example, nlohmann::json& job) {
+  std::ifstream file(example);
+  const nlohmann::json other = nlohmann::json::parse(file);
+  job["model"] = other["model"];
+  job["compile"] = other["compile"];
 }
 
 }  // namespace stratum::bench

@@ -78,10 +78,7 @@ int Run() {
   job.erase("checkpoint");  // measure training from scratch, never resume an old run
   const std::string model_from = absl::GetFlag(FLAGS_model_from);
   if (!model_from.empty()) {
-    std::ifstream other(std::string(STRATUM_SOURCE_DIR) + "/" + model_from);
-    const nlohmann::json example = nlohmann::json::parse(other);
-    job["model"] = example["model"];
-    job["compile"] = example["compile"];
+    bench::UseModelOf(std::string(STRATUM_SOURCE_DIR) + "/" + model_from, job);
   }
 
   std::vector<std::pair<int, int>> runs;  // (workers, epochs)

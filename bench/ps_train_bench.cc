@@ -46,10 +46,7 @@ int Run() {
   job.erase("checkpoint");  // measure training, from scratch
   const std::string model_from = absl::GetFlag(FLAGS_model_from);
   if (!model_from.empty()) {
-    std::ifstream other(std::string(STRATUM_SOURCE_DIR) + "/" + model_from);
-    const nlohmann::json example = nlohmann::json::parse(other);
-    job["model"] = example["model"];
-    job["compile"] = example["compile"];
+    bench::UseModelOf(std::string(STRATUM_SOURCE_DIR) + "/" + model_from, job);
   }
   const std::string job_path = "/tmp/ps_train_bench_job.json";
   std::ofstream(job_path) << job.dump();

@@ -13,6 +13,7 @@
 
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/testing/functional_json.h"
 
 namespace stratum {
 namespace {
@@ -20,11 +21,10 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
+// A Sequential model of `layers` on inputs of `input`, flattened at the end.
 json Sequential(std::vector<int64_t> input, std::vector<json> layers) {
-  json input_shape = json::array({nullptr});
-  for (int64_t dim : input) input_shape.push_back(dim);
-  json list = json::array(
-      {{{"class_name", "InputLayer"}, {"config", {{"batch_input_shape", input_shape}}}}});
+  json list = json::array({{{"class_name", "InputLayer"},
+                            {"config", {{"batch_input_shape", testing::BatchShape(input)}}}}});
   for (json& layer : layers) list.push_back(std::move(layer));
   list.push_back({{"class_name", "Flatten"}, {"config", json::object()}});
   return {{"class_name", "Sequential"}, {"config", {{"name", "m"}, {"layers", list}}}};
