@@ -60,8 +60,9 @@ absl::StatusOr<nlohmann::json> Train(nlohmann::json job, int workers, int epochs
 void Report(const nlohmann::json& summary, int workers, int epochs, bool goal) {
   const std::string setup =
       absl::StrCat(workers, " worker(s), MultiWorkerMirrored, RING over loopback TCP, ", epochs,
-                   " epochs, batch 64 per replica, examples/s over all workers, "
-                   "examples/fashion_mnist_mwms.json");
+                   " epochs, batch 64 per replica, examples/s over all workers, the model of ",
+                   absl::GetFlag(FLAGS_model_from).empty() ? "examples/fashion_mnist_mwms.json"
+                                                           : absl::GetFlag(FLAGS_model_from));
   const std::string suffix = absl::StrCat(workers, "_workers_", epochs, "_epochs");
   bench::PrintFigure(absl::StrCat("mwms_training_examples_per_sec_", suffix),
                      summary.value("examples_per_sec", 0.0), "examples/s", nlohmann::json(),

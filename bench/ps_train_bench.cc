@@ -81,8 +81,10 @@ int Run() {
     }
     const double rate = (*result)["examples_per_sec"];
     last_rate = rate;
-    const std::string setup = absl::StrCat(workers, " worker(s), 2 ps, async, ", epochs,
-                                           " epochs of data, batch 64, one step per closure");
+    const std::string setup =
+        absl::StrCat(workers, " worker(s), 2 ps, async, ", epochs,
+                     " epochs of data, batch 64, one step per closure, the model of ",
+                     model_from.empty() ? "examples/fashion_mnist_ps.json" : model_from);
     Print(absl::StrCat("ps_training_examples_per_sec_", workers, "_workers"), rate, "examples/s", 0,
           setup);
     Print(absl::StrCat("ps_training_vs_stratum_train_", workers, "_workers"), rate / single_rate,
