@@ -29,35 +29,6 @@ void Product(const A& a, const B& b, MatrixMap c, bool accumulate) {
   }
 }
 
-// Calls visit(out, positions, count) for every output pixel of a pooling: `out` is the
-// pixel's first channel in the output, `positions` the first channel of each window position
-// inside the input (the padding is skipped: it never wins a maximum and does not count in
-// an average, as in TF), in the window's order. The channels of a pixel are contiguous, so
-// the visitors' loops over them vectorize.
-template <typename Visit>
-void ForEachPixel(const Window2D& w, int64_t batch, const float* x, Visit visit) {
-  thread_local std::vector<const float*> positions;
-  positions.resize(static_cast<size_t>(w.kernel_h * w.kernel_w));
-  int64_t out_pixel = 0;
-  for (int64_t n = 0; n < batch; ++n) {
-    const float* image = x + n * w.in_h * w.in_w * w.in_c;
-    for (int64_t oh = 0; oh < w.out_h; ++oh) {
-      for (int64_t ow = 0; ow < w.out_w; ++ow, ++out_pixel) {
-        int count = 0;
-        for (int64_t kh = 0; kh < w.kernel_h; ++kh) {
-          const int64_t h = oh * w.stride_h + kh * w.dilation_h - w.pad_top;
-          if (h < 0 || h >= w.in_h) continue;
-          for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
-            const int64_t col = ow * w.stride_w + kw * w.dilation_w - w.pad_left;
-            if (col >= 0 && col < w.in_w) positions[count++] = image + (h * w.in_w + col) * w.in_c;
-          }
-        }
-        visit(out_pixel * w.out_c, positions.data(), count);
-      }
-    }
-  }
-}
-
 class Cpu final : public Device {
  public:
   std::string name() const override { return "CPU"; }
@@ -215,68 +186,21 @@ class Cpu final : public Device {
   }
 
   void MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
-    const int64_t channels = w.in_c;
-    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
-      float* max = out + o;
-      std::copy(positions[0], positions[0] + channels, max);
-      for (int p = 1; p < count; ++p) {
-        const float* v = positions[p];
-        for (int64_t c = 0; c < channels; ++c) max[c] = v[c] > max[c] ? v[c] : max[c];
-      }
-    });
+    onednn::Pool2DForward(w, batch, /*max=*/true, x, out);
   }
 
-  // The gradient goes to the window's first position that holds the maximum (out).
-  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* out,
+  void MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x, const float* /*out*/,
                          const float* grad_out, float* grad_x, bool accumulate) const override {
-    if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
-    const int64_t channels = w.in_c;
-    // routed[c]: 1 once channel c's gradient has gone to a position. Branch-free, so the
-    // loop over the channels vectorizes.
-    thread_local std::vector<float> routed;
-    routed.resize(static_cast<size_t>(channels));
-    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
-      std::fill(routed.begin(), routed.end(), 0.0f);
-      float* done = routed.data();
-      const float* max = out + o;
-      const float* grad = grad_out + o;
-      for (int p = 0; p < count; ++p) {
-        const float* v = positions[p];
-        float* g = grad_x + (v - x);
-        for (int64_t c = 0; c < channels; ++c) {
-          const float take = static_cast<float>(v[c] == max[c]) * (1.0f - done[c]);
-          g[c] += take * grad[c];
-          done[c] += take;
-        }
-      }
-    });
+    PoolBackward(w, batch, true, x, grad_out, grad_x, accumulate);
   }
 
   void AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const override {
-    const int64_t channels = w.in_c;
-    ForEachPixel(w, batch, x, [&](int64_t o, const float* const* positions, int count) {
-      float* mean = out + o;
-      std::copy(positions[0], positions[0] + channels, mean);
-      for (int p = 1; p < count; ++p) {
-        for (int64_t c = 0; c < channels; ++c) mean[c] += positions[p][c];
-      }
-      const float scale = 1.0f / static_cast<float>(count);
-      for (int64_t c = 0; c < channels; ++c) mean[c] *= scale;
-    });
+    onednn::Pool2DForward(w, batch, /*max=*/false, x, out);
   }
 
   void AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out, float* grad_x,
                          bool accumulate) const override {
-    if (!accumulate) Zero(grad_x, batch * w.in_h * w.in_w * w.in_c);
-    const int64_t channels = w.in_c;
-    // The walk needs only the positions: grad_x stands in for x.
-    ForEachPixel(w, batch, grad_x, [&](int64_t o, const float* const* positions, int count) {
-      const float scale = 1.0f / static_cast<float>(count);
-      for (int p = 0; p < count; ++p) {
-        float* g = const_cast<float*>(positions[p]);
-        for (int64_t c = 0; c < channels; ++c) g[c] += grad_out[o + c] * scale;
-      }
-    });
+    PoolBackward(w, batch, false, nullptr, grad_out, grad_x, accumulate);
   }
 
   void SumSquaredDeviations(const float* x, const float* mean, int64_t rows, int64_t width,
@@ -358,6 +282,21 @@ class Cpu final : public Device {
     const float keep_scale = 1.0f / (1.0f - rate);
     for (int64_t j = 0; j < n; ++j) mask[j] = Uniform01(rng) >= rate ? keep_scale : 0.0f;
     Multiply(x, mask, out, n, false);
+  }
+
+ private:
+  // oneDNN overwrites grad_x: a gradient that adds to another goes through a buffer.
+  void PoolBackward(const Window2D& w, int64_t batch, bool max, const float* x,
+                    const float* grad_out, float* grad_x, bool accumulate) const {
+    if (!accumulate) {
+      onednn::Pool2DBackward(w, batch, max, x, grad_out, grad_x);
+      return;
+    }
+    const int64_t n = batch * w.in_h * w.in_w * w.in_c;
+    thread_local std::vector<float> added;
+    added.resize(static_cast<size_t>(n));
+    onednn::Pool2DBackward(w, batch, max, x, grad_out, added.data());
+    Copy(added.data(), grad_x, n, true);
   }
 };
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <map>
 #include <unordered_map>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -128,16 +129,90 @@ const ConvPrimitives& Primitives(const Window2D& w, int64_t batch, bool with_bia
   Stream();  // sets this thread's OpenMP threads
   using Key = std::array<int64_t, 20>;
   thread_local std::map<Key, ConvPrimitives> cache;
-  const Key key = {w.in_h,       w.in_w,       w.in_c,     w.out_h,    w.out_w,
-                   w.out_c,      w.kernel_h,   w.kernel_w, w.stride_h, w.stride_w,
-                   w.dilation_h, w.dilation_w, w.pad_top,  w.pad_left, w.pad_bottom,
+  const Key key = {w.in_h,       w.in_w,       w.in_c,     w.out_h,          w.out_w,
+                   w.out_c,      w.kernel_h,   w.kernel_w, w.stride_h,       w.stride_w,
+                   w.dilation_h, w.dilation_w, w.pad_top,  w.pad_left,       w.pad_bottom,
                    w.pad_right,  batch,        with_bias,  IntraOpThreads(), 0};
   auto found = cache.find(key);
   if (found == cache.end()) found = cache.emplace(key, MakePrimitives(w, batch, with_bias)).first;
   return found->second;
 }
 
+// The primitives of one pooling shape and kind, made once per thread and reused. Max
+// pooling's backward pass reads the forward pass's workspace (where each window's maximum
+// was), which it makes again from x: the Device interface hands it x, not a workspace.
+struct PoolPrimitives {
+  memory::desc src, dst, workspace;
+  dnnl::pooling_forward inference;
+  dnnl::pooling_forward training;  // max only: writes the workspace
+  dnnl::pooling_backward backward;
+};
+
+PoolPrimitives MakePoolPrimitives(const Window2D& w, int64_t batch, bool max) {
+  PoolPrimitives p;
+  p.src = Data(batch, w.in_h, w.in_w, w.in_c);
+  p.dst = Data(batch, w.out_h, w.out_w, w.out_c);
+  // TF's average counts the positions inside the image only; padding never wins a maximum.
+  const auto algorithm =
+      max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_exclude_padding;
+  const memory::dims strides = {w.stride_h, w.stride_w}, kernel = {w.kernel_h, w.kernel_w},
+                     pad_l = {w.pad_top, w.pad_left}, pad_r = {w.pad_bottom, w.pad_right};
+  auto forward = [&](dnnl::prop_kind kind) {
+    return dnnl::pooling_forward::primitive_desc(
+        dnnl::pooling_forward::desc(kind, algorithm, p.src, p.dst, strides, kernel, pad_l, pad_r),
+        Engine());
+  };
+  p.inference = dnnl::pooling_forward(forward(dnnl::prop_kind::forward_inference));
+  const dnnl::pooling_forward::primitive_desc training_pd =
+      forward(dnnl::prop_kind::forward_training);
+  if (max) {
+    p.training = dnnl::pooling_forward(training_pd);
+    p.workspace = training_pd.workspace_desc();
+  }
+  p.backward = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
+      dnnl::pooling_backward::desc(algorithm, p.src, p.dst, strides, kernel, pad_l, pad_r),
+      Engine(), training_pd));
+  return p;
+}
+
+const PoolPrimitives& PoolPrimitivesOf(const Window2D& w, int64_t batch, bool max) {
+  Stream();  // sets this thread's OpenMP threads, as for the convolutions
+  using Key = std::array<int64_t, 16>;
+  thread_local std::map<Key, PoolPrimitives> cache;
+  const Key key = {w.in_h,      w.in_w,     w.in_c,     w.out_h,         w.out_w,    w.kernel_h,
+                   w.kernel_w,  w.stride_h, w.stride_w, w.pad_top,       w.pad_left, w.pad_bottom,
+                   w.pad_right, batch,      max,        IntraOpThreads()};
+  auto found = cache.find(key);
+  if (found == cache.end()) found = cache.emplace(key, MakePoolPrimitives(w, batch, max)).first;
+  return found->second;
+}
+
 }  // namespace
+
+void Pool2DForward(const Window2D& w, int64_t batch, bool max, const float* x, float* out) {
+  const PoolPrimitives& p = PoolPrimitivesOf(w, batch, max);
+  p.inference.execute(Stream(), {{DNNL_ARG_SRC, Wrap(p.src, x)}, {DNNL_ARG_DST, Wrap(p.dst, out)}});
+  Stream().wait();
+}
+
+void Pool2DBackward(const Window2D& w, int64_t batch, bool max, const float* x,
+                    const float* grad_out, float* grad_x) {
+  const PoolPrimitives& p = PoolPrimitivesOf(w, batch, max);
+  std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, Wrap(p.dst, grad_out)},
+                                          {DNNL_ARG_DIFF_SRC, Wrap(p.src, grad_x)}};
+  if (max) {
+    thread_local std::vector<char> workspace, values;
+    workspace.resize(p.workspace.get_size());
+    values.resize(p.dst.get_size());
+    const memory where(p.workspace, Engine(), workspace.data());
+    p.training.execute(Stream(), {{DNNL_ARG_SRC, Wrap(p.src, x)},
+                                  {DNNL_ARG_DST, memory(p.dst, Engine(), values.data())},
+                                  {DNNL_ARG_WORKSPACE, where}});
+    args.emplace(DNNL_ARG_WORKSPACE, where);
+  }
+  p.backward.execute(Stream(), args);
+  Stream().wait();
+}
 
 void Conv2DForward(const Window2D& w, int64_t batch, const float* x, const float* kernel,
                    const float* bias, float* out) {

@@ -1,4 +1,4 @@
-// The CPU device's convolutions on oneDNN (Debian's libdnnl, the library TensorFlow and
+// The CPU device's convolutions and poolings on oneDNN (Debian's libdnnl, the library TensorFlow and
 // PyTorch use on CPUs), in the plain channels-last layouts Keras uses (nhwc data, hwio
 // kernels), so no reorder runs. oneDNN keeps the primitives it made in its own cache, so a
 // shape seen before costs a lookup. Internal to common/device/.
@@ -18,5 +18,12 @@ void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
                         const float* kernel, float* grad_x);
 void Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x, const float* grad_out,
                            float* grad_kernel, float* grad_bias);
+
+// Max (max true) or average pooling (the positions inside the image alone), channels_last.
+void Pool2DForward(const Window2D& w, int64_t batch, bool max, const float* x, float* out);
+// grad_x = d/dx of the pooling, from grad_out (overwritten); max pooling routes each
+// window's gradient to its first maximum in x.
+void Pool2DBackward(const Window2D& w, int64_t batch, bool max, const float* x,
+                    const float* grad_out, float* grad_x);
 
 }  // namespace stratum::onednn

@@ -121,6 +121,30 @@ TEST(ConvLayersTest, PoolingsIgnoreThePadding) {
             (std::vector<float>{9}));
 }
 
+// A window whose maximum is held twice sends its gradient to the first of them, in the
+// window's order, as TensorFlow does: the 1x1 convolution's kernel gradient shows which
+// input pixel got it.
+TEST(ConvLayersTest, MaxPoolingRoutesATiedGradientToTheFirstMaximum) {
+  const Model model =
+      Build({1, 2, 2}, {{{"class_name", "Conv2D"},
+                         {"config",
+                          {{"filters", 1},
+                           {"kernel_size", 1},
+                           {"use_bias", false},
+                           {"kernel_initializer", "ones"}}}},
+                        {{"class_name", "MaxPooling2D"}, {"config", {{"pool_size", {1, 2}}}}}});
+  // Pixels (1, 2) and (2, 1): both convolve to 3.
+  const Tensor x = Tensor::FromVector<float>(Shape({1, 1, 2, 2}), {1, 2, 2, 1});
+  const Tensor y = Tensor::FromVector<float>(Shape({1, 1}), {0});
+  auto ws = model.NewWorkspace(0);
+  std::vector<Tensor> grads;
+  const std::vector<Tensor> vars = model.InitialVariables(1);
+  ASSERT_TRUE(model.TrainStep(vars, x, y, Loss::MeanSquaredError(), 1.0f, *ws, grads).ok());
+  // d/d(out) = 2 * 3; the first pixel's (1, 2) times it.
+  EXPECT_FLOAT_EQ(grads[0].data<float>()[0], 6.0f);
+  EXPECT_FLOAT_EQ(grads[0].data<float>()[1], 12.0f);
+}
+
 TEST(ConvLayersTest, ZeroPaddingPutsZerosWhereKerasDoes) {
   const Tensor x = Tensor::FromVector<float>(Shape({1, 2, 2, 1}), {1, 2, 3, 4});
   const Model model = Build(

@@ -6,8 +6,9 @@
 // Where a method takes `accumulate`, false overwrites the output and true adds to it: the
 // model's backward pass adds the gradients of a tensor that feeds several layers.
 //
-// CpuDevice() is the CPU implementation, on Eigen: stateless, so one instance serves every
-// thread. A CUDA implementation (cuBLAS and the kernels of common/cuda/) is the GPU issue's.
+// CpuDevice() is the CPU implementation, on Eigen and oneDNN (convolutions, poolings): stateless,
+// so one instance serves every thread. A CUDA implementation (cuBLAS and the kernels of
+// common/cuda/) is the GPU issue's.
 //
 // Thread safety: the methods of a Device are const and may run from several threads at
 // once on distinct outputs.
