@@ -1,9 +1,11 @@
-// The CPU device's convolutions and poolings on oneDNN (Debian's libdnnl, the library TensorFlow and
-// PyTorch use on CPUs), in the plain channels-last layouts Keras uses (nhwc data, hwio
-// kernels), so no reorder runs. oneDNN keeps the primitives it made in its own cache, so a
-// shape seen before costs a lookup. Internal to common/device/.
+// The CPU device's convolutions and poolings on oneDNN (Debian's libdnnl, the library
+// TensorFlow and PyTorch use on CPUs), on the channels-last data Keras uses (nhwc); a
+// convolution's kernel goes from Keras' hwio layout to the one oneDNN's fastest kernel wants
+// and back (small beside the convolution). Each thread makes the primitives of a shape once
+// and reuses them. Internal to common/device/.
 //
-// Thread safety: each call runs on a stream of the calling thread, on that thread alone.
+// Thread safety: each call runs on a stream of the calling thread, with
+// IntraOpThreads() OpenMP threads (1 by default: that thread alone).
 #pragma once
 
 #include <cstdint>
