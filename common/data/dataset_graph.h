@@ -62,6 +62,8 @@ class DatasetGraph {
  public:
   static const NodePtr& Node(const Dataset& dataset) { return dataset.node_; }
   static Dataset Wrap(NodePtr node) { return Dataset(std::move(node)); }
+  // A Dataset in an error state, for sources defined outside dataset.cc.
+  static Dataset Fail(absl::Status error) { return Dataset(std::move(error)); }
   static NodePtr MakeShard(NodePtr input, int64_t num_shards, int64_t index);
   // The source at the bottom of the chain.
   static const DatasetNode& Source(const Dataset& dataset);

@@ -85,6 +85,7 @@ class Fields {
     return absl::InvalidArgumentError(
         absl::StrCat(source_, ": job field ", path, " ", problem, ": ", fix));
   }
+  absl::string_view source() const { return source_; }
   std::string Path(const std::string& key) const {
     return path_.empty() ? key : absl::StrCat(path_, ".", key);
   }
@@ -109,18 +110,11 @@ std::string Resolve(const std::string& path, absl::string_view base_dir) {
   return absl::StrCat(base_dir, "/", path);
 }
 
-absl::Status ParseSource(const json& object, const std::string& path, absl::string_view source,
-                         absl::string_view base_dir, DataSourceSpec& out) {
-  Fields fields(object, path, source);
-  if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
+absl::Status ParseIdxSource(const Fields& fields, const std::string& path,
+                            absl::string_view base_dir, DataSourceSpec& out) {
   if (absl::Status s = fields.CheckKnown({"format", "images", "labels"}); !s.ok()) return s;
-  for (absl::Status s : {fields.Get("format", out.format), fields.Get("images", out.images),
-                         fields.Get("labels", out.labels)}) {
+  for (absl::Status s : {fields.Get("images", out.images), fields.Get("labels", out.labels)}) {
     if (!s.ok()) return s;
-  }
-  if (out.format != "idx") {
-    return fields.Error(fields.Path("format"), absl::StrCat("is \"", out.format, "\""),
-                        "Stratum reads \"idx\" files (gzipped or not)");
   }
   if (out.images.empty() || out.labels.empty()) {
     return fields.Error(path, "needs \"images\" and \"labels\"",
@@ -129,6 +123,178 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
   out.images = Resolve(out.images, base_dir);
   out.labels = Resolve(out.labels, base_dir);
   return absl::OkStatus();
+}
+
+// The reading options tfrecord and csv share: tf.data's num_parallel_reads, interleave and
+// ignore_errors.
+absl::Status ParseReadOptions(const json& object, const Fields& fields, ReadOptions& out) {
+  int64_t parallel = out.num_parallel_reads;
+  if (absl::Status s = fields.Get("num_parallel_reads", parallel); !s.ok()) return s;
+  if (absl::Status s = fields.Get("ignore_errors", out.ignore_errors); !s.ok()) return s;
+  if (parallel < 1 || parallel > 256) {
+    return fields.Error(fields.Path("num_parallel_reads"), absl::StrCat("is ", parallel),
+                        "use 1 (one file after the other) to 256");
+  }
+  out.num_parallel_reads = static_cast<int>(parallel);
+  if (!object.contains("interleave")) return absl::OkStatus();
+  Fields interleave(object["interleave"], fields.Path("interleave"), fields.source());
+  if (absl::Status s = interleave.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = interleave.CheckKnown({"cycle_length", "block_length", "deterministic"});
+      !s.ok()) {
+    return s;
+  }
+  int64_t cycle = out.cycle_length;
+  int64_t block = out.block_length;
+  for (absl::Status s :
+       {interleave.Get("cycle_length", cycle), interleave.Get("block_length", block),
+        interleave.Get("deterministic", out.deterministic)}) {
+    if (!s.ok()) return s;
+  }
+  if (cycle < 1 || cycle > 256 || block < 1 || block > (int64_t{1} << 20)) {
+    return interleave.Error(interleave.Path("cycle_length"),
+                            absl::StrCat("is ", cycle, " with block_length ", block),
+                            "use a cycle_length of 1 to 256 files and a block_length of at "
+                            "least 1");
+  }
+  out.cycle_length = static_cast<int>(cycle);
+  out.block_length = static_cast<int>(block);
+  return absl::OkStatus();
+}
+
+absl::Status ParseFiles(const json& object, const Fields& fields, absl::string_view base_dir,
+                        DataSourceSpec& out) {
+  if (object.contains("files") && object["files"].is_string()) {
+    out.files = {object["files"].get<std::string>()};
+  } else if (absl::Status s = fields.Get("files", out.files); !s.ok()) {
+    return s;
+  }
+  if (out.files.empty()) {
+    return fields.Error(fields.Path("files"), "is missing",
+                        "give the data files, as a list of paths or glob patterns, e.g. "
+                        "[\"data/train-*.tfrecord\"]");
+  }
+  for (std::string& file : out.files) file = Resolve(file, base_dir);
+  std::string compression;
+  if (absl::Status s = fields.Get("compression_type", compression); !s.ok()) return s;
+  absl::StatusOr<Compression> parsed = CompressionFromName(compression);
+  if (!parsed.ok()) {
+    return fields.Error(fields.Path("compression_type"), absl::StrCat("is \"", compression, "\""),
+                        "use \"\" (none), \"GZIP\" or \"ZLIB\"");
+  }
+  out.compression = *parsed;
+  return ParseReadOptions(object, fields, out.read);
+}
+
+absl::Status ParseTFRecordSource(const json& object, const Fields& fields,
+                                 absl::string_view base_dir, DataSourceSpec& out) {
+  if (absl::Status s =
+          fields.CheckKnown({"format", "files", "compression_type", "features", "label_key",
+                             "num_parallel_reads", "interleave", "ignore_errors"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ParseFiles(object, fields, base_dir, out); !s.ok()) return s;
+  if (!object.contains("features")) {
+    return fields.Error(fields.Path("features"), "is missing",
+                        "give the tf.train.Example features to read, in tf.io's terms, e.g. "
+                        "{\"image\": {\"type\": \"FixedLenFeature\", \"dtype\": \"string\", "
+                        "\"decode_raw\": \"uint8\", \"shape\": [28, 28]}, \"label\": {\"type\": "
+                        "\"FixedLenFeature\", \"dtype\": \"int64\", \"shape\": []}}");
+  }
+  absl::StatusOr<std::vector<FeatureSpec>> features = ParseFeatureSpecs(
+      object["features"], absl::StrCat(fields.source(), ": job field ", fields.Path("features")));
+  if (!features.ok()) return features.status();
+  out.features = *std::move(features);
+  if (absl::Status s = fields.Get("label_key", out.label); !s.ok()) return s;
+  const auto is_label = [&](const FeatureSpec& f) { return f.key == out.label; };
+  if (std::none_of(out.features.begin(), out.features.end(), is_label)) {
+    return fields.Error(
+        fields.Path("label_key"),
+        out.label.empty() ? "is missing"
+                          : absl::StrCat("is \"", out.label, "\", which is not among the features"),
+        "name the feature that holds the labels, e.g. \"label_key\": \"label\"");
+  }
+  if (out.features.size() != 2) {
+    return fields.Error(
+        fields.Path("features"),
+        absl::StrCat("has ", out.features.size() - 1, " features besides the label"),
+        "give exactly one, the model's input (Stratum's models take one input "
+        "tensor)");
+  }
+  // The parser makes (x, y): the input first, the label last.
+  if (out.features[0].key == out.label) std::swap(out.features[0], out.features[1]);
+  return absl::OkStatus();
+}
+
+absl::Status ParseCsvSource(const json& object, const Fields& fields, absl::string_view base_dir,
+                            DataSourceSpec& out) {
+  if (absl::Status s = fields.CheckKnown({"format", "files", "compression_type", "label_name",
+                                          "column_names", "column_defaults", "select_columns",
+                                          "field_delim", "use_quote_delim", "na_value", "header",
+                                          "num_parallel_reads", "interleave", "ignore_errors"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ParseFiles(object, fields, base_dir, out); !s.ok()) return s;
+  CsvOptions& csv = out.csv;
+  std::string delim = ",";
+  for (absl::Status s :
+       {fields.Get("label_name", csv.label_name), fields.Get("column_names", csv.column_names),
+        fields.Get("select_columns", csv.select_columns), fields.Get("field_delim", delim),
+        fields.Get("use_quote_delim", csv.use_quote_delim), fields.Get("na_value", csv.na_value),
+        fields.Get("header", csv.header)}) {
+    if (!s.ok()) return s;
+  }
+  if (csv.label_name.empty()) {
+    return fields.Error(fields.Path("label_name"), "is missing",
+                        "name the column that holds the labels");
+  }
+  if (delim.size() != 1) {
+    return fields.Error(fields.Path("field_delim"), absl::StrCat("is \"", delim, "\""),
+                        "use one character, such as \",\" or \"\\t\"");
+  }
+  csv.field_delim = delim[0];
+  if (object.contains("column_defaults")) {
+    const json& defaults = object["column_defaults"];
+    if (!defaults.is_array()) {
+      return fields.Error(fields.Path("column_defaults"), "is not a list",
+                          "give one entry per column: a number (its type and default), \"\" "
+                          "for text, or [] for a required column");
+    }
+    for (const json& d : defaults) {
+      CsvColumnDefault column;
+      if (d.is_number_integer()) {
+        column = {CsvColumnDefault::Type::kInt64, false, d.get<double>()};
+      } else if (d.is_number()) {
+        column = {CsvColumnDefault::Type::kFloat32, false, d.get<double>()};
+      } else if (d.is_string()) {
+        column = {CsvColumnDefault::Type::kString, false, 0};
+      } else if (d.is_array() && d.empty()) {
+        column = {CsvColumnDefault::Type::kInfer, true, 0};
+      } else {
+        return fields.Error(fields.Path("column_defaults"), absl::StrCat("holds ", d.dump()),
+                            "give a number (its type and default), \"\" for text, or [] for a "
+                            "required column");
+      }
+      csv.column_defaults.push_back(column);
+    }
+  }
+  csv.compression = out.compression;
+  out.label = csv.label_name;
+  return absl::OkStatus();
+}
+
+absl::Status ParseSource(const json& object, const std::string& path, absl::string_view source,
+                         absl::string_view base_dir, DataSourceSpec& out) {
+  Fields fields(object, path, source);
+  if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = fields.Get("format", out.format); !s.ok()) return s;
+  if (out.format == "idx") return ParseIdxSource(fields, path, base_dir, out);
+  if (out.format == "tfrecord") return ParseTFRecordSource(object, fields, base_dir, out);
+  if (out.format == "csv") return ParseCsvSource(object, fields, base_dir, out);
+  return fields.Error(fields.Path("format"), absl::StrCat("is \"", out.format, "\""),
+                      "Stratum reads \"idx\" (gzipped or not), \"tfrecord\" (tf.train.Example "
+                      "records) and \"csv\"");
 }
 
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
@@ -282,7 +448,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
                          data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
     if (!s.ok()) return s;
   }
-  if (!(job.data.rescale > 0)) {
+  if (root["data"].contains("rescale") && !(job.data.rescale > 0)) {
     return data.Error("data.rescale", absl::StrCat("is ", job.data.rescale),
                       "use a positive factor, such as 0.00392156862745098 (1/255) for pixels");
   }

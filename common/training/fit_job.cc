@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/data/idx.h"
+#include "stratum/data/record_files.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/util/status_macros.h"
 
@@ -45,6 +46,90 @@ absl::StatusOr<Dataset> LoadSource(const std::string& field, const DataSourceSpe
   STRATUM_RETURN_IF_ERROR(CheckClassIds(field, source.labels, labels, classes));
   examples = images.rows();
   return Dataset::FromTensorSlices({std::move(images), std::move(labels)});
+}
+
+// A tfrecord or csv source's files (patterns matched now) and its format.
+struct RecordSource {
+  std::vector<std::string> files;
+  std::shared_ptr<const RecordFormat> format;
+};
+
+absl::StatusOr<RecordSource> OpenRecordSource(const std::string& field,
+                                              const DataSourceSpec& source) {
+  RecordSource out;
+  STRATUM_ASSIGN_OR_RETURN(out.files,
+                           ResolveDataFiles(source.files, "", absl::StrCat(field, ".files")));
+  if (source.format == "tfrecord") {
+    out.format = TFRecordExamples(source.compression, source.features);
+    return out;
+  }
+  absl::StatusOr<std::shared_ptr<const RecordFormat>> csv = CsvFormat(out.files[0], source.csv);
+  if (!csv.ok()) {
+    return absl::Status(csv.status().code(), absl::StrCat(field, ": ", csv.status().message()));
+  }
+  out.format = *std::move(csv);
+  return out;
+}
+
+// Streams the files: nothing is read now but each file's record count.
+absl::StatusOr<Dataset> LoadRecordSource(const std::string& field, const DataSourceSpec& source,
+                                         int64_t& examples) {
+  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source));
+  ReadOptions read = source.read;
+  STRATUM_ASSIGN_OR_RETURN(read.record_counts, CountRecords(opened.files, *opened.format));
+  examples = 0;
+  for (int64_t count : read.record_counts) examples += count;
+  Dataset dataset = RecordFilesDataset(opened.files, opened.format, std::move(read));
+  STRATUM_RETURN_IF_ERROR(dataset.status());
+  return dataset;
+}
+
+// The first example of the source's files, for the checks before training; nullopt when the
+// files hold none.
+absl::StatusOr<std::optional<Element>> FirstExample(const std::string& field,
+                                                    const DataSourceSpec& source) {
+  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source));
+  for (const std::string& file : opened.files) {
+    STRATUM_ASSIGN_OR_RETURN(auto reader, opened.format->Open(file));
+    STRATUM_ASSIGN_OR_RETURN(std::optional<Element> first, reader->Next());
+    if (first) return first;
+  }
+  return std::nullopt;
+}
+
+absl::Status CheckRecordSource(const std::string& field, const DataSourceSpec& source,
+                               const Model& model, const Loss& loss) {
+  STRATUM_ASSIGN_OR_RETURN(const std::optional<Element> first, FirstExample(field, source));
+  if (!first) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".files hold no examples, so the model could not ",
+                     field == "data.test" ? "be tested on them" : "train on them",
+                     ": point it at files with examples"));
+  }
+  const Tensor& x = (*first)[0];
+  const Tensor& y = (*first)[1];
+  const std::string input = source.format == "tfrecord"
+                                ? absl::StrCat("feature \"", source.features[0].key, "\"")
+                                : "the feature columns";
+  const int64_t wanted = model.input_shape().num_elements();
+  if (x.num_elements() != wanted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", input, " is ", x.DebugString(), ", ", x.num_elements(),
+        " values per example, but the model takes ", model.input_shape().ToString(), " (", wanted,
+        " values) per example: fix the feature spec, or the model's input shape"));
+  }
+  std::vector<int64_t> dims = {1};
+  for (int64_t d : y.shape().dims()) dims.push_back(d);
+  const int64_t classes = model.output_size();
+  if (!loss.TakesTargets(y.dtype(), Shape(dims), classes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": the label \"", source.label, "\" is ", DTypeName(y.dtype()), y.shape().ToString(),
+        " per example, but ", loss.name(),
+        loss.sparse_targets() ? " takes one integer class id per example (int64, shape [])"
+                              : absl::StrCat(" takes float32 targets of shape [", classes, "]"),
+        ": fix the label's spec, or the loss"));
+  }
+  return absl::OkStatus();
 }
 
 std::string Describe(const IdxHeader& header) {
@@ -119,18 +204,31 @@ absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& 
   return absl::OkStatus();
 }
 
+// Keras' Rescaling(1/255) for uint8 pixels; other data is taken as it is.
+double DefaultRescale(const DataSourceSpec& source) {
+  bool pixels = source.format == "tfrecord" && source.features[0].output_dtype() == DType::kUInt8;
+  if (source.format == "idx") {
+    absl::StatusOr<IdxHeader> header = ReadIdxHeader(source.images);
+    pixels = !header.ok() || header->dtype == DType::kUInt8;
+  }
+  return pixels ? 1.0 / 255.0 : 1.0;
+}
+
 }  // namespace
 
 absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   FitData data;
-  data.rescale = spec.rescale;
   const int64_t classes = model.output_size();
-  absl::StatusOr<Dataset> train =
-      LoadSource("data.train", spec.train, classes, data.train_examples);
+  auto load = [&](const std::string& field, const DataSourceSpec& source, int64_t& examples) {
+    return source.format == "idx" ? LoadSource(field, source, classes, examples)
+                                  : LoadRecordSource(field, source, examples);
+  };
+  absl::StatusOr<Dataset> train = load("data.train", spec.train, data.train_examples);
   if (!train.ok()) return train.status();
   data.train = *std::move(train);
-  if (!spec.test.images.empty()) {
-    absl::StatusOr<Dataset> test = LoadSource("data.test", spec.test, classes, data.test_examples);
+  data.rescale = spec.rescale > 0 ? spec.rescale : DefaultRescale(spec.train);
+  if (spec.test.given()) {
+    absl::StatusOr<Dataset> test = load("data.test", spec.test, data.test_examples);
     if (!test.ok()) return test.status();
     data.test = *std::move(test);
     data.has_test = true;
@@ -156,9 +254,13 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
 }
 
 absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss) {
-  STRATUM_RETURN_IF_ERROR(CheckSourceHeaders("data.train", data.train, model, loss));
-  if (data.test.images.empty()) return absl::OkStatus();
-  return CheckSourceHeaders("data.test", data.test, model, loss);
+  auto check = [&](const std::string& field, const DataSourceSpec& source) {
+    return source.format == "idx" ? CheckSourceHeaders(field, source, model, loss)
+                                  : CheckRecordSource(field, source, model, loss);
+  };
+  STRATUM_RETURN_IF_ERROR(check("data.train", data.train));
+  if (!data.test.given()) return absl::OkStatus();
+  return check("data.test", data.test);
 }
 
 absl::Status CheckTrainingJob(const JobSpec& job) {

@@ -12,6 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "stratum/data/csv.h"
+#include "stratum/data/example.h"
+#include "stratum/data/record_files.h"
+#include "stratum/data/tfrecord.h"
 
 namespace stratum {
 
@@ -39,16 +43,29 @@ struct StrategySpec {
 };
 
 struct DataSourceSpec {
-  std::string format = "idx";
-  std::string images;  // absolute, or relative to the job file's folder
+  std::string format = "idx";  // idx, tfrecord or csv
+  // idx: absolute, or relative to the job file's folder
+  std::string images;
   std::string labels;
+  // tfrecord and csv: paths or glob patterns, absolute or made so with the job file's folder
+  // (patterns are matched when the data is read)
+  std::vector<std::string> files;
+  Compression compression = Compression::kNone;  // compression_type
+  std::vector<FeatureSpec> features;             // tfrecord: tf.io feature specs, in key order
+  std::string label;                             // tfrecord: label_key; csv: label_name
+  CsvOptions csv;                                // csv
+  ReadOptions read;  // tfrecord and csv: num_parallel_reads, interleave, ...
+
+  // Whether the job gives this source (data.test is optional).
+  bool given() const { return format == "idx" ? !images.empty() : !files.empty(); }
 };
 
 struct DataSpec {
   DataSourceSpec train;
   DataSourceSpec test;
-  // Multiplies the raw uint8 pixels (Keras' Rescaling(1/255)).
-  double rescale = 1.0 / 255.0;
+  // Multiplies the model's input (Keras' Rescaling); 0, the default: 1/255 for uint8 data
+  // (pixels), 1 for any other.
+  double rescale = 0;
   std::string auto_shard_policy = "AUTO";
 };
 

@@ -1,0 +1,180 @@
+// stratum-data: data-set tools.
+//   stratum-data convert: writes an IDX or CSV data set as TFRecord shards of tf.Example
+//     (what TensorFlow input pipelines read), and prints the job file's "data.train" entry
+//     that reads them.
+//   stratum-data count: the examples of TFRecord or CSV files, each file's CRCs checked.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "stratum/data/convert.h"
+#include "stratum/data/csv.h"
+#include "stratum/data/idx.h"
+#include "stratum/data/record_files.h"
+#include "stratum/util/exit_codes.h"
+#include "stratum/util/flags.h"
+
+ABSL_FLAG(std::string, from, "idx", "convert: the input format, idx or csv");
+ABSL_FLAG(std::string, images, "", "convert --from=idx: the IDX images file (gzipped or not)");
+ABSL_FLAG(std::string, labels, "", "convert --from=idx: the IDX labels file");
+ABSL_FLAG(std::string, files, "",
+          "convert --from=csv, count: comma-separated files or glob patterns");
+ABSL_FLAG(std::string, label_name, "", "convert --from=csv: the label column");
+ABSL_FLAG(std::string, out, "",
+          "convert: the output prefix; shards are PREFIX-00000-of-0000N.tfrecord[.gz]");
+ABSL_FLAG(int, shards, 1, "convert: the number of TFRecord files to write");
+ABSL_FLAG(std::string, compression_type, "", "convert, count: \"\", GZIP or ZLIB");
+ABSL_FLAG(std::string, format, "tfrecord", "count: tfrecord or csv");
+
+namespace stratum {
+namespace {
+
+constexpr char kUsage[] =
+    "stratum-data COMMAND [flags]\n"
+    "  convert  write an IDX or CSV data set as TFRecord shards of tf.train.Example, e.g.\n"
+    "           stratum-data convert --images=/usr/share/datasets/fashion-mnist/"
+    "train-images-idx3-ubyte.gz \\\n"
+    "             --labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "
+    "--out=data/train --shards=8\n"
+    "  count    count the examples of TFRecord or CSV files (--format, --files)";
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "stratum-data: %s\n", std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+absl::StatusOr<std::vector<std::string>> FilesFlag() {
+  std::vector<std::string> entries =
+      absl::StrSplit(absl::GetFlag(FLAGS_files), ',', absl::SkipEmpty());
+  return ResolveDataFiles(entries, "", "--files");
+}
+
+int Convert() {
+  ConvertOptions options;
+  options.out_prefix = absl::GetFlag(FLAGS_out);
+  options.shards = absl::GetFlag(FLAGS_shards);
+  absl::StatusOr<Compression> compression =
+      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  if (!compression.ok()) return Fail(compression.status());
+  options.compression = *compression;
+  if (options.out_prefix.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "no --out given: pass the output prefix, e.g. --out=data/fashion-mnist/train"));
+  }
+  if (options.shards < 1 || options.shards > 100000) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--shards ", options.shards, " is out of range: use 1 to 100000")));
+  }
+  Dataset examples;
+  int64_t count = 0;
+  nlohmann::json source = {{"format", "tfrecord"}};
+  const std::string from = absl::GetFlag(FLAGS_from);
+  if (from == "idx") {
+    if (absl::GetFlag(FLAGS_images).empty() || absl::GetFlag(FLAGS_labels).empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--from=idx needs --images and --labels, the IDX files of one data set"));
+    }
+    absl::StatusOr<Tensor> images = ReadIdxFile(absl::GetFlag(FLAGS_images));
+    if (!images.ok()) return Fail(images.status());
+    absl::StatusOr<Tensor> labels = ReadIdxFile(absl::GetFlag(FLAGS_labels));
+    if (!labels.ok()) return Fail(labels.status());
+    if (images->shape().rank() < 1 || labels->rows() != images->rows()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(absl::GetFlag(FLAGS_images), " has ", images->rows(), " images but ",
+                       absl::GetFlag(FLAGS_labels), " has ", labels->rows(),
+                       " labels: give the labels of these images")));
+    }
+    count = images->rows();
+    examples = Dataset::FromTensorSlices({*std::move(images), *std::move(labels)});
+  } else if (from == "csv") {
+    absl::StatusOr<std::vector<std::string>> files = FilesFlag();
+    if (!files.ok()) return Fail(files.status());
+    CsvOptions csv;
+    csv.label_name = absl::GetFlag(FLAGS_label_name);
+    absl::StatusOr<std::shared_ptr<const RecordFormat>> format = CsvFormat(files->front(), csv);
+    if (!format.ok()) return Fail(format.status());
+    absl::StatusOr<std::vector<int64_t>> counts = CountRecords(*files, **format);
+    if (!counts.ok()) return Fail(counts.status());
+    for (int64_t c : *counts) count += c;
+    examples = RecordFilesDataset(*files, *format);
+    options.input_key = "features";
+    options.label_key = csv.label_name;
+  } else {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--from=", from, " is not a format stratum-data converts: use idx or csv")));
+  }
+  if (count == 0) return Fail(absl::InvalidArgumentError("the input holds no examples"));
+  absl::StatusOr<std::optional<Element>> first = examples.MakeIterator()->GetNext();
+  if (!first.ok()) return Fail(first.status());
+  absl::StatusOr<std::vector<std::string>> written = WriteTFRecordShards(examples, count, options);
+  if (!written.ok()) return Fail(written.status());
+  for (const std::string& file : *written) std::printf("wrote %s\n", file.c_str());
+  source["files"] = {
+      absl::StrCat(options.out_prefix, "-*-of-", absl::StrFormat("%05d", options.shards), "*")};
+  if (options.compression != Compression::kNone) {
+    source["compression_type"] = CompressionName(options.compression);
+  }
+  source["features"] = FeatureSpecsFor(**first, options);
+  source["label_key"] = options.label_key;
+  std::printf("%lld examples in %d files; a job reads them with:\n%s\n",
+              static_cast<long long>(count), options.shards, source.dump(2).c_str());
+  return kExitSuccess;
+}
+
+int Count() {
+  absl::StatusOr<std::vector<std::string>> files = FilesFlag();
+  if (!files.ok()) return Fail(files.status());
+  absl::StatusOr<Compression> compression =
+      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  if (!compression.ok()) return Fail(compression.status());
+  std::shared_ptr<const RecordFormat> format;
+  const std::string kind = absl::GetFlag(FLAGS_format);
+  if (kind == "tfrecord") {
+    format = TFRecordExamples(*compression, {});
+  } else if (kind == "csv") {
+    CsvOptions csv;
+    csv.compression = *compression;
+    csv.label_name = absl::GetFlag(FLAGS_label_name);
+    absl::StatusOr<std::shared_ptr<const RecordFormat>> parsed = CsvFormat(files->front(), csv);
+    if (!parsed.ok()) return Fail(parsed.status());
+    format = *parsed;
+  } else {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--format=", kind, " is not one stratum-data counts: use tfrecord or csv")));
+  }
+  absl::StatusOr<std::vector<int64_t>> counts = CountRecords(*files, *format);
+  if (!counts.ok()) return Fail(counts.status());
+  int64_t total = 0;
+  for (size_t i = 0; i < files->size(); ++i) {
+    std::printf("%lld\t%s\n", static_cast<long long>((*counts)[i]), (*files)[i].c_str());
+    total += (*counts)[i];
+  }
+  std::printf("%lld\ttotal\n", static_cast<long long>(total));
+  return kExitSuccess;
+}
+
+}  // namespace
+}  // namespace stratum
+
+int main(int argc, char** argv) {
+  using namespace stratum;
+  std::string command;
+  if (argc > 1 && argv[1][0] != '-') {
+    command = argv[1];
+    for (int i = 1; i + 1 < argc; ++i) argv[i] = argv[i + 1];
+    --argc;
+  }
+  ParseFlagsOrExit(argc, argv, kUsage);
+  if (command == "convert") return Convert();
+  if (command == "count") return Count();
+  std::fprintf(stderr, "stratum-data: %s: give a command, convert or count\n%s\n",
+               command.empty() ? "no command" : ("unknown command \"" + command + "\"").c_str(),
+               kUsage);
+  return kExitUsage;
+}
