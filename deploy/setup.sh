@@ -60,3 +60,17 @@ cmake_args=(-S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release)
 cmake "${cmake_args[@]}" >/dev/null
 cmake --build "$build_dir"
 echo "setup.sh: built into $build_dir (binaries in $build_dir/bin)"
+
+# The TFRecord example's data (examples/fashion_mnist_tfrecord.json): Fashion-MNIST as
+# TFRecord shards of tf.Example, written once (about a second).
+data_dir="$repo/examples/data/fashion-mnist"
+if [ -x "$build_dir/bin/stratum-data" ] && [ ! -e "$data_dir/test-00001-of-00002.tfrecord.gz" ]; then
+  mkdir -p "$data_dir"
+  fmnist=/usr/share/datasets/fashion-mnist
+  "$build_dir/bin/stratum-data" convert --images "$fmnist/train-images-idx3-ubyte.gz" \
+    --labels "$fmnist/train-labels-idx1-ubyte.gz" --out "$data_dir/train" --shards 8 >/dev/null
+  "$build_dir/bin/stratum-data" convert --images "$fmnist/t10k-images-idx3-ubyte.gz" \
+    --labels "$fmnist/t10k-labels-idx1-ubyte.gz" --out "$data_dir/test" --shards 2 \
+    --compression_type GZIP >/dev/null
+  echo "setup.sh: wrote the TFRecord example's data into $data_dir"
+fi

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fit_internal.h"
+#include "spdlog/spdlog.h"
 #include "stratum/strategy/distributed_dataset.h"
 #include "stratum/training/epoch_loop.h"
 #include "stratum/training/fit_state.h"
@@ -68,9 +69,12 @@ absl::StatusOr<CpuData> PlanCpuData(const Strategy& strategy, const Model& model
   if (workers > 1) {
     STRATUM_ASSIGN_OR_RETURN(
         train, AutoShard(data.train, options.auto_shard_policy, workers, strategy.worker_index()));
-    const int64_t shard = options.auto_shard_policy == AutoShardPolicy::kOff
-                              ? data.train_examples
-                              : data.train_examples / workers;
+    STRATUM_ASSIGN_OR_RETURN(
+        const int64_t shard,
+        SmallestShardExamples(data.train, options.auto_shard_policy, workers, data.train_examples));
+    if (strategy.worker_index() == 0) {
+      spdlog::info("{}", DescribeAutoShard(data.train, options.auto_shard_policy, workers));
+    }
     steps_per_epoch = shard / worker_batch;
   }
   if (fixed_steps) steps_per_epoch = options.steps_per_epoch;

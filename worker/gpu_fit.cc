@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fit_internal.h"
+#include "spdlog/spdlog.h"
 #include "stratum/cuda/all_reduce.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/device.h"
@@ -184,6 +185,9 @@ absl::Status GpuFit::Setup() {
   if (workers_ > 1) {
     STRATUM_ASSIGN_OR_RETURN(shard, AutoShard(data_.train, options_.auto_shard_policy, workers_,
                                               strategy_.worker_index()));
+    if (strategy_.worker_index() == 0) {
+      spdlog::info("{}", DescribeAutoShard(data_.train, options_.auto_shard_policy, workers_));
+    }
   }
   STRATUM_ASSIGN_OR_RETURN(auto train,
                            MaterializeTrainingData(shard, data_.train_examples, model_));
@@ -195,9 +199,9 @@ absl::Status GpuFit::Setup() {
     order_length_ = fixed_steps ? steps_per_epoch_ * worker_batch_ : train_rows_;
   } else {
     // Lock-step: full batches only, and every worker the step count of the smallest shard.
-    const int64_t smallest = options_.auto_shard_policy == AutoShardPolicy::kOff
-                                 ? data_.train_examples
-                                 : data_.train_examples / workers_;
+    STRATUM_ASSIGN_OR_RETURN(const int64_t smallest,
+                             SmallestShardExamples(data_.train, options_.auto_shard_policy,
+                                                   workers_, data_.train_examples));
     steps_per_epoch_ = fixed_steps ? options_.steps_per_epoch : smallest / worker_batch_;
     order_length_ = steps_per_epoch_ * worker_batch_;
   }

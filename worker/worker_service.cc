@@ -77,6 +77,31 @@ absl::Status SetUpGpu(WorkerJob& job, const JobSpec& spec, const FitData& data, 
 }
 #endif
 
+// A PS worker's own part of the training data, as create_per_worker_dataset gives each
+// worker a dataset: its own files when there are at least as many files as workers (AUTO
+// or FILE), every num_workers-th example for DATA; with AUTO and fewer files (or data read
+// whole, such as IDX) every worker reads all of it, in its own order, as before.
+absl::Status ShardForThisWorker(const std::string& policy_name, int num_workers, int index,
+                                FitData& data) {
+  STRATUM_ASSIGN_OR_RETURN(AutoShardPolicy policy, AutoShardPolicyFromName(policy_name));
+  if (num_workers <= 1) return absl::OkStatus();
+  if (policy == AutoShardPolicy::kAuto) {
+    policy = static_cast<int64_t>(data.train.source_files().size()) >= num_workers
+                 ? AutoShardPolicy::kFile
+                 : AutoShardPolicy::kOff;
+  }
+  if (policy == AutoShardPolicy::kOff) {
+    spdlog::info("every worker reads all of the training data ({})", data.train.DebugString());
+    return absl::OkStatus();
+  }
+  STRATUM_ASSIGN_OR_RETURN(data.train, AutoShard(data.train, policy, num_workers, index));
+  STRATUM_ASSIGN_OR_RETURN(const int64_t examples, data.train.Cardinality());
+  if (examples >= 0) data.train_examples = examples;
+  spdlog::info("this worker reads {} ({}): {} training examples", data.train.DebugString(),
+               AutoShardPolicyName(policy), data.train_examples);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request,
                                                     const ChannelOptions& channel) {
   auto job = std::make_unique<WorkerJob>();
@@ -106,9 +131,11 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   data_spec.test = {};  // the coordinator evaluates
   absl::StatusOr<FitData> data = LoadFitData(data_spec, *job->model);
   if (!data.ok()) return data.status();
+  STRATUM_RETURN_IF_ERROR(ShardForThisWorker(spec->data.auto_shard_policy, request.num_workers(),
+                                             request.worker_index(), *data));
   const int replicas = job->strategy->NumLocalReplicas();
-  // Every worker reads all the data in its own shuffled order (as TF's PS training does
-  // with a repeated, shuffled per-worker dataset).
+  // Every worker reads its data in its own shuffled order (as TF's PS training does with a
+  // repeated, shuffled per-worker dataset).
   const uint64_t seed = spec->fit.seed + 7919 * static_cast<uint64_t>(request.worker_index() + 1);
 #if STRATUM_WITH_CUDA
   STRATUM_RETURN_IF_ERROR(SetUpGpu(*job, *spec, *data, seed));

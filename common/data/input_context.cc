@@ -1,5 +1,7 @@
 #include "stratum/data/input_context.h"
 
+#include <algorithm>
+
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -118,6 +120,47 @@ absl::StatusOr<Dataset> AutoShard(const Dataset& dataset, AutoShardPolicy policy
         num_workers, " files"));
   }
   return DatasetGraph::Wrap(ReplaceSource(root, source->ShardFiles(num_workers, worker_index)));
+}
+
+std::string DescribeAutoShard(const Dataset& dataset, AutoShardPolicy policy, int num_workers) {
+  const std::string name = AutoShardPolicyName(policy);
+  if (!dataset.status().ok()) return absl::StrCat("auto_shard_policy ", name);
+  if (policy == AutoShardPolicy::kOff || num_workers <= 1) {
+    return absl::StrCat("auto_shard_policy ", name, ": every worker reads all of the data");
+  }
+  const NodePtr source = SourceOf(DatasetGraph::Node(dataset));
+  const int64_t files = source->NumFileUnits();
+  const std::string nth =
+      absl::StrCat("every worker reads all of it and keeps every ", num_workers, "th example");
+  if (policy == AutoShardPolicy::kData) {
+    return absl::StrCat("auto_shard_policy DATA: ", nth, " (", source->Name(), ")");
+  }
+  if (files >= num_workers) {
+    return absl::StrCat("auto_shard_policy ", name, ": sharding by FILE, ", files, " files (",
+                        source->Name(), ") over ", num_workers, " workers, each reading its own");
+  }
+  if (files == 0) {
+    return absl::StrCat(
+        "auto_shard_policy AUTO: sharding by DATA, since the data is not read "
+        "from files (",
+        source->Name(), "): ", nth);
+  }
+  return absl::StrCat("auto_shard_policy AUTO: sharding by DATA, since the data's ", files,
+                      files == 1 ? " file is" : " files are", " fewer than the ", num_workers,
+                      " workers (FILE needs one per worker): ", nth);
+}
+
+absl::StatusOr<int64_t> SmallestShardExamples(const Dataset& dataset, AutoShardPolicy policy,
+                                              int num_workers, int64_t total_examples) {
+  if (policy == AutoShardPolicy::kOff || num_workers <= 1) return total_examples;
+  int64_t smallest = -1;
+  for (int w = 0; w < num_workers; ++w) {
+    STRATUM_ASSIGN_OR_RETURN(const Dataset part, AutoShard(dataset, policy, num_workers, w));
+    STRATUM_ASSIGN_OR_RETURN(const int64_t count, part.Cardinality());
+    if (count < 0) return total_examples / num_workers;
+    smallest = smallest < 0 ? count : std::min(smallest, count);
+  }
+  return smallest;
 }
 
 absl::StatusOr<Dataset> RebatchForWorkers(const Dataset& dataset, int num_workers) {

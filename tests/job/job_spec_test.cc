@@ -83,8 +83,9 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
       HasSubstr("data.train needs \"images\" and \"labels\""));
   EXPECT_THAT(
       ErrorOf(
-          R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b", "format": "csv"}}})"),
-      HasSubstr("data.train.format is \"csv\""));
+          R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b", "format": "parquet"}}})"),
+      HasSubstr("data.train.format is \"parquet\": Stratum reads \"idx\" (gzipped or not), "
+                "\"tfrecord\" (tf.train.Example records) and \"csv\""));
   EXPECT_THAT(
       ErrorOf(
           R"({"strategy": {"type": "tpu"}, "model": {}, "compile": {"loss": "mse"}, "data": {}})"),
@@ -200,6 +201,80 @@ TEST(JobSpecTest, NumbersOutOfRangeAndFilesThatAreNotJobsAreRefused) {
     EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << path;
     EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("is not a regular file"));
   }
+}
+
+TEST(JobSpecTest, ReadsTFRecordAndCsvSources) {
+  auto job = ParseJobSpec(R"({
+    "model": {}, "compile": {"loss": "sparse_categorical_crossentropy"},
+    "data": {
+      "train": {"format": "tfrecord", "files": ["shards/train-*", "/abs/extra.tfrecord"],
+                "compression_type": "GZIP", "label_key": "label",
+                "features": {"label": {"type": "FixedLenFeature", "dtype": "int64", "shape": []},
+                             "image": {"dtype": "string", "decode_raw": "uint8", "shape": [28, 28]}},
+                "num_parallel_reads": 4,
+                "interleave": {"cycle_length": 2, "block_length": 8, "deterministic": false},
+                "ignore_errors": true},
+      "test": {"format": "csv", "files": "test.csv", "label_name": "y", "field_delim": ";",
+               "column_defaults": [0.5, 1, "", []], "select_columns": ["a", "y"],
+               "header": false, "column_names": ["a", "b", "c", "y"], "na_value": "?"},
+      "auto_shard_policy": "FILE"}})",
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  const DataSourceSpec& train = job->data.train;
+  EXPECT_EQ(train.format, "tfrecord");
+  EXPECT_EQ(train.files, (std::vector<std::string>{"/jobs/shards/train-*", "/abs/extra.tfrecord"}));
+  EXPECT_EQ(train.compression, Compression::kGzip);
+  ASSERT_EQ(train.features.size(), 2u);
+  EXPECT_EQ(train.features[0].key, "image");  // the model's input first, the label last
+  EXPECT_EQ(train.features[1].key, "label");
+  EXPECT_EQ(train.read.num_parallel_reads, 4);
+  EXPECT_EQ(train.read.cycle_length, 2);
+  EXPECT_EQ(train.read.block_length, 8);
+  EXPECT_FALSE(train.read.deterministic);
+  EXPECT_TRUE(train.read.ignore_errors);
+  const DataSourceSpec& test = job->data.test;
+  EXPECT_TRUE(test.given());
+  EXPECT_EQ(test.files, std::vector<std::string>{"/jobs/test.csv"});
+  EXPECT_EQ(test.csv.field_delim, ';');
+  EXPECT_FALSE(test.csv.header);
+  ASSERT_EQ(test.csv.column_defaults.size(), 4u);
+  EXPECT_EQ(test.csv.column_defaults[0].type, CsvColumnDefault::Type::kFloat32);
+  EXPECT_EQ(test.csv.column_defaults[1].type, CsvColumnDefault::Type::kInt64);
+  EXPECT_EQ(test.csv.column_defaults[2].type, CsvColumnDefault::Type::kString);
+  EXPECT_TRUE(test.csv.column_defaults[3].required);
+  EXPECT_EQ(job->data.rescale, 0);  // chosen from the data when it is read
+}
+
+TEST(JobSpecTest, TFRecordAndCsvSourcesAreCheckedWithTheFix) {
+  auto data = [](const std::string& train) {
+    return R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": )" + train + "}}";
+  };
+  const std::string label = R"("label": {"dtype": "int64"})";
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "features": {)" + label + "}}")),
+              HasSubstr("data.train.files is missing: give the data files"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "features": {)" + label + "}}")),
+              HasSubstr("data.train.label_key is missing"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
+                                "features": {)" +
+                           label + "}}")),
+              HasSubstr("data.train.features has 0 features besides the label: give exactly one"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
+                                "features": {"x": {"dtype": "string"}, )" +
+                           label + "}}")),
+              HasSubstr("data.train.features.x: is a string feature without decode_raw"));
+  EXPECT_THAT(
+      ErrorOf(data(R"({"format": "tfrecord", "files": "a", "compression_type": "LZ4"})")),
+      HasSubstr("data.train.compression_type is \"LZ4\": use \"\" (none), \"GZIP\" or \"ZLIB\""));
+  EXPECT_THAT(
+      ErrorOf(data(R"({"format": "tfrecord", "files": "a", "interleave": {"cycle_length": 0}})")),
+      HasSubstr("data.train.interleave.cycle_length is 0 with block_length 1"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "csv", "files": "a"})")),
+              HasSubstr("data.train.label_name is missing"));
+  EXPECT_THAT(
+      ErrorOf(data(R"({"format": "csv", "files": "a", "label_name": "y", "field_delim": "ab"})")),
+      HasSubstr("data.train.field_delim is \"ab\": use one character"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "csv", "files": "a", "label_name": "y", "images": "b"})")),
+              HasSubstr("data.train.images is not a field Stratum knows"));
 }
 
 TEST(JobSpecTest, TheShippedExampleParses) {

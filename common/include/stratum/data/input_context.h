@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,6 +45,18 @@ const char* AutoShardPolicyName(AutoShardPolicy policy);
 // worker count or index, or a dataset in an error state (its error).
 absl::StatusOr<Dataset> AutoShard(const Dataset& dataset, AutoShardPolicy policy, int num_workers,
                                   int worker_index);
+
+// What AutoShard does with `policy` over num_workers workers, as a sentence for the log,
+// e.g. "auto_shard_policy AUTO: sharding by FILE, 8 files (TFRecord(8 files)) over 2
+// workers" or, when AUTO falls back, why it chose DATA.
+std::string DescribeAutoShard(const Dataset& dataset, AutoShardPolicy policy, int num_workers);
+
+// The examples of the smallest worker's part of `dataset` (AutoShard's, each worker's part
+// counted where the source knows its size, e.g. files of uneven length), or
+// total_examples / num_workers when it does not; total_examples for OFF. Workers in
+// lock-step all run the steps this fills.
+absl::StatusOr<int64_t> SmallestShardExamples(const Dataset& dataset, AutoShardPolicy policy,
+                                              int num_workers, int64_t total_examples);
 
 // Each worker's part of a dataset of GLOBAL batches, as tf.distribute rebatches for
 // several workers: the topmost Batch(B) of the chain becomes Batch(B / num_workers), so
