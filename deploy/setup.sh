@@ -29,6 +29,7 @@ packages=(
   libdnnl-dev  # oneDNN: the CPU convolutions
   libgtest-dev libgmock-dev
   iproute2  # the tests' simulated hosts (network namespaces)
+  python3-protobuf  # the tests' independent reading and writing of tf.Example files
   dataset-fashion-mnist
 )
 

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, out, "",
 ABSL_FLAG(int, shards, 1, "convert: the number of TFRecord files to write");
 ABSL_FLAG(std::string, compression_type, "", "convert, count: \"\", GZIP or ZLIB");
 ABSL_FLAG(std::string, format, "tfrecord", "count: tfrecord or csv");
+ABSL_FLAG(std::string, features, "",
+          "head: the feature spec (JSON, as a job file's \"features\") to parse the records with");
+ABSL_FLAG(int, n, 5, "head: how many examples to print");
 
 namespace stratum {
 namespace {
@@ -42,7 +45,9 @@ constexpr char kUsage[] =
     "train-images-idx3-ubyte.gz \\\n"
     "             --labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "
     "--out=data/train --shards=8\n"
-    "  count    count the examples of TFRecord or CSV files (--format, --files)";
+    "  count    count the examples of TFRecord or CSV files (--format, --files)\n"
+    "  head     print the first --n examples of TFRecord files parsed with --features, one\n"
+    "           JSON object per example";
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "stratum-data: %s\n", std::string(status.message()).c_str());
@@ -159,6 +164,52 @@ int Count() {
   return kExitSuccess;
 }
 
+nlohmann::json Values(const Tensor& t) {
+  nlohmann::json values = nlohmann::json::array();
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    switch (t.dtype()) {
+      case DType::kFloat32:
+        values.push_back(t.data<float>()[i]);
+        break;
+      case DType::kInt32:
+        values.push_back(t.data<int32_t>()[i]);
+        break;
+      case DType::kInt64:
+        values.push_back(t.data<int64_t>()[i]);
+        break;
+      case DType::kUInt8:
+        values.push_back(t.data<uint8_t>()[i]);
+        break;
+    }
+  }
+  return values;
+}
+
+int Head() {
+  absl::StatusOr<std::vector<std::string>> files = FilesFlag();
+  if (!files.ok()) return Fail(files.status());
+  absl::StatusOr<Compression> compression =
+      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  if (!compression.ok()) return Fail(compression.status());
+  const nlohmann::json spec =
+      nlohmann::json::parse(absl::GetFlag(FLAGS_features), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::vector<FeatureSpec>> features = ParseFeatureSpecs(spec, "--features");
+  if (!features.ok()) return Fail(features.status());
+  auto iterator =
+      RecordFilesDataset(*files, TFRecordExamples(*compression, *features)).MakeIterator();
+  for (int i = 0; i < absl::GetFlag(FLAGS_n); ++i) {
+    absl::StatusOr<std::optional<Element>> next = iterator->GetNext();
+    if (!next.ok()) return Fail(next.status());
+    if (!*next) break;
+    nlohmann::json line;
+    for (size_t f = 0; f < features->size(); ++f) {
+      line[(*features)[f].key] = Values((**next)[f]);
+    }
+    std::printf("%s\n", line.dump().c_str());
+  }
+  return kExitSuccess;
+}
+
 }  // namespace
 }  // namespace stratum
 
@@ -173,7 +224,8 @@ int main(int argc, char** argv) {
   ParseFlagsOrExit(argc, argv, kUsage);
   if (command == "convert") return Convert();
   if (command == "count") return Count();
-  std::fprintf(stderr, "stratum-data: %s: give a command, convert or count\n%s\n",
+  if (command == "head") return Head();
+  std::fprintf(stderr, "stratum-data: %s: give a command, convert, count or head\n%s\n",
                command.empty() ? "no command" : ("unknown command \"" + command + "\"").c_str(),
                kUsage);
   return kExitUsage;
