@@ -85,16 +85,17 @@ absl::Status ShardForThisWorker(const std::string& policy_name, int num_workers,
                                 FitData& data) {
   STRATUM_ASSIGN_OR_RETURN(AutoShardPolicy policy, AutoShardPolicyFromName(policy_name));
   if (num_workers <= 1) return absl::OkStatus();
-  if (policy == AutoShardPolicy::kAuto) {
-    policy = static_cast<int64_t>(data.train.source_files().size()) >= num_workers
-                 ? AutoShardPolicy::kFile
-                 : AutoShardPolicy::kOff;
-  }
-  if (policy == AutoShardPolicy::kOff) {
+  absl::StatusOr<Dataset> part =
+      AutoShard(data.train, policy == AutoShardPolicy::kAuto ? AutoShardPolicy::kFile : policy,
+                num_workers, index);
+  // AUTO without a file per worker: every worker reads all of it.
+  if (policy == AutoShardPolicy::kOff || (policy == AutoShardPolicy::kAuto && !part.ok())) {
     spdlog::info("every worker reads all of the training data ({})", data.train.DebugString());
     return absl::OkStatus();
   }
-  STRATUM_ASSIGN_OR_RETURN(data.train, AutoShard(data.train, policy, num_workers, index));
+  if (policy == AutoShardPolicy::kAuto) policy = AutoShardPolicy::kFile;
+  if (!part.ok()) return part.status();
+  data.train = *std::move(part);
   STRATUM_ASSIGN_OR_RETURN(const int64_t examples, data.train.Cardinality());
   if (examples >= 0) data.train_examples = examples;
   spdlog::info("this worker reads {} ({}): {} training examples", data.train.DebugString(),

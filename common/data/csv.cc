@@ -2,8 +2,10 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "input_stream.h"
@@ -136,30 +138,26 @@ class CsvTokenizer {
   absl::Status status_;
 };
 
+// The number in a field, as TensorFlow's CSV parsing reads one: spaces around it and a
+// leading '+' allowed.
+absl::string_view NumberText(const std::string& s) {
+  absl::string_view text = absl::StripAsciiWhitespace(s);
+  if (text.size() > 1 && text[0] == '+' && text[1] != '-' && text[1] != '+') text.remove_prefix(1);
+  return text;
+}
+
 bool ParseInt(const std::string& s, int64_t& out) {
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, out);
-  return ec == std::errc() && p == end;
+  const absl::string_view text = NumberText(s);
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  return !text.empty() && ec == std::errc() && p == end;
 }
 
 bool ParseFloat(const std::string& s, double& out) {
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, out);
-  return ec == std::errc() && p == end;
-}
-
-const char* TypeName(Type type) {
-  switch (type) {
-    case Type::kInt64:
-      return "int64";
-    case Type::kFloat32:
-      return "float32";
-    case Type::kString:
-      return "string";
-    case Type::kInfer:
-      return "inferred";
-  }
-  return "?";
+  const absl::string_view text = NumberText(s);
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  return !text.empty() && ec == std::errc() && p == end;
 }
 
 struct Column {
@@ -282,10 +280,10 @@ absl::StatusOr<std::optional<Element>> CsvExampleReader::Next() {
         continue;
       }
       value = static_cast<double>(v);
-    } else if (!ParseFloat(text, value)) {
+    } else if (!ParseFloat(text, value) || std::abs(value) > std::numeric_limits<float>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(where(), ": column \"", column.name,
                                                      "\" holds \"", text,
-                                                     "\", not a number: fix the value"));
+                                                     "\", not a float32 number: fix the value"));
     }
     if (column.output == -2) {
       if (format_.label_type() == Type::kInt64) {
@@ -305,6 +303,18 @@ absl::StatusOr<std::optional<Element>> CsvExampleReader::Next() {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> CountCsvRows(const std::string& path, const CsvOptions& options) {
+  STRATUM_ASSIGN_OR_RETURN(auto stream, InputStream::Open(path, options.compression));
+  CsvTokenizer tokens(std::move(stream), options.field_delim, options.use_quote_delim);
+  std::vector<std::string> fields;
+  int64_t rows = 0;
+  while (true) {
+    STRATUM_ASSIGN_OR_RETURN(const bool more, tokens.Next(fields));
+    if (!more) return options.header && rows > 0 ? rows - 1 : rows;
+    ++rows;
+  }
+}
 
 absl::StatusOr<std::shared_ptr<const RecordFormat>> CsvFormat(const std::string& first_file,
                                                               CsvOptions options) {
@@ -367,22 +377,28 @@ absl::StatusOr<std::shared_ptr<const RecordFormat>> CsvFormat(const std::string&
                           std::find(options.select_columns.begin(), options.select_columns.end(),
                                     names[c]) != options.select_columns.end();
     if (!is_label && !selected) continue;
+    std::string text_seen;  // the first value that is not a number, and where
     if (column.spec.type == Type::kInfer) {
       bool all_int = true;
       bool all_number = true;
-      for (const auto& row : rows) {
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto& row = rows[r];
         if (c >= row.size() || row[c].empty() || row[c] == options.na_value) continue;
         int64_t i;
         double d;
         if (!ParseInt(row[c], i)) all_int = false;
-        if (!ParseFloat(row[c], d)) all_number = false;
+        if (!ParseFloat(row[c], d) && all_number) {
+          all_number = false;
+          text_seen =
+              absl::StrCat(" (\"", row[c], "\" in data row ", r + 1, " of ", first_file, ")");
+        }
       }
       column.spec.type = all_int ? Type::kInt64 : all_number ? Type::kFloat32 : Type::kString;
     }
     if (column.spec.type == Type::kString) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "CSV column \"", names[c], "\" holds text (", TypeName(column.spec.type),
-          "), but Stratum's models take numbers: leave it out with select_columns, or give "
+          "CSV column \"", names[c], "\" holds text", text_seen,
+          ", but Stratum's models take numbers: leave it out with select_columns, or give "
           "numeric values"));
     }
     if (is_label) {

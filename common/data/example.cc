@@ -1,6 +1,8 @@
 #include "stratum/data/example.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -284,16 +286,23 @@ absl::StatusOr<FeatureSpec> ParseOne(absl::string_view field, const std::string&
   if (j.contains("shape")) {
     if (!j["shape"].is_array()) return SpecError(field, key, "shape is not a list of sizes");
     std::vector<int64_t> dims;
+    int64_t elements = 1;
+    constexpr int64_t kMaxElements = int64_t{1} << 31;
     for (const auto& d : j["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 31)) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
         return SpecError(field, key, "shape holds a size that is not a count: give sizes >= 0");
       }
-      dims.push_back(d.get<int64_t>());
+      const int64_t dim = d.get<int64_t>();
+      // Checked before multiplying, so that no product overflows.
+      if (dim > 0 && elements > kMaxElements / dim) {
+        return SpecError(field, key,
+                         absl::StrCat("shape ", d.dump(), "... holds more than ", kMaxElements,
+                                      " values per example: give the shape of one example"));
+      }
+      elements *= dim;
+      dims.push_back(dim);
     }
     spec.shape = Shape(std::move(dims));
-    if (spec.shape.num_elements() > (int64_t{1} << 31)) {
-      return SpecError(field, key, "shape is too large");
-    }
   }
   if (spec.type == FeatureSpec::Type::kString) {
     if (!j.contains("decode_raw") || !j["decode_raw"].is_string()) {
@@ -351,6 +360,10 @@ absl::StatusOr<FeatureSpec> ParseOne(absl::string_view field, const std::string&
       }
       if (spec.type == FeatureSpec::Type::kInt64) {
         spec.int64_default.push_back(v.get<int64_t>());
+      } else if (std::abs(v.get<double>()) > std::numeric_limits<float>::max()) {
+        return SpecError(field, key,
+                         absl::StrCat("default_value holds ", v.dump(),
+                                      ", beyond float32's range: give a smaller value"));
       } else {
         spec.float_default.push_back(v.get<double>());
       }
@@ -438,9 +451,14 @@ absl::Status ExampleParser::Parse(absl::string_view record, Element& out) const 
       }
       for (size_t i = 0; i < specs_.size(); ++i) {
         if (specs_[i].key != key) continue;
-        if (!DecodeFeature(value, found[i])) {
+        FeatureBytes decoded;
+        if (!DecodeFeature(value, decoded)) {
           return Malformed(absl::StrCat("feature \"", key, "\" is not a Feature"));
         }
+        // As TF's parser: a Feature with no list set is skipped, so an earlier value of the
+        // same key stays; otherwise the last one wins.
+        if (decoded.kind == kNoList && present[i] != 0) break;
+        found[i] = decoded;
         present[i] = 1;
         break;
       }

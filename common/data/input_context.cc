@@ -130,8 +130,11 @@ std::string DescribeAutoShard(const Dataset& dataset, AutoShardPolicy policy, in
   }
   const NodePtr source = SourceOf(DatasetGraph::Node(dataset));
   const int64_t files = source->NumFileUnits();
-  const std::string nth =
-      absl::StrCat("every worker reads all of it and keeps every ", num_workers, "th example");
+  const char* suffix = num_workers % 10 == 2 && num_workers % 100 != 12   ? "nd"
+                       : num_workers % 10 == 3 && num_workers % 100 != 13 ? "rd"
+                                                                          : "th";
+  const std::string nth = absl::StrCat("every worker reads all of it and keeps every ", num_workers,
+                                       suffix, " example");
   if (policy == AutoShardPolicy::kData) {
     return absl::StrCat("auto_shard_policy DATA: ", nth, " (", source->Name(), ")");
   }

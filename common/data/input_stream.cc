@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<InputStream>> InputStream::Open(const std::string
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not a regular file (a folder, FIFO or device): give a data file"));
   }
-  auto stream = std::unique_ptr<InputStream>(new InputStream(path, fd, compression));
+  auto stream = std::unique_ptr<InputStream>(
+      new InputStream(path, fd, compression, static_cast<uint64_t>(info.st_size)));
   if (compression != Compression::kNone) {
     stream->inflater_ = std::make_unique<Inflater>();
     // 15: the largest window; +16 reads a gzip header and trailer instead of zlib's.
@@ -56,8 +57,8 @@ absl::StatusOr<std::unique_ptr<InputStream>> InputStream::Open(const std::string
   return stream;
 }
 
-InputStream::InputStream(std::string path, int fd, Compression compression)
-    : path_(std::move(path)), fd_(fd), compression_(compression) {}
+InputStream::InputStream(std::string path, int fd, Compression compression, uint64_t file_size)
+    : path_(std::move(path)), fd_(fd), compression_(compression), file_size_(file_size) {}
 
 InputStream::~InputStream() { ::close(fd_); }
 
@@ -106,6 +107,8 @@ absl::StatusOr<size_t> InputStream::Read(char* out, size_t size) {
       inflateReset(&zs);
       inf.stream_ended = false;
     }
+    // An empty file is an empty stream (TensorFlow reads no records from it either).
+    if (zs.avail_in == 0 && inf.file_ended && inf.compressed_read == 0) break;
     if (zs.avail_in == 0 && inf.file_ended) {
       return absl::DataLossError(
           absl::StrCat(path_, " ends inside its ", CompressionName(compression_), " stream (after ",

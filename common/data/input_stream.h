@@ -29,10 +29,12 @@ class InputStream {
   absl::StatusOr<size_t> Read(char* out, size_t size);
   // Bytes of the uncompressed stream returned so far.
   uint64_t position() const { return position_; }
+  // The file's size on disk (for an uncompressed stream, the stream's length).
+  uint64_t file_size() const { return file_size_; }
   const std::string& path() const { return path_; }
 
  private:
-  InputStream(std::string path, int fd, Compression compression);
+  InputStream(std::string path, int fd, Compression compression, uint64_t file_size);
   absl::StatusOr<size_t> ReadFile(char* out, size_t size);
   absl::Status ErrnoError(const char* what) const;
 
@@ -40,6 +42,7 @@ class InputStream {
   int fd_;
   Compression compression_;
   uint64_t position_ = 0;
+  uint64_t file_size_;
   // Compressed streams: the compressed bytes read ahead and zlib's state.
   struct Inflater;
   std::unique_ptr<Inflater> inflater_;

@@ -316,12 +316,44 @@ Dataset RecordFilesDataset(std::vector<std::string> files,
       std::make_shared<RecordFilesNode>(std::move(files), std::move(format), std::move(options)));
 }
 
+namespace {
+
+// The examples an iterator with ignore_errors reads of `path`: those before its first error.
+absl::StatusOr<int64_t> CountUpToAnError(const RecordFormat& format, const std::string& path) {
+  absl::StatusOr<std::unique_ptr<ExampleReader>> reader = format.Open(path);
+  int64_t count = 0;
+  absl::Status error = reader.status();
+  while (error.ok()) {
+    absl::StatusOr<std::optional<Element>> next = (*reader)->Next();
+    if (!next.ok()) {
+      error = next.status();
+    } else if (!next->has_value()) {
+      return count;
+    } else {
+      ++count;
+    }
+  }
+  spdlog::warn("ignore_errors: {} (the {} examples before it are read)",
+               std::string(error.message()), count);
+  return count;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int64_t>> CountRecords(const std::vector<std::string>& files,
-                                                  const RecordFormat& format, int threads) {
+                                                  const RecordFormat& format, int threads,
+                                                  bool ignore_errors) {
   std::vector<absl::StatusOr<int64_t>> counts(files.size(), int64_t{0});
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) counts[i] = format.Count(files[i]);
+    for (size_t i = next++; i < files.size(); i = next++) {
+      try {
+        counts[i] = ignore_errors ? CountUpToAnError(format, files[i]) : format.Count(files[i]);
+      } catch (const std::exception& e) {  // an allocation: nothing may escape a thread
+        counts[i] = absl::ResourceExhaustedError(
+            absl::StrCat("cannot count the examples of ", files[i], ": ", e.what()));
+      }
+    }
   };
   std::vector<std::thread> pool;
   const size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, threads)), files.size());

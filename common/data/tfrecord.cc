@@ -79,8 +79,7 @@ absl::Status TFRecordReader::Damaged(absl::string_view what) const {
   return absl::DataLossError(
       absl::StrCat(stream_->path(), ": the record at byte offset ", record_offset_,
                    compressed_ ? " of the uncompressed stream" : "", " is damaged: ", what,
-                   ": replace the file (or set ignore_errors to skip what follows, as tf.data's "
-                   "ignore_errors does)"));
+                   ": replace the file (in a job, \"ignore_errors\": true skips the rest of it)"));
 }
 
 absl::StatusOr<bool> TFRecordReader::Fill(size_t size, absl::string_view what) {
@@ -98,8 +97,9 @@ absl::StatusOr<bool> TFRecordReader::Fill(size_t size, absl::string_view what) {
                              stream_->Read(buffer_.data() + end_, buffer_.size() - end_));
     if (got == 0) {
       if (end_ == 0) return false;
-      return Damaged(absl::StrCat("the file ends inside its ", what, " (", end_, " of ", size,
-                                  " bytes there): the file is truncated"));
+      return Damaged(absl::StrCat("the file ends inside its ", what, " (", end_,
+                                  " bytes of the record's ", size,
+                                  " are there): the file is truncated"));
     }
     end_ += got;
   }
@@ -113,6 +113,13 @@ absl::StatusOr<std::optional<absl::string_view>> TFRecordReader::Next() {
   const char* header = buffer_.data() + begin_;
   const uint64_t length = LoadU64(header);
   if (MaskCrc32c(Crc32c(header, 8)) != LoadU32(header + 8)) {
+    // A compressed file read as uncompressed fails here first: say so.
+    if (record_offset_ == 0 && !compressed_ && static_cast<unsigned char>(header[0]) == 0x1f &&
+        static_cast<unsigned char>(header[1]) == 0x8b) {
+      return absl::DataLossError(
+          absl::StrCat(stream_->path(),
+                       " starts like a GZIP file, not a TFRecord: set compression_type \"GZIP\""));
+    }
     return Damaged("its length's CRC32C does not match");
   }
   if (length > kMaxTFRecordBytes) {
@@ -120,6 +127,12 @@ absl::StatusOr<std::optional<absl::string_view>> TFRecordReader::Next() {
                                 " Stratum reads"));
   }
   const size_t whole = kHeaderBytes + static_cast<size_t>(length) + kFooterBytes;
+  // A length beyond the end of an uncompressed file is refused before its buffer is made.
+  if (!compressed_ && record_offset_ + whole > stream_->file_size()) {
+    return Damaged(absl::StrCat("it declares ", length, " bytes of data, but the file ends ",
+                                stream_->file_size() - record_offset_,
+                                " bytes after its start: the file is truncated"));
+  }
   STRATUM_ASSIGN_OR_RETURN(const bool have, Fill(whole, "data"));
   if (!have) return Damaged("the file ends after its header");
   const char* data = buffer_.data() + begin_ + kHeaderBytes;

@@ -448,6 +448,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
                          data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
     if (!s.ok()) return s;
   }
+  // Lock-step workers run the steps their counted data fills: one that skipped a damaged
+  // file would run out early and leave the others waiting in an all-reduce.
+  if (job.strategy.type == "multi_worker_mirrored" && job.data.train.read.ignore_errors) {
+    return data.Error("data.train.ignore_errors", "is true for a multi_worker_mirrored job",
+                      "its workers train in lock-step on data counted before training, so a "
+                      "worker that skipped a damaged file would leave the others waiting: "
+                      "repair or remove the file, and leave ignore_errors out");
+  }
   if (root["data"].contains("rescale") && !(job.data.rescale > 0)) {
     return data.Error("data.rescale", absl::StrCat("is ", job.data.rescale),
                       "use a positive factor, such as 0.00392156862745098 (1/255) for pixels");

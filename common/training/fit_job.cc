@@ -76,7 +76,9 @@ absl::StatusOr<Dataset> LoadRecordSource(const std::string& field, const DataSou
                                          int64_t& examples) {
   STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source));
   ReadOptions read = source.read;
-  STRATUM_ASSIGN_OR_RETURN(read.record_counts, CountRecords(opened.files, *opened.format));
+  STRATUM_ASSIGN_OR_RETURN(
+      read.record_counts,
+      CountRecords(opened.files, *opened.format, /*threads=*/4, source.read.ignore_errors));
   examples = 0;
   for (int64_t count : read.record_counts) examples += count;
   Dataset dataset = RecordFilesDataset(opened.files, opened.format, std::move(read));

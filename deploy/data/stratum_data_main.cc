@@ -102,6 +102,10 @@ int Convert() {
     if (!files.ok()) return Fail(files.status());
     CsvOptions csv;
     csv.label_name = absl::GetFlag(FLAGS_label_name);
+    if (csv.label_name.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--from=csv needs --label_name, the column that holds the labels"));
+    }
     absl::StatusOr<std::shared_ptr<const RecordFormat>> format = CsvFormat(files->front(), csv);
     if (!format.ok()) return Fail(format.status());
     absl::StatusOr<std::vector<int64_t>> counts = CountRecords(*files, **format);
@@ -138,27 +142,29 @@ int Count() {
   absl::StatusOr<Compression> compression =
       CompressionFromName(absl::GetFlag(FLAGS_compression_type));
   if (!compression.ok()) return Fail(compression.status());
-  std::shared_ptr<const RecordFormat> format;
   const std::string kind = absl::GetFlag(FLAGS_format);
+  std::vector<int64_t> counts;
   if (kind == "tfrecord") {
-    format = TFRecordExamples(*compression, {});
+    absl::StatusOr<std::vector<int64_t>> counted =
+        CountRecords(*files, *TFRecordExamples(*compression, {}));
+    if (!counted.ok()) return Fail(counted.status());
+    counts = *std::move(counted);
   } else if (kind == "csv") {
-    CsvOptions csv;
+    CsvOptions csv;  // a header line per file; no column is looked at
     csv.compression = *compression;
-    csv.label_name = absl::GetFlag(FLAGS_label_name);
-    absl::StatusOr<std::shared_ptr<const RecordFormat>> parsed = CsvFormat(files->front(), csv);
-    if (!parsed.ok()) return Fail(parsed.status());
-    format = *parsed;
+    for (const std::string& file : *files) {
+      absl::StatusOr<int64_t> rows = CountCsvRows(file, csv);
+      if (!rows.ok()) return Fail(rows.status());
+      counts.push_back(*rows);
+    }
   } else {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--format=", kind, " is not one stratum-data counts: use tfrecord or csv")));
   }
-  absl::StatusOr<std::vector<int64_t>> counts = CountRecords(*files, *format);
-  if (!counts.ok()) return Fail(counts.status());
   int64_t total = 0;
   for (size_t i = 0; i < files->size(); ++i) {
-    std::printf("%lld\t%s\n", static_cast<long long>((*counts)[i]), (*files)[i].c_str());
-    total += (*counts)[i];
+    std::printf("%lld\t%s\n", static_cast<long long>(counts[i]), (*files)[i].c_str());
+    total += counts[i];
   }
   std::printf("%lld\ttotal\n", static_cast<long long>(total));
   return kExitSuccess;

@@ -147,6 +147,11 @@ TEST(ExampleTest, SpecsAreCheckedWithTheFix) {
   EXPECT_THAT(Refusal({{"x", {{"dtype", "int64"}, {"shape", {2}}, {"default_value", {1, 2, 3}}}}}),
               HasSubstr("default_value has 3 values, but shape [2] takes 1 (broadcast) or 2"));
   EXPECT_THAT(Refusal(json::array()), HasSubstr("must be an object of feature specs"));
+  // Sizes whose product would overflow are refused, not wrapped around.
+  EXPECT_THAT(Refusal({{"x", {{"dtype", "float32"}, {"shape", {2147483648, 2147483648, 3}}}}}),
+              HasSubstr("values per example: give the shape of one example"));
+  EXPECT_THAT(Refusal({{"x", {{"dtype", "float32"}, {"default_value", 1e300}}}}),
+              HasSubstr("beyond float32's range"));
 }
 
 }  // namespace

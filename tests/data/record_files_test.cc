@@ -156,6 +156,10 @@ TEST(RecordFilesTest, ErrorsNameTheFileAndOffsetAndIgnoreErrorsSkipsTheRestOfTha
                                     HasSubstr("CRC32C does not match"))));
   EXPECT_THAT(Labels(RecordFilesDataset(files, format, {.ignore_errors = true})),
               ElementsAre(0, 3, 4, 5));
+  // Counted as an iterator with ignore_errors reads them.
+  EXPECT_THAT(*CountRecords(files, *format, 2, /*ignore_errors=*/true), ElementsAre(1, 3));
+  EXPECT_THAT(CountRecords(files, *format).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(files[0])));
   // A spec that does not fit the examples: the file, the record and the feature.
   const auto wrong = TFRecordExamples(
       Compression::kNone,
@@ -227,6 +231,19 @@ TEST(CsvTest, ReadsQuotedFieldsDefaultsAndSelectedColumns) {
   EXPECT_EQ(*(*rows)[1][1].data<int64_t>(), 9);  // NA: the default
 }
 
+TEST(CsvTest, NumbersMayHaveSpacesAndAPlusAsTensorFlowReadsThem) {
+  TempDir dir;
+  const std::string path = dir.Write("s.csv", "a, b, label\n1.5, +2, +1\n 3 ,-4,0\n");
+  CsvOptions options;
+  options.label_name = " label";
+  absl::StatusOr<std::vector<Element>> rows = ReadCsv({path}, options);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ((*rows)[0][1].dtype(), DType::kInt64);
+  EXPECT_EQ(*(*rows)[0][1].data<int64_t>(), 1);
+  EXPECT_EQ((*rows)[1][0].data<float>()[0], 3.0f);
+  EXPECT_EQ(*CountCsvRows(path, {}), 2);
+}
+
 TEST(CsvTest, InfersTypesAndNamesTheLineOfABadValue) {
   TempDir dir;
   const std::string a = dir.Write("a.csv", "f;g;y\n1;0.5;2\n3;1;0\n");
@@ -246,9 +263,10 @@ TEST(CsvTest, InfersTypesAndNamesTheLineOfABadValue) {
   options.column_defaults = {{CsvColumnDefault::Type::kInt64, true, 0},
                              {CsvColumnDefault::Type::kFloat32, true, 0},
                              {CsvColumnDefault::Type::kInt64, true, 0}};
-  EXPECT_THAT(ReadCsv({b}, options).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(b + " line 3: column \"g\" holds \"oops\", not a number")));
+  EXPECT_THAT(
+      ReadCsv({b}, options).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr(b + " line 3: column \"g\" holds \"oops\", not a float32 number")));
   options.compression = Compression::kNone;
   options.column_defaults.clear();
   options.label_name = "z";

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -174,6 +175,33 @@ TEST(TFRecordTest, DamageIsAnErrorNamingTheFileAndTheRecordsOffset) {
   EXPECT_THAT(error,
               StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("corrupt GZIP stream"),
                                                           HasSubstr("check compression_type"))));
+}
+
+TEST(TFRecordTest, AnEmptyCompressedFileHasNoRecordsAndAGzipReadAsPlainIsNamed) {
+  TempDir dir;
+  EXPECT_TRUE(ReadAll(dir.Write("empty.gz", ""), Compression::kGzip).empty());
+  EXPECT_EQ(*CountTFRecords(dir.path() + "/empty.gz", Compression::kGzip), 0);
+  absl::Status error;
+  ReadAll(dir.Write("a.gz", Compress(kThreeRecords, 31)), Compression::kNone, &error);
+  EXPECT_THAT(error, StatusIs(absl::StatusCode::kDataLoss,
+                              HasSubstr("starts like a GZIP file, not a TFRecord: set "
+                                        "compression_type \"GZIP\"")));
+}
+
+TEST(TFRecordTest, ALengthBeyondTheFileIsRefusedBeforeItsBufferIsMade) {
+  TempDir dir;
+  // A valid length CRC for 512 MiB, and nothing after it.
+  std::string header(12, '\0');
+  const uint64_t length = uint64_t{512} << 20;
+  std::memcpy(header.data(), &length, 8);
+  const uint32_t crc = MaskCrc32c(Crc32c(header.data(), 8));
+  std::memcpy(header.data() + 8, &crc, 4);
+  absl::Status error;
+  ReadAll(dir.Write("short", header + "abc"), Compression::kNone, &error);
+  EXPECT_THAT(error, StatusIs(absl::StatusCode::kDataLoss,
+                              AllOf(HasSubstr("it declares 536870912 bytes of data, but the file "
+                                              "ends 15 bytes after its start"),
+                                    HasSubstr("truncated"))));
 }
 
 TEST(TFRecordTest, MissingFilesFoldersAndFifosAreRefusedWithoutBlocking) {

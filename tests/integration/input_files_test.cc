@@ -220,6 +220,14 @@ MwmsRun TrainMwms(const json& job, const std::string& name) {
 }
 
 TEST_F(InputFilesTest, MultiWorkerMirroredShardsByFileAndRunsTheSmallestShardsSteps) {
+  json four = Job("fashion_mnist_mwms.json", *train4_);
+  four["fit"]["epochs"] = 1;
+  four["fit"]["steps_per_epoch"] = 20;
+  four["strategy"]["communication"]["timeout_seconds"] = 20;
+  const MwmsRun even = TrainMwms(four, "mwms_four_files");
+  ASSERT_TRUE(even.ok) << even.output;
+  EXPECT_THAT(even.output, HasSubstr("auto_shard_policy AUTO: sharding by FILE, 4 files "
+                                     "(TFRecord(4 files)) over 2 workers, each reading its own"));
   // 3 files of 20,000 over 2 workers: worker 0 reads files 0 and 2, worker 1 file 1; both
   // run the steps of the smaller part, 20,000 / 64.
   json job = Job("fashion_mnist_mwms.json", *train3_);
@@ -245,7 +253,7 @@ TEST_F(InputFilesTest, MultiWorkerMirroredFallsBackToDataShardingOrRefusesFileWi
   EXPECT_THAT(run.output,
               HasSubstr("auto_shard_policy AUTO: sharding by DATA, since the data's 1 file is "
                         "fewer than the 2 workers (FILE needs one per worker): every worker "
-                        "reads all of it and keeps every 2th example"));
+                        "reads all of it and keeps every 2nd example"));
   job["data"]["auto_shard_policy"] = "FILE";
   const MwmsRun refused = TrainMwms(job, "mwms_file_refused");
   EXPECT_FALSE(refused.ok);

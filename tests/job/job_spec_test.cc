@@ -275,6 +275,13 @@ TEST(JobSpecTest, TFRecordAndCsvSourcesAreCheckedWithTheFix) {
       HasSubstr("data.train.field_delim is \"ab\": use one character"));
   EXPECT_THAT(ErrorOf(data(R"({"format": "csv", "files": "a", "label_name": "y", "images": "b"})")),
               HasSubstr("data.train.images is not a field Stratum knows"));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"strategy": {"type": "multi_worker_mirrored"}, "model": {}, "compile": {"loss": "mse"},
+                  "data": {"train": {"format": "csv", "files": "a", "label_name": "y",
+                                     "ignore_errors": true}}})"),
+      HasSubstr("data.train.ignore_errors is true for a multi_worker_mirrored job: its workers "
+                "train in lock-step"));
 }
 
 TEST(JobSpecTest, TheShippedExampleParses) {

@@ -50,4 +50,8 @@ struct CsvOptions {
 absl::StatusOr<std::shared_ptr<const RecordFormat>> CsvFormat(const std::string& first_file,
                                                               CsvOptions options);
 
+// The data rows of a CSV file (its header, when options.header, left out), read with the
+// file's quoting but without the columns' types: a count that needs no label.
+absl::StatusOr<int64_t> CountCsvRows(const std::string& path, const CsvOptions& options);
+
 }  // namespace stratum

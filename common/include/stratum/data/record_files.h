@@ -74,8 +74,11 @@ Dataset RecordFilesDataset(std::vector<std::string> files,
                            std::shared_ptr<const RecordFormat> format, ReadOptions options = {});
 
 // Each file's count, in order, read in parallel (one thread per file, at most `threads`).
+// With ignore_errors, a file's count is what an iterator with ignore_errors reads of it:
+// its examples parsed up to its first error (logged).
 absl::StatusOr<std::vector<int64_t>> CountRecords(const std::vector<std::string>& files,
-                                                  const RecordFormat& format, int threads = 4);
+                                                  const RecordFormat& format, int threads = 4,
+                                                  bool ignore_errors = false);
 
 // The local files a job names: each entry a path or a glob pattern (*, ?, [...]), matched
 // in sorted order; relative ones under `base_dir`. Remote paths (gs://, s3://, hdfs://,

@@ -99,8 +99,8 @@ class TFRecordWriter {
   bool closed_ = false;
 };
 
-// The number of records in a TFRecord file, each framing CRC checked (the data's CRCs are
-// checked when the records are read). Errors as TFRecordReader.
+// The number of records in a TFRecord file, each record's CRCs checked. Errors as
+// TFRecordReader.
 absl::StatusOr<int64_t> CountTFRecords(const std::string& path, Compression compression);
 
 }  // namespace stratum
