@@ -145,8 +145,13 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SubprocessOptions 
 void Subprocess::ForwardOutput(int fd) {
   std::string pending;
   char buffer[4096];
-  auto emit = [this](absl::string_view line) {
-    if (options_.forward_fd >= 0) {
+  const int log_fd =
+      options_.log_path.empty()
+          ? -1
+          : open(options_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+  auto emit = [this, log_fd](absl::string_view line) {
+    if (log_fd >= 0) WriteAll(log_fd, absl::StrCat(line, "\n"));
+    if (options_.forward_fd >= 0 && (!options_.forward_if || options_.forward_if(line))) {
       WriteAll(options_.forward_fd, absl::StrCat(options_.output_prefix, line, "\n"));
     }
     if (options_.capture_output) {
@@ -172,6 +177,7 @@ void Subprocess::ForwardOutput(int fd) {
     pending.erase(0, start);
   }
   if (!pending.empty()) emit(pending);
+  if (log_fd >= 0) close(log_fd);
   close(fd);
   output_closed_.Notify();
 }

@@ -1,17 +1,27 @@
 // stratum-launch: starts a whole Stratum cluster on this machine, one child process per
-// task on free loopback ports, each with its own TF_CONFIG; prefixes their output; exits
-// with the chief's exit code (worker:0's when there is no chief) after stopping the rest.
-// SIGINT/SIGTERM stop every child (TERM, then KILL after --grace_period).
+// task on free loopback ports, each with its own TF_CONFIG; writes each task's output to
+// its log file in a run folder and shows on the console the training progress, the
+// warnings and errors of every task and the result (--verbose: every line, prefixed);
+// exits with the chief's exit code (worker:0's when there is no chief) after stopping the
+// rest. SIGINT/SIGTERM stop every child (TERM, then KILL after --grace_period).
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "stratum/job/job_spec.h"
 #include "stratum/launch/launch_plan.h"
 #include "stratum/launch/task_processes.h"
@@ -49,6 +59,13 @@ ABSL_FLAG(int, max_restarts, 3,
           "job's worker, an evaluator) is started again, a second after it died; and how many "
           "times a multi_worker_mirrored job whose worker failed is started again as a whole "
           "(its workers train in lock-step), resuming from its checkpoint; 0: never");
+ABSL_FLAG(std::string, log_dir, "",
+          "Folder for each task's whole log (<task>.log) and the launcher's (launch.log); "
+          "default: a new run-<time> folder under <checkpoint.dir>/logs, or under "
+          "$TMPDIR/stratum-logs for a job without checkpoints");
+ABSL_FLAG(bool, verbose, false,
+          "Show every task's every line on the console, prefixed with the task, instead of "
+          "the training progress, warnings and errors");
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "Handed to the chief of a parameter_server job: how long it waits for a failed "
           "parameter server to come back");
@@ -56,9 +73,107 @@ ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
 namespace stratum {
 namespace {
 
+// The run's log folder and the launcher's own log in it.
+struct RunLogs {
+  std::string dir;
+  int launch_fd = -1;
+  bool verbose = false;
+};
+RunLogs g_logs;
+
+void Write(int fd, const std::string& text) {
+  if (fd >= 0) (void)!write(fd, text.data(), text.size());
+}
+
+// What the launcher does that the user should see: on the console and in launch.log.
 void Say(const std::string& line) {
   const std::string text = absl::StrCat("[launch] ", line, "\n");
-  (void)!write(STDERR_FILENO, text.data(), text.size());
+  Write(STDERR_FILENO, text);
+  Write(g_logs.launch_fd, text);
+}
+
+// What it does as a matter of course (a task started): in launch.log, and on the console
+// only with --verbose.
+void Note(const std::string& line) {
+  const std::string text = absl::StrCat("[launch] ", line, "\n");
+  if (g_logs.verbose) Write(STDERR_FILENO, text);
+  Write(g_logs.launch_fd, text);
+}
+
+std::string LogPath(const TaskKey& task) {
+  return absl::StrCat(g_logs.dir, "/", task.type, "-", task.index, ".log");
+}
+
+// A log line as every Stratum binary writes it ("2026-11-22 07:00:00.123 W worker:1] ..."):
+// its level letter, or 0 for a line of other output (progress, a binary's last error).
+char LogLevel(absl::string_view line) {
+  if (line.size() < 25 || line[4] != '-' || line[10] != ' ' || line[19] != '.' || line[23] != ' ' ||
+      !absl::ascii_isdigit(static_cast<unsigned char>(line[0]))) {
+    return 0;
+  }
+  return line[24];
+}
+
+// The quiet console: the training program's progress and results, every task's warnings
+// and errors, and a binary's closing error sentence ("stratum-ps: ...").
+std::function<bool(absl::string_view)> ConsoleFilter(bool main_task) {
+  return [main_task](absl::string_view line) {
+    const char level = LogLevel(line);
+    if (level != 0) return level == 'W' || level == 'E' || level == 'C';
+    return main_task || absl::StartsWith(line, "stratum-");
+  };
+}
+
+// Each task's console filter and log file.
+TaskProcessOptions OutputOf(const LaunchPlan& plan, const PlannedTask& task) {
+  TaskProcessOptions options;
+  options.log_path = LogPath(task.task);
+  if (!g_logs.verbose) options.forward_if = ConsoleFilter(task.task == plan.main_task);
+  return options;
+}
+
+// A task that failed, on the quiet console: the last lines of its log, where the whole is.
+void ShowLogTail(const TaskKey& task) {
+  if (g_logs.verbose) return;
+  std::ifstream file(LogPath(task));
+  std::deque<std::string> last;
+  for (std::string line; std::getline(file, line);) {
+    last.push_back(std::move(line));
+    if (last.size() > 12) last.pop_front();
+  }
+  if (last.empty()) return;
+  Say(absl::StrCat("the last lines of ", task.ToString(), "'s log (all of it: ", LogPath(task),
+                   "):"));
+  for (const std::string& line : last) {
+    Write(STDERR_FILENO, absl::StrCat("[", task.ToString(), "] ", line, "\n"));
+  }
+}
+
+// --log_dir, or a new folder under the job's checkpoint folder, else under $TMPDIR.
+absl::Status OpenRunLogs(const std::string& checkpoint_dir) {
+  g_logs.verbose = absl::GetFlag(FLAGS_verbose);
+  std::string dir = absl::GetFlag(FLAGS_log_dir);
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string parent =
+        !checkpoint_dir.empty()
+            ? absl::StrCat(checkpoint_dir, "/logs")
+            : absl::StrCat(tmp != nullptr && *tmp != 0 ? tmp : "/tmp", "/stratum-logs");
+    dir = absl::StrCat(parent, "/run-",
+                       absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
+                       getpid());
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the log folder ", dir, ": ", error.message(),
+                     ": pass --log_dir with a folder you can write"));
+  }
+  g_logs.dir = dir;
+  g_logs.launch_fd = open(absl::StrCat(dir, "/launch.log").c_str(),
+                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+  return absl::OkStatus();
 }
 
 std::string OwnFolder() {
@@ -78,7 +193,14 @@ std::string AbsolutePath(const std::string& path) {
   return absl::StrCat(cwd, "/", path);
 }
 
-absl::StatusOr<LaunchOptions> OptionsFromFlags() {
+// Where the job keeps what a run leaves: the final lines name them.
+struct JobPaths {
+  std::string job;
+  std::string summary;
+  std::string checkpoint_dir;
+};
+
+absl::StatusOr<LaunchOptions> OptionsFromFlags(JobPaths& paths) {
   if (absl::GetFlag(FLAGS_max_restarts) < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_restarts is ", absl::GetFlag(FLAGS_max_restarts),
@@ -114,6 +236,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   if (!job_path.empty()) {
     absl::StatusOr<JobSpec> job = LoadJobSpec(job_path);
     if (!job.ok()) return job.status();
+    paths = {job_path, summary_path, job->checkpoint.dir};
     if (job->strategy.type == "multi_worker_mirrored") {
       // Every worker runs the training program; the leader hosts the coordination service.
       if (options.num_ps > 0) {
@@ -186,7 +309,7 @@ void EvaluateOnceIfDown(const LaunchPlan& plan, const std::vector<absl::Time>& r
     once.argv.push_back("--eval_once");
     Say(absl::StrCat(once.task.ToString(),
                      " is down at the end of the job: evaluating the final checkpoint once"));
-    absl::StatusOr<std::unique_ptr<Subprocess>> pass = StartTask(once, {});
+    absl::StatusOr<std::unique_ptr<Subprocess>> pass = StartTask(once, OutputOf(plan, once));
     if (!pass.ok()) {
       Say(absl::StrCat("cannot start ", once.task.ToString(), ": ", pass.status().message()));
       continue;
@@ -196,7 +319,18 @@ void EvaluateOnceIfDown(const LaunchPlan& plan, const std::vector<absl::Time>& r
   }
 }
 
-int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
+// The run's last lines: where its checkpoints, summary and logs are, and how to resume.
+void SayWhereThingsAre(const JobPaths& paths) {
+  if (!paths.checkpoint_dir.empty()) {
+    Say(absl::StrCat("checkpoints: ", paths.checkpoint_dir,
+                     " (the same command again resumes from the last one, or evaluates the "
+                     "job when it is complete)"));
+  }
+  if (!paths.summary.empty()) Say(absl::StrCat("summary: ", paths.summary));
+  Say(absl::StrCat("logs of every task: ", g_logs.dir));
+}
+
+int Launch(const LaunchPlan& plan, const JobPaths& paths, ShutdownWatcher& shutdown) {
   const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
   std::vector<std::unique_ptr<Subprocess>> children;
   std::vector<Subprocess*> raw;
@@ -216,14 +350,14 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
   auto stop_all = [&] { StopInStages(StopOrder(plan, raw), grace, slow_to_stop); };
 
   for (const PlannedTask& task : plan.tasks) {
-    absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});
+    absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, OutputOf(plan, task));
     if (!child.ok()) {
       Say(absl::StrCat("cannot start ", task.task.ToString(), ": ", child.status().message()));
       stop_all();
       return ExitCodeFor(child.status());
     }
-    Say(absl::StrCat("started ", task.task.ToString(), " on ", task.address, " (pid ",
-                     (*child)->pid(), ")"));
+    Note(absl::StrCat("started ", task.task.ToString(), " on ", task.address, " (pid ",
+                      (*child)->pid(), ")"));
     raw.push_back(child->get());
     children.push_back(*std::move(child));
   }
@@ -267,11 +401,13 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
     }
     if (job_failure != nullptr) {
       const auto& [failed, exit] = *job_failure;
+      ShowLogTail(plan.tasks[failed].task);
       if (job_restarts == max_restarts) {
         Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
                          "; the job is not started again (it failed ",
                          Counted(max_restarts + 1, "time", "times"), "): stopping the others"));
         stop_all();
+        SayWhereThingsAre(paths);
         return exit.ShellCode();
       }
       ++job_restarts;
@@ -296,9 +432,11 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
     for (const auto& [i, exit] : exits) {
       const PlannedTask& task = plan.tasks[i];
       if (task.task == plan.main_task) {
+        if (!exit.success()) ShowLogTail(task.task);
         Say(absl::StrCat(task.task.ToString(), " ", exit.ToString(), "; stopping the others"));
         if (exit.success()) EvaluateOnceIfDown(plan, restart_at, grace);
         stop_all();
+        SayWhereThingsAre(paths);
         return exit.ShellCode();
       }
       // MultiWorkerMirrored workers train and leave when the job is done; servers stop only
@@ -320,8 +458,12 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
                                    : absl::StrCat("; not started again: it failed ",
                                                   Counted(max_restarts + 1, "time", "times"));
       }
-      Say(absl::StrCat(who(i), finished ? " finished: it " : " stopped unexpectedly: it ",
-                       exit.ToString(), what));
+      if (finished) {
+        Note(absl::StrCat(who(i), " finished: it ", exit.ToString(), what));
+      } else {
+        ShowLogTail(task.task);
+        Say(absl::StrCat(who(i), " stopped unexpectedly: it ", exit.ToString(), what));
+      }
       if (restart) restart_at[i] = absl::Now() + absl::Seconds(1);
     }
     for (size_t i = 0; i < children.size(); ++i) {
@@ -329,7 +471,7 @@ int Launch(const LaunchPlan& plan, ShutdownWatcher& shutdown) {
       restart_at[i] = absl::InfiniteFuture();
       ++restarts[i];
       const PlannedTask& task = plan.tasks[i];
-      absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, {});
+      absl::StatusOr<std::unique_ptr<Subprocess>> child = StartTask(task, OutputOf(plan, task));
       if (!child.ok()) {
         Say(absl::StrCat("cannot start ", task.task.ToString(),
                          " again: ", child.status().message()));
@@ -357,7 +499,8 @@ int main(int argc, char** argv) {
       "  stratum-launch --job examples/fashion_mnist_mwms.json --workers 2\n"
       "Each task gets a free port on --host and its own TF_CONFIG. Exit code: the chief's "
       "(worker:0's without a chief); 2 for a usage error.");
-  absl::StatusOr<stratum::LaunchOptions> options = stratum::OptionsFromFlags();
+  stratum::JobPaths paths;
+  absl::StatusOr<stratum::LaunchOptions> options = stratum::OptionsFromFlags(paths);
   if (!options.ok()) {
     std::fprintf(stderr, "stratum-launch: %s\n", std::string(options.status().message()).c_str());
     return stratum::ExitCodeFor(options.status());
@@ -371,5 +514,14 @@ int main(int argc, char** argv) {
     std::printf("%s", stratum::FormatDryRun(*plan).c_str());
     return stratum::kExitSuccess;
   }
-  return stratum::Launch(*plan, shutdown);
+  if (absl::Status logs = stratum::OpenRunLogs(paths.checkpoint_dir); !logs.ok()) {
+    std::fprintf(stderr, "stratum-launch: %s\n", std::string(logs.message()).c_str());
+    return stratum::ExitCodeFor(logs);
+  }
+  stratum::Say(absl::StrCat(
+      "logs of every task: ", stratum::g_logs.dir,
+      absl::GetFlag(FLAGS_verbose)
+          ? ""
+          : " (here: the training progress, warnings and errors; --verbose shows every line)"));
+  return stratum::Launch(*plan, paths, shutdown);
 }

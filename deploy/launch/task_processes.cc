@@ -16,6 +16,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
   process.env.emplace_back("TF_CONFIG", task.tf_config);
   process.output_prefix = absl::StrCat("[", task.task.ToString(), "] ");
   process.forward_fd = options.forward_fd;
+  process.forward_if = options.forward_if;
+  process.log_path = options.log_path;
   process.capture_output = options.capture_output;
   return Subprocess::Spawn(std::move(process));
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include <gmock/gmock.h>
@@ -20,9 +21,23 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::unique_ptr<Subprocess> Launch(std::vector<std::string> args) {
+// Where the launchers of this test process keep their tasks' logs; removed at its end.
+const std::string& LogDir() {
+  static const std::string dir =
+      ::testing::TempDir() + "/launch_test_logs_" + std::to_string(getpid());
+  return dir;
+}
+struct RemoveLogDir : ::testing::Environment {
+  void TearDown() override { testing::RemoveFolder(LogDir()); }
+};
+const auto* const kRemoveLogDir = ::testing::AddGlobalTestEnvironment(new RemoveLogDir);
+
+// The launcher on `args`; `verbose` (most tests read the tasks' own lines) shows every
+// task's output on its console.
+std::unique_ptr<Subprocess> Launch(std::vector<std::string> args, bool verbose = true) {
   SubprocessOptions options;
-  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-launch"};
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-launch", "--log_dir=" + LogDir()};
+  if (verbose) options.argv.push_back("--verbose");
   for (std::string& arg : args) options.argv.push_back(std::move(arg));
   options.forward_fd = -1;
   options.capture_output = true;
@@ -116,6 +131,57 @@ TEST(LaunchTest, MainJobComesUpHealthyAndExitsZeroLeavingNothing) {
   const auto pids = ChildPids(output);
   EXPECT_EQ(pids.size(), 5u);
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
+}
+
+TEST(LaunchTest, TheConsoleShowsTheTrainingAndEachTasksWholeLogIsInTheLogFolder) {
+  JobFile job("quiet", 2, 0);
+  const std::string logs = LogDir() + "/quiet";
+  auto launcher = Launch({"--job=" + job.path, "--log_dir=" + logs}, /*verbose=*/false);
+  auto exit = launcher->Wait(absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("[launch] logs of every task: " + logs +
+                                " (here: the training progress, warnings and errors; --verbose "
+                                "shows every line)"));
+  EXPECT_THAT(output, HasSubstr("[chief:0] Epoch 2/2 - 100 steps on 2 workers"));
+  EXPECT_THAT(output, ::testing::ContainsRegex("\\[chief:0\\] test accuracy [0-9.]+"));
+  // Nothing of the other tasks' routine, nor the chief's log lines, nor the launcher's.
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[worker:0]")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[ps:1]")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("checkpoint at step 100 written")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[launch] started")));
+  // The last lines: where things are.
+  EXPECT_THAT(output, HasSubstr("[launch] checkpoints: " + job.checkpoints +
+                                " (the same command again resumes from the last one"));
+  EXPECT_THAT(output, ::testing::EndsWith("[launch] logs of every task: " + logs + "\n"));
+  auto read = [&](const std::string& name) {
+    std::ifstream file(logs + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  };
+  EXPECT_THAT(read("worker-1.log"), HasSubstr("I worker:1] stratum-worker"));
+  EXPECT_THAT(read("ps-0.log"), HasSubstr("serving on"));
+  EXPECT_THAT(read("chief-0.log"), HasSubstr("checkpoint at step 100 written"));
+  EXPECT_THAT(read("chief-0.log"), HasSubstr("Epoch 2/2"));
+  EXPECT_THAT(read("launch.log"), HasSubstr("[launch] started worker:1 on"));
+}
+
+TEST(LaunchTest, ATaskThatFailsHasTheEndOfItsLogShownWithItsPath) {
+  JobFile job("failing", 1, 0);
+  // A job whose training data is gone: the chief refuses it once the cluster is up.
+  nlohmann::json spec = nlohmann::json::parse(std::ifstream(job.path));
+  spec["data"]["train"]["images"] = "/nonexistent/train-images-idx3-ubyte.gz";
+  std::ofstream(job.path) << spec.dump();
+  const std::string logs = LogDir() + "/failing";
+  auto launcher = Launch({"--job=" + job.path, "--log_dir=" + logs}, /*verbose=*/false);
+  auto exit = launcher->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = launcher->output();
+  EXPECT_EQ(exit->exit_code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("[launch] the last lines of chief:0's log (all of it: " + logs +
+                                "/chief-0.log):"));
+  EXPECT_THAT(output, HasSubstr("/nonexistent/train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(output, HasSubstr("[launch] chief:0 exited with code 2; stopping the others"));
 }
 
 TEST(LaunchTest, DryRunPrintsEveryTaskAndStartsNothing) {

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -45,6 +47,12 @@ struct SubprocessOptions {
   // prefix + line; -1 forwards nothing.
   std::string output_prefix;
   int forward_fd = 1;
+  // When set, only the lines for which it returns true are forwarded (the rest still go to
+  // the log file and the captured output). Called on the output thread.
+  std::function<bool(absl::string_view line)> forward_if;
+  // When set, every output line is appended to this file, as the child wrote it (the file
+  // is created if missing, with the umask's permissions).
+  std::string log_path;
   // Keeps the output in memory for output().
   bool capture_output = false;
 };

@@ -16,6 +16,9 @@ namespace stratum {
 
 struct TaskProcessOptions {
   int forward_fd = 1;  // where the prefixed output goes; -1 for nowhere
+  // Only the lines it accepts are forwarded (null: all); see SubprocessOptions.
+  std::function<bool(absl::string_view line)> forward_if;
+  std::string log_path;  // every line also appended here (empty: no log file)
   bool capture_output = false;
   // Set in the task's environment besides TF_CONFIG.
   std::vector<std::pair<std::string, std::string>> env;
