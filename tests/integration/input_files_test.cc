@@ -47,7 +47,7 @@ BinaryRun RunBinary(const std::string& binary, std::vector<std::string> args) {
 // TFRecord shards of Fashion-MNIST written once for the whole test binary by the real
 // converter; data.train / data.test entries that read them, as the converter prints them.
 class InputFilesTest : public ::testing::Test {
- protected:
+ public:
   static void SetUpTestSuite() {
     dir_ = new std::string(TempPath("tfrecord_shards"));
     RemoveFolder(*dir_);
@@ -111,8 +111,9 @@ TEST_F(InputFilesTest, StratumTrainLearnsFromTheShardsTheConverterWrote) {
   job["fit"]["epochs"] = 1;
   job["fit"]["steps_per_epoch"] = 400;
   const std::string summary = TempPath("tfrecord_summary.json");
-  const BinaryRun run = RunBinary("stratum-train", {"--job=" + Write(job, "tfrecord_train"),
-                                              "--summary_json=" + summary, "--progress=lines"});
+  const BinaryRun run = RunBinary(
+      "stratum-train",
+      {"--job=" + Write(job, "tfrecord_train"), "--summary_json=" + summary, "--progress=lines"});
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("60000 training examples"));
   std::ifstream file(summary);
@@ -154,8 +155,9 @@ TEST_F(InputFilesTest, StratumTrainLearnsFromCsvFiles) {
         {"test", {{"format", "csv"}, {"files", files[2]}, {"label_name", "label"}}}}},
       {"fit", {{"epochs", 5}, {"batch_size_per_replica", 32}, {"seed", 3}}}};
   const std::string summary = TempPath("csv_summary.json");
-  const BinaryRun run = RunBinary("stratum-train", {"--job=" + Write(job, "csv_train"),
-                                              "--summary_json=" + summary, "--progress=lines"});
+  const BinaryRun run = RunBinary(
+      "stratum-train",
+      {"--job=" + Write(job, "csv_train"), "--summary_json=" + summary, "--progress=lines"});
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("4000 training examples"));
   std::ifstream file(summary);
@@ -219,22 +221,23 @@ MwmsRun TrainMwms(const json& job, const std::string& name) {
   return run;
 }
 
+// The MultiWorkerMirrored example on `train`, one epoch of `steps` (0: one pass).
+json MwmsJob(const json& train, int steps) {
+  json job = InputFilesTest::Job("fashion_mnist_mwms.json", train);
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = steps;
+  job["strategy"]["communication"]["timeout_seconds"] = 20;
+  return job;
+}
+
 TEST_F(InputFilesTest, MultiWorkerMirroredShardsByFileAndRunsTheSmallestShardsSteps) {
-  json four = Job("fashion_mnist_mwms.json", *train4_);
-  four["fit"]["epochs"] = 1;
-  four["fit"]["steps_per_epoch"] = 20;
-  four["strategy"]["communication"]["timeout_seconds"] = 20;
-  const MwmsRun even = TrainMwms(four, "mwms_four_files");
+  const MwmsRun even = TrainMwms(MwmsJob(*train4_, 20), "mwms_four_files");
   ASSERT_TRUE(even.ok) << even.output;
   EXPECT_THAT(even.output, HasSubstr("auto_shard_policy AUTO: sharding by FILE, 4 files "
                                      "(TFRecord(4 files)) over 2 workers, each reading its own"));
   // 3 files of 20,000 over 2 workers: worker 0 reads files 0 and 2, worker 1 file 1; both
   // run the steps of the smaller part, 20,000 / 64.
-  json job = Job("fashion_mnist_mwms.json", *train3_);
-  job["fit"]["epochs"] = 1;
-  job["fit"]["steps_per_epoch"] = 0;
-  job["strategy"]["communication"]["timeout_seconds"] = 20;
-  const MwmsRun run = TrainMwms(job, "mwms_files");
+  const MwmsRun run = TrainMwms(MwmsJob(*train3_, 0), "mwms_files");
   ASSERT_TRUE(run.ok) << run.output;
   EXPECT_THAT(run.output, HasSubstr("auto_shard_policy AUTO: sharding by FILE, 3 files "
                                     "(TFRecord(3 files)) over 2 workers, each reading its own"));
@@ -244,10 +247,7 @@ TEST_F(InputFilesTest, MultiWorkerMirroredShardsByFileAndRunsTheSmallestShardsSt
 }
 
 TEST_F(InputFilesTest, MultiWorkerMirroredFallsBackToDataShardingOrRefusesFileWithTheFix) {
-  json job = Job("fashion_mnist_mwms.json", *train1_);
-  job["fit"]["epochs"] = 1;
-  job["fit"]["steps_per_epoch"] = 50;
-  job["strategy"]["communication"]["timeout_seconds"] = 20;
+  json job = MwmsJob(*train1_, 50);
   const MwmsRun run = TrainMwms(job, "mwms_one_file");
   ASSERT_TRUE(run.ok) << run.output;
   EXPECT_THAT(run.output,
