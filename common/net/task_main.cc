@@ -11,7 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "stratum/cluster/kubernetes_cluster_resolver.h"
+#include "stratum/cluster/slurm_cluster_resolver.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"
 #include "stratum/util/exit_codes.h"
@@ -46,6 +48,17 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, tls_server_name, "",
           "Check servers' certificates for this name instead of the host they are dialled at, "
           "so one certificate serves the whole cluster ($STRATUM_TLS_SERVER_NAME)");
+
+ABSL_FLAG(std::string, cluster_resolver, "auto",
+          "Where this task learns its cluster: tf_config (TF_CONFIG or --tf_config), "
+          "kubernetes (the pod settings below), slurm (the srun step's SLURM_* variables, "
+          "as TensorFlow's SlurmClusterResolver), or auto: TF_CONFIG, else the pod settings, "
+          "else a Slurm step");
+ABSL_FLAG(std::string, slurm_jobs, "",
+          "Slurm: tasks per job, e.g. ps:2,worker:4 (dealt out in the jobs' name order, as "
+          "TensorFlow does); default: every task of the step is a worker");
+ABSL_FLAG(int, slurm_port_base, 8888,
+          "Slurm: the port of a node's first task; its others take the next ports");
 
 // The Kubernetes cluster resolver, used when there is no TF_CONFIG. Each defaults to the
 // environment variable it names, which the manifests in deploy/k8s set.
@@ -185,17 +198,70 @@ struct TfConfigSource {
 
 // TF_CONFIG from --tf_config or the environment; without one, built from the Kubernetes
 // pod settings (with rpc_layer grpc+tls when `tls`). Empty when there is neither.
+// The cluster of a Slurm step, as TF_CONFIG text; CUDA_VISIBLE_DEVICES set to this rank's
+// GPUs (as TensorFlow's resolver does with auto_set_gpu), before any CUDA call.
+std::string SlurmTfConfigOrExit(const std::string& binary, bool tls) {
+  SlurmClusterOptions options;
+  options.port_base = absl::GetFlag(FLAGS_slurm_port_base);
+  options.rpc_layer = tls ? "grpc+tls" : "grpc";
+  for (absl::string_view job :
+       absl::StrSplit(absl::GetFlag(FLAGS_slurm_jobs), ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(job, ':');
+    int count = 0;
+    if (parts.size() != 2 || !IsValidTaskType(parts[0]) || !absl::SimpleAtoi(parts[1], &count) ||
+        count < 1) {
+      ExitWithUsageError(binary, absl::StrCat("--slurm_jobs has \"", job,
+                                              "\": give type:count pairs of chief, worker, ps "
+                                              "and evaluator, e.g. ps:2,worker:4"));
+    }
+    options.jobs[std::string(parts[0])] = count;
+  }
+  if (options.port_base < 1 || options.port_base > 65535) {
+    ExitWithUsageError(binary, absl::StrCat("--slurm_port_base ", options.port_base,
+                                            " is not a port: use 1 to 65535"));
+  }
+  absl::StatusOr<SlurmClusterResolver> resolved = SlurmClusterResolver::Create(options);
+  if (!resolved.ok()) ExitWithUsageError(binary, std::string(resolved.status().message()));
+  if (!resolved->cuda_visible_devices().empty()) {
+    setenv("CUDA_VISIBLE_DEVICES", resolved->cuda_visible_devices().c_str(), 1);
+  }
+  return MakeTfConfig(resolved->cluster_spec(), resolved->task(), resolved->rpc_layer());
+}
+
 TfConfigSource ReadTfConfigOrExit(const std::string& binary, bool tls) {
+  const std::string choice = absl::GetFlag(FLAGS_cluster_resolver);
+  if (choice != "auto" && choice != "tf_config" && choice != "kubernetes" && choice != "slurm") {
+    ExitWithUsageError(binary, absl::StrCat("--cluster_resolver \"", choice,
+                                            "\" is not one: use auto, tf_config, kubernetes or "
+                                            "slurm"));
+  }
   TfConfigSource source;
-  source.text = absl::GetFlag(FLAGS_tf_config);
-  if (source.text.empty()) source.text = Env("TF_CONFIG");
-  if (!source.text.empty()) {
+  if (choice == "slurm") {
+    source.text = SlurmTfConfigOrExit(binary, tls);
+    return source;
+  }
+  if (choice != "kubernetes") {
+    source.text = absl::GetFlag(FLAGS_tf_config);
+    if (source.text.empty()) source.text = Env("TF_CONFIG");
+  }
+  if (!source.text.empty() || choice == "tf_config") {
     source.pod = FlagOrEnv(FLAGS_k8s_pod_name, "STRATUM_POD_NAME");
     return source;
   }
   absl::StatusOr<std::optional<KubernetesClusterOptions>> pod = KubernetesOptionsFromFlags();
   if (!pod.ok()) ExitWithUsageError(binary, std::string(pod.status().message()));
-  if (!pod->has_value()) return source;
+  if (!pod->has_value()) {
+    // auto: a task of a Slurm step resolves from the step.
+    if (choice == "auto" && !Env("SLURM_PROCID").empty() && !Env("SLURM_STEP_NODELIST").empty()) {
+      source.text = SlurmTfConfigOrExit(binary, tls);
+    } else if (choice == "kubernetes") {
+      ExitWithUsageError(binary,
+                         "--cluster_resolver kubernetes, but no pod name is given: set "
+                         "STRATUM_POD_NAME (or --k8s_pod_name) and the replica counts, as "
+                         "deploy/k8s does");
+    }
+    return source;
+  }
   if (tls) (*pod)->rpc_layer = "grpc+tls";
   absl::StatusOr<KubernetesClusterResolver> resolved = KubernetesClusterResolver::Create(**pod);
   if (!resolved.ok()) ExitWithUsageError(binary, std::string(resolved.status().message()));

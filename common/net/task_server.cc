@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -15,8 +16,11 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/coordination.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "proto/task.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/free_port.h"
 #include "stratum/util/process_info.h"
@@ -49,18 +53,22 @@ class TaskServer::PlaintextHealthImpl final : public grpc::health::v1::Health::S
  public:
   grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
                      grpc::health::v1::HealthCheckResponse* response) override {
-    if (!request->service().empty()) {
+    if (!request->service().empty() &&
+        std::find(services_.begin(), services_.end(), request->service()) == services_.end()) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          "this port serves only the server's overall health (service \"\")");
+                          absl::StrCat("this task does not serve \"", request->service(), "\""));
     }
     response->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
                                   : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
     return grpc::Status::OK;
   }
   void SetServing(bool serving) { serving_ = serving; }
+  // Before the server reports SERVING: the named services it answers for.
+  void SetServices(std::vector<std::string> services) { services_ = std::move(services); }
 
  private:
   std::atomic<bool> serving_{false};
+  std::vector<std::string> services_;
 };
 
 namespace {
@@ -95,6 +103,21 @@ std::unique_ptr<grpc::Server> BuildAndStartQuietly(grpc::ServerBuilder& builder)
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   building_server = false;
   return server;
+}
+
+// The full name ("stratum.proto.ParameterServer") of a service Stratum's tasks serve, for
+// the health service to answer for it by name; empty for another.
+std::string FullNameOf(grpc::Service* service) {
+  if (dynamic_cast<proto::ParameterServer::Service*>(service) != nullptr) {
+    return proto::ParameterServer::service_full_name();
+  }
+  if (dynamic_cast<proto::WorkerService::Service*>(service) != nullptr) {
+    return proto::WorkerService::service_full_name();
+  }
+  if (dynamic_cast<proto::CoordinationService::Service*>(service) != nullptr) {
+    return proto::CoordinationService::service_full_name();
+  }
+  return "";
 }
 
 }  // namespace
@@ -140,11 +163,23 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
                            options.health_listen_address, "choose another --health_port");
     }
   }
+  // The health service answers for the server ("") and, by name, for each service on it,
+  // as Kubernetes' gRPC probes with a `service` ask (unknown names: NOT_FOUND).
+  server->service_names_ = {proto::TaskService::service_full_name()};
+  for (grpc::Service* service : services) {
+    if (std::string name = FullNameOf(service); !name.empty()) {
+      server->service_names_.push_back(std::move(name));
+    }
+  }
+  if (server->plaintext_health_) server->plaintext_health_->SetServices(server->service_names_);
   server->SetServing(true);
   return server;
 }
 
 void TaskServer::SetServing(bool serving) {
+  for (const std::string& name : service_names_) {
+    server_->GetHealthCheckService()->SetServingStatus(name, serving);
+  }
   server_->GetHealthCheckService()->SetServingStatus(serving);
   if (plaintext_health_) plaintext_health_->SetServing(serving);
 }

@@ -86,10 +86,16 @@ absl::StatusOr<std::unique_ptr<CrossDeviceOps>> MakeCrossDeviceOps(const std::st
 #else
   (void)num_packs;
 #endif
-  return absl::InvalidArgumentError(absl::StrCat(
-      "cross-device op \"", name,
-      "\" is not supported here: use ReductionToOneDevice or HierarchicalCopyAllReduce "
-      "(NcclAllReduce needs the CUDA build)"));
+#if STRATUM_WITH_CUDA
+  constexpr char kNccl[] = "or NcclAllReduce, for replicas on GPUs";
+#else
+  constexpr char kNccl[] = "NcclAllReduce needs the CUDA build and GPUs";
+#endif
+  return absl::InvalidArgumentError(
+      absl::StrCat("cross-device op \"", name,
+                   "\" is not one Stratum has: use ReductionToOneDevice or "
+                   "HierarchicalCopyAllReduce (",
+                   kNccl, ")"));
 }
 
 }  // namespace stratum

@@ -65,12 +65,18 @@ absl::StatusOr<std::vector<Element>> SplitRowsOverReplicas(const Element& batch,
     return absl::InvalidArgumentError("cannot split an element with no components");
   const int64_t rows = batch.front().rows();
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].shape().rank() == 0 || batch[i].rows() != rows) {
+    if (batch[i].shape().rank() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot split the element over ", num_replicas, " replicas: component ", i, " is ",
+          batch[i].DebugString(),
+          ", which has no batch axis: batch the dataset (.Batch(global_batch_size)) before "
+          "distributing it"));
+    }
+    if (batch[i].rows() != rows) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot split the batch over ", num_replicas, " replicas: component ", i, " is ",
-          batch[i].DebugString(), " and component 0 is ", batch.front().DebugString(),
-          "; batch the dataset (every component with the same number of rows) before "
-          "distributing it"));
+          batch[i].DebugString(), " but component 0 is ", batch.front().DebugString(),
+          ": give every component the same number of rows"));
     }
   }
   if (rows % num_replicas == 0) return SplitBatch(batch, num_replicas);

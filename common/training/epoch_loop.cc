@@ -181,11 +181,13 @@ void SayResumed(const FitOptions& options, const FitState& state, bool has_test)
                  options.epochs,
                  has_test ? "evaluating its model on data.test" : "nothing left to train",
                  options.checkpoint_dir.c_str());
-    return;
+  } else {
+    std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
+                 static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
+                 static_cast<long long>(state.step_in_epoch));
   }
-  std::fprintf(options.out, "resumed from checkpoint step %lld (epoch %lld, step %lld)\n",
-               static_cast<long long>(state.iteration), static_cast<long long>(state.epoch + 1),
-               static_cast<long long>(state.step_in_epoch));
+  // Said when it happens, not when a buffer (a pipe's, under a launcher) next fills.
+  std::fflush(options.out);
 }
 
 // TrainingDiverged when an epoch's loss over every worker is not finite (the same answer

@@ -86,6 +86,7 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
     planned.task = task;
     planned.address = *plan.spec.TaskAddress(task.type, task.index);
     planned.tf_config = MakeTfConfig(plan.spec, task, options.rpc_layer);
+    planned.env = options.env;
     planned.argv.push_back(
         absl::StrCat(bin_dir, "/", BinaryFor(task.type, options.chief_is_worker)));
     if (task.type == kEvaluator) planned.argv.push_back("--evaluator");
@@ -104,7 +105,10 @@ std::string FormatDryRun(const LaunchPlan& plan) {
   for (const PlannedTask& task : plan.tasks) {
     std::vector<std::string> words;
     for (const std::string& arg : task.argv) words.push_back(ShellQuote(arg));
-    absl::StrAppend(&text, "# ", task.task.ToString(), " on ", task.address, "\n",
+    std::string env;
+    for (const auto& [name, value] : task.env)
+      absl::StrAppend(&env, name, "=", ShellQuote(value), " ");
+    absl::StrAppend(&text, "# ", task.task.ToString(), " on ", task.address, "\n", env,
                     "TF_CONFIG=", ShellQuote(task.tf_config), " ", absl::StrJoin(words, " "), "\n");
   }
   return text;

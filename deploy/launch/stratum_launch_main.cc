@@ -59,6 +59,20 @@ ABSL_FLAG(int, max_restarts, 3,
           "job's worker, an evaluator) is started again, a second after it died; and how many "
           "times a multi_worker_mirrored job whose worker failed is started again as a whole "
           "(its workers train in lock-step), resuming from its checkpoint; 0: never");
+ABSL_FLAG(std::string, placement, "",
+          "Handed to the chief of a parameter_server job: balanced_bytes (its default) or "
+          "round_robin");
+ABSL_FLAG(int, closures_per_worker, 0,
+          "Handed to the chief of a parameter_server job: closures in flight per worker "
+          "(0: the chief's default, 1)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "Mutual TLS: this cluster's certificate (PEM), handed to every task as "
+          "STRATUM_TLS_CERT (default: $STRATUM_TLS_CERT, which the tasks inherit)");
+ABSL_FLAG(std::string, tls_key, "", "Mutual TLS: the certificate's key (STRATUM_TLS_KEY)");
+ABSL_FLAG(std::string, tls_ca, "", "Mutual TLS: the cluster's CA certificate (STRATUM_TLS_CA)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Mutual TLS: the name every task's certificate is checked for "
+          "(STRATUM_TLS_SERVER_NAME)");
 ABSL_FLAG(std::string, log_dir, "",
           "Folder for each task's whole log (<task>.log) and the launcher's (launch.log); "
           "default: a new run-<time> folder under <checkpoint.dir>/logs, or under "
@@ -258,6 +272,13 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(JobPaths& paths) {
       }
       options.chief = true;
       chief_args.push_back("--job=" + job_path);
+      if (!absl::GetFlag(FLAGS_placement).empty()) {
+        chief_args.push_back("--placement=" + absl::GetFlag(FLAGS_placement));
+      }
+      if (absl::GetFlag(FLAGS_closures_per_worker) > 0) {
+        chief_args.push_back(
+            absl::StrCat("--closures_per_worker=", absl::GetFlag(FLAGS_closures_per_worker)));
+      }
       chief_args.push_back(
           absl::StrCat("--ps_recovery_timeout=",
                        absl::FormatDuration(absl::GetFlag(FLAGS_ps_recovery_timeout))));
@@ -266,6 +287,31 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(JobPaths& paths) {
           absl::StrCat(job_path, " uses strategy \"", job->strategy.type,
                        "\", which trains in one process: run it with stratum-train --job"));
     }
+  }
+  const bool ps_job_flags =
+      !absl::GetFlag(FLAGS_placement).empty() || absl::GetFlag(FLAGS_closures_per_worker) != 0;
+  if (ps_job_flags && !(options.chief && !options.chief_is_worker && !job_path.empty())) {
+    return absl::InvalidArgumentError(
+        "--placement and --closures_per_worker are the chief's settings for a "
+        "parameter_server job: pass them with --job of such a job");
+  }
+  if (absl::GetFlag(FLAGS_closures_per_worker) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--closures_per_worker is ",
+                                                   absl::GetFlag(FLAGS_closures_per_worker),
+                                                   ": pass 1 or more (0: the chief's default)"));
+  }
+  // TLS files reach every task through its environment, as paths it can open from anywhere.
+  const std::pair<const absl::Flag<std::string>*, const char*> tls_files[] = {
+      {&FLAGS_tls_cert, "STRATUM_TLS_CERT"},
+      {&FLAGS_tls_key, "STRATUM_TLS_KEY"},
+      {&FLAGS_tls_ca, "STRATUM_TLS_CA"}};
+  for (const auto& [flag, variable] : tls_files) {
+    if (!absl::GetFlag(*flag).empty()) {
+      options.env.emplace_back(variable, AbsolutePath(absl::GetFlag(*flag)));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_tls_server_name).empty()) {
+    options.env.emplace_back("STRATUM_TLS_SERVER_NAME", absl::GetFlag(FLAGS_tls_server_name));
   }
   if (options.chief && !options.chief_is_worker && options.num_ps == 0) {
     return absl::InvalidArgumentError(
@@ -408,6 +454,13 @@ int Launch(const LaunchPlan& plan, const JobPaths& paths, ShutdownWatcher& shutd
                          Counted(max_restarts + 1, "time", "times"), "): stopping the others"));
         stop_all();
         SayWhereThingsAre(paths);
+        // The launcher's exit code is the main task's (worker:0's), as --help says, whichever
+        // worker failed first.
+        for (size_t m = 0; m < children.size(); ++m) {
+          if (plan.tasks[m].task != plan.main_task) continue;
+          const std::optional<ExitInfo> main_exit = children[m]->Poll();
+          if (main_exit.has_value()) return main_exit->ShellCode();
+        }
         return exit.ShellCode();
       }
       ++job_restarts;

@@ -12,7 +12,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTask(const PlannedTask& task,
                                                       const TaskProcessOptions& options) {
   SubprocessOptions process;
   process.argv = task.argv;
-  process.env = options.env;
+  process.env = task.env;
+  process.env.insert(process.env.end(), options.env.begin(), options.env.end());
   process.env.emplace_back("TF_CONFIG", task.tf_config);
   process.output_prefix = absl::StrCat("[", task.task.ToString(), "] ");
   process.forward_fd = options.forward_fd;

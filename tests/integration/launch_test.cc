@@ -184,6 +184,23 @@ TEST(LaunchTest, ATaskThatFailsHasTheEndOfItsLogShownWithItsPath) {
   EXPECT_THAT(output, HasSubstr("[launch] chief:0 exited with code 2; stopping the others"));
 }
 
+TEST(LaunchTest, ParameterServerSettingsAndTlsFilesReachTheTasks) {
+  JobFile job("ps_flags", 1, 0);
+  auto launcher = Launch({"--dry-run", "--job=" + job.path, "--placement=round_robin",
+                          "--closures_per_worker=2", "--tls_ca=ca.pem", "--tls_cert=/c.pem",
+                          "--tls_key=/k.pem"});
+  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  const std::string output = launcher->output();
+  EXPECT_THAT(output, HasSubstr("--placement=round_robin --closures_per_worker=2"));
+  EXPECT_THAT(output, HasSubstr("STRATUM_TLS_CERT=/c.pem STRATUM_TLS_KEY=/k.pem STRATUM_TLS_CA=" +
+                                std::filesystem::current_path().string() + "/ca.pem TF_CONFIG="));
+  launcher = Launch({"--dry-run", "--chief", "--placement=round_robin"});
+  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  EXPECT_THAT(launcher->output(),
+              HasSubstr("--placement and --closures_per_worker are the chief's settings for a "
+                        "parameter_server job: pass them with --job of such a job"));
+}
+
 TEST(LaunchTest, DryRunPrintsEveryTaskAndStartsNothing) {
   auto launcher = Launch({"--dry-run", "--chief", "--workers", "2", "--ps", "2"});
   auto exit = launcher->Wait(absl::Seconds(10));
@@ -305,6 +322,21 @@ TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
   EXPECT_THAT(output, HasSubstr("resumed from checkpoint step "));
   EXPECT_THAT(output, HasSubstr("Epoch 4/4"));
   EXPECT_TRUE(AllGone(ChildPids(output), absl::Seconds(1)));
+}
+
+// Without restarts the job fails, and the launcher's exit code is worker:0's (the one
+// --help promises), not that of the worker that was killed.
+TEST(LaunchTest, AFailedMultiWorkerJobExitsWithWorkerZerosCode) {
+  const JobFile job("launch_mwms_fail", 40, 0, "fashion_mnist_mwms.json");
+  auto launcher = Launch({"--job=" + job.path, "--workers=2", "--max_restarts=0"});
+  ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/40", 1, absl::Seconds(60))) << launcher->output();
+  ASSERT_EQ(kill(ChildPids(launcher->output()).at("worker:1"), SIGKILL), 0);
+  auto exit = launcher->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.ok());
+  const std::string output = launcher->output();
+  EXPECT_THAT(output, HasSubstr("the job is not started again (it failed 1 time)"));
+  EXPECT_NE(exit->exit_code, 0) << output;
+  EXPECT_NE(exit->exit_code, 128 + SIGKILL) << output;
 }
 
 TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp) {

@@ -24,11 +24,26 @@ BinaryRun RunBinary(const std::string& binary, std::vector<std::string> args, En
   SubprocessOptions options;
   options.argv = {std::string(STRATUM_BIN_DIR) + "/" + binary};
   for (std::string& arg : args) options.argv.push_back(std::move(arg));
-  for (const char* name :
-       {"TF_CONFIG", "STRATUM_POD_NAME", "STRATUM_POD_NAMESPACE", "STRATUM_K8S_NAME_PREFIX",
-        "STRATUM_K8S_PORT", "STRATUM_K8S_CHIEF_REPLICAS", "STRATUM_K8S_WORKER_REPLICAS",
-        "STRATUM_K8S_PS_REPLICAS", "STRATUM_K8S_EVALUATOR_REPLICAS", "STRATUM_TLS_CERT",
-        "STRATUM_TLS_KEY", "STRATUM_TLS_CA", "STRATUM_TLS_SERVER_NAME", "STRATUM_HEALTH_PORT"}) {
+  for (const char* name : {"TF_CONFIG",
+                           "STRATUM_POD_NAME",
+                           "STRATUM_POD_NAMESPACE",
+                           "STRATUM_K8S_NAME_PREFIX",
+                           "STRATUM_K8S_PORT",
+                           "STRATUM_K8S_CHIEF_REPLICAS",
+                           "STRATUM_K8S_WORKER_REPLICAS",
+                           "STRATUM_K8S_PS_REPLICAS",
+                           "STRATUM_K8S_EVALUATOR_REPLICAS",
+                           "STRATUM_TLS_CERT",
+                           "STRATUM_TLS_KEY",
+                           "STRATUM_TLS_CA",
+                           "STRATUM_TLS_SERVER_NAME",
+                           "STRATUM_HEALTH_PORT",
+                           "SLURM_PROCID",
+                           "SLURM_STEP_NODELIST",
+                           "SLURM_STEP_TASKS_PER_NODE",
+                           "SLURM_STEP_GPUS",
+                           "SLURM_JOB_NODELIST",
+                           "SLURM_TASKS_PER_NODE"}) {
     bool given = false;
     for (const auto& [key, value] : env) given = given || key == name;
     if (!given) options.env.push_back({name, ""});
@@ -65,6 +80,27 @@ Env Pod(const std::string& name) {
           {"STRATUM_K8S_CHIEF_REPLICAS", "1"},
           {"STRATUM_K8S_WORKER_REPLICAS", "3"},
           {"STRATUM_K8S_PS_REPLICAS", "2"}};
+}
+
+TEST(SlurmTfConfigTest, ARoleBinaryInASlurmStepResolvesItsTaskFromTheStep) {
+  const Env step = {{"SLURM_PROCID", "1"},
+                    {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                    {"SLURM_STEP_TASKS_PER_NODE", "2,1"}};
+  // auto: no TF_CONFIG, no pod: the Slurm step.
+  const nlohmann::json config =
+      PrintedTfConfig("stratum-worker", step, {"--slurm_jobs=ps:1,worker:2"});
+  EXPECT_EQ(config["cluster"], nlohmann::json::parse(R"({"ps": ["gpu07:8888"],
+      "worker": ["gpu07:8889", "gpu08:8888"]})"));
+  EXPECT_EQ(config["task"], nlohmann::json::parse(R"({"type": "worker", "index": 0})"));
+  // TF_CONFIG, when set, wins in auto; --cluster_resolver slurm without a step is refused.
+  BinaryRun run =
+      RunBinary("stratum-worker", {"--cluster_resolver=slurm", "--print_tf_config"}, {});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("SLURM_PROCID is not set, so this process is not a task of "
+                                    "a Slurm step: start it with srun"));
+  run = RunBinary("stratum-worker", {"--slurm_jobs=boss:1", "--print_tf_config"}, step);
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--slurm_jobs has \"boss:1\""));
 }
 
 TEST(KubernetesTfConfigTest, EveryRoleBuildsItsTfConfigFromThePod) {

@@ -8,6 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <grpcpp/create_channel.h>
+
+#include "proto/health.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
@@ -250,6 +254,43 @@ TEST(ListenAddressTest, KeepsLiteralsAndBindsAllInterfacesForNames) {
   EXPECT_EQ(*ListenAddressFor("[::1]:2222"), "[::1]:2222");
   EXPECT_EQ(*ListenAddressFor("worker-0.worker.default.svc:2222"), "[::]:2222");
   EXPECT_FALSE(ListenAddressFor("nohost").ok());
+}
+
+}  // namespace
+}  // namespace stratum
+
+namespace stratum {
+namespace {
+
+// The health service's answer for `service` on `address`: "SERVING", "NOT_SERVING", or the
+// gRPC error code's name.
+std::string HealthOf(const std::string& address, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok())
+    return status.error_code() == grpc::StatusCode::NOT_FOUND ? "NOT_FOUND" : "ERROR";
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+}
+
+TEST(TaskServerTest, TheHealthServiceAnswersForEachServiceTheTaskServesByName) {
+  proto::ParameterServer::Service ps;  // its methods unimplemented: only its name counts
+  TaskServerOptions options = ServerOptions({"ps", 0}, FreeAddress());
+  options.health_listen_address = FreeAddress();
+  auto server = TaskServer::Start(options, {&ps});
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const std::string& address : {options.listen_address, options.health_listen_address}) {
+    EXPECT_EQ(HealthOf(address, ""), "SERVING") << address;
+    EXPECT_EQ(HealthOf(address, "stratum.proto.ParameterServer"), "SERVING") << address;
+    EXPECT_EQ(HealthOf(address, "stratum.proto.TaskService"), "SERVING") << address;
+    EXPECT_EQ(HealthOf(address, "stratum.proto.WorkerService"), "NOT_FOUND") << address;
+  }
+  (*server)->Shutdown(absl::ZeroDuration());
 }
 
 }  // namespace

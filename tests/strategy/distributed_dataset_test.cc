@@ -145,9 +145,17 @@ TEST(DistributedDatasetTest, UnbatchedDataIsRefusedWithTheFix) {
   auto parts = SplitRowsOverReplicas({Range(4), Tensor::Scalar(1)}, 2);
   ASSERT_FALSE(parts.ok());
   EXPECT_THAT(std::string(parts.status().message()),
-              ::testing::HasSubstr("batch the dataset (every component with the same number of "
-                                   "rows) before distributing it"));
-  EXPECT_FALSE(SplitRowsOverReplicas({Range(4), Range(3)}, 2).ok());
+              ::testing::HasSubstr("component 1 is float32[], which has no batch axis: batch "
+                                   "the dataset (.Batch(global_batch_size)) before distributing "
+                                   "it"));
+  // An unbatched element (every component a scalar) names its component once.
+  parts = SplitRowsOverReplicas({Tensor::Scalar(1)}, 2);
+  EXPECT_THAT(std::string(parts.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("component 0 is float32[]"),
+                               ::testing::Not(::testing::HasSubstr("and component 0"))));
+  parts = SplitRowsOverReplicas({Range(4), Range(3)}, 2);
+  EXPECT_THAT(std::string(parts.status().message()),
+              ::testing::HasSubstr("component 1 is int32[3]"));
 }
 
 TEST(DistributedDatasetTest, StrategyMethodsUseItsReplicaCount) {

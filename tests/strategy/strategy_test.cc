@@ -95,7 +95,7 @@ TEST(CrossDeviceOpsTest, BothAlgorithmsGiveEveryReplicaTheSameSum) {
     EXPECT_EQ(data[4][0].data<float>()[0], 2);  // (0 + 1 + 2 + 3 + 4) / 5
   }
   EXPECT_THAT(std::string(MakeCrossDeviceOps("Magic").status().message()),
-              HasSubstr("cross-device op \"Magic\" is not supported"));
+              HasSubstr("cross-device op \"Magic\" is not one Stratum has"));
 }
 
 TEST(CrossDeviceOpsTest, MismatchedShapesAreRefused) {

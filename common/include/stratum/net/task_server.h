@@ -38,7 +38,9 @@ struct TaskServerOptions {
 
 class TaskServer {
  public:
-  // Binds and starts serving, reporting SERVING. `services` must outlive the server.
+  // Binds and starts serving, reporting SERVING, for the server (health service "") and by
+  // name for its Stratum services ("stratum.proto.ParameterServer", ...). `services` must
+  // outlive the server.
   // UNAVAILABLE naming the address when it (or the health address) cannot be bound (in
   // use, not an interface).
   static absl::StatusOr<std::unique_ptr<TaskServer>> Start(
@@ -62,6 +64,7 @@ class TaskServer {
   std::unique_ptr<PlaintextHealthImpl> plaintext_health_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;
+  std::vector<std::string> service_names_;  // the health service answers for these too
   int port_ = 0;
   int health_port_ = 0;
   bool shut_down_ = false;

@@ -28,6 +28,8 @@ struct LaunchOptions {
   // MultiWorkerMirrored: the chief trains like a worker (stratum-worker), it does not
   // coordinate a PS job (stratum-coordinator).
   bool chief_is_worker = false;
+  // Set in every task's environment (TLS files).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 struct PlannedTask {
@@ -35,6 +37,7 @@ struct PlannedTask {
   std::string address;
   std::vector<std::string> argv;
   std::string tf_config;
+  std::vector<std::pair<std::string, std::string>> env;  // besides TF_CONFIG
 };
 
 struct LaunchPlan {
