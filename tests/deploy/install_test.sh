@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The library as a user outside this repository builds on it: `cmake --install` into a
+# fresh prefix, then examples/custom_training_loop.cc built as an outside project twice,
+# with find_package(Stratum CONFIG) and with pkg-config, and each run for one epoch.
+# Usage: install_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+source=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+mkdir "$work/app"
+cp "$source/examples/custom_training_loop.cc" "$work/app/"
+cat >"$work/app/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(outside CXX)
+set(CMAKE_CXX_STANDARD 20)
+find_package(Stratum CONFIG REQUIRED)
+add_executable(custom_training_loop custom_training_loop.cc)
+target_link_libraries(custom_training_loop PRIVATE Stratum::worker)
+CMAKE
+cmake -S "$work/app" -B "$work/app/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/app/build" >/dev/null
+"$work/app/build/custom_training_loop" --epochs=1 | tee "$work/cmake.out"
+grep -Eq "^epoch 1: train loss [0-9.]+, test accuracy 0\.[5-9]" "$work/cmake.out"
+echo "install_test: built and ran with find_package(Stratum CONFIG)"
+
+export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+# shellcheck disable=SC2046
+g++ -O1 "$work/app/custom_training_loop.cc" $(pkg-config --cflags --libs stratum) \
+  -o "$work/app/with_pkg_config"
+"$work/app/with_pkg_config" --epochs=1 | tee "$work/pc.out"
+grep -Eq "^epoch 1: train loss [0-9.]+, test accuracy 0\.[5-9]" "$work/pc.out"
+echo "install_test: built and ran with pkg-config --cflags --libs stratum"
+
+# The installed binaries run from the prefix.
+"$work/prefix/bin/stratum-launch" --dry-run --chief --workers 1 --ps 1 | grep -q "stratum-coordinator"
+echo "install_test: the installed stratum-launch plans a cluster of the installed binaries"
