@@ -3,7 +3,10 @@
 
 1. Every fenced ```sh block of README.md and docs/*.md: each Stratum binary it runs exists
    in the build, and every --flag it gives that binary is one its --help lists.
-2. The README's output block of the main job matches the lines of a real run of it, apart
+2. Every ```cpp block is an excerpt, line for line, of a source the build compiles
+   (examples/, tests/, and the components): code samples cannot drift from compiled code.
+3. Every ```json block is JSON.
+4. The README's output block of the main job matches the lines of a real run of it, apart
    from the figures that vary (numbers, ids, times, paths), in order.
 
 Usage: docs_test.py --source REPO --bin BUILD/bin [--skip_run]
@@ -27,11 +30,11 @@ def blocks(path, language):
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.rstrip("\n")
-            fence = FENCE.match(line)
+            fence = FENCE.match(line.strip())  # fences may be indented (in a list item)
             if fence and inside is None:
                 inside = fence.group(1)
                 current = []
-            elif line.startswith("```") and inside is not None:
+            elif line.strip().startswith("```") and inside is not None:
                 if inside == language:
                     found.append(current)
                 inside = None
@@ -104,6 +107,42 @@ def check_commands(source, bin_dir):
     return problems, checked
 
 
+def doc_files(source):
+    return [os.path.join(source, "README.md")] + sorted(glob.glob(os.path.join(source, "docs", "*.md")))
+
+
+def normalized(lines):
+    return [" ".join(line.split()) for line in lines if line.strip()]
+
+
+def check_code_samples(source):
+    problems, checked = [], 0
+    compiled = []
+    for pattern in ("examples/*.cc", "tests/**/*.cc", "common/**/*.cc", "ps/**/*.cc",
+                    "worker/**/*.cc", "coordinator/**/*.cc", "deploy/**/*.cc", "bench/*.cc"):
+        for path in glob.glob(os.path.join(source, pattern), recursive=True):
+            with open(path, encoding="utf-8") as f:
+                compiled.append(normalized(f.read().splitlines()))
+    for path in doc_files(source):
+        for block in blocks(path, "cpp"):
+            sample = normalized(block)
+            found = any(
+                any(lines[i:i + len(sample)] == sample for i in range(len(lines) - len(sample) + 1))
+                for lines in compiled)
+            if not found:
+                problems.append("%s: a cpp sample is not an excerpt of a compiled source:\n%s" %
+                                (os.path.relpath(path, source), "\n".join(block)))
+            checked += 1
+        for block in blocks(path, "json"):
+            try:
+                json.loads("\n".join(block))
+            except ValueError as error:
+                problems.append("%s: a json sample does not parse (%s):\n%s" %
+                                (os.path.relpath(path, source), error, "\n".join(block)))
+            checked += 1
+    return problems, checked
+
+
 def readme_output_block(source):
     """The output block that follows the README's main-job command."""
     text = open(os.path.join(source, "README.md"), encoding="utf-8").read()
@@ -173,6 +212,9 @@ def main():
     options = parser.parse_args()
     problems, checked = check_commands(options.source, options.bin)
     print("checked %d commands of README.md and docs/" % checked)
+    sample_problems, samples = check_code_samples(options.source)
+    problems += sample_problems
+    print("checked %d cpp and json samples" % samples)
     if not options.skip_run:
         problems += check_main_job(options.source, options.bin)
         print("compared the README's main-job output with a real run")
