@@ -63,8 +63,12 @@ int main(int argc, char** argv) {
   auto distributed = (*strategy)->ExperimentalDistributeDataset(batches);
   if (!distributed.ok()) return Fail(distributed.status());
 
-  // Mirrored variables: one copy per replica, with its own optimizer slots.
-  DistributedVariables variables = (*strategy)->CreateVariables(model->InitialVariables(1));
+  // Mirrored variables: one copy per replica, with its own optimizer slots. Created in
+  // the strategy's scope: variables made before it would be refused where first used.
+  std::vector<std::string> names;
+  for (const VariableSpec& variable : model->variables()) names.push_back(variable.name);
+  DistributedVariables variables =
+      (*strategy)->CreateVariables(model->InitialVariables(1), std::move(names));
   std::vector<std::vector<std::vector<Tensor>>> slots(static_cast<size_t>(replicas));
   std::vector<std::unique_ptr<Workspace>> workspaces;
   std::vector<std::vector<Tensor>> gradients(static_cast<size_t>(replicas));
@@ -89,9 +93,11 @@ int main(int argc, char** argv) {
       auto per_replica_loss =
           (*strategy)->Run<Tensor>([&](ReplicaContext& context) -> absl::StatusOr<Tensor> {
             const int r = context.local_replica_id();
+            auto copy = variables.ForReplica(context);  // this replica's copy
+            if (!copy.ok()) return copy.status();
             auto stats = model->TrainStep(
-                variables.ReplicaValues(r), parts[r][0], parts[r][1], loss,
-                1.0f / static_cast<float>(rows), *workspaces[r], gradients[static_cast<size_t>(r)],
+                **copy, parts[r][0], parts[r][1], loss, 1.0f / static_cast<float>(rows),
+                *workspaces[r], gradients[static_cast<size_t>(r)],
                 1.0f / static_cast<float>((*strategy)->NumReplicasInSync()));
             if (!stats.ok()) return stats.status();
             if (auto s = context.AllReduce(ReduceOp::kSum, gradients[static_cast<size_t>(r)]);
@@ -99,8 +105,8 @@ int main(int argc, char** argv) {
               return s;
             }
             (*optimizer)
-                ->Apply(variables.MutableCopy(r), gradients[static_cast<size_t>(r)],
-                        slots[static_cast<size_t>(r)], iteration);
+                ->Apply(**copy, gradients[static_cast<size_t>(r)], slots[static_cast<size_t>(r)],
+                        iteration);
             return Tensor::Scalar(static_cast<float>(stats->loss_sum / static_cast<double>(rows)));
           });
       if (!per_replica_loss.ok()) return Fail(per_replica_loss.status());

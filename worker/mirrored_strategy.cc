@@ -79,14 +79,15 @@ absl::StatusOr<std::unique_ptr<MirroredStrategy>> MirroredStrategy::Create(
       new MirroredStrategy(*std::move(devices), *std::move(ops), options.strategy));
 }
 
-DistributedVariables MirroredStrategy::CreateVariables(const std::vector<Tensor>& initial) const {
+DistributedVariables MirroredStrategy::CreateVariables(const std::vector<Tensor>& initial,
+                                                       std::vector<std::string> names) const {
   std::vector<std::vector<Tensor>> copies;
   for (int replica = 0; replica < NumLocalReplicas(); ++replica) {
     std::vector<Tensor> copy;
     for (const Tensor& value : initial) copy.push_back(value.Clone());
     copies.push_back(std::move(copy));
   }
-  return DistributedVariables(std::move(copies), /*mirrored=*/true);
+  return DistributedVariables(std::move(copies), /*mirrored=*/true, this, std::move(names));
 }
 
 absl::StatusOr<std::unique_ptr<CentralStorageStrategy>> CentralStorageStrategy::Create(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/strategy/replica_pool.h"
+#include "spdlog/spdlog.h"
 #include "stratum/util/devices.h"
 #include "stratum/util/status_macros.h"
 
@@ -128,14 +129,54 @@ absl::StatusOr<Tensor> Strategy::Reduce(ReduceOp op, const PerReplica<Tensor>& v
   return total;
 }
 
-DistributedVariables Strategy::CreateVariables(const std::vector<Tensor>& initial) const {
+DistributedVariables Strategy::CreateVariables(const std::vector<Tensor>& initial,
+                                               std::vector<std::string> names) const {
   std::vector<Tensor> copy;
   for (const Tensor& value : initial) copy.push_back(value.Clone());
-  return DistributedVariables({std::move(copy)}, /*mirrored=*/false);
+  return DistributedVariables({std::move(copy)}, /*mirrored=*/false, this, std::move(names));
+}
+
+absl::Status Strategy::CheckVariables(const DistributedVariables& variables) const {
+  // What this strategy's own variables look like.
+  const DistributedVariables own = CreateVariables({});
+  const bool fits =
+      variables.mirrored() == own.mirrored() && variables.num_copies() == own.num_copies();
+  if (variables.creator() == this && fits) return absl::OkStatus();
+  const std::string what =
+      variables.names().empty()
+          ? std::string("these variables")
+          : absl::StrCat("variable \"", variables.names().front(), "\"",
+                         variables.names().size() > 1 ? " (and the others made with it)" : "");
+  const std::string maker = variables.creator() == nullptr
+                                ? std::string("by hand")
+                                : absl::StrCat("by ", variables.creator()->name());
+  if (fits) {
+    std::call_once(*variables.warned_, [&] {
+      spdlog::warn(
+          "{} was created {}, outside {}'s Scope(); it keeps the one copy {} keeps, so it is "
+          "used as it is (as TensorFlow would), but create variables inside `auto scope = "
+          "strategy.Scope();` so that each strategy places its own",
+          what, maker, name(), name());
+    });
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " was created ", maker, ", outside ", name(), "'s Scope(), and has ",
+      variables.num_copies(), variables.num_copies() == 1 ? " copy" : " copies", ", but ", name(),
+      " keeps ", own.num_copies(), own.mirrored() ? " (one per replica)" : "",
+      ": create the variables with strategy.CreateVariables inside `auto scope = "
+      "strategy.Scope();`, as tf.distribute requires"));
+}
+
+absl::StatusOr<std::vector<Tensor>*> DistributedVariables::ForReplica(
+    const ReplicaContext& context) {
+  STRATUM_RETURN_IF_ERROR(context.strategy().CheckVariables(*this));
+  return &copies_[mirrored_ ? static_cast<size_t>(context.local_replica_id()) : 0];
 }
 
 absl::Status Strategy::ApplyGradients(PerReplica<std::vector<Tensor>>& gradients,
                                       DistributedVariables& variables, const UpdateFn& update) {
+  STRATUM_RETURN_IF_ERROR(CheckVariables(variables));
   if (gradients.size() != NumLocalReplicas()) {
     return absl::InvalidArgumentError(absl::StrCat("gradients from ", gradients.size(),
                                                    " replicas, but this process runs ",

@@ -228,3 +228,71 @@ TEST(CentralStorageStrategyTest, OneCopyReadByEveryReplica) {
 
 }  // namespace
 }  // namespace stratum
+
+namespace stratum {
+namespace {
+
+// The first pitfall of tf.distribute: variables created before entering the strategy's
+// Scope() (here by the default strategy, one copy) and trained by another strategy.
+DistributedVariables CreatedOutsideTheScope() {
+  return GetStrategy().CreateVariables({Tensor::Scalar(1)}, {"dense/kernel"});
+}
+
+// What a custom loop's replica step does with them: ForReplica in Run.
+absl::Status UseInRun(Strategy& strategy, DistributedVariables& variables) {
+  return strategy.RunEach([&](ReplicaContext& context) -> absl::Status {
+    absl::StatusOr<std::vector<Tensor>*> copy = variables.ForReplica(context);
+    if (!copy.ok()) return copy.status();
+    (**copy)[0].Flat() += (**copy)[0].Flat() * 0.0f;  // read and write this replica's copy
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Apply(Strategy& strategy, DistributedVariables& variables) {
+  PerReplica<std::vector<Tensor>> gradients(std::vector<std::vector<Tensor>>(
+      static_cast<size_t>(strategy.NumLocalReplicas()), {Tensor::Scalar(1)}));
+  return strategy.ApplyGradients(
+      gradients, variables,
+      [](int, std::vector<Tensor>&, const std::vector<Tensor>&) { return absl::OkStatus(); });
+}
+
+TEST(StrategyScopeTest, MirroredRefusesVariablesMadeOutsideItsScopeNamingThem) {
+  DistributedVariables outside = CreatedOutsideTheScope();
+  auto strategy = Mirrored(2);
+  auto scope = strategy->Scope();
+  for (const absl::Status& status : {UseInRun(*strategy, outside), Apply(*strategy, outside)}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("variable \"dense/kernel\" was created by DefaultDistributionStrategy, "
+                          "outside MirroredStrategy's Scope(), and has 1 copy, but "
+                          "MirroredStrategy keeps 2 (one per replica): create the variables "
+                          "with strategy.CreateVariables inside `auto scope = "
+                          "strategy.Scope();`"));
+  }
+  // Inside the scope: its own, one copy per replica.
+  DistributedVariables inside = GetStrategy().CreateVariables({Tensor::Scalar(1)});
+  EXPECT_TRUE(UseInRun(*strategy, inside).ok());
+  EXPECT_TRUE(Apply(*strategy, inside).ok());
+  // Another Mirrored strategy's copies, for another number of replicas, are refused too.
+  auto wider = Mirrored(3);
+  EXPECT_EQ(UseInRun(*wider, inside).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StrategyScopeTest, OneCopyStrategiesUseOutsideVariablesAsTensorFlowWould) {
+  MirroredOptions options;
+  options.devices = {"CPU:0", "CPU:1"};
+  auto central = CentralStorageStrategy::Create(options);
+  ASSERT_TRUE(central.ok());
+  auto one_device = OneDeviceStrategy::Create("CPU:0");
+  ASSERT_TRUE(one_device.ok());
+  for (Strategy* strategy : {static_cast<Strategy*>(central->get()),
+                             static_cast<Strategy*>(one_device->get()), &GetStrategy()}) {
+    DistributedVariables outside = CreatedOutsideTheScope();
+    auto scope = strategy->Scope();
+    EXPECT_TRUE(strategy->CheckVariables(outside).ok()) << strategy->name();
+    EXPECT_TRUE(Apply(*strategy, outside).ok()) << strategy->name();
+  }
+}
+
+}  // namespace
+}  // namespace stratum

@@ -302,6 +302,25 @@ TEST(NcclRanksTest, TheRefusalReadsTheSameOnEveryWorker) {
   EXPECT_EQ(on_0, on_1);
 }
 
+// Variables made outside the strategy's Scope() (one copy, by the default strategy) are
+// refused where the strategy first meets them, naming them.
+TEST(MultiWorkerMirroredStrategyTest, VariablesMadeOutsideItsScopeAreRefusedNamingThem) {
+  DistributedVariables outside = GetStrategy().CreateVariables({Tensor::Scalar(1)}, {"w"});
+  auto group = InProcessTransportGroup::Create(1);
+  auto collectives = Collectives::Create(group->TakeTransport(0), {});
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  MirroredOptions local;
+  local.devices = {"CPU:0", "CPU:1"};
+  auto strategy = MultiWorkerMirroredStrategy::Create(local, *std::move(collectives));
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  const absl::Status status = (*strategy)->CheckVariables(outside);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("variable \"w\" was created by DefaultDistributionStrategy, "
+                                   "outside MultiWorkerMirroredStrategy's Scope()"));
+  EXPECT_TRUE((*strategy)->CheckVariables((*strategy)->CreateVariables({Tensor::Scalar(1)})).ok());
+}
+
 // NCCL sums GPU tensors: a job on the CPU asking for it is refused with the fix, instead of
 // quietly running the ring.
 TEST(MultiWorkerMirroredStrategyTest, NcclOnCpuReplicasIsRefusedWithTheFix) {

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,12 +77,27 @@ struct StrategyOptions {
 };
 
 // Variables as a strategy places them. Mirrored: one copy per replica, kept identical.
-// CentralStorage: one copy, read by every replica. Default/OneDevice: one copy.
+// CentralStorage: one copy, read by every replica. Default/OneDevice: one copy. They
+// remember the strategy that made them (CreateVariables), so that variables made outside
+// the Scope() of the strategy that trains them are caught where the two first meet
+// (ForReplica, ApplyGradients) instead of indexing a copy that is not there.
 class DistributedVariables {
  public:
-  DistributedVariables(std::vector<std::vector<Tensor>> copies, bool mirrored)
-      : copies_(std::move(copies)), mirrored_(mirrored) {}
-  // The values replica `replica` computes with.
+  DistributedVariables(std::vector<std::vector<Tensor>> copies, bool mirrored,
+                       const Strategy* creator = nullptr, std::vector<std::string> names = {})
+      : copies_(std::move(copies)),
+        mirrored_(mirrored),
+        creator_(creator),
+        names_(std::move(names)) {}
+
+  // The copy `context`'s replica computes with and updates, as a variable resolves inside
+  // tf.distribute's strategy.run. INVALID_ARGUMENT, naming the variables and both
+  // strategies, when they were made by another strategy whose copies cannot serve this
+  // one's replicas (Strategy::CheckVariables).
+  absl::StatusOr<std::vector<Tensor>*> ForReplica(const ReplicaContext& context);
+
+  // Direct access for code that has checked the variables (CheckVariables) itself: the
+  // values replica `replica` computes with, and copy `copy` (0 <= copy < num_copies()).
   const std::vector<Tensor>& ReplicaValues(int replica) const {
     return copies_[mirrored_ ? static_cast<size_t>(replica) : 0];
   }
@@ -90,10 +106,19 @@ class DistributedVariables {
   bool mirrored() const { return mirrored_; }
   // The copy checkpoints and evaluation read (copy 0).
   const std::vector<Tensor>& primary() const { return copies_[0]; }
+  // The strategy whose CreateVariables made them (null: made by hand), and their names
+  // when it was given them ("dense/kernel", ...), for messages.
+  const Strategy* creator() const { return creator_; }
+  const std::vector<std::string>& names() const { return names_; }
 
  private:
+  friend class Strategy;
   std::vector<std::vector<Tensor>> copies_;
   bool mirrored_;
+  const Strategy* creator_;
+  std::vector<std::string> names_;
+  // Variables that another strategy can use as they are are warned about once.
+  std::shared_ptr<std::once_flag> warned_ = std::make_shared<std::once_flag>();
 };
 
 class Strategy {
@@ -159,8 +184,17 @@ class Strategy {
     return DistributedDataset::FromFunction(fn, NumLocalReplicas(), WithWorkers(options));
   }
 
-  // Places `initial` (one tensor per variable) as this strategy does.
-  virtual DistributedVariables CreateVariables(const std::vector<Tensor>& initial) const;
+  // Places `initial` (one tensor per variable) as this strategy does; `names` (one per
+  // variable, optional) name them in messages.
+  virtual DistributedVariables CreateVariables(const std::vector<Tensor>& initial,
+                                               std::vector<std::string> names = {}) const;
+  // Whether `variables` can be trained by this strategy. Made by it (in its Scope()): yes.
+  // Made by another strategy (before entering this one's Scope(), the first pitfall of
+  // tf.distribute) with the copies this one keeps (one, for Default, OneDevice and
+  // CentralStorage): yes, as TensorFlow would silently use them, with a warning naming
+  // them, once. Otherwise (a Mirrored strategy given one copy, or copies for another
+  // number of replicas): INVALID_ARGUMENT naming the variables, both strategies and the fix.
+  absl::Status CheckVariables(const DistributedVariables& variables) const;
 
   // Combines the replicas' gradients and updates the variables with `update`, which
   // applies one copy's gradients to that copy (`copy` indexes DistributedVariables).

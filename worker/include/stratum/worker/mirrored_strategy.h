@@ -32,7 +32,8 @@ class MirroredStrategy : public Strategy {
  public:
   static absl::StatusOr<std::unique_ptr<MirroredStrategy>> Create(const MirroredOptions& options);
   std::string name() const override { return "MirroredStrategy"; }
-  DistributedVariables CreateVariables(const std::vector<Tensor>& initial) const override;
+  DistributedVariables CreateVariables(const std::vector<Tensor>& initial,
+                                       std::vector<std::string> names = {}) const override;
 
  protected:
   using Strategy::Strategy;
