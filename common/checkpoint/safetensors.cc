@@ -59,7 +59,9 @@ absl::Status WriteFailed(const std::string& path, int error) {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what) {
   const std::string named = what.empty() ? path : absl::StrCat(what, " ", path);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO in a checkpoint file's place must not wait for a writer (a
+  // blocked open would also outlive SIGTERM); it is refused below as not a regular file.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(named, " is missing"));
     return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(errno)));

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/util/status_macros.h"
@@ -45,21 +46,43 @@ class ConfigReader {
   ConfigReader(std::string optimizer, const nlohmann::json& config)
       : optimizer_(std::move(optimizer)), config_(config) {}
 
-  absl::StatusOr<float> Number(const char* key, float default_value, float min, float max) const {
+  // Which ends of a Number's range are allowed.
+  enum class Range { kClosed, kBelowMax, kAboveMin };
+
+  absl::StatusOr<float> Number(const char* key, float default_value, float min, float max,
+                               Range range = Range::kClosed) const {
     if (!config_.contains(key) || config_[key].is_null()) return default_value;
     const nlohmann::json& value = config_[key];
+    const std::string interval = absl::StrCat(range == Range::kAboveMin ? "(" : "[", min, ", ", max,
+                                              range == Range::kBelowMax ? ")" : "]");
     if (!value.is_number()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer ", optimizer_, " has ", key, " ", value.dump(),
-          ", which is not a number: set ", key, " to a number in [", min, ", ", max, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("optimizer ", optimizer_, " has ", key, " ",
+                                                     value.dump(), ", which is not a number: set ",
+                                                     key, " to a number in ", interval));
     }
     const double number = value.get<double>();
-    if (!(number >= min && number <= max)) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer ", optimizer_, " has ", key, " ",
-                                                     value.dump(), ", outside [", min, ", ", max,
-                                                     "]: set ", key, " to a value in that range"));
+    const bool inside = number >= min && number <= max &&
+                        !(range == Range::kBelowMax && number == max) &&
+                        !(range == Range::kAboveMin && number == min);
+    if (!inside) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", optimizer_, " has ", key, " ", value.dump(), ", outside ",
+                       interval, ": ", Why(key, range), "set ", key, " to a value in that range"));
     }
     return static_cast<float>(number);
+  }
+
+  // Why an end of a range is refused, where the reason is not plain.
+  static std::string Why(const char* key, Range range) {
+    const std::string name = key;
+    if (range == Range::kBelowMax && absl::StartsWith(name, "beta")) {
+      return absl::StrCat(name, " 1 never lets the moment move from 0 (its bias correction ",
+                          "divides by 0); ");
+    }
+    if (range == Range::kAboveMin && name == "epsilon") {
+      return "epsilon 0 divides a zero gradient by zero, making the variable NaN; ";
+    }
+    return "";
   }
 
   absl::StatusOr<bool> Bool(const char* key, bool default_value) const {
@@ -344,9 +367,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"beta_1", "beta_2", "epsilon", "amsgrad"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
-    STRATUM_ASSIGN_OR_RETURN(float beta_1, reader.Number("beta_1", 0.9f, 0.0f, 1.0f));
-    STRATUM_ASSIGN_OR_RETURN(float beta_2, reader.Number("beta_2", 0.999f, 0.0f, 1.0f));
-    STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    using Range = ConfigReader::Range;
+    STRATUM_ASSIGN_OR_RETURN(float beta_1,
+                             reader.Number("beta_1", 0.9f, 0.0f, 1.0f, Range::kBelowMax));
+    STRATUM_ASSIGN_OR_RETURN(float beta_2,
+                             reader.Number("beta_2", 0.999f, 0.0f, 1.0f, Range::kBelowMax));
+    STRATUM_ASSIGN_OR_RETURN(float epsilon,
+                             reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, Range::kAboveMin));
     return std::unique_ptr<Optimizer>(new Adam(lr, beta_1, beta_2, epsilon));
   }
   if (kind == "adagrad") {
@@ -356,6 +383,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     STRATUM_ASSIGN_OR_RETURN(float initial,
                              reader.Number("initial_accumulator_value", 0.1f, 0.0f, 1e30f));
     STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    if (initial == 0 && epsilon == 0) {
+      return absl::InvalidArgumentError(
+          "optimizer Adagrad has initial_accumulator_value 0 and epsilon 0: a zero gradient "
+          "then divides 0 by 0, making the variable NaN; give epsilon (Keras' default 1e-7) or "
+          "initial_accumulator_value (0.1) a positive value");
+    }
     return std::unique_ptr<Optimizer>(new Adagrad(lr, initial, epsilon));
   }
   if (kind == "rmsprop") {
@@ -364,7 +397,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
-    STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
+    STRATUM_ASSIGN_OR_RETURN(
+        float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, ConfigReader::Range::kAboveMin));
     STRATUM_ASSIGN_OR_RETURN(bool centered, reader.Bool("centered", false));
     return std::unique_ptr<Optimizer>(new RmsProp(lr, rho, momentum, epsilon, centered));
   }

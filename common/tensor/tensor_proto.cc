@@ -37,12 +37,15 @@ absl::StatusOr<Tensor> TensorFromProto(const proto::TensorProto& message) {
     }
     elements *= dim;
   }
-  Tensor tensor(static_cast<DType>(dtype), Shape(std::move(dims)));
-  if (message.content().size() != tensor.byte_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.DebugString(), " needs ",
-                                                   tensor.byte_size(), " bytes but carries ",
-                                                   message.content().size()));
+  // The size is checked before any memory is committed: a 16-byte message may declare
+  // terabytes.
+  const size_t bytes = static_cast<size_t>(elements) * DTypeSize(static_cast<DType>(dtype));
+  if (message.content().size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", DTypeName(static_cast<DType>(dtype)), Shape(dims).ToString(),
+                     " needs ", bytes, " bytes but carries ", message.content().size()));
   }
+  Tensor tensor(static_cast<DType>(dtype), Shape(std::move(dims)));
   if (tensor.byte_size() > 0) {
     std::memcpy(tensor.raw_data(), message.content().data(), tensor.byte_size());
   }

@@ -84,6 +84,17 @@ TEST(SafetensorsTest, TheLayoutIsTheSafetensorsFormat) {
   EXPECT_EQ(bytes.size(), 8 + length + 4);
 }
 
+// A FIFO in a checkpoint file's place (as a Restore request may name) is refused at once:
+// opening it for reading would wait for a writer forever.
+TEST(SafetensorsTest, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "/fifo_" + std::to_string(getpid());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::string> read = ReadWholeFile(fifo, "checkpoint file");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("it is not a regular file"));
+  unlink(fifo.c_str());
+}
+
 TEST(SafetensorsTest, CorruptFilesAreNamedAndRefused) {
   const std::string path = Path("corrupt.safetensors");
   auto written = WriteSafetensors(path, {{{"x", Tensor(DType::kFloat32, {4})}}, {}});

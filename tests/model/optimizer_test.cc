@@ -100,6 +100,33 @@ TEST(OptimizerTest, ParsesKeras3AndTfKerasConfigs) {
   EXPECT_THAT(sgd->SlotNames(), ElementsAre("momentum"));
 }
 
+// Settings that make the first steps divide by zero are refused with the reason, as Keras
+// refuses a beta outside [0, 1) (was: accepted, NaN at step 2, and advice to lower the
+// learning rate).
+TEST(OptimizerTest, DegenerateSettingsAreRefusedWithTheReason) {
+  auto refusal = [](const char* spec) {
+    auto optimizer = Optimizer::FromKeras(json::parse(spec));
+    return optimizer.ok() ? std::string("accepted") : std::string(optimizer.status().message());
+  };
+  EXPECT_THAT(refusal(R"({"class_name": "Adam", "config": {"beta_1": 1}})"),
+              HasSubstr("optimizer Adam has beta_1 1, outside [0, 1): beta_1 1 never lets the "
+                        "moment move from 0"));
+  EXPECT_THAT(refusal(R"({"class_name": "Adam", "config": {"beta_2": 1.0}})"),
+              HasSubstr("beta_2 1.0, outside [0, 1)"));
+  EXPECT_THAT(refusal(R"({"class_name": "Adam", "config": {"epsilon": 0}})"),
+              HasSubstr("epsilon 0, outside (0, 1e+06]: epsilon 0 divides a zero gradient by "
+                        "zero"));
+  EXPECT_THAT(refusal(R"({"class_name": "RMSprop", "config": {"epsilon": 0}})"),
+              HasSubstr("outside (0, 1e+06]"));
+  EXPECT_THAT(refusal(R"({"class_name": "Adagrad", "config": {"epsilon": 0,
+                          "initial_accumulator_value": 0}})"),
+              HasSubstr("initial_accumulator_value 0 and epsilon 0"));
+  // Either alone is fine, as in Keras.
+  EXPECT_EQ(refusal(R"({"class_name": "Adagrad", "config": {"epsilon": 0}})"), "accepted");
+  EXPECT_EQ(refusal(R"({"class_name": "Adam", "config": {"beta_1": 0, "beta_2": 0.5}})"),
+            "accepted");
+}
+
 TEST(OptimizerTest, AdamMatchesKerasFormula) {
   auto adam = Make(json{{"class_name", "Adam"}, {"config", {{"learning_rate", 0.01}}}});
   ExpectMatches(

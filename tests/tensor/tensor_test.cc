@@ -1,5 +1,7 @@
 #include "stratum/tensor/tensor.h"
 
+#include <sys/resource.h>
+
 #include <cmath>
 
 #include "stratum/tensor/tensor_proto.h"
@@ -103,6 +105,22 @@ TEST(TensorProtoTest, RefusesMalformedMessages) {
   message.set_dims(0, -2);
   EXPECT_THAT(std::string(TensorFromProto(message).status().message()),
               ::testing::HasSubstr("dimension -2"));
+}
+
+// A 16-byte message declaring 2^29 floats and carrying none is refused before 2 GiB is
+// allocated and zero-filled (the peak RSS stays where it was).
+TEST(TensorProtoTest, ASizeIsCheckedBeforeMemoryIsCommitted) {
+  proto::TensorProto message;
+  message.set_dtype(proto::DT_FLOAT);
+  message.add_dims(int64_t{1} << 29);
+  struct rusage before {};
+  getrusage(RUSAGE_SELF, &before);
+  EXPECT_THAT(std::string(TensorFromProto(message).status().message()),
+              ::testing::HasSubstr("tensor float32[536870912] needs 2147483648 bytes but "
+                                   "carries 0"));
+  struct rusage after {};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024);  // KiB
 }
 
 }  // namespace
