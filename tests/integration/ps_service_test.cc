@@ -1,5 +1,8 @@
 // The parameter-server service over real gRPC against a real stratum-ps process: the
 // calls workers make, and every bad request refused without harm.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <grpcpp/client_context.h>
 
 #include <signal.h>
@@ -163,6 +166,28 @@ TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRef
   const Tensor mine = Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8});
   ASSERT_TRUE(client_->Assign({{"w", mine}}).ok());
   EXPECT_TRUE(Value("w").BitwiseEqual(mine));
+}
+
+// Hardening case 6: a Restore that names a FIFO is refused at once, and the PS still stops
+// on SIGTERM (was: open() blocked for a writer, and SIGTERM never ended the PS).
+TEST_F(PsServiceTest, ARestoreOfAFifoIsRefusedAtOnce) {
+  const std::string fifo = TempPath("restore_fifo");
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
+  proto::RestoreRequest restore;
+  restore.mutable_coordinator()->set_incarnation(ProcessIncarnation());
+  restore.set_path(fifo);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::RestoreResponse restored;
+  const grpc::Status status = stub->Restore(&context, restore, &restored);
+  EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("it is not a regular file"));
+  unlink(fifo.c_str());
+  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
 }
 
 TEST_F(PsServiceTest, OversizedMessagesAreRefusedAndThePsLivesOn) {
