@@ -223,7 +223,15 @@ void PsDataServer::Serve(Connection* connection) {
     reply.code = static_cast<uint32_t>(refused.code());
     reply.shared_memory = connection->shared_memory ? 1 : 0;
     if (socket.Send({{&reply, sizeof(reply)}}, deadline).ok() && refused.ok()) {
-      while (ServeOne(*connection)) {
+      try {
+        while (ServeOne(*connection)) {
+        }
+      } catch (const std::bad_alloc&) {
+        // Nothing may escape this thread (it would abort the PS): the request is dropped
+        // with its connection, and the client sees it closed.
+        spdlog::warn(
+            "a data-path request needed more memory than there is: its connection "
+            "is closed");
       }
     }
   }
@@ -365,6 +373,11 @@ bool PsDataServer::ServeOne(Connection& connection) {
   gradients.clear();
   ValuePlacer placer(connection.shared_memory, segment, shared_end, connection.to_send);
   const bool values = op == Op::kPull || (header.flags & data_wire::kPullAfter) != 0;
+  if (values && status.ok()) {
+    std::vector<std::string> names;
+    for (const TensorRef& ref : meta->tensors) names.push_back(ref.name);
+    status = store_.CheckPull(names, options_.limits.max_bytes);
+  }
   for (size_t i = 0; values && status.ok() && i < meta->tensors.size(); ++i) {
     TensorRef& ref = response.values.emplace_back();
     absl::StatusOr<VariableInfo> info = store_.ReadInto(

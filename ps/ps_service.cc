@@ -124,6 +124,12 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
 
 grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* request,
                              proto::PullResponse* response) {
+  if (absl::Status status =
+          store_.CheckPull({request->names().begin(), request->names().end()},
+                           static_cast<uint64_t>(ChannelOptions{}.max_message_bytes));
+      !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   for (const std::string& name : request->names()) {
     if (absl::Status status = AppendValue(store_, name, response->mutable_values()); !status.ok()) {
       return ToGrpcStatus(status);

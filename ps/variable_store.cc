@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace stratum {
@@ -243,6 +244,27 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
     }
   }
   return ++v.info.updates;
+}
+
+absl::Status VariableStore::CheckPull(const std::vector<std::string>& names,
+                                      uint64_t max_bytes) const {
+  absl::flat_hash_set<std::string> seen;
+  uint64_t bytes = 0;
+  for (const std::string& name : names) {
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("the pull names variable \"", name,
+                                                     "\" more than once: name each variable once"));
+    }
+    absl::StatusOr<VariableInfo> info = Info(name);
+    if (!info.ok()) return info.status();
+    bytes += static_cast<uint64_t>(info->shape.num_elements()) * DTypeSize(info->dtype);
+    if (bytes > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the pull of ", names.size(), " variables would answer more than ", max_bytes,
+          " bytes, the limit of one message: pull fewer variables per request"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<VariableInfo> VariableStore::List() const {

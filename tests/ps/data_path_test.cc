@@ -168,6 +168,26 @@ TEST_P(DataPathTest, OversizedPushesAreRefusedAndTheServerLivesOn) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Hardening case 1: a pull that lists a variable 10,000 times (a 90 KB request) is refused,
+// not answered with 40 GB of values (the PS aborted with std::bad_alloc), and a pull whose
+// answer would be over the frame limit is refused before it is made; the PS lives on.
+TEST_P(DataPathTest, APullIsHeldToTheLimitsARequestIs) {
+  auto client = Client();
+  const std::vector<std::string> repeated(10000, "w");
+  absl::StatusOr<std::vector<Tensor>> pulled = client->Pull(repeated);
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kInvalidArgument) << pulled.status();
+  EXPECT_THAT(Message(pulled.status()), HasSubstr("names variable \"w\" more than once"));
+  StartServer({.limits = {.max_bytes = 1 << 20}});
+  client = Client();
+  pulled = client->Pull({"w"});  // 4 MiB over a limit of 1 MiB
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kResourceExhausted) << pulled.status();
+  EXPECT_THAT(Message(pulled.status()),
+              HasSubstr("would answer more than 1048576 bytes, the limit of one message: pull "
+                        "fewer variables per request"));
+  pulled = client->Pull({"b"});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+}
+
 TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
   auto client = Client();
   std::vector<std::thread> threads;

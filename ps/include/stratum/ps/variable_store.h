@@ -89,6 +89,11 @@ class VariableStore {
 
   std::vector<VariableInfo> List() const;
   absl::StatusOr<VariableInfo> Info(const std::string& name) const;
+  // A pull of `names` as both of the PS's paths (gRPC and raw data) check it before a byte
+  // of the answer is made: every name once, every variable there, and the values within
+  // `max_bytes` (RESOURCE_EXHAUSTED otherwise: a 36 KB request must not make a 400 MB
+  // answer).
+  absl::Status CheckPull(const std::vector<std::string>& names, uint64_t max_bytes) const;
   absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name) const;
   // Replaces (or creates) a variable from a snapshot (checkpoint restore).
   absl::Status Restore(const VariableSnapshot& snapshot);
