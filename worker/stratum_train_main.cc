@@ -74,6 +74,13 @@ int Run(const ShutdownWatcher& shutdown) {
   }
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeLocalStrategy(job->strategy);
   if (!strategy.ok()) return Fail(strategy.status());
+  // Before a byte of data or a variable is allocated.
+  const int replicas = (*strategy)->NumLocalReplicas();
+  if (absl::Status fits = CheckMemoryFits(*model, **optimizer, job->fit.batch_size_per_replica,
+                                          replicas, (*strategy)->CreateVariables({}).num_copies());
+      !fits.ok()) {
+    return Fail(fits);
+  }
   // The headers first: a labels file of the wrong shape is named before any data is read.
   if (absl::Status headers = CheckDataHeaders(job->data, *model, *loss); !headers.ok()) {
     return Fail(headers);

@@ -232,6 +232,15 @@ int64_t Model::num_parameters() const {
   return total;
 }
 
+int64_t Model::WorkspaceFloats(int64_t batch) const {
+  const GraphBufferSizes::Floats floats = BufferSizes(*impl_).ForBatch(batch);
+  int64_t total = 0;
+  for (const std::vector<int64_t>* part : {&floats.values, &floats.grads, &floats.scratch}) {
+    for (int64_t n : *part) total += n;
+  }
+  return total;
+}
+
 int64_t Model::num_non_trainable_parameters() const {
   int64_t total = 0;
   for (const VariableSpec& spec : impl_->variables) {

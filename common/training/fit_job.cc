@@ -1,9 +1,15 @@
 #include "stratum/training/fit_job.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "stratum/data/idx.h"
 #include "stratum/data/record_files.h"
 #include "stratum/model/optimizer.h"
@@ -265,11 +271,63 @@ absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Lo
   return check("data.test", data.test);
 }
 
+namespace {
+
+// Bytes this process may still allocate: MemAvailable, or less under a cgroup (v2) limit.
+std::optional<uint64_t> AvailableBytes() {
+  std::optional<uint64_t> available;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    uint64_t kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lu kB", &kib) == 1) available = kib * 1024;
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max");
+  std::ifstream current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  uint64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    uint64_t limit = 0;
+    if (absl::SimpleAtoi(max_text, &limit)) {
+      const uint64_t left = limit > current ? limit - current : 0;
+      available = available ? std::min(*available, left) : left;
+    }
+  }
+  return available;
+}
+
+std::string GiB(double bytes) { return absl::StrFormat("%.1f GiB", bytes / (1u << 30)); }
+
+}  // namespace
+
+absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
+                             int64_t batch_per_replica, int replicas, int copies) {
+  const double per_copy = static_cast<double>(model.num_parameters()) * sizeof(float) *
+                          (2.0 + static_cast<double>(optimizer.SlotNames().size()));
+  const double per_replica =
+      static_cast<double>(model.WorkspaceFloats(batch_per_replica)) * sizeof(float);
+  const double needed = per_copy * copies + per_replica * replicas;
+  const std::optional<uint64_t> available = AvailableBytes();
+  if (!available || needed <= static_cast<double>(*available)) return absl::OkStatus();
+  // A configuration error (exit 2): the job, as it is, cannot train here.
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the model does not fit in memory: training it needs about ", GiB(needed), " (",
+      model.num_parameters(), " parameters, with their gradients and the optimizer's ",
+      optimizer.SlotNames().size(), " slot(s), in ", copies, copies == 1 ? " copy" : " copies",
+      ", and the activations of ", batch_per_replica, " examples on each of ", replicas,
+      replicas == 1 ? " replica" : " replicas", "), but ", GiB(static_cast<double>(*available)),
+      " is available: make the model's largest layers smaller, or the batch, or train on a "
+      "machine with more memory"));
+}
+
 absl::Status CheckTrainingJob(const JobSpec& job) {
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
   STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
   STRATUM_RETURN_IF_ERROR(model.CheckLoss(loss));
-  STRATUM_RETURN_IF_ERROR(Optimizer::FromKeras(job.optimizer).status());
+  STRATUM_ASSIGN_OR_RETURN(const std::unique_ptr<Optimizer> optimizer,
+                           Optimizer::FromKeras(job.optimizer));
+  const int replicas = std::max<int>(1, static_cast<int>(job.strategy.devices.size()));
+  STRATUM_RETURN_IF_ERROR(
+      CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
   return CheckDataHeaders(job.data, model, loss);
 }

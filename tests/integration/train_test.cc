@@ -195,6 +195,22 @@ TEST(StratumTrainTest, ALossThatIsNotFiniteStopsTrainingWithTheFix) {
 }
 
 // from_logits true on a softmax output would train as if it were false: refused, exit 2.
+// Hardening case 8: a model that cannot fit is refused at once with the estimate, exit 2
+// (Dense(2,000,000) aborted with std::bad_alloc, rc 134, after 17 s).
+TEST(StratumTrainTest, AModelThatCannotFitInMemoryIsRefusedBeforeTraining) {
+  nlohmann::json job = ExampleJob();
+  // 2.1e9 parameters (just under Stratum's 2^31) and batches of 16384: about 34 GB for the
+  // variables with their gradients and Adam's slots, and 350 GB of activations.
+  job["model"]["config"]["layers"][2]["config"]["units"] = 2700000;
+  job["fit"]["batch_size_per_replica"] = 16384;
+  const absl::Time start = absl::Now();
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "huge")});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("the model does not fit in memory: training it needs about "));
+  EXPECT_THAT(run.output, HasSubstr("is available: make the model's largest layers smaller"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
 TEST(StratumTrainTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
   nlohmann::json job = ExampleJob();
   job["compile"]["loss"] = {{"class_name", "SparseCategoricalCrossentropy"},

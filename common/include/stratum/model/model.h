@@ -94,6 +94,9 @@ class Model {
   int64_t output_size() const;
   int num_outputs() const;
   int64_t num_parameters() const;
+  // The floats one Workspace holds for steps of `batch` examples (activations, gradients,
+  // scratch): what training takes per replica besides the variables.
+  int64_t WorkspaceFloats(int64_t batch) const;
   // Of them, those no optimizer updates (BatchNormalization's moving statistics).
   int64_t num_non_trainable_parameters() const;
   // OK when every layer runs on a GPU; else UNIMPLEMENTED naming the first that does not.

@@ -8,6 +8,7 @@
 #include "stratum/job/job_spec.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
+#include "stratum/model/optimizer.h"
 #include "stratum/training/fit_options.h"
 
 namespace stratum {
@@ -26,6 +27,16 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 // model's outputs for the others); as many labels as images. Errors name the job field
 // (data.test.labels) and its file. LoadFitData still finds a truncated or corrupt data part.
 absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Loss& loss);
+
+// Whether training `model` with `optimizer` fits in this process's memory: its estimate
+// is, per copy of the variables, the values, their gradients and the optimizer's slots, and
+// per replica a workspace of `batch_per_replica` examples; what is available is the
+// kernel's MemAvailable, or this process's cgroup limit when that is lower.
+// INVALID_ARGUMENT (a configuration error, exit 2) with both figures and the fix when it
+// does not fit: a model refused before training, instead of std::bad_alloc after the data
+// is read.
+absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
+                             int64_t batch_per_replica, int replicas, int copies);
 
 // What training the job would refuse in the job itself, checked quickly, before a process
 // waits for its peers (which may take minutes): the model, the loss and whether it fits the
