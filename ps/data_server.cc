@@ -145,16 +145,43 @@ PsDataServer::PsDataServer(VariableStore& store, PsDataServerOptions options)
 PsDataServer::~PsDataServer() { Shutdown(); }
 
 void PsDataServer::AcceptLoop(const DataSocket* listener) {
+  absl::Duration backoff = absl::Milliseconds(10);
+  bool said = false;
   for (;;) {
     absl::StatusOr<DataSocket> socket = Accept(*listener);
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
+    ReapFinished();
+    if (absl::IsResourceExhausted(socket.status())) {
+      // A flood of connections (or a small descriptor limit): what ended is reaped above;
+      // wait a little for more to end, and accept again, so that the data path recovers by
+      // itself once the flood stops.
+      if (!said) {
+        spdlog::warn("data path: {} with {} connections open; accepting again as they end",
+                     std::string(socket.status().message()), connections_.size());
+      }
+      said = true;
+      mutex_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+      continue;
+    }
     if (!socket.ok()) {
       spdlog::error("data path: {}; no more data connections are accepted",
                     std::string(socket.status().message()));
       return;
     }
-    ReapFinished();
+    if (said) spdlog::info("data path: accepting connections again");
+    said = false;
+    backoff = absl::Milliseconds(10);
+    if (connections_.size() >= options_.max_connections) {
+      // Over the cap: refused at once (closed), so that idle connections cannot take every
+      // descriptor of the process (its gRPC server needs some too).
+      spdlog::warn(
+          "data path: {} connections are open, the most it keeps: a new one is "
+          "closed",
+          connections_.size());
+      continue;  // `socket` closes here
+    }
     auto connection = std::make_unique<Connection>();
     connection->socket = *std::move(socket);
     Connection* raw = connection.get();

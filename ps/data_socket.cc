@@ -382,6 +382,11 @@ absl::StatusOr<DataSocket> Accept(const DataSocket& listener) {
       return DataSocket(fd, listener.is_unix());
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
+    // Out of descriptors or memory: the listener is fine, and connections that end free
+    // what a later accept needs (the caller backs off and tries again).
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      return absl::ResourceExhaustedError(absl::StrCat("accept: ", ErrnoText(errno)));
+    }
     return absl::UnavailableError(absl::StrCat("accept: ", ErrnoText(errno)));
   }
 }

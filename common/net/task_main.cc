@@ -1,5 +1,7 @@
 #include "stratum/net/task_main.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -296,6 +298,13 @@ int ReportFatal(const std::string& binary, const absl::Status& status) {
 
 TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
   ProcessIncarnation();  // Starts the uptime clock.
+  // A server holds a descriptor per connection: the soft limit (often 1024) is raised to
+  // the hard one, as servers do, so that a burst of connections does not starve it.
+  if (struct rlimit files{};
+      getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   TaskOverrides overrides;
   if (!absl::GetFlag(FLAGS_task_type).empty()) overrides.task_type = absl::GetFlag(FLAGS_task_type);
   if (options.forced_type) overrides.task_type = options.forced_type;

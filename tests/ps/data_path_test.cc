@@ -4,10 +4,16 @@
 #include "stratum/ps/data_path.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <thread>
+
+#include <sys/resource.h>
+
+#include <filesystem>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -186,6 +192,50 @@ TEST_P(DataPathTest, APullIsHeldToTheLimitsARequestIs) {
                         "fewer variables per request"));
   pulled = client->Pull({"b"});
   ASSERT_TRUE(pulled.ok()) << pulled.status();
+}
+
+// Hardening case 5: connections that take every descriptor of the process (here: a soft
+// limit a few dozen above what is open) do not stop the data path for good; once they
+// close, it accepts again by itself. And a server keeps at most max_connections open.
+TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  int open_now = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++open_now;
+  }
+  struct rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(open_now + 40);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  {
+    std::vector<DataSocket> flood;
+    for (int i = 0; i < 200; ++i) {
+      absl::StatusOr<DataSocket> socket =
+          ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
+      if (!socket.ok()) break;  // this process is out of descriptors too
+      flood.push_back(*std::move(socket));
+      absl::SleepFor(absl::Milliseconds(1));  // the server accepts it, taking a descriptor
+    }
+    EXPECT_GT(flood.size(), 10u);
+    absl::SleepFor(absl::Milliseconds(100));  // the server's accept meets the limit
+  }                                           // the flood closes
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  absl::StatusOr<std::vector<Tensor>> pulled;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    pulled = Client()->Pull({"b"});
+  } while (!pulled.ok() && absl::Now() < deadline);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE((*pulled)[0].BitwiseEqual(Tensor::FromVector<float>({2}, {1, 2})));
+
+  StartServer({.max_connections = 2});
+  std::vector<DataSocket> kept;
+  for (int i = 0; i < 2; ++i)
+    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
+  DataSocket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+  data_wire::HelloReply reply;
+  EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
+  EXPECT_TRUE(kept[0].Receive(&reply, sizeof(reply), Soon()).ok());
 }
 
 TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {

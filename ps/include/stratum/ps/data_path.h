@@ -59,6 +59,10 @@ struct PsDataServerOptions {
   absl::Duration hello_timeout = absl::Seconds(10);
   // On Shutdown, how long calls in flight may finish before their connections are cut.
   absl::Duration shutdown_grace = absl::Seconds(3);
+  // Open connections at most (a worker keeps one or two per PS): more are closed as they
+  // come, and when the process runs out of descriptors the server waits for connections
+  // to end and accepts again.
+  size_t max_connections = 512;
 };
 
 class PsDataServer {
