@@ -382,10 +382,17 @@ bool PsDataServer::ServeOne(Connection& connection) {
     }
   }
 
-  // Apply, as PsService::Push does: all gradients checked before the first is applied.
+  // Apply, as PsService::Push does: all gradients checked before the first is applied,
+  // and the values asked back checked before that.
   data_wire::ResponseMeta response;
   absl::Status status;
-  if (op == Op::kPush) {
+  const bool values = op == Op::kPull || (header.flags & data_wire::kPullAfter) != 0;
+  if (values) {
+    std::vector<std::string> names;
+    for (const TensorRef& ref : meta->tensors) names.push_back(ref.name);
+    status = store_.CheckPull(names, options_.limits.max_bytes);
+  }
+  if (op == Op::kPush && status.ok()) {
     if (gradients.size() > 1) {
       for (size_t i = 0; i < gradients.size() && status.ok(); ++i) {
         status = store_.CheckGradient(meta->tensors[i].name, gradients[i], nullptr);
@@ -399,12 +406,6 @@ bool PsDataServer::ServeOne(Connection& connection) {
   }
   gradients.clear();
   ValuePlacer placer(connection.shared_memory, segment, shared_end, connection.to_send);
-  const bool values = op == Op::kPull || (header.flags & data_wire::kPullAfter) != 0;
-  if (values && status.ok()) {
-    std::vector<std::string> names;
-    for (const TensorRef& ref : meta->tensors) names.push_back(ref.name);
-    status = store_.CheckPull(names, options_.limits.max_bytes);
-  }
   for (size_t i = 0; values && status.ok() && i < meta->tensors.size(); ++i) {
     TensorRef& ref = response.values.emplace_back();
     absl::StatusOr<VariableInfo> info = store_.ReadInto(

@@ -144,6 +144,16 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
                              proto::PushResponse* response) {
   absl::StatusOr<std::vector<Gradient>> gradients = DecodeGradients(request->gradients());
   if (!gradients.ok()) return ToGrpcStatus(gradients.status());
+  if (request->pull_after()) {
+    // The values it asks back are checked before any gradient is applied.
+    std::vector<std::string> names;
+    for (const Gradient& gradient : *gradients) names.push_back(*gradient.name);
+    if (absl::Status status =
+            store_.CheckPull(names, static_cast<uint64_t>(ChannelOptions{}.max_message_bytes));
+        !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+  }
   if (gradients->size() > 1) {
     // All or nothing: check every gradient before the first is applied.
     for (const Gradient& gradient : *gradients) {

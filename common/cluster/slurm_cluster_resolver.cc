@@ -22,7 +22,7 @@ std::vector<std::string> TopLevelItems(absl::string_view text) {
   int depth = 0;
   for (char c : text) {
     if (c == '[') ++depth;
-    if (c == ']') --depth;
+    if (c == ']' && --depth < 0) return {};  // a ']' before its '[': no items, refused
     if (c == ',' && depth == 0) {
       items.push_back(std::move(current));
       current.clear();
@@ -44,7 +44,9 @@ absl::Status BadHostlist(absl::string_view hostlist, absl::string_view why) {
 
 absl::StatusOr<std::vector<std::string>> ExpandSlurmHostlist(absl::string_view hostlist) {
   std::vector<std::string> hosts;
-  for (const std::string& item : TopLevelItems(hostlist)) {
+  const std::vector<std::string> items = TopLevelItems(hostlist);
+  if (items.empty()) return BadHostlist(hostlist, "has a ']' before its '['");
+  for (const std::string& item : items) {
     if (item.empty()) return BadHostlist(hostlist, "has an empty entry");
     const size_t open = item.find('[');
     if (open == std::string::npos) {
@@ -144,18 +146,19 @@ absl::StatusOr<SlurmClusterResolver> SlurmClusterResolver::Create(
                      ": they must describe the same step"));
   }
 
-  // GPUs: the option, else the step's, else those CUDA_VISIBLE_DEVICES shows.
-  int gpus_per_node = 0;
-  if (options.gpus_per_node) {
-    gpus_per_node = *options.gpus_per_node;
-  } else {
+  // GPUs: the step's (their ids, which this rank's share is taken from), else those
+  // CUDA_VISIBLE_DEVICES shows; the option only says how many there are, numbered from 0.
+  std::vector<std::string> gpu_ids;
+  {
     std::optional<std::string> gpus = env("SLURM_STEP_GPUS");
     if (!gpus || gpus->empty()) gpus = env("CUDA_VISIBLE_DEVICES");
-    if (gpus && !gpus->empty()) {
-      gpus_per_node = static_cast<int>(
-          std::vector<absl::string_view>(absl::StrSplit(*gpus, ',', absl::SkipEmpty())).size());
-    }
+    if (gpus && !gpus->empty()) gpu_ids = absl::StrSplit(*gpus, ',', absl::SkipEmpty());
   }
+  if (options.gpus_per_node) {
+    gpu_ids.clear();
+    for (int g = 0; g < *options.gpus_per_node; ++g) gpu_ids.push_back(absl::StrCat(g));
+  }
+  const int gpus_per_node = static_cast<int>(gpu_ids.size());
   const int most_tasks = *std::max_element(per_node.begin(), per_node.end());
   const int gpus_per_task = options.gpus_per_task
                                 ? *options.gpus_per_task
@@ -167,17 +170,20 @@ absl::StatusOr<SlurmClusterResolver> SlurmClusterResolver::Create(
                      ": ask for fewer GPUs per task, or more GPUs per node"));
   }
 
-  // Every task of the step in TensorFlow's order: nodes sorted by name, then local rank.
-  std::vector<std::pair<std::string, int>> nodes;
-  for (size_t i = 0; i < hosts.size(); ++i) nodes.emplace_back(hosts[i], per_node[i]);
-  std::sort(nodes.begin(), nodes.end());
+  // Every task of the step in the order Slurm numbers them (its default block distribution:
+  // the nodes in the step's order, then local rank). TensorFlow's resolver sorts the nodes
+  // by name instead, which gives node10's address to a rank on node9; not here.
   std::vector<std::string> addresses;
   std::vector<std::string> gpu_lists;
-  for (const auto& [host, tasks] : nodes) {
-    for (int local = 0; local < tasks; ++local) {
-      addresses.push_back(absl::StrCat(host, ":", options.port_base + local));
-      std::vector<int> gpus;
-      for (int g = 0; g < gpus_per_task; ++g) gpus.push_back(local * gpus_per_task + g);
+  std::vector<std::string> task_nodes;
+  for (size_t n = 0; n < hosts.size(); ++n) {
+    for (int local = 0; local < per_node[n]; ++local) {
+      addresses.push_back(absl::StrCat(hosts[n], ":", options.port_base + local));
+      task_nodes.push_back(hosts[n]);
+      std::vector<std::string> gpus;
+      for (int g = 0; g < gpus_per_task; ++g) {
+        gpus.push_back(gpu_ids[static_cast<size_t>(local * gpus_per_task + g)]);
+      }
       gpu_lists.push_back(absl::StrJoin(gpus, ","));
     }
   }
@@ -208,6 +214,15 @@ absl::StatusOr<SlurmClusterResolver> SlurmClusterResolver::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("SLURM_PROCID ", rank, " is past the ", wanted,
                      " tasks the jobs ask for: give the jobs every task of the step"));
+  }
+  // A step distributed otherwise (--distribution=cyclic, an arbitrary layout) puts ranks
+  // elsewhere: this node must be where the block order puts this rank.
+  if (std::optional<std::string> node = env("SLURMD_NODENAME");
+      node && !node->empty() && *node != task_nodes[static_cast<size_t>(rank)]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SLURM_PROCID ", rank, " runs on ", *node, ", but the step's block order puts it on ",
+        task_nodes[static_cast<size_t>(rank)],
+        ": start the step with srun's default (block) distribution"));
   }
   resolver.cuda_visible_devices_ = gpu_lists[static_cast<size_t>(rank)];
   STRATUM_RETURN_IF_ERROR(ValidateClusterSpec(resolver.spec_, kSource));

@@ -62,13 +62,14 @@ class TaskServer::PlaintextHealthImpl final : public grpc::health::v1::Health::S
                                   : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
     return grpc::Status::OK;
   }
+  // `services`: the names it answers for besides "" (fixed before it serves).
+  explicit PlaintextHealthImpl(std::vector<std::string> services)
+      : services_(std::move(services)) {}
   void SetServing(bool serving) { serving_ = serving; }
-  // Before the server reports SERVING: the named services it answers for.
-  void SetServices(std::vector<std::string> services) { services_ = std::move(services); }
 
  private:
   std::atomic<bool> serving_{false};
-  std::vector<std::string> services_;
+  const std::vector<std::string> services_;
 };
 
 namespace {
@@ -146,10 +147,18 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
     return ListenFailure(options.task.ToString(), options.listen_address,
                          "fix the task's address in TF_CONFIG (or --listen_address)");
   }
+  // The health service answers for the server ("") and, by name, for each service on it,
+  // as Kubernetes' gRPC probes with a `service` ask (unknown names: NOT_FOUND).
+  server->service_names_ = {proto::TaskService::service_full_name()};
+  for (grpc::Service* service : services) {
+    if (std::string name = FullNameOf(service); !name.empty()) {
+      server->service_names_.push_back(std::move(name));
+    }
+  }
   if (!options.health_listen_address.empty()) {
     // Only a health service of its own: not gRPC's default one, which would serve every
     // service's status (and needs an asynchronous server).
-    server->plaintext_health_ = std::make_unique<PlaintextHealthImpl>();
+    server->plaintext_health_ = std::make_unique<PlaintextHealthImpl>(server->service_names_);
     grpc::ServerBuilder health;
     health.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     health.AddListeningPort(options.health_listen_address, grpc::InsecureServerCredentials(),
@@ -163,15 +172,6 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
                            options.health_listen_address, "choose another --health_port");
     }
   }
-  // The health service answers for the server ("") and, by name, for each service on it,
-  // as Kubernetes' gRPC probes with a `service` ask (unknown names: NOT_FOUND).
-  server->service_names_ = {proto::TaskService::service_full_name()};
-  for (grpc::Service* service : services) {
-    if (std::string name = FullNameOf(service); !name.empty()) {
-      server->service_names_.push_back(std::move(name));
-    }
-  }
-  if (server->plaintext_health_) server->plaintext_health_->SetServices(server->service_names_);
   server->SetServing(true);
   return server;
 }

@@ -1,6 +1,7 @@
 #include "stratum/strategy/strategy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 
@@ -46,6 +47,10 @@ Strategy::ScopeGuard::~ScopeGuard() { scope_stack.pop_back(); }
 Strategy::Strategy(std::vector<std::string> devices,
                    std::unique_ptr<CrossDeviceOps> cross_device_ops, StrategyOptions options)
     : devices_(std::move(devices)),
+      id_([] {
+        static std::atomic<uint64_t> next{1};
+        return next++;
+      }()),
       cross_device_ops_(std::move(cross_device_ops)),
       options_(options) {
   if (devices_.size() > 1) {
@@ -141,20 +146,20 @@ absl::Status Strategy::CheckVariables(const DistributedVariables& variables) con
   const DistributedVariables own = CreateVariables({});
   const bool fits =
       variables.mirrored() == own.mirrored() && variables.num_copies() == own.num_copies();
-  if (variables.creator() == this && fits) return absl::OkStatus();
+  if (variables.creator_id() == id_ && fits) return absl::OkStatus();
   const std::string what =
       variables.names().empty()
           ? std::string("these variables")
           : absl::StrCat("variable \"", variables.names().front(), "\"",
                          variables.names().size() > 1 ? " (and the others made with it)" : "");
-  const std::string maker = variables.creator() == nullptr
+  const std::string maker = variables.creator_id() == 0
                                 ? std::string("by hand")
-                                : absl::StrCat("by ", variables.creator()->name());
+                                : absl::StrCat("by ", variables.creator_name());
   if (fits) {
     std::call_once(*variables.warned_, [&] {
       spdlog::warn(
-          "{} was created {}, outside {}'s Scope(); it keeps the one copy {} keeps, so it is "
-          "used as it is (as TensorFlow would), but create variables inside `auto scope = "
+          "{} was created {}, outside {}'s Scope(); it has the copies {} keeps, so it is used "
+          "as it is (as TensorFlow would), but create variables inside `auto scope = "
           "strategy.Scope();` so that each strategy places its own",
           what, maker, name(), name());
     });
@@ -167,6 +172,14 @@ absl::Status Strategy::CheckVariables(const DistributedVariables& variables) con
       ": create the variables with strategy.CreateVariables inside `auto scope = "
       "strategy.Scope();`, as tf.distribute requires"));
 }
+
+DistributedVariables::DistributedVariables(std::vector<std::vector<Tensor>> copies, bool mirrored,
+                                           const Strategy* creator, std::vector<std::string> names)
+    : copies_(std::move(copies)),
+      mirrored_(mirrored),
+      creator_id_(creator != nullptr ? creator->id() : 0),
+      creator_name_(creator != nullptr ? creator->name() : ""),
+      names_(std::move(names)) {}
 
 absl::StatusOr<std::vector<Tensor>*> DistributedVariables::ForReplica(
     const ReplicaContext& context) {

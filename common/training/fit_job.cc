@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -273,7 +274,10 @@ absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Lo
 
 namespace {
 
-// Bytes this process may still allocate: MemAvailable, or less under a cgroup (v2) limit.
+// Bytes this process may still allocate: MemAvailable, or less under the memory limit of
+// its cgroup (v2) or of a cgroup above it (a container's, a Slurm job's), where what is
+// left is the limit less the usage, page cache that can be dropped (inactive_file) not
+// counted as used.
 std::optional<uint64_t> AvailableBytes() {
   std::optional<uint64_t> available;
   std::ifstream meminfo("/proc/meminfo");
@@ -281,16 +285,30 @@ std::optional<uint64_t> AvailableBytes() {
     uint64_t kib = 0;
     if (std::sscanf(line.c_str(), "MemAvailable: %lu kB", &kib) == 1) available = kib * 1024;
   }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max");
-  std::ifstream current_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  uint64_t current = 0;
-  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+  std::string path;
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroup, line);) {
+    if (absl::StartsWith(line, "0::")) path = line.substr(3);
+  }
+  for (std::string dir = absl::StrCat("/sys/fs/cgroup", path == "/" ? "" : path);;) {
+    std::ifstream max_file(dir + "/memory.max");
+    std::ifstream current_file(dir + "/memory.current");
+    std::string max_text;
     uint64_t limit = 0;
-    if (absl::SimpleAtoi(max_text, &limit)) {
-      const uint64_t left = limit > current ? limit - current : 0;
+    uint64_t current = 0;
+    if (max_file >> max_text && absl::SimpleAtoi(max_text, &limit) && current_file >> current) {
+      uint64_t reclaimable = 0;
+      std::ifstream stat(dir + "/memory.stat");
+      for (std::string line; std::getline(stat, line);) {
+        uint64_t bytes = 0;
+        if (std::sscanf(line.c_str(), "inactive_file %lu", &bytes) == 1) reclaimable = bytes;
+      }
+      const uint64_t used = current > reclaimable ? current - reclaimable : 0;
+      const uint64_t left = limit > used ? limit - used : 0;
       available = available ? std::min(*available, left) : left;
     }
+    if (dir == "/sys/fs/cgroup") break;
+    dir = dir.substr(0, dir.rfind('/'));
   }
   return available;
 }
@@ -325,9 +343,12 @@ absl::Status CheckTrainingJob(const JobSpec& job) {
   STRATUM_RETURN_IF_ERROR(model.CheckLoss(loss));
   STRATUM_ASSIGN_OR_RETURN(const std::unique_ptr<Optimizer> optimizer,
                            Optimizer::FromKeras(job.optimizer));
-  const int replicas = std::max<int>(1, static_cast<int>(job.strategy.devices.size()));
-  STRATUM_RETURN_IF_ERROR(
-      CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
+  // A parameter-server job's variables live on the PSs (sharded), not in one process.
+  if (job.strategy.type != "parameter_server") {
+    const int replicas = std::max<int>(1, static_cast<int>(job.strategy.devices.size()));
+    STRATUM_RETURN_IF_ERROR(
+        CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
+  }
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
   return CheckDataHeaders(job.data, model, loss);
 }

@@ -147,8 +147,10 @@ TaskProcessOptions OutputOf(const LaunchPlan& plan, const PlannedTask& task) {
 }
 
 // A task that failed, on the quiet console: the last lines of its log, where the whole is.
-void ShowLogTail(const TaskKey& task) {
+// `process` has exited; its last lines are waited for (Wait lets the output thread finish).
+void ShowLogTail(const TaskKey& task, Subprocess& process) {
   if (g_logs.verbose) return;
+  (void)process.Wait(absl::ZeroDuration());
   std::ifstream file(LogPath(task));
   std::deque<std::string> last;
   for (std::string line; std::getline(file, line);) {
@@ -447,21 +449,23 @@ int Launch(const LaunchPlan& plan, const JobPaths& paths, ShutdownWatcher& shutd
     }
     if (job_failure != nullptr) {
       const auto& [failed, exit] = *job_failure;
-      ShowLogTail(plan.tasks[failed].task);
+      ShowLogTail(plan.tasks[failed].task, *children[failed]);
       if (job_restarts == max_restarts) {
         Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
                          "; the job is not started again (it failed ",
                          Counted(max_restarts + 1, "time", "times"), "): stopping the others"));
-        stop_all();
-        SayWhereThingsAre(paths);
-        // The launcher's exit code is the main task's (worker:0's), as --help says, whichever
-        // worker failed first.
+        // The launcher's exit code is the main task's (worker:0's), as --help says: it
+        // notices the failed peer within seconds and exits with its own code; one that
+        // does not within the grace period is stopped, and the job's code is 1.
+        int code = 1;
         for (size_t m = 0; m < children.size(); ++m) {
           if (plan.tasks[m].task != plan.main_task) continue;
-          const std::optional<ExitInfo> main_exit = children[m]->Poll();
-          if (main_exit.has_value()) return main_exit->ShellCode();
+          absl::StatusOr<ExitInfo> main_exit = children[m]->Wait(grace);
+          if (main_exit.ok()) code = main_exit->ShellCode();
         }
-        return exit.ShellCode();
+        stop_all();
+        SayWhereThingsAre(paths);
+        return code;
       }
       ++job_restarts;
       Say(absl::StrCat(who(failed), " stopped unexpectedly: it ", exit.ToString(),
@@ -485,7 +489,7 @@ int Launch(const LaunchPlan& plan, const JobPaths& paths, ShutdownWatcher& shutd
     for (const auto& [i, exit] : exits) {
       const PlannedTask& task = plan.tasks[i];
       if (task.task == plan.main_task) {
-        if (!exit.success()) ShowLogTail(task.task);
+        if (!exit.success()) ShowLogTail(task.task, *children[i]);
         Say(absl::StrCat(task.task.ToString(), " ", exit.ToString(), "; stopping the others"));
         if (exit.success()) EvaluateOnceIfDown(plan, restart_at, grace);
         stop_all();
@@ -514,7 +518,7 @@ int Launch(const LaunchPlan& plan, const JobPaths& paths, ShutdownWatcher& shutd
       if (finished) {
         Note(absl::StrCat(who(i), " finished: it ", exit.ToString(), what));
       } else {
-        ShowLogTail(task.task);
+        ShowLogTail(task.task, *children[i]);
         Say(absl::StrCat(who(i), " stopped unexpectedly: it ", exit.ToString(), what));
       }
       if (restart) restart_at[i] = absl::Now() + absl::Seconds(1);

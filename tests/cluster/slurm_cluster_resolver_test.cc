@@ -29,6 +29,8 @@ TEST(SlurmHostlistTest, ExpandsBracketRangesKeepingOrderAndZeroPadding) {
   EXPECT_THAT(*ExpandSlurmHostlist("gpu[01-02]-ib"), ElementsAre("gpu01-ib", "gpu02-ib"));
   EXPECT_THAT(ExpandSlurmHostlist("n[1-").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unbalanced")));
+  EXPECT_THAT(ExpandSlurmHostlist("a]b,c[1]").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a ']' before its '['")));
   EXPECT_THAT(ExpandSlurmHostlist("n[3-1]").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has the range \"3-1\"")));
   EXPECT_THAT(*ExpandSlurmTasksPerNode("2(x3),1"), ElementsAre(2, 2, 2, 1));
@@ -37,23 +39,31 @@ TEST(SlurmHostlistTest, ExpandsBracketRangesKeepingOrderAndZeroPadding) {
 }
 
 TEST(SlurmClusterResolverTest, DealsTheStepsTasksToTheJobsAsTensorFlowDoes) {
-  // Two nodes, listed out of order, two tasks each, four GPUs each.
+  // Two nodes (node9 before node10, as Slurm orders them), two tasks each, four GPUs each.
   const Env env = {{"SLURM_PROCID", "2"},
-                   {"SLURM_STEP_NODELIST", "node[2,1]"},
+                   {"SLURM_STEP_NODELIST", "node[9-10]"},
                    {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
-                   {"SLURM_STEP_GPUS", "0,1,2,3"}};
+                   {"SLURM_STEP_GPUS", "4,5,6,7"},
+                   {"SLURMD_NODENAME", "node10"}};
   SlurmClusterOptions options;
   options.jobs = {{"worker", 3}, {"ps", 1}};
   absl::StatusOr<SlurmClusterResolver> resolver = SlurmClusterResolver::Create(options, Step(env));
   ASSERT_TRUE(resolver.ok()) << resolver.status();
-  // Nodes sorted by name, then local rank; jobs in name order (ps before worker).
-  EXPECT_EQ(resolver->cluster_spec().ToJson(), nlohmann::json::parse(R"({"ps": ["node1:8888"],
-                                      "worker": ["node1:8889", "node2:8888", "node2:8889"]})"));
+  // Slurm's block order (nodes as listed, then local rank); jobs in name order (ps first).
+  EXPECT_EQ(resolver->cluster_spec().ToJson(), nlohmann::json::parse(R"({"ps": ["node9:8888"],
+                                      "worker": ["node9:8889", "node10:8888", "node10:8889"]})"));
   EXPECT_EQ(resolver->task().ToString(), "worker:1");
-  EXPECT_EQ(resolver->cuda_visible_devices(), "0,1");  // the first task of its node
+  EXPECT_EQ(resolver->cuda_visible_devices(), "4,5");  // the step's ids, first half
   Env last = env;
   last["SLURM_PROCID"] = "3";
-  EXPECT_EQ(SlurmClusterResolver::Create(options, Step(last))->cuda_visible_devices(), "2,3");
+  EXPECT_EQ(SlurmClusterResolver::Create(options, Step(last))->cuda_visible_devices(), "6,7");
+  // A rank that runs elsewhere than the block order says (a cyclic step) is refused.
+  Env cyclic = env;
+  cyclic["SLURMD_NODENAME"] = "node9";
+  EXPECT_THAT(SlurmClusterResolver::Create(options, Step(cyclic)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SLURM_PROCID 2 runs on node9, but the step's block order puts "
+                                 "it on node10")));
   // Without jobs: every task a worker; without GPUs: none.
   Env cpu = {
       {"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a"}, {"SLURM_STEP_TASKS_PER_NODE", "3"}};

@@ -69,13 +69,16 @@ def commands(block):
 
 
 HELP_CACHE = {}
+# Programs that run another command given after their own arguments.
+WRAPPERS = {"srun", "mpirun", "env", "sudo", "timeout", "nohup", "time"}
 
 
 def help_flags(binary):
     if binary not in HELP_CACHE:
         result = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
         text = result.stdout + result.stderr
-        HELP_CACHE[binary] = set(re.findall(r"--([A-Za-z0-9_]+)", text))
+        # The flags --help defines: Abseil lists each as "--name (...)" at a line's start.
+        HELP_CACHE[binary] = set(re.findall(r"^\s*--([A-Za-z0-9_]+) \(", text, re.M))
         HELP_CACHE[binary] |= {"help", "helpfull", "version"}
     return HELP_CACHE[binary]
 
@@ -87,10 +90,19 @@ def check_commands(source, bin_dir):
     for path in files:
         for block in blocks(path, "sh"):
             for words in commands(block):
+                # The Stratum binary may follow a wrapper (srun, env, sudo, timeout ...).
+                def is_ours(word):
+                    return (os.path.basename(word) in ours or word.startswith(("./build/bin/", "build/bin/"))
+                            or os.path.basename(word).startswith("stratum-"))
+                at = 0 if is_ours(words[0]) else None
+                if at is None and os.path.basename(words[0]) in WRAPPERS:
+                    at = next((i for i, word in enumerate(words) if is_ours(word)), None)
+                if at is None:
+                    continue
+                words = words[at:]
                 program = os.path.basename(words[0])
                 if program not in ours:
-                    if words[0].startswith(("./build/bin/", "build/bin/")) or program.startswith("stratum-"):
-                        problems.append("%s: %s is not a built binary" % (path, words[0]))
+                    problems.append("%s: %s is not a built binary" % (path, words[0]))
                     continue
                 known = help_flags(os.path.join(bin_dir, program))
                 for word in words[1:]:

@@ -27,7 +27,9 @@ cmake --build "$work/app/build" >/dev/null
 grep -Eq "^epoch 1: train loss [0-9.]+, test accuracy 0\.[5-9]" "$work/cmake.out"
 echo "install_test: built and ran with find_package(Stratum CONFIG)"
 
-export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+# lib/ or lib64/, as GNUInstallDirs chose.
+PKG_CONFIG_PATH="$(dirname "$(find "$work/prefix" -name stratum.pc | head -1)")"
+export PKG_CONFIG_PATH
 # shellcheck disable=SC2046
 g++ -O1 "$work/app/custom_training_loop.cc" $(pkg-config --cflags --libs stratum) \
   -o "$work/app/with_pkg_config"

@@ -3,12 +3,15 @@
 // Slurm: an `srun` step starts one process per task and tells each, in its environment,
 // its rank (SLURM_PROCID), the step's nodes (SLURM_STEP_NODELIST, a hostlist with bracket
 // ranges such as "node[01-03,7],gpu5"), how many tasks run on each (SLURM_STEP_TASKS_PER_NODE,
-// "2(x3),1") and its GPUs (SLURM_STEP_GPUS, else CUDA_VISIBLE_DEVICES). As TensorFlow's
-// resolver does, the nodes are sorted by name, the tasks of a node take the ports
-// port_base, port_base + 1, ... and GPUs gpus_per_task apart, and the tasks, in that order,
-// are dealt to the jobs sorted by name (chief, evaluator, ps, worker): rank r is the r-th.
-// Without jobs, every task is a worker. The GPUs of this rank are what CUDA_VISIBLE_DEVICES
-// should be set to (cuda_visible_devices()).
+// "2(x3),1") and its GPUs (SLURM_STEP_GPUS, else CUDA_VISIBLE_DEVICES). The tasks are
+// numbered as Slurm's default block distribution numbers them: the step's nodes in order,
+// the tasks of a node on ports port_base, port_base + 1, ... with gpus_per_task of the
+// node's GPUs each; then, as TensorFlow's resolver does, dealt to the jobs sorted by name
+// (chief, evaluator, ps, worker): rank r is the r-th. (TensorFlow also sorts the nodes by
+// name, which puts node10 before node9 and gives ranks the wrong address; Stratum keeps
+// Slurm's order, and checks SLURMD_NODENAME against it.) Without jobs, every task is a
+// worker. This rank's GPUs, from the step's ids, are what CUDA_VISIBLE_DEVICES should be
+// set to (cuda_visible_devices()).
 //
 // Union: the jobs of several resolvers in one cluster; this task, and the rpc layer, from
 // the first resolver that has one. A job two resolvers both define is an error.

@@ -84,11 +84,7 @@ struct StrategyOptions {
 class DistributedVariables {
  public:
   DistributedVariables(std::vector<std::vector<Tensor>> copies, bool mirrored,
-                       const Strategy* creator = nullptr, std::vector<std::string> names = {})
-      : copies_(std::move(copies)),
-        mirrored_(mirrored),
-        creator_(creator),
-        names_(std::move(names)) {}
+                       const Strategy* creator = nullptr, std::vector<std::string> names = {});
 
   // The copy `context`'s replica computes with and updates, as a variable resolves inside
   // tf.distribute's strategy.run. INVALID_ARGUMENT, naming the variables and both
@@ -106,16 +102,18 @@ class DistributedVariables {
   bool mirrored() const { return mirrored_; }
   // The copy checkpoints and evaluation read (copy 0).
   const std::vector<Tensor>& primary() const { return copies_[0]; }
-  // The strategy whose CreateVariables made them (null: made by hand), and their names
-  // when it was given them ("dense/kernel", ...), for messages.
-  const Strategy* creator() const { return creator_; }
+  // The strategy whose CreateVariables made them, by its id (0: made by hand) and name (it
+  // may be gone since), and their names when it was given them ("dense/kernel", ...).
+  uint64_t creator_id() const { return creator_id_; }
+  const std::string& creator_name() const { return creator_name_; }
   const std::vector<std::string>& names() const { return names_; }
 
  private:
   friend class Strategy;
   std::vector<std::vector<Tensor>> copies_;
   bool mirrored_;
-  const Strategy* creator_;
+  uint64_t creator_id_ = 0;
+  std::string creator_name_;
   std::vector<std::string> names_;
   // Variables that another strategy can use as they are are warned about once.
   std::shared_ptr<std::once_flag> warned_ = std::make_shared<std::once_flag>();
@@ -141,6 +139,8 @@ class Strategy {
   // One device per local replica: "CPU:0", "GPU:1", ...
   const std::vector<std::string>& devices() const { return devices_; }
   const CrossDeviceOps& cross_device_ops() const { return *cross_device_ops_; }
+  // Unique to this strategy object within the process (never reused).
+  uint64_t id() const { return id_; }
 
   // While the returned object lives, GetStrategy() on this thread returns this strategy.
   class ScopeGuard {
@@ -220,6 +220,7 @@ class Strategy {
 
  private:
   std::vector<std::string> devices_;
+  uint64_t id_;
   std::unique_ptr<CrossDeviceOps> cross_device_ops_;
   StrategyOptions options_;
   std::unique_ptr<ReplicaPool> pool_;  // null for one replica
