@@ -142,11 +142,12 @@ DistributedVariables Strategy::CreateVariables(const std::vector<Tensor>& initia
 }
 
 absl::Status Strategy::CheckVariables(const DistributedVariables& variables) const {
+  // Its own always fit (ForReplica asks on every replica's every step).
+  if (variables.creator_id() == id_) return absl::OkStatus();
   // What this strategy's own variables look like.
   const DistributedVariables own = CreateVariables({});
   const bool fits =
       variables.mirrored() == own.mirrored() && variables.num_copies() == own.num_copies();
-  if (variables.creator_id() == id_ && fits) return absl::OkStatus();
   const std::string what =
       variables.names().empty()
           ? std::string("these variables")
