@@ -60,12 +60,23 @@ absl::StatusOr<std::vector<std::string>> FilesFlag() {
   return ResolveDataFiles(entries, "", "--files");
 }
 
+// --compression_type, shared by every command.
+absl::StatusOr<Compression> CompressionFlag() {
+  absl::StatusOr<Compression> compression =
+      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  if (!compression.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compression_type \"", absl::GetFlag(FLAGS_compression_type),
+                     "\" is not a compression: use \"\" (none), GZIP or ZLIB"));
+  }
+  return compression;
+}
+
 int Convert() {
   ConvertOptions options;
   options.out_prefix = absl::GetFlag(FLAGS_out);
   options.shards = absl::GetFlag(FLAGS_shards);
-  absl::StatusOr<Compression> compression =
-      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  absl::StatusOr<Compression> compression = CompressionFlag();
   if (!compression.ok()) return Fail(compression.status());
   options.compression = *compression;
   if (options.out_prefix.empty()) {
@@ -139,8 +150,7 @@ int Convert() {
 int Count() {
   absl::StatusOr<std::vector<std::string>> files = FilesFlag();
   if (!files.ok()) return Fail(files.status());
-  absl::StatusOr<Compression> compression =
-      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  absl::StatusOr<Compression> compression = CompressionFlag();
   if (!compression.ok()) return Fail(compression.status());
   const std::string kind = absl::GetFlag(FLAGS_format);
   std::vector<int64_t> counts;
@@ -194,8 +204,7 @@ nlohmann::json Values(const Tensor& t) {
 int Head() {
   absl::StatusOr<std::vector<std::string>> files = FilesFlag();
   if (!files.ok()) return Fail(files.status());
-  absl::StatusOr<Compression> compression =
-      CompressionFromName(absl::GetFlag(FLAGS_compression_type));
+  absl::StatusOr<Compression> compression = CompressionFlag();
   if (!compression.ok()) return Fail(compression.status());
   const nlohmann::json spec =
       nlohmann::json::parse(absl::GetFlag(FLAGS_features), nullptr, /*allow_exceptions=*/false);
