@@ -1,5 +1,5 @@
-# STRATUM_WITH_CUDA: AUTO (default) builds the GPU path when the CUDA Toolkit and NCCL are
-# found, ON requires them, OFF never looks. The CPU path is always built.
+# STRATUM_WITH_CUDA: AUTO (default) builds the GPU path when the CUDA Toolkit, NCCL and cuDNN 9
+# are found, ON requires them, OFF never looks. The CPU path is always built.
 set(STRATUM_WITH_CUDA AUTO CACHE STRING "Build the CUDA/NCCL path: AUTO, ON or OFF")
 set_property(CACHE STRATUM_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
 
@@ -12,15 +12,20 @@ if(NOT STRATUM_WITH_CUDA STREQUAL "OFF")
   if(CUDAToolkit_FOUND)
     find_library(STRATUM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
     find_path(STRATUM_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    # cuDNN 9 (convolutions); the library is libcudnn.so.9, whose SONAME the binaries record.
+    find_library(STRATUM_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+                 HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+    find_path(STRATUM_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   endif()
-  if(CUDAToolkit_FOUND AND STRATUM_NCCL_LIBRARY AND STRATUM_NCCL_INCLUDE_DIR)
+  if(CUDAToolkit_FOUND AND STRATUM_NCCL_LIBRARY AND STRATUM_NCCL_INCLUDE_DIR
+     AND STRATUM_CUDNN_LIBRARY AND STRATUM_CUDNN_INCLUDE_DIR)
     set(STRATUM_CUDA_ENABLED ON)
-    message(STATUS "Stratum: CUDA ${CUDAToolkit_VERSION} and NCCL found: building the GPU path (sm_90)")
+    message(STATUS "Stratum: CUDA ${CUDAToolkit_VERSION}, NCCL and cuDNN found: building the GPU path (sm_90)")
   elseif(STRATUM_WITH_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "STRATUM_WITH_CUDA=ON but the CUDA Toolkit or NCCL was not found; "
+    message(FATAL_ERROR "STRATUM_WITH_CUDA=ON but the CUDA Toolkit, NCCL or cuDNN 9 was not found; "
                         "set CUDAToolkit_ROOT or configure with -DSTRATUM_WITH_CUDA=AUTO")
   else()
-    message(STATUS "Stratum: CUDA or NCCL not found: building the CPU path only")
+    message(STATUS "Stratum: CUDA, NCCL or cuDNN 9 not found: building the CPU path only")
   endif()
 endif()
 set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures to build for")

@@ -263,6 +263,7 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
                                    [](const std::string& d) { return d.rfind("GPU:", 0) == 0; });
   if (on_gpus) {
     absl::StatusOr<FitSummary> trained = FitOnGpus(strategy, model, loss, optimizer, data, options);
+    if (trained.ok()) trained->on_gpus = true;
     if (trained.ok() || trained.status().code() != absl::StatusCode::kUnimplemented) {
       return trained;
     }

@@ -247,6 +247,7 @@ absl::Status GpuFit::Setup() {
     replica_options.max_batch = r == 0 ? std::max(options_.batch_size_per_replica, eval_batch_)
                                        : options_.batch_size_per_replica;
     replica_options.seed = options_.seed * 7919 + static_cast<uint64_t>(r);
+    replica_options.replica_share = 1.0f / static_cast<float>(replicas_ * workers_);
     STRATUM_ASSIGN_OR_RETURN(
         auto replica,
         cuda::Replica::Create(model_, loss_, optimizer_, *gpus_[replica_options.device].allocator,

@@ -89,6 +89,8 @@ absl::Status GpuTrainSteps::Impl::Setup(const FitData& data) {
     replica_options.device = physical[r];
     replica_options.max_batch = options.batch_size_per_replica;
     replica_options.seed = options.seed + r;
+    // The worker's replicas' changes add up to one (the PS applies each worker's push).
+    replica_options.replica_share = 1.0f / static_cast<float>(physical.size());
     STRATUM_ASSIGN_OR_RETURN(auto replica,
                              cuda::Replica::Create(model, loss, *unused_optimizer,
                                                    *gpus[physical[r]].allocator, replica_options));

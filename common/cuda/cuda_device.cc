@@ -5,18 +5,48 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda/convolutions.h"
 #include "stratum/cuda/cuda_check.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum::cuda {
 namespace {
 
 Act ToAct(ActivationKind kind) { return static_cast<Act>(kind); }
 
+// ColumnSums' scratch: 1024 row chunks of 128 channels' two sums, or fewer chunks of more.
+constexpr int64_t kPartialFloats = int64_t{1} << 18;
+
+// Below this many rows one pass (a block per 32 columns) is as fast as two.
+constexpr int64_t kTwoPassRows = 4096;
+
 }  // namespace
 
-CudaDevice::CudaDevice(int device, cudaStream_t stream, cublasContext* cublas,
-                       const StepCounters* counters)
-    : device_(device), stream_(stream), cublas_(cublas), counters_(counters) {}
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
+  STRATUM_ASSIGN_OR_RETURN(
+      DeviceBuffer partial,
+      DeviceBuffer::Allocate(*options.allocator, static_cast<size_t>(kPartialFloats) * 4));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(options, std::move(partial)));
+}
+
+CudaDevice::CudaDevice(const CudaDeviceOptions& options, DeviceBuffer partial)
+    : device_(options.device),
+      stream_(options.stream),
+      cublas_(options.cublas),
+      counters_(options.counters),
+      partial_(std::move(partial)),
+      convolutions_(std::make_unique<Convolutions>(options.device, options.stream,
+                                                   *options.allocator, options.allow_tf32)) {}
+
+CudaDevice::~CudaDevice() = default;
+
+bool CudaDevice::has_pending() const { return convolutions_->has_pending(); }
+
+absl::Status CudaDevice::PreparePending() { return convolutions_->PreparePending(); }
+
+void CudaDevice::ColumnSums(const ColumnSumArgs& args) const {
+  Record(cuda::ColumnSums(args, partial_.as<float>(), kPartialFloats, stream_));
+}
 
 absl::Status CudaDevice::TakeStatus() const { return std::exchange(status_, absl::OkStatus()); }
 
@@ -46,6 +76,15 @@ void CudaDevice::AddBias(float* x, const float* bias, int64_t rows, int64_t widt
 
 void CudaDevice::SumRows(const float* x, int64_t rows, int64_t width, float* out,
                          bool accumulate) const {
+  if (rows >= kTwoPassRows) {
+    ColumnSums({.term = ColumnTerm::kValue,
+                .a = x,
+                .rows = rows,
+                .cols = width,
+                .out = out,
+                .accumulate = accumulate});
+    return;
+  }
   // A linear "activation" leaves x as it is: only the column sums are written.
   Record(ActivationBackwardColumnSum(Act::kLinear, x, const_cast<float*>(x), rows, width, out,
                                      stream_, accumulate));
@@ -141,56 +180,81 @@ void CudaDevice::Dropout(RandomStream& rng, float rate, const float* x, float* o
   Record(DropoutForward(x, out, mask, n, rate, rng(), counters_, stream_));
 }
 
-void CudaDevice::Conv2D(const Window2D&, int64_t, const float*, const float*, const float*,
-                        float*) const {
-  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+void CudaDevice::Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
+                        const float* bias, float* out) const {
+  Record(convolutions_->Forward(w, batch, x, kernel, out));
+  if (bias != nullptr) AddBias(out, bias, batch * w.out_h * w.out_w, w.out_c);
 }
 
-void CudaDevice::Conv2DBackwardData(const Window2D&, int64_t, const float*, const float*,
-                                    float*) const {
-  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+void CudaDevice::Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
+                                    const float* kernel, float* grad_x) const {
+  Record(convolutions_->BackwardData(w, batch, grad_out, kernel, grad_x));
 }
 
-void CudaDevice::Conv2DBackwardWeights(const Window2D&, int64_t, const float*, const float*, float*,
-                                       float*) const {
-  Record(absl::UnimplementedError("Conv2D has no CUDA kernel yet"));
+void CudaDevice::Conv2DBackwardWeights(const Window2D& w, int64_t batch, const float* x,
+                                       const float* grad_out, float* grad_kernel,
+                                       float* grad_bias) const {
+  Record(convolutions_->BackwardWeights(w, batch, x, grad_out, grad_kernel));
+  if (grad_bias != nullptr) SumRows(grad_out, batch * w.out_h * w.out_w, w.out_c, grad_bias, false);
 }
 
-void CudaDevice::MaxPool2D(const Window2D&, int64_t, const float*, float*) const {
-  Record(absl::UnimplementedError("MaxPooling2D has no CUDA kernel yet"));
+void CudaDevice::MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const {
+  Record(cuda::MaxPool2D(w, batch, x, out, stream_));
 }
 
-void CudaDevice::MaxPool2DBackward(const Window2D&, int64_t, const float*, const float*,
-                                   const float*, float*, bool) const {
-  Record(absl::UnimplementedError("MaxPooling2D has no CUDA kernel yet"));
+void CudaDevice::MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x,
+                                   const float* /*out*/, const float* grad_out, float* grad_x,
+                                   bool accumulate) const {
+  Record(cuda::MaxPool2DBackward(w, batch, x, grad_out, grad_x, accumulate, stream_));
 }
 
-void CudaDevice::AvgPool2D(const Window2D&, int64_t, const float*, float*) const {
-  Record(absl::UnimplementedError("AveragePooling2D has no CUDA kernel yet"));
+void CudaDevice::AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out) const {
+  Record(cuda::AvgPool2D(w, batch, x, out, stream_));
 }
 
-void CudaDevice::AvgPool2DBackward(const Window2D&, int64_t, const float*, float*, bool) const {
-  Record(absl::UnimplementedError("AveragePooling2D has no CUDA kernel yet"));
+void CudaDevice::AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
+                                   float* grad_x, bool accumulate) const {
+  Record(cuda::AvgPool2DBackward(w, batch, grad_out, grad_x, accumulate, stream_));
 }
 
-void CudaDevice::SumSquaredDeviations(const float*, const float*, int64_t, int64_t, float*) const {
-  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+void CudaDevice::SumSquaredDeviations(const float* x, const float* mean, int64_t rows,
+                                      int64_t width, float* out) const {
+  ColumnSums({.term = ColumnTerm::kSquaredDeviation,
+              .a = x,
+              .mean = mean,
+              .rows = rows,
+              .cols = width,
+              .out = out});
 }
 
-void CudaDevice::BatchNorm(const float*, int64_t, int64_t, const float*, const float*, float,
-                           const float*, const float*, float*) const {
-  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+void CudaDevice::BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                           const float* variance, float epsilon, const float* gamma,
+                           const float* beta, float* y) const {
+  Record(cuda::BatchNorm(x, rows, width, mean, variance, epsilon, gamma, beta, y, stream_));
 }
 
-void CudaDevice::BatchNormGradSums(const float*, const float*, int64_t, int64_t, const float*,
-                                   const float*, float, float*, float*, float*) const {
-  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+void CudaDevice::BatchNormGradSums(const float* dy, const float* x, int64_t rows, int64_t width,
+                                   const float* mean, const float* variance, float epsilon,
+                                   float* sums, float* grad_gamma, float* grad_beta) const {
+  ColumnSums({.term = ColumnTerm::kGradSums,
+              .a = dy,
+              .b = x,
+              .mean = mean,
+              .rows = rows,
+              .cols = width,
+              .out = sums,
+              .variance = variance,
+              .epsilon = epsilon,
+              .grad_gamma = grad_gamma,
+              .grad_beta = grad_beta});
 }
 
-void CudaDevice::BatchNormBackward(const float*, const float*, int64_t, int64_t, const float*,
-                                   const float*, float, const float*, const float*, int64_t, float*,
-                                   bool) const {
-  Record(absl::UnimplementedError("BatchNormalization has no CUDA kernel yet"));
+void CudaDevice::BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                                   const float* mean, const float* variance, float epsilon,
+                                   const float* gamma, const float* sums, int64_t count, float* dx,
+                                   bool accumulate) const {
+  Record(cuda::BatchNormBackward(dy, x, rows, width, mean, variance, epsilon, gamma, sums, count,
+                                 dx, accumulate, stream_));
 }
 
 }  // namespace stratum::cuda

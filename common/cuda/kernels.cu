@@ -1,7 +1,9 @@
 // The GPU path's kernels (see stratum/cuda/kernels.h). One .cu file keeps nvcc's share of
 // the build small.
+#include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/kernels.h"
 
@@ -404,6 +406,254 @@ __global__ void OptimizerKernel(OptimizerParams p, float* var, const float* grad
   }
 }
 
+// ---- Convolutional layers ----
+
+__device__ int64_t MinOf(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ int64_t MaxOf(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Floor and ceiling of a / b for b > 0 and any a.
+__device__ int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+__device__ int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
+
+// The first largest in-bounds position of window (oy, ox) of image b, channel c, as
+// y * in_w + x (-1: no position in bounds), and its value.
+__device__ int64_t WindowArgMax(const Window2D& w, const float* x, int64_t b, int64_t oy,
+                                int64_t ox, int64_t c, float* value) {
+  const int64_t y0 = oy * w.stride_h - w.pad_top, x0 = ox * w.stride_w - w.pad_left;
+  int64_t best = -1;
+  float best_value = 0;
+  for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
+    const int64_t y = y0 + ky * w.dilation_h;
+    if (y < 0 || y >= w.in_h) continue;
+    for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
+      const int64_t xx = x0 + kx * w.dilation_w;
+      if (xx < 0 || xx >= w.in_w) continue;
+      const float v = x[((b * w.in_h + y) * w.in_w + xx) * w.in_c + c];
+      if (best < 0 || v > best_value) {
+        best = y * w.in_w + xx;
+        best_value = v;
+      }
+    }
+  }
+  *value = best_value;
+  return best;
+}
+
+// The in-bounds positions of window (oy, ox).
+__device__ int64_t WindowCount(const Window2D& w, int64_t oy, int64_t ox) {
+  const int64_t y0 = oy * w.stride_h - w.pad_top, x0 = ox * w.stride_w - w.pad_left;
+  int64_t rows = 0, cols = 0;
+  for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
+    const int64_t y = y0 + ky * w.dilation_h;
+    rows += y >= 0 && y < w.in_h ? 1 : 0;
+  }
+  for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
+    const int64_t xx = x0 + kx * w.dilation_w;
+    cols += xx >= 0 && xx < w.in_w ? 1 : 0;
+  }
+  return rows * cols;
+}
+
+__global__ void PoolKernel(Window2D w, int64_t batch, bool max, const float* x, float* out) {
+  const int64_t n = batch * w.out_h * w.out_w * w.out_c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % w.out_c;
+    int64_t t = i / w.out_c;
+    const int64_t ox = t % w.out_w;
+    t /= w.out_w;
+    const int64_t oy = t % w.out_h, b = t / w.out_h;
+    if (max) {
+      float value;
+      WindowArgMax(w, x, b, oy, ox, c, &value);
+      out[i] = value;
+      continue;
+    }
+    const int64_t y0 = oy * w.stride_h - w.pad_top, x0 = ox * w.stride_w - w.pad_left;
+    float sum = 0;
+    for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
+      const int64_t y = y0 + ky * w.dilation_h;
+      if (y < 0 || y >= w.in_h) continue;
+      for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
+        const int64_t xx = x0 + kx * w.dilation_w;
+        if (xx < 0 || xx >= w.in_w) continue;
+        sum += x[((b * w.in_h + y) * w.in_w + xx) * w.in_c + c];
+      }
+    }
+    const int64_t count = WindowCount(w, oy, ox);
+    out[i] = count > 0 ? sum / static_cast<float>(count) : 0.0f;
+  }
+}
+
+// One thread per input element: the windows that hold it, in order.
+__global__ void PoolBackwardKernel(Window2D w, int64_t batch, bool max, const float* x,
+                                   const float* grad_out, float* grad_x, bool accumulate) {
+  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
+  const int64_t span_h = (w.kernel_h - 1) * w.dilation_h, span_w = (w.kernel_w - 1) * w.dilation_w;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % w.in_c;
+    int64_t t = i / w.in_c;
+    const int64_t ix = t % w.in_w;
+    t /= w.in_w;
+    const int64_t iy = t % w.in_h, b = t / w.in_h;
+    const int64_t oy_first = MaxOf(int64_t{0}, CeilDiv(iy + w.pad_top - span_h, w.stride_h));
+    const int64_t oy_last = MinOf(w.out_h - 1, FloorDiv(iy + w.pad_top, w.stride_h));
+    const int64_t ox_first = MaxOf(int64_t{0}, CeilDiv(ix + w.pad_left - span_w, w.stride_w));
+    const int64_t ox_last = MinOf(w.out_w - 1, FloorDiv(ix + w.pad_left, w.stride_w));
+    float g = 0;
+    for (int64_t oy = oy_first; oy <= oy_last; ++oy) {
+      const int64_t dy = iy + w.pad_top - oy * w.stride_h;
+      if (dy % w.dilation_h != 0) continue;
+      for (int64_t ox = ox_first; ox <= ox_last; ++ox) {
+        const int64_t dx = ix + w.pad_left - ox * w.stride_w;
+        if (dx % w.dilation_w != 0) continue;
+        const float upstream = grad_out[((b * w.out_h + oy) * w.out_w + ox) * w.out_c + c];
+        if (max) {
+          float value;
+          if (WindowArgMax(w, x, b, oy, ox, c, &value) == iy * w.in_w + ix) g += upstream;
+        } else {
+          g += upstream / static_cast<float>(WindowCount(w, oy, ox));
+        }
+      }
+    }
+    grad_x[i] = accumulate ? grad_x[i] + g : g;
+  }
+}
+
+constexpr int kSumLanes = 8;  // row lanes of a column-sum block (32 columns wide)
+
+// Block (32, kSumLanes), grid (column tiles, row chunks): each chunk's sums into `partial`
+// [chunks, terms * cols].
+__global__ void ColumnPartialKernel(ColumnTerm term, const float* a, const float* b,
+                                    const float* mean, int64_t rows, int64_t cols,
+                                    int64_t rows_per_chunk, float* partial) {
+  __shared__ float shared[2][kSumLanes][kColumnTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
+  const int64_t first = blockIdx.y * rows_per_chunk;
+  const int64_t last = MinOf(rows, first + rows_per_chunk);
+  float s0 = 0, s1 = 0;
+  if (c < cols) {
+    const float m = mean != nullptr ? mean[c] : 0.0f;
+    for (int64_t r = first + threadIdx.y; r < last; r += kSumLanes) {
+      const float v = a[r * cols + c];
+      switch (term) {
+        case ColumnTerm::kValue:
+          s0 += v;
+          break;
+        case ColumnTerm::kSquaredDeviation:
+          s0 += (v - m) * (v - m);
+          break;
+        case ColumnTerm::kGradSums:
+          s0 += v;
+          s1 += v * (b[r * cols + c] - m);
+          break;
+      }
+    }
+  }
+  shared[0][threadIdx.y][threadIdx.x] = s0;
+  shared[1][threadIdx.y][threadIdx.x] = s1;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float t0 = 0, t1 = 0;
+  for (int lane = 0; lane < kSumLanes; ++lane) {
+    t0 += shared[0][lane][threadIdx.x];
+    t1 += shared[1][lane][threadIdx.x];
+  }
+  const int64_t terms = term == ColumnTerm::kGradSums ? 2 : 1;
+  float* chunk = partial + blockIdx.y * terms * cols;
+  chunk[c] = t0;
+  if (terms == 2) chunk[cols + c] = t1;
+}
+
+__global__ void ColumnFinishKernel(ColumnSumArgs args, const float* partial, int64_t chunks) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t cols = args.cols;
+  if (c >= cols) return;
+  const int64_t terms = args.term == ColumnTerm::kGradSums ? 2 : 1;
+  float s0 = 0, s1 = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    s0 += partial[k * terms * cols + c];
+    if (terms == 2) s1 += partial[k * terms * cols + cols + c];
+  }
+  if (terms == 1) {
+    args.out[c] = args.accumulate ? args.out[c] + s0 : s0;
+    return;
+  }
+  args.out[c] = s0;
+  args.out[cols + c] = s1;
+  if (args.grad_gamma != nullptr) args.grad_gamma[c] = s1 * rsqrtf(args.variance[c] + args.epsilon);
+  if (args.grad_beta != nullptr) args.grad_beta[c] = s0;
+}
+
+__global__ void BatchNormKernel(const float* x, int64_t n, int64_t width, const float* mean,
+                                const float* variance, float epsilon, const float* gamma,
+                                const float* beta, float* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % width;
+    float scale = rsqrtf(variance[c] + epsilon);
+    if (gamma != nullptr) scale *= gamma[c];
+    float shift = -mean[c] * scale;
+    if (beta != nullptr) shift += beta[c];
+    y[i] = x[i] * scale + shift;
+  }
+}
+
+// dx = k * dy + a * x + b per channel (see CpuDevice's BatchNormBackward).
+__global__ void BatchNormBackwardKernel(const float* dy, const float* x, int64_t n, int64_t width,
+                                        const float* mean, const float* variance, float epsilon,
+                                        const float* gamma, const float* sums, float per_row,
+                                        float* dx, bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % width;
+    const float inv_std = rsqrtf(variance[c] + epsilon);
+    const float k = gamma != nullptr ? inv_std * gamma[c] : inv_std;
+    float a = 0, b = 0;
+    if (sums != nullptr) {
+      a = -k * (inv_std * inv_std) * sums[width + c] * per_row;
+      b = -k * sums[c] * per_row - a * mean[c];
+    }
+    const float v = dy[i] * k + x[i] * a + b;
+    dx[i] = accumulate ? dx[i] + v : v;
+  }
+}
+
+__global__ void KernelLayoutKernel(const float* in, float* out, int64_t positions, int64_t in_c,
+                                   int64_t out_c, bool to_hwio) {
+  const int64_t n = positions * in_c * out_c;
+  for (int64_t ohwi = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ohwi < n;
+       ohwi += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = ohwi % in_c;
+    const int64_t t = ohwi / in_c;
+    const int64_t p = t % positions, o = t / positions;
+    const int64_t hwio = (p * in_c + i) * out_c + o;
+    if (to_hwio) {
+      out[hwio] = in[ohwi];
+    } else {
+      out[ohwi] = in[hwio];
+    }
+  }
+}
+
+__global__ void ShiftCopyKernel(const float* in, int64_t batch, int64_t in_h, int64_t in_w,
+                                int64_t channels, int64_t top, int64_t left, float* out,
+                                int64_t out_h, int64_t out_w) {
+  const int64_t n = batch * out_h * out_w * channels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % channels;
+    int64_t t = i / channels;
+    const int64_t x = t % out_w - left;
+    t /= out_w;
+    const int64_t y = t % out_h - top, b = t / out_h;
+    out[i] = y >= 0 && y < in_h && x >= 0 && x < in_w
+                 ? in[((b * in_h + y) * in_w + x) * channels + c]
+                 : 0.0f;
+  }
+}
+
 }  // namespace
 
 absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
@@ -535,6 +785,121 @@ absl::Status ApplyOptimizer(const OptimizerParams& params, float* variables, con
   OptimizerKernel<<<Blocks(n), kThreads, 0, stream>>>(params, variables, gradients, slot0, slot1,
                                                       slot2, n, counters);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("OptimizerKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
+                       cudaStream_t stream) {
+  const int64_t n = batch * w.out_h * w.out_w * w.out_c;
+  if (n <= 0) return absl::OkStatus();
+  PoolKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, true, x, out);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
+                       cudaStream_t stream) {
+  const int64_t n = batch * w.out_h * w.out_w * w.out_c;
+  if (n <= 0) return absl::OkStatus();
+  PoolKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, false, x, out);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x,
+                               const float* grad_out, float* grad_x, bool accumulate,
+                               cudaStream_t stream) {
+  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
+  if (n <= 0) return absl::OkStatus();
+  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, true, x, grad_out, grad_x,
+                                                         accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
+                               float* grad_x, bool accumulate, cudaStream_t stream) {
+  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
+  if (n <= 0) return absl::OkStatus();
+  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, false, nullptr, grad_out, grad_x,
+                                                         accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ColumnSums(const ColumnSumArgs& args, float* partial, int64_t partial_floats,
+                        cudaStream_t stream) {
+  if (args.cols <= 0) return absl::OkStatus();
+  const int64_t terms = args.term == ColumnTerm::kGradSums ? 2 : 1;
+  const int64_t most_chunks = std::min<int64_t>(partial_floats / (terms * args.cols), 1024);
+  if (most_chunks < 1) {
+    return absl::InternalError(absl::StrCat("ColumnSums of ", args.cols,
+                                            " columns needs more than its scratch of ",
+                                            partial_floats, " floats"));
+  }
+  // About 1024 rows per chunk: enough blocks to fill the GPU, few partial sums to add.
+  const int64_t chunks = std::clamp<int64_t>((args.rows + 1023) / 1024, 1, most_chunks);
+  const int64_t rows_per_chunk = std::max<int64_t>((args.rows + chunks - 1) / chunks, 1);
+  const dim3 grid(static_cast<unsigned>(Blocks(args.cols, kColumnTile)),
+                  static_cast<unsigned>(chunks));
+  ColumnPartialKernel<<<grid, dim3(kColumnTile, kSumLanes), 0, stream>>>(
+      args.term, args.a, args.b, args.mean, args.rows, args.cols, rows_per_chunk, partial);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnPartialKernel");
+  ColumnFinishKernel<<<Blocks(args.cols), kThreads, 0, stream>>>(args, partial, chunks);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnFinishKernel");
+  return absl::OkStatus();
+}
+
+absl::Status BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                       const float* variance, float epsilon, const float* gamma, const float* beta,
+                       float* y, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return absl::OkStatus();
+  BatchNormKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, width, mean, variance, epsilon, gamma,
+                                                      beta, y);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BatchNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                               const float* mean, const float* variance, float epsilon,
+                               const float* gamma, const float* sums, int64_t count, float* dx,
+                               bool accumulate, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return absl::OkStatus();
+  const float per_row = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  BatchNormBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+      dy, x, n, width, mean, variance, epsilon, gamma, sums, per_row, dx, accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BatchNormBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status KernelToOhwi(const float* hwio, int64_t positions, int64_t in_c, int64_t out_c,
+                          float* ohwi, cudaStream_t stream) {
+  const int64_t n = positions * in_c * out_c;
+  if (n <= 0) return absl::OkStatus();
+  KernelLayoutKernel<<<Blocks(n), kThreads, 0, stream>>>(hwio, ohwi, positions, in_c, out_c, false);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("KernelLayoutKernel");
+  return absl::OkStatus();
+}
+
+absl::Status KernelToHwio(const float* ohwi, int64_t positions, int64_t in_c, int64_t out_c,
+                          float* hwio, cudaStream_t stream) {
+  const int64_t n = positions * in_c * out_c;
+  if (n <= 0) return absl::OkStatus();
+  KernelLayoutKernel<<<Blocks(n), kThreads, 0, stream>>>(ohwi, hwio, positions, in_c, out_c, true);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("KernelLayoutKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t in_w,
+                         int64_t channels, int64_t top, int64_t left, float* out, int64_t out_h,
+                         int64_t out_w, cudaStream_t stream) {
+  const int64_t n = batch * out_h * out_w * channels;
+  if (n <= 0) return absl::OkStatus();
+  ShiftCopyKernel<<<Blocks(n), kThreads, 0, stream>>>(in, batch, in_h, in_w, channels, top, left,
+                                                      out, out_h, out_w);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ShiftCopyKernel");
   return absl::OkStatus();
 }
 

@@ -167,10 +167,18 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   STRATUM_CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes));
 
-  for (const VariableSpec& spec : model_.variables()) {
-    offsets_.push_back(flat_size_);
-    const int64_t n = spec.shape.num_elements();
-    flat_size_ += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  // The trainable variables first: the optimizer updates one range, and the non-trainable
+  // ones after it take their change as it is.
+  const std::vector<VariableSpec>& specs = model_.variables();
+  offsets_.assign(specs.size(), 0);
+  for (bool trainable : {true, false}) {
+    for (size_t v = 0; v < specs.size(); ++v) {
+      if (specs[v].trainable != trainable) continue;
+      offsets_[v] = flat_size_;
+      const int64_t n = specs[v].shape.num_elements();
+      flat_size_ += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    }
+    if (trainable) trainable_size_ = flat_size_;
   }
   const size_t flat_bytes = static_cast<size_t>(std::max<int64_t>(flat_size_, 1)) * sizeof(float);
   STRATUM_ASSIGN_OR_RETURN(params_, Zeroed(allocator_, flat_bytes));
@@ -193,8 +201,12 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
 
 // The graph's executor on this replica's device, with its buffers for `batch` examples.
 absl::Status Replica::InitGraph(int64_t batch) {
-  device_ = std::make_unique<CudaDevice>(options_.device, stream_.get(), cublas_,
-                                         counters_.as<StepCounters>());
+  STRATUM_ASSIGN_OR_RETURN(device_, CudaDevice::Create({.device = options_.device,
+                                                        .stream = stream_.get(),
+                                                        .cublas = cublas_,
+                                                        .counters = counters_.as<StepCounters>(),
+                                                        .allocator = &allocator_,
+                                                        .allow_tf32 = options_.allow_tf32}));
   executor_ = std::make_unique<GraphExecutor>(model_.graph(), *device_);
   const GraphBufferSizes::Floats floats = BufferSizes(model_.graph()).ForBatch(batch);
   auto allocate = [&](const std::vector<int64_t>& sizes) -> absl::StatusOr<std::vector<float*>> {
@@ -242,14 +254,15 @@ absl::Status Replica::SetState(const std::vector<Tensor>& variables,
     const size_t bytes = static_cast<size_t>(variables[v].num_elements()) * sizeof(float);
     STRATUM_CUDA_RETURN_IF_ERROR(cudaMemcpy(
         Variable(static_cast<int>(v)), variables[v].data<float>(), bytes, cudaMemcpyHostToDevice));
-    // Fresh slots come from the optimizer's own NewSlots (Adagrad's initial value).
-    for (int s = 0; s < num_slots_; ++s) {
+    // Fresh slots come from the optimizer's own NewSlots (Adagrad's initial value). A
+    // non-trainable variable keeps none (NonTrainableUpdate).
+    for (int s = 0; s < num_slots_ && specs[v].trainable; ++s) {
       Tensor slot;
       if (slots.empty()) {
         Tensor fresh(DType::kFloat32, specs[v].shape);
         fresh.Flat().setConstant(fresh_slot_value_);
         slot = fresh;
-      } else {
+      } else if (static_cast<size_t>(s) < slots[v].size()) {
         slot = slots[v][static_cast<size_t>(s)];
       }
       if (slot.shape() != specs[v].shape) {
@@ -282,7 +295,7 @@ absl::Status Replica::GetState(std::vector<Tensor>* variables,
     variables->push_back(std::move(value));
     if (slots == nullptr) continue;
     std::vector<Tensor> held;
-    for (int s = 0; s < num_slots_; ++s) {
+    for (int s = 0; s < num_slots_ && specs[v].trainable; ++s) {
       Tensor slot(DType::kFloat32, specs[v].shape);
       STRATUM_CUDA_RETURN_IF_ERROR(
           cudaMemcpy(slot.data<float>(), slots_[static_cast<size_t>(s)].as<float>() + offsets_[v],
@@ -332,8 +345,7 @@ absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scal
 }
 
 absl::Status Replica::Backward(int rows, int fused) {
-  // No layer on the GPU has non-trainable variables yet: the share scales nothing.
-  executor_->Backward(rows, true, fused, gradient_pointers_, /*replica_share=*/1.0f);
+  executor_->Backward(rows, true, fused, gradient_pointers_, options_.replica_share);
   return device_->TakeStatus();
 }
 
@@ -373,21 +385,47 @@ absl::Status Replica::EnqueueTrainStep(const StepInput& input, float loss_scale,
                      input.rows, input.rescale, loss_scale,   update};
   auto found = graphs_.find(key);
   if (found == graphs_.end()) {
-    cudaGraph_t graph = nullptr;
-    STRATUM_CUDA_RETURN_IF_ERROR(
-        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    const absl::Status launched = LaunchTrainStep(input, loss_scale, update);
-    const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
-    STRATUM_RETURN_IF_ERROR(launched);
-    STRATUM_CUDA_RETURN_IF_ERROR(ended);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    STRATUM_CUDA_RETURN_IF_ERROR(instantiated);
+    STRATUM_ASSIGN_OR_RETURN(cudaGraphExec_t exec, CaptureTrainStep(input, loss_scale, update));
     found = graphs_.emplace(key, exec).first;
   }
   STRATUM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream_.get()));
   return absl::OkStatus();
+}
+
+absl::StatusOr<cudaGraphExec_t> Replica::CaptureTrainStep(const StepInput& input, float loss_scale,
+                                                          bool update) {
+  // A capture that meets a convolution for the first time is a plan: it is discarded, the
+  // convolutions' algorithms are timed outside it, and the step is captured again with the
+  // random stream it started from (the dropout seeds drawn while capturing).
+  const RandomStream rng_before = rng_;
+  cudaGraph_t graph = nullptr;
+  for (int attempt = 0;; ++attempt) {
+    STRATUM_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    const absl::Status launched = LaunchTrainStep(input, loss_scale, update);
+    const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
+    if (launched.ok() && ended == cudaSuccess && device_->has_pending()) {
+      cudaGraphDestroy(graph);
+      graph = nullptr;
+      if (attempt > 0) {
+        return absl::InternalError("a convolution was still unplanned after its planning capture");
+      }
+      rng_ = rng_before;
+      STRATUM_RETURN_IF_ERROR(device_->PreparePending());
+      continue;
+    }
+    if (!launched.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      STRATUM_RETURN_IF_ERROR(launched);
+      STRATUM_CUDA_RETURN_IF_ERROR(ended);
+    }
+    break;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  STRATUM_CUDA_RETURN_IF_ERROR(instantiated);
+  return exec;
 }
 
 absl::Status Replica::EnqueueUpdate() {
@@ -405,8 +443,13 @@ absl::Status Replica::LaunchUpdate() {
     slot[2] = slot[1];
     slot[1] = nullptr;
   }
-  return ApplyOptimizer(optimizer_, params_.as<float>(), gradients_.as<float>(), slot[0], slot[1],
-                        slot[2], flat_size_, counters_.as<StepCounters>(), stream_.get());
+  STRATUM_RETURN_IF_ERROR(ApplyOptimizer(optimizer_, params_.as<float>(), gradients_.as<float>(),
+                                         slot[0], slot[1], slot[2], trainable_size_,
+                                         counters_.as<StepCounters>(), stream_.get()));
+  // The non-trainable variables take their change as it is (NonTrainableUpdate).
+  const int64_t rest = flat_size_ - trainable_size_;
+  return Axpby(-1.0f, gradients_.as<float>() + trainable_size_,
+               params_.as<float>() + trainable_size_, rest, /*accumulate=*/true, stream_.get());
 }
 
 absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, int rows,

@@ -413,5 +413,73 @@ TEST(GpuMultiWorkerJobTest, ParameterServerWorkersTrainOnTheGpu) {
   }
 }
 
+// The ResNet example's model (convolutions, BatchNormalization and its moving statistics)
+// and loss (from logits) in the job of example `strategy_example`, on GPU:0.
+std::string ResNetGpuJob(const std::string& strategy_example, const std::string& name, int epochs,
+                         int steps_per_epoch) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_resnet.json");
+  const nlohmann::json resnet = nlohmann::json::parse(file);
+  const std::string path = GpuJob(strategy_example, name, epochs, steps_per_epoch);
+  nlohmann::json job = ReadJson(path);
+  job["model"] = resnet["model"];
+  job["compile"] = resnet["compile"];
+  std::ofstream(path) << job.dump();
+  return path;
+}
+
+TEST(GpuMultiWorkerJobTest, TwoWorkerProcessesTrainTheResNetOnOneGpuInLockStepAndAgree) {
+  SKIP_WITHOUT_GPU();
+  const std::string summary = TempPath("gpu_mwms_resnet_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .args_by_type = {{"worker",
+                         {"--job=" +
+                              ResNetGpuJob("fashion_mnist_mwms.json", "gpu_mwms_resnet", 1, 150),
+                          "--summary_json=" + summary, "--cluster_timeout=60s"}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(240));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+    EXPECT_THAT((*cluster)->Output({"worker", w}), Not(HasSubstr("training on the CPU")));
+  }
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["steps"], 150);
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.5);
+  // The same test figures: the same variables, the moving statistics among them.
+  const absl::Status agree =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+}
+
+// Parameter servers hold the ResNet's moving statistics too: the GPU workers push their
+// changes as gradients, which the PSs apply as they are.
+TEST(GpuMultiWorkerJobTest, ParameterServerWorkersTrainTheResNetOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string summary = TempPath("gpu_ps_resnet_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + ResNetGpuJob("fashion_mnist_ps.json", "gpu_ps_resnet", 2, 100),
+                          "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(180));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_TRUE(exit->success()) << (*cluster)->Output({"chief", 0});
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["steps"], 200);
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.5);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT((*cluster)->Output({"worker", w}),
+                HasSubstr("the local replicas train on the GPU (GPU:0)"));
+  }
+}
+
 }  // namespace
 }  // namespace stratum

@@ -232,9 +232,12 @@ TEST(BatchNormalizationTest, SyncBatchNormalizationIsTheSynchronizedLayer) {
   const Model regularized = Build({3}, {{"gamma_regularizer", "l2"}, {"beta_regularizer", "l1"}});
   EXPECT_EQ(regularized.variables()[0].l2, 0.01);
   EXPECT_EQ(regularized.variables()[1].l1, 0.01);
-  // The layer has no CUDA kernel yet: such a model trains on the CPU, saying why.
-  EXPECT_THAT(Build({3}, json::object()).CheckRunsOnGpu().message(),
+  // Local statistics run on GPUs; statistics synchronized over GPU replicas do not yet: such
+  // a model trains on the CPU, saying why. Frozen, the layer syncs nothing.
+  EXPECT_TRUE(Build({3}, json::object()).CheckRunsOnGpu().ok());
+  EXPECT_THAT(Build({3}, {{"synchronized", true}}).CheckRunsOnGpu().message(),
               HasSubstr("\"bn\" (BatchNormalization) has no CUDA kernel yet"));
+  EXPECT_TRUE(Build({3}, {{"synchronized", true}, {"trainable", false}}).CheckRunsOnGpu().ok());
 }
 
 }  // namespace

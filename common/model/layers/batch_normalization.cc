@@ -162,8 +162,8 @@ class BatchNormalization final : public Layer {
     return {channels_, channels_};
   }
 
-  // The statistics have no CUDA kernel yet.
-  bool RunsOnGpu() const override { return false; }
+  // Statistics summed over GPU replicas (NCCL inside a captured step) are not built yet.
+  bool RunsOnGpu() const override { return !options_.synchronized || options_.frozen; }
 
  private:
   struct Variables {

@@ -88,8 +88,6 @@ class Conv2D final : public Layer {
     device.Copy(args.scratch, grad_x, args.batch * in_size_, true);
   }
 
-  bool RunsOnGpu() const override { return false; }  // cuDNN: the GPU issue's
-
  private:
   const ConvOptions options_;
   Window2D window_;

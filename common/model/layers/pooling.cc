@@ -58,8 +58,6 @@ class Pooling2D final : public Layer {
     }
   }
 
-  bool RunsOnGpu() const override { return false; }  // the GPU issue's
-
  private:
   const Options options_;
   Window2D window_;

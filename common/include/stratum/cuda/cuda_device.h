@@ -1,18 +1,26 @@
 // CudaDevice: the Device interface (stratum/device/device.h) on one GPU: matrix products on
-// cuBLAS, the rest on the kernels of kernels.h, every operation queued on one stream, so a
-// step's operations may be captured in a CUDA graph. Dropout draws its masks from a seed
+// cuBLAS, convolutions on cuDNN (common/cuda/convolutions.h), the rest on the kernels of
+// kernels.h, every operation queued on one stream, so a step's operations may be captured
+// in a CUDA graph. Dropout draws its masks from a seed
 // and the replica's iteration counter on the device, so a replayed graph draws new ones.
 //
 // Operations return nothing (the interface is the CPU's too); the first failure is kept and
 // handed over by TakeStatus, which the replica checks after queueing a step.
 //
+// A convolution met for the first time while the stream is captured queues nothing and is
+// left pending (has_pending): the caller discards that capture, calls PreparePending (which
+// times cuDNN's algorithms for it) and captures again.
+//
 // Thread safety: used by one thread at a time (the replica's). Ownership: the stream, the
 // cuBLAS handle and the counters are the caller's, and must outlive the device.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stratum/cuda/device.h"
 #include "stratum/cuda/kernels.h"
 #include "stratum/device/device.h"
 
@@ -20,9 +28,25 @@ struct cublasContext;
 
 namespace stratum::cuda {
 
+class Convolutions;
+
+struct CudaDeviceOptions {
+  int device = 0;  // physical device
+  cudaStream_t stream = nullptr;
+  cublasContext* cublas = nullptr;
+  const StepCounters* counters = nullptr;  // device memory: the dropout masks' iteration
+  CachingAllocator* allocator = nullptr;   // scratch, cuDNN's workspaces
+  bool allow_tf32 = true;                  // cuDNN may compute float32 convolutions in TF32
+};
+
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int device, cudaStream_t stream, cublasContext* cublas, const StepCounters* counters);
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+
+  // Convolutions left pending by a capture (see above), and their planning.
+  bool has_pending() const;
+  absl::Status PreparePending();
 
   // The first error since the last call, then OK again.
   absl::Status TakeStatus() const;
@@ -51,8 +75,6 @@ class CudaDevice final : public Device {
                   int64_t width, bool accumulate) const override;
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override;
-  // Not yet on the GPU (the cuDNN issue): these record UNIMPLEMENTED. The layers that call
-  // them say RunsOnGpu() false, so a model with them trains on the CPU, naming the layer.
   void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
               const float* bias, float* out) const override;
   void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
@@ -80,13 +102,18 @@ class CudaDevice final : public Device {
                          bool accumulate) const override;
 
  private:
+  CudaDevice(const CudaDeviceOptions& options, DeviceBuffer partial);
   // Keeps the first failure.
   void Record(absl::Status status) const;
+  // Column sums through the two-pass kernel, with this device's scratch.
+  void ColumnSums(const ColumnSumArgs& args) const;
 
   const int device_;
   cudaStream_t stream_;
   cublasContext* cublas_;
   const StepCounters* counters_;
+  DeviceBuffer partial_;  // ColumnSums' partial sums
+  std::unique_ptr<Convolutions> convolutions_;
   mutable absl::Status status_;
 };
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "stratum/device/device.h"
 
 namespace stratum::cuda {
 
@@ -112,5 +113,73 @@ struct OptimizerParams {
 absl::Status ApplyOptimizer(const OptimizerParams& params, float* variables, const float* gradients,
                             float* slot0, float* slot1, float* slot2, int64_t n,
                             const StepCounters* counters, cudaStream_t stream);
+
+// ---- Convolutional layers (channels-last batches; the geometry of stratum::Window2D) ----
+
+// Max pooling: out = the largest in-bounds value of each window (padding never wins).
+absl::Status MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
+                       cudaStream_t stream);
+// grad_x (+)= grad_out routed to the first maximum of each window (row-major window order),
+// computed per input position over the windows that hold it: no atomics, deterministic.
+absl::Status MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x,
+                               const float* grad_out, float* grad_x, bool accumulate,
+                               cudaStream_t stream);
+// Average pooling over each window's in-bounds positions, and its gradient (+=) shared
+// evenly over them.
+absl::Status AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
+                       cudaStream_t stream);
+absl::Status AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
+                               float* grad_x, bool accumulate, cudaStream_t stream);
+
+// Column sums of a tall row-major matrix [rows, cols] (a convolution's bias gradient,
+// batch normalization's statistics), in two passes: row chunks into `partial` (device
+// scratch of `partial_floats`), then the chunks in order, so the result is deterministic.
+enum class ColumnTerm : int {
+  kValue = 0,             // out[c] (+)= sum of a
+  kSquaredDeviation = 1,  // out[c] = sum of (a - mean)^2
+  kGradSums = 2           // out[c] = sum of a (dy), out[cols + c] = sum of a * (b - mean)
+};
+struct ColumnSumArgs {
+  ColumnTerm term = ColumnTerm::kValue;
+  const float* a = nullptr;
+  const float* b = nullptr;     // kGradSums: x
+  const float* mean = nullptr;  // kSquaredDeviation, kGradSums
+  int64_t rows = 0, cols = 0;
+  float* out = nullptr;
+  bool accumulate = false;  // kValue only
+  // kGradSums, when set: grad_gamma = out[cols + c] / sqrt(variance + epsilon), grad_beta =
+  // out[c].
+  const float* variance = nullptr;
+  float epsilon = 0;
+  float* grad_gamma = nullptr;
+  float* grad_beta = nullptr;
+};
+absl::Status ColumnSums(const ColumnSumArgs& args, float* partial, int64_t partial_floats,
+                        cudaStream_t stream);
+
+// y = gamma * (x - mean) / sqrt(variance + epsilon) + beta per column (gamma, beta may be
+// null), as CpuDevice's BatchNorm.
+absl::Status BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
+                       const float* variance, float epsilon, const float* gamma, const float* beta,
+                       float* y, cudaStream_t stream);
+// dx (+)= the gradient of BatchNorm, as CpuDevice's BatchNormBackward (sums null: inference).
+absl::Status BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
+                               const float* mean, const float* variance, float epsilon,
+                               const float* gamma, const float* sums, int64_t count, float* dx,
+                               bool accumulate, cudaStream_t stream);
+
+// A convolution kernel between Keras' layout [kh, kw, in_c, out_c] (HWIO) and cuDNN's
+// channels-last filter layout [out_c, kh, kw, in_c] (OHWI); `positions` = kh * kw.
+absl::Status KernelToOhwi(const float* hwio, int64_t positions, int64_t in_c, int64_t out_c,
+                          float* ohwi, cudaStream_t stream);
+absl::Status KernelToHwio(const float* ohwi, int64_t positions, int64_t in_c, int64_t out_c,
+                          float* hwio, cudaStream_t stream);
+
+// out[n, y, x, c] = in[n, y - top, x - left, c] where that lies inside in [batch, in_h, in_w,
+// channels], else 0; out is [batch, out_h, out_w, channels]. Positive offsets pad, negative
+// ones crop (a convolution's asymmetric padding, which cuDNN does not take).
+absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t in_w,
+                         int64_t channels, int64_t top, int64_t left, float* out, int64_t out_h,
+                         int64_t out_w, cudaStream_t stream);
 
 }  // namespace stratum::cuda

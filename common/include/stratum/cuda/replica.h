@@ -65,6 +65,10 @@ struct ReplicaOptions {
   int64_t max_batch = 64;  // rows per step (training or evaluation) the buffers hold
   uint64_t seed = 1;       // dropout masks
   bool use_graphs = true;  // capture training steps in CUDA graphs
+  // This replica's share of a step's non-trainable updates (BatchNormalization's moving
+  // statistics): 1 / the replicas whose gradients are summed.
+  float replica_share = 1.0f;
+  bool allow_tf32 = true;  // cuDNN convolutions in TF32 (TensorFlow's and PyTorch's default)
 };
 
 // Where a step's rows come from: rows [offset, offset + rows) of step counters.step of the
@@ -113,7 +117,8 @@ class Replica {
 
   // The flat gradient buffer (every variable, 256-byte aligned) and its length in floats.
   float* gradients() const { return gradients_.as<float>(); }
-  // The flat variable buffer, laid out as gradients(): variable i starts at offset(i).
+  // The flat variable buffer, laid out as gradients(): variable i starts at offset(i), the
+  // trainable variables first (the optimizer's range), then the non-trainable ones.
   // Writers queue on stream() (a parameter server's values uploaded before a step).
   float* variables() const { return params_.as<float>(); }
   int64_t offset(int index) const { return offsets_[static_cast<size_t>(index)]; }
@@ -132,6 +137,9 @@ class Replica {
                            StepCounters* counters);
   absl::Status LaunchUpdate();
   absl::Status LaunchTrainStep(const StepInput& input, float loss_scale, bool update);
+  // Captures LaunchTrainStep in a graph, planning its convolutions first where needed.
+  absl::StatusOr<CUgraphExec_st*> CaptureTrainStep(const StepInput& input, float loss_scale,
+                                                   bool update);
   float* Variable(int index) const { return params_.as<float>() + offsets_[index]; }
   float* Gradient(int index) const { return gradients_.as<float>() + offsets_[index]; }
 
@@ -148,6 +156,7 @@ class Replica {
   DeviceBuffer cublas_workspace_;
   std::vector<int64_t> offsets_;  // per variable, in floats
   int64_t flat_size_ = 0;
+  int64_t trainable_size_ = 0;  // floats of the trainable variables, which come first
   DeviceBuffer params_, gradients_;
   std::vector<DeviceBuffer> slots_;
   DeviceBuffer x_, labels_;

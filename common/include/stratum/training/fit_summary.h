@@ -45,6 +45,8 @@ struct FitSummary {
   int num_replicas_in_sync = 1;
   int num_workers = 1;
   int num_ps = 0;
+  // Trained on the GPU path (a job on GPUs whose model it cannot run trains on the CPU).
+  bool on_gpus = false;
   // Where training started: 0, or the step of the checkpoint it resumed from.
   int64_t resumed_from_step = 0;
   // The trained variables (the primary copy).

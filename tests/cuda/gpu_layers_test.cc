@@ -1,0 +1,549 @@
+// The GPU path's convolutional layers against the CPU: CudaDevice's Conv2D (cuDNN), poolings and
+// batch-normalization passes against CpuDevice's on random shapes (odd sizes, strides,
+// dilation, Keras' asymmetric "same" padding); a CNN with BatchNormalization trained by a
+// Replica (in CUDA graphs, the convolutions planned by a discarded capture) against the CPU
+// Model step for step, moving statistics included; two mirrored replicas of it staying
+// bit-identical; and a Fit of it on one GPU reaching accuracy. cuDNN runs in full float32
+// (allow_tf32 false) so that the comparisons can be tight. Every test skips without a GPU.
+#include <cublas_v2.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/cuda/all_reduce.h"
+#include "stratum/cuda/cuda_check.h"
+#include "stratum/cuda/cuda_device.h"
+#include "stratum/cuda/device.h"
+#include "stratum/cuda/replica.h"
+#include "stratum/worker/fit.h"
+#include "stratum/worker/mirrored_strategy.h"
+
+namespace stratum::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                                  \
+  if (PhysicalGpuCount() == 0) {                                                            \
+    GTEST_SKIP() << "no CUDA GPU is visible to this process: the GPU path cannot run here"; \
+  }
+
+std::vector<float> Random(int64_t n, std::mt19937& rng, float low = -1, float high = 1) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = uniform(rng);
+  return v;
+}
+
+// A CudaDevice on GPU 0 with its own stream, cuBLAS handle and memory.
+class GpuFixture {
+ public:
+  GpuFixture() : allocator_(0) {
+    stream_ = *Stream::Create(0);
+    STRATUM_CUBLAS_CHECK(cublasCreate(&cublas_));
+    STRATUM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_.get()));
+    counters_ = *DeviceBuffer::Allocate(allocator_, sizeof(StepCounters));
+    STRATUM_CUDA_CHECK(cudaMemset(counters_.data(), 0, sizeof(StepCounters)));
+    device_ = *CudaDevice::Create({.device = 0,
+                                   .stream = stream_.get(),
+                                   .cublas = cublas_,
+                                   .counters = counters_.as<StepCounters>(),
+                                   .allocator = &allocator_,
+                                   .allow_tf32 = false});
+  }
+  ~GpuFixture() {
+    device_.reset();
+    buffers_.clear();
+    cublasDestroy(cublas_);
+  }
+
+  const CudaDevice& device() const { return *device_; }
+  // A device copy of `values` (or n uninitialized floats), alive as long as the fixture.
+  float* Upload(const std::vector<float>& values) {
+    float* p = New(static_cast<int64_t>(values.size()));
+    STRATUM_CUDA_CHECK(
+        cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return p;
+  }
+  float* New(int64_t n) {
+    buffers_.push_back(
+        *DeviceBuffer::Allocate(allocator_, static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
+    return buffers_.back().as<float>();
+  }
+  // Waits for the stream, checks the device's status, and copies n floats back.
+  std::vector<float> Download(const float* p, int64_t n) {
+    EXPECT_TRUE(stream_.Synchronize().ok());
+    const absl::Status status = device_->TakeStatus();
+    EXPECT_TRUE(status.ok()) << status;
+    std::vector<float> v(static_cast<size_t>(n));
+    STRATUM_CUDA_CHECK(cudaMemcpy(v.data(), p, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  CachingAllocator allocator_;
+  Stream stream_;
+  cublasContext* cublas_ = nullptr;
+  DeviceBuffer counters_;
+  std::vector<DeviceBuffer> buffers_;
+  std::unique_ptr<CudaDevice> device_;
+};
+
+// |gpu - cpu| <= tolerance * (1 + |cpu|) elementwise.
+void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                const std::string& what, float tolerance) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_NEAR(gpu[i], cpu[i], tolerance * (1 + std::abs(cpu[i])))
+        << what << ": element " << i << " of " << cpu.size();
+  }
+}
+
+struct WindowCase {
+  int64_t batch, h, w, in_c, out_c;
+  std::array<int64_t, 2> kernel, strides, dilation;
+  bool same;
+};
+
+std::string Name(const WindowCase& c) {
+  return absl::StrCat(c.batch, "x", c.h, "x", c.w, "x", c.in_c, " -> ", c.out_c, ", kernel ",
+                      c.kernel[0], "x", c.kernel[1], ", strides ", c.strides[0], "x", c.strides[1],
+                      ", dilation ", c.dilation[0], ", ", c.same ? "same" : "valid");
+}
+
+// Keras' output size and padding ("same": the extra row or column at the bottom or right).
+Window2D WindowOf(const WindowCase& c) {
+  Window2D w;
+  w.in_h = c.h;
+  w.in_w = c.w;
+  w.in_c = c.in_c;
+  w.out_c = c.out_c;
+  w.kernel_h = c.kernel[0];
+  w.kernel_w = c.kernel[1];
+  w.stride_h = c.strides[0];
+  w.stride_w = c.strides[1];
+  w.dilation_h = c.dilation[0];
+  w.dilation_w = c.dilation[1];
+  auto axis = [&](int64_t in, int64_t k, int64_t s, int64_t d, int64_t* out, int64_t* before,
+                  int64_t* after) {
+    const int64_t span = (k - 1) * d + 1;
+    *out = c.same ? (in + s - 1) / s : (in - span) / s + 1;
+    const int64_t total = c.same ? std::max<int64_t>((*out - 1) * s + span - in, 0) : 0;
+    *before = total / 2;
+    *after = total - *before;
+  };
+  axis(c.h, w.kernel_h, w.stride_h, w.dilation_h, &w.out_h, &w.pad_top, &w.pad_bottom);
+  axis(c.w, w.kernel_w, w.stride_w, w.dilation_w, &w.out_w, &w.pad_left, &w.pad_right);
+  return w;
+}
+
+TEST(CudaDeviceTest, ConvolutionsMatchTheCpuOnRandomShapes) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<WindowCase> cases = {
+      {3, 9, 7, 3, 5, {3, 3}, {1, 1}, {1, 1}, false},
+      {2, 8, 8, 4, 6, {3, 3}, {2, 2}, {1, 1}, true},  // one more row and column at the end
+      {2, 11, 10, 2, 3, {5, 3}, {2, 3}, {1, 1}, true},
+      {1, 12, 12, 3, 4, {3, 3}, {1, 1}, {2, 2}, true},
+      {2, 6, 5, 3, 7, {4, 2}, {1, 1}, {1, 1}, true},  // even kernel: asymmetric
+      {2, 7, 7, 16, 8, {1, 1}, {2, 2}, {1, 1}, false},
+      {4, 28, 28, 1, 32, {3, 3}, {1, 1}, {1, 1}, false},  // the tutorial's first layer
+  };
+  std::mt19937 rng(5);
+  for (const WindowCase& c : cases) {
+    SCOPED_TRACE(Name(c));
+    const Window2D w = WindowOf(c);
+    const int64_t in = c.batch * w.in_h * w.in_w * w.in_c;
+    const int64_t out = c.batch * w.out_h * w.out_w * w.out_c;
+    const int64_t weights = w.kernel_h * w.kernel_w * w.in_c * w.out_c;
+    const std::vector<float> x = Random(in, rng), kernel = Random(weights, rng),
+                             bias = Random(w.out_c, rng), grad_out = Random(out, rng);
+    std::vector<float> cpu_out(out), cpu_grad_x(in), cpu_grad_kernel(weights),
+        cpu_grad_bias(w.out_c);
+    const Device& cpu = CpuDevice();
+    cpu.Conv2D(w, c.batch, x.data(), kernel.data(), bias.data(), cpu_out.data());
+    cpu.Conv2DBackwardData(w, c.batch, grad_out.data(), kernel.data(), cpu_grad_x.data());
+    cpu.Conv2DBackwardWeights(w, c.batch, x.data(), grad_out.data(), cpu_grad_kernel.data(),
+                              cpu_grad_bias.data());
+
+    GpuFixture gpu;
+    float *gx = gpu.Upload(x), *gk = gpu.Upload(kernel), *gb = gpu.Upload(bias),
+          *gg = gpu.Upload(grad_out);
+    float *g_out = gpu.New(out), *g_grad_x = gpu.New(in), *g_grad_kernel = gpu.New(weights),
+          *g_grad_bias = gpu.New(w.out_c);
+    gpu.device().Conv2D(w, c.batch, gx, gk, gb, g_out);
+    gpu.device().Conv2DBackwardData(w, c.batch, gg, gk, g_grad_x);
+    gpu.device().Conv2DBackwardWeights(w, c.batch, gx, gg, g_grad_kernel, g_grad_bias);
+    // float32 sums in another order: sums of up to a few thousand products.
+    ExpectNear(gpu.Download(g_out, out), cpu_out, "output", 1e-4f);
+    ExpectNear(gpu.Download(g_grad_x, in), cpu_grad_x, "input gradient", 1e-4f);
+    ExpectNear(gpu.Download(g_grad_kernel, weights), cpu_grad_kernel, "kernel gradient", 5e-4f);
+    ExpectNear(gpu.Download(g_grad_bias, w.out_c), cpu_grad_bias, "bias gradient", 5e-4f);
+  }
+}
+
+TEST(CudaDeviceTest, PoolingsMatchTheCpuOnRandomShapes) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<WindowCase> cases = {
+      {2, 8, 8, 3, 3, {2, 2}, {2, 2}, {1, 1}, false},
+      {2, 7, 7, 4, 4, {2, 2}, {2, 2}, {1, 1}, true},  // padding at the end only
+      {1, 9, 6, 2, 2, {3, 3}, {1, 1}, {1, 1}, true},  // overlapping windows, padding both sides
+      {3, 5, 5, 5, 5, {3, 2}, {2, 1}, {1, 1}, false},
+      {2, 7, 7, 8, 8, {7, 7}, {1, 1}, {1, 1}, false},  // global
+  };
+  std::mt19937 rng(6);
+  for (const WindowCase& c : cases) {
+    SCOPED_TRACE(Name(c));
+    const Window2D w = WindowOf(c);
+    const int64_t in = c.batch * w.in_h * w.in_w * w.in_c;
+    const int64_t out = c.batch * w.out_h * w.out_w * w.out_c;
+    // Distinct values: the maximum of each window is unique.
+    const std::vector<float> x = Random(in, rng), grad_out = Random(out, rng),
+                             earlier = Random(in, rng);
+    GpuFixture gpu;
+    float *gx = gpu.Upload(x), *gg = gpu.Upload(grad_out);
+    for (bool max : {true, false}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(max ? "max" : "average", accumulate ? ", accumulating" : ""));
+        std::vector<float> cpu_out(out), cpu_grad = earlier;
+        const Device& cpu = CpuDevice();
+        float* g_out = gpu.New(out);
+        float* g_grad = gpu.Upload(earlier);
+        if (max) {
+          cpu.MaxPool2D(w, c.batch, x.data(), cpu_out.data());
+          cpu.MaxPool2DBackward(w, c.batch, x.data(), cpu_out.data(), grad_out.data(),
+                                cpu_grad.data(), accumulate);
+          gpu.device().MaxPool2D(w, c.batch, gx, g_out);
+          gpu.device().MaxPool2DBackward(w, c.batch, gx, g_out, gg, g_grad, accumulate);
+        } else {
+          cpu.AvgPool2D(w, c.batch, x.data(), cpu_out.data());
+          cpu.AvgPool2DBackward(w, c.batch, grad_out.data(), cpu_grad.data(), accumulate);
+          gpu.device().AvgPool2D(w, c.batch, gx, g_out);
+          gpu.device().AvgPool2DBackward(w, c.batch, gg, g_grad, accumulate);
+        }
+        ExpectNear(gpu.Download(g_out, out), cpu_out, "output", 1e-6f);
+        ExpectNear(gpu.Download(g_grad, in), cpu_grad, "input gradient", 1e-6f);
+      }
+    }
+  }
+}
+
+TEST(CudaDeviceTest, BatchNormalizationPassesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  // Few rows (one pass for SumRows), many (two passes), and a width past one 32-column tile.
+  for (const auto& [rows, width] :
+       std::vector<std::pair<int64_t, int64_t>>{{37, 7}, {5000, 7}, {9000, 70}, {1, 3}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " rows of ", width));
+    const int64_t n = rows * width;
+    const std::vector<float> x = Random(n, rng, -2, 3), dy = Random(n, rng),
+                             gamma = Random(width, rng, 0.5, 1.5), beta = Random(width, rng),
+                             earlier = Random(n, rng);
+    const Device& cpu = CpuDevice();
+    GpuFixture gpu;
+    float *gx = gpu.Upload(x), *gdy = gpu.Upload(dy), *ggamma = gpu.Upload(gamma),
+          *gbeta = gpu.Upload(beta);
+
+    std::vector<float> mean(width), variance(width), previous = Random(width, rng);
+    std::vector<float> summed = previous;
+    cpu.SumRows(x.data(), rows, width, mean.data(), false);
+    cpu.SumRows(x.data(), rows, width, summed.data(), true);
+    float* g_mean = gpu.New(width);
+    float* g_summed = gpu.Upload(previous);
+    gpu.device().SumRows(gx, rows, width, g_mean, false);
+    gpu.device().SumRows(gx, rows, width, g_summed, true);
+    ExpectNear(gpu.Download(g_mean, width), mean, "sums", 1e-5f * std::sqrt(rows));
+    ExpectNear(gpu.Download(g_summed, width), summed, "sums added", 1e-5f * std::sqrt(rows));
+    for (float& m : mean) m /= static_cast<float>(rows);
+    g_mean = gpu.Upload(mean);
+    cpu.SumSquaredDeviations(x.data(), mean.data(), rows, width, variance.data());
+    float* g_variance = gpu.New(width);
+    gpu.device().SumSquaredDeviations(gx, g_mean, rows, width, g_variance);
+    ExpectNear(gpu.Download(g_variance, width), variance, "squared deviations",
+               1e-5f * std::sqrt(rows));
+    for (float& v : variance) v /= static_cast<float>(rows);
+    g_variance = gpu.Upload(variance);
+
+    for (bool affine : {true, false}) {
+      SCOPED_TRACE(affine ? "gamma and beta" : "no gamma or beta");
+      const float* cg = affine ? gamma.data() : nullptr;
+      const float* cb = affine ? beta.data() : nullptr;
+      float* dg = affine ? ggamma : nullptr;
+      float* db = affine ? gbeta : nullptr;
+      std::vector<float> y(n);
+      cpu.BatchNorm(x.data(), rows, width, mean.data(), variance.data(), 1e-3f, cg, cb, y.data());
+      float* g_y = gpu.New(n);
+      gpu.device().BatchNorm(gx, rows, width, g_mean, g_variance, 1e-3f, dg, db, g_y);
+      ExpectNear(gpu.Download(g_y, n), y, "normalized", 1e-5f);
+
+      std::vector<float> sums(2 * width), grad_gamma(width), grad_beta(width);
+      cpu.BatchNormGradSums(dy.data(), x.data(), rows, width, mean.data(), variance.data(), 1e-3f,
+                            sums.data(), grad_gamma.data(), grad_beta.data());
+      float *g_sums = gpu.New(2 * width), *g_grad_gamma = gpu.New(width),
+            *g_grad_beta = gpu.New(width);
+      gpu.device().BatchNormGradSums(gdy, gx, rows, width, g_mean, g_variance, 1e-3f, g_sums,
+                                     g_grad_gamma, g_grad_beta);
+      const float sum_tolerance = 1e-5f * std::sqrt(static_cast<float>(rows)) * 4;
+      ExpectNear(gpu.Download(g_sums, 2 * width), sums, "gradient sums", sum_tolerance);
+      ExpectNear(gpu.Download(g_grad_gamma, width), grad_gamma, "gamma gradient", sum_tolerance);
+      ExpectNear(gpu.Download(g_grad_beta, width), grad_beta, "beta gradient", sum_tolerance);
+
+      // Training (the batch statistics' dependence) and inference, overwriting and adding.
+      g_sums = gpu.Upload(sums);
+      for (bool training : {true, false}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(training ? "training" : "inference",
+                                    accumulate ? ", accumulating" : ""));
+          std::vector<float> dx = earlier;
+          cpu.BatchNormBackward(dy.data(), x.data(), rows, width, mean.data(), variance.data(),
+                                1e-3f, cg, training ? sums.data() : nullptr, rows, dx.data(),
+                                accumulate);
+          float* g_dx = gpu.Upload(earlier);
+          gpu.device().BatchNormBackward(gdy, gx, rows, width, g_mean, g_variance, 1e-3f, dg,
+                                         training ? g_sums : nullptr, rows, g_dx, accumulate);
+          ExpectNear(gpu.Download(g_dx, n), dx, "input gradient", 1e-4f);
+        }
+      }
+    }
+  }
+}
+
+// uint8 8x8 images whose class (of 5) is the quadrant-and-channel pattern of their brightest
+// pixels: learnable by a small CNN.
+struct ImageData {
+  Tensor images;  // uint8 [n, 64]
+  Tensor labels;  // uint8 [n]
+};
+
+ImageData MakeImages(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  ImageData data{Tensor(DType::kUInt8, {n, 64}), Tensor(DType::kUInt8, {n})};
+  for (int64_t i = 0; i < n; ++i) {
+    const int label = static_cast<int>(rng() % 5);
+    data.labels.data<uint8_t>()[i] = static_cast<uint8_t>(label);
+    for (int p = 0; p < 64; ++p) {
+      const int row = p / 8, col = p % 8;
+      // Class 0..3: a bright quadrant; class 4: a bright centre.
+      const bool bright =
+          label < 4 ? (row / 4) * 2 + col / 4 == label : row >= 2 && row < 6 && col >= 2 && col < 6;
+      data.images.data<uint8_t>()[i * 64 + p] =
+          static_cast<uint8_t>(rng() % 96 + (bright ? 128 : 0));
+    }
+  }
+  return data;
+}
+
+// Reshape -> Conv2D same relu -> BatchNormalization -> MaxPooling2D -> Conv2D strided (its
+// asymmetric same padding) -> BatchNormalization without gamma -> AveragePooling2D (padding at
+// the end) -> Flatten -> Dense softmax.
+std::string CnnJson() {
+  return R"({"class_name": "Sequential", "config": {"layers": [
+    {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 64]}},
+    {"class_name": "Reshape", "config": {"name": "image", "target_shape": [8, 8, 1]}},
+    {"class_name": "Conv2D", "config": {"name": "c1", "filters": 6, "kernel_size": 3,
+      "padding": "same", "activation": "relu"}},
+    {"class_name": "BatchNormalization", "config": {"name": "bn1", "momentum": 0.9}},
+    {"class_name": "MaxPooling2D", "config": {"name": "p1", "pool_size": 2}},
+    {"class_name": "Conv2D", "config": {"name": "c2", "filters": 8, "kernel_size": 3,
+      "strides": 2, "padding": "same", "activation": "tanh"}},
+    {"class_name": "BatchNormalization", "config": {"name": "bn2", "scale": false}},
+    {"class_name": "AveragePooling2D", "config": {"name": "p2", "pool_size": 2, "strides": 1,
+      "padding": "same"}},
+    {"class_name": "Flatten", "config": {"name": "flat"}},
+    {"class_name": "Dense", "config": {"name": "out", "units": 5, "activation": "softmax"}}]}})";
+}
+
+Tensor Rows(const Tensor& images, int64_t first, int64_t rows, float scale) {
+  Tensor x(DType::kFloat32, {rows, images.row_size()});
+  for (int64_t i = 0; i < rows * images.row_size(); ++i) {
+    x.data<float>()[i] =
+        static_cast<float>(images.data<uint8_t>()[first * images.row_size() + i]) * scale;
+  }
+  return x;
+}
+
+Tensor Labels(const Tensor& labels, int64_t first, int64_t rows) {
+  Tensor y(DType::kUInt8, {rows});
+  std::memcpy(y.data<uint8_t>(), labels.data<uint8_t>() + first, static_cast<size_t>(rows));
+  return y;
+}
+
+DeviceBuffer IdentityOrder(CachingAllocator& allocator, int64_t n) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  DeviceBuffer buffer = *DeviceBuffer::Allocate(allocator, static_cast<size_t>(n) * 4);
+  STRATUM_CUDA_CHECK(
+      cudaMemcpy(buffer.data(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+void ExpectClose(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, const Model& model,
+                 const std::string& what, float tolerance) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t v = 0; v < cpu.size(); ++v) {
+    ASSERT_EQ(gpu[v].num_elements(), cpu[v].num_elements()) << what;
+    for (int64_t i = 0; i < cpu[v].num_elements(); ++i) {
+      const float expected = cpu[v].data<float>()[i];
+      ASSERT_NEAR(gpu[v].data<float>()[i], expected, tolerance * (1 + std::abs(expected)))
+          << what << ": " << model.variables()[v].name << " element " << i;
+    }
+  }
+}
+
+// Step for step against the CPU Model: the first step's gradients (the moving statistics'
+// changes among them), then four SGD updates with momentum through CUDA graphs (the moving
+// statistics moving with them; SGD keeps rounding differences as small as they are, where
+// Adam would magnify those of gradients near zero), then evaluation in inference mode.
+TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(CnnJson());
+  ASSERT_TRUE(model.CheckRunsOnGpu().ok()) << model.CheckRunsOnGpu();
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras(nlohmann::json::parse(
+      R"({"class_name": "SGD", "config": {"learning_rate": 0.1, "momentum": 0.9}})"));
+  const int64_t n = 64, batch = 32;
+  const float scale = 1.0f / 255;
+  ImageData data = MakeImages(n, 3);
+  CachingAllocator allocator(0);
+  auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
+  DeviceBuffer order = IdentityOrder(allocator, n);
+  ReplicaOptions options;
+  options.max_batch = batch;
+  options.allow_tf32 = false;
+  auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
+  std::vector<Tensor> cpu_vars = model.InitialVariables(4);
+  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  auto ws = model.NewWorkspace(1);
+
+  StepInput first{device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
+  ASSERT_TRUE(replica->EnqueueTrainStep(first, 1.0f / batch, false).ok());
+  std::vector<Tensor> gpu_grads, cpu_grads;
+  ASSERT_TRUE(replica->GetGradients(&gpu_grads).ok());
+  ASSERT_TRUE(model
+                  .TrainStep(cpu_vars, Rows(data.images, 0, batch, scale),
+                             Labels(data.labels, 0, batch), loss, 1.0f / batch, *ws, cpu_grads)
+                  .ok());
+  ExpectClose(gpu_grads, cpu_grads, model, "first step's gradients", 1e-3f);
+
+  // Steps 1..4 (batches 1, 0, 1, 0 of the order) with updates, from the same start.
+  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  std::vector<std::vector<Tensor>> cpu_slots;
+  for (int64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(replica->ResetStep(step % 2).ok());
+    StepInput input{
+        device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
+    ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
+    const int64_t rows_first = (step % 2) * batch;
+    ASSERT_TRUE(model
+                    .TrainStep(cpu_vars, Rows(data.images, rows_first, batch, scale),
+                               Labels(data.labels, rows_first, batch), loss, 1.0f / batch, *ws,
+                               cpu_grads)
+                    .ok());
+    optimizer->Apply(cpu_vars, cpu_grads, cpu_slots, step - 1, model.variables());
+  }
+  std::vector<Tensor> gpu_vars;
+  std::vector<std::vector<Tensor>> gpu_slots;
+  ASSERT_TRUE(replica->GetState(&gpu_vars, &gpu_slots).ok());
+  ExpectClose(gpu_vars, cpu_vars, model, "variables after 4 SGD steps", 1e-3f);
+  ASSERT_EQ(gpu_slots.size(), cpu_slots.size());
+  for (size_t v = 0; v < cpu_slots.size(); ++v) {
+    EXPECT_EQ(gpu_slots[v].size(), cpu_slots[v].size()) << model.variables()[v].name;
+  }
+  // The moving statistics moved (from zeros and ones).
+  bool moved = false;
+  for (size_t v = 0; v < gpu_vars.size(); ++v) {
+    if (model.variables()[v].trainable) continue;
+    for (int64_t i = 0; i < gpu_vars[v].num_elements(); ++i) {
+      const float start = model.variables()[v].name.find("variance") != std::string::npos ? 1 : 0;
+      moved |= std::abs(gpu_vars[v].data<float>()[i] - start) > 1e-4f;
+    }
+  }
+  EXPECT_TRUE(moved);
+
+  // Evaluation (moving statistics) of a partial batch, eagerly (no graph).
+  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 4).ok());
+  ASSERT_TRUE(replica->EnqueueEvaluate(*device_data, 0, 20, scale).ok());
+  const StepStats gpu_eval = *replica->TakeMetrics(true);
+  const StepStats cpu_eval = *model.Evaluate(cpu_vars, Rows(data.images, 0, 20, scale),
+                                             Labels(data.labels, 0, 20), loss, *ws);
+  EXPECT_NEAR(gpu_eval.loss_sum, cpu_eval.loss_sum, 1e-3 * std::abs(cpu_eval.loss_sum));
+  EXPECT_EQ(gpu_eval.correct, cpu_eval.correct);
+}
+
+// Two replicas on logical GPUs of one GPU, summing their gradients: the CNN's variables, the
+// moving statistics among them, stay bit-identical.
+TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(CnnJson());
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const int64_t n = 64, batch = 32;
+  ImageData data = MakeImages(n, 8);
+  CachingAllocator allocator(0);
+  auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
+  DeviceBuffer order = IdentityOrder(allocator, n);
+  ReplicaOptions options;
+  options.max_batch = batch / 2;
+  options.replica_share = 0.5f;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  const std::vector<Tensor> initial = model.InitialVariables(9);
+  for (int r = 0; r < 2; ++r) {
+    options.seed = 1 + r;
+    replicas.push_back(*Replica::Create(model, loss, *optimizer, allocator, options));
+    ASSERT_TRUE(replicas.back()->SetState(initial, {}, 0).ok());
+  }
+  auto all_reduce = *MakeDeviceAllReduce("HierarchicalCopyAllReduce", 1, {0, 0}, {&allocator},
+                                         replicas[0]->flat_size());
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      StepInput input{device_data.get(), order.as<int32_t>(),         batch,
+                      r * batch / 2,     static_cast<int>(batch / 2), 1.0f / 255};
+      ASSERT_TRUE(
+          replicas[static_cast<size_t>(r)]->EnqueueTrainStep(input, 1.0f / batch, false).ok());
+    }
+    std::vector<ReplicaBuffer> buffers = {{replicas[0]->gradients(), &replicas[0]->stream()},
+                                          {replicas[1]->gradients(), &replicas[1]->stream()}};
+    ASSERT_TRUE(all_reduce->AllReduce(buffers, replicas[0]->flat_size()).ok());
+    ASSERT_TRUE(replicas[0]->EnqueueUpdate().ok());
+    ASSERT_TRUE(replicas[1]->EnqueueUpdate().ok());
+  }
+  std::vector<Tensor> a, b;
+  ASSERT_TRUE(replicas[0]->GetState(&a, nullptr).ok());
+  ASSERT_TRUE(replicas[1]->GetState(&b, nullptr).ok());
+  for (size_t v = 0; v < a.size(); ++v) {
+    EXPECT_EQ(std::memcmp(a[v].data<float>(), b[v].data<float>(),
+                          static_cast<size_t>(a[v].num_elements()) * sizeof(float)),
+              0)
+        << model.variables()[v].name << " differs between the mirrored replicas";
+  }
+}
+
+// Fit on GPU:0 trains the CNN on the GPU path (not the CPU fallback) to accuracy.
+TEST(GpuCnnFitTest, TrainsOnTheGpuToAccuracy) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(CnnJson());
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras(
+      nlohmann::json::parse(R"({"class_name": "Adam", "config": {"learning_rate": 0.01}})"));
+  ImageData train = MakeImages(4000, 21), test = MakeImages(1000, 22);
+  FitData data;
+  data.train = Dataset::FromTensorSlices({train.images, train.labels});
+  data.test = Dataset::FromTensorSlices({test.images, test.labels});
+  data.has_test = true;
+  data.train_examples = 4000;
+  data.test_examples = 1000;
+  data.rescale = 1.0 / 255;
+  FitOptions options;
+  options.epochs = 3;
+  options.batch_size_per_replica = 50;
+  options.progress = ProgressStyle::kNone;
+  auto one = *OneDeviceStrategy::Create("GPU:0");
+  absl::StatusOr<FitSummary> summary = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->on_gpus);
+  EXPECT_GT(summary->test_accuracy, 0.9);
+}
+
+}  // namespace
+}  // namespace stratum::cuda
