@@ -1,44 +1,72 @@
-// Training speed of the reference model (Flatten 28x28 -> Dense 128 relu -> Dense 10
-// softmax, Adam 1e-3; examples/fashion_mnist.json) on one GPU through Fit, at batch 64 and
-// 1024, side by side with PyTorch on the same GPU (shared/peers/fmnist_torch_gpu.py, data
-// resident on the GPU) in the same run; and MirroredStrategy over 2 logical GPUs of one GPU,
-// its overhead per step against one device at the same global batch. examples/s are the
-// median of epochs 2..N, as the anchor's. One JSON object per figure.
+// Training speed on one GPU through Fit, side by side with PyTorch on the same GPU in the
+// same run (data resident on the GPU), in three cases that --cases picks from:
+//   mlp: the reference model (Flatten 28x28 -> Dense 128 relu -> Dense 10 softmax, Adam 1e-3;
+//        examples/fashion_mnist.json) at batch 64 and 1024, against
+//        shared/peers/fmnist_torch_gpu.py; goal 1.5x PyTorch;
+//   cnn: the tutorial CNN (Conv2D 32 3x3 relu -> MaxPool 2 -> Dense 64 relu -> Dense 10;
+//        examples/fashion_mnist_cnn.json) at batch 64 and 512, against
+//        bench/fmnist_cnn_torch_gpu.py; goal 3x PyTorch at batch 64, 1.5x at 512;
+//   mirrored: the reference model under MirroredStrategy over 2 logical GPUs of one GPU, its
+//        overhead per step against one device at the same global batch.
+// examples/s are the median of epochs 2..N, as the anchors'. A case whose model the GPU path
+// refuses (cuda::SupportsOnGpu, or a Fit whose FitSummary::on_gpus is false: it trained on
+// the CPU) prints no GPU figures: its ratio to PyTorch is null and unmet, the reason goes to
+// stderr and the exit code is 1. One JSON object per figure.
 //
-//   gpu_train_bench --data_dir=DIR [--epochs=5] [--torch_script=PATH] [--job=PATH]
+//   gpu_train_bench --data_dir=DIR [--epochs=5] [--cases=mlp,cnn,mirrored] [--job=PATH]
+//       [--torch_script=PATH] [--cnn_job=PATH] [--cnn_torch_script=PATH]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "bench/bench_util.h"
+#include "stratum/cuda/replica.h"
 #include "stratum/util/devices.h"
 #include "stratum/util/flags.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
 #include "stratum/worker/training_job.h"
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder of the four Fashion-MNIST .gz files");
+ABSL_FLAG(std::vector<std::string>, cases, std::vector<std::string>({"mlp", "cnn", "mirrored"}),
+          "The cases to run: a comma list of mlp, cnn and mirrored");
 ABSL_FLAG(std::string, job, STRATUM_SOURCE_DIR "/examples/fashion_mnist.json",
-          "The reference job (its model and optimizer)");
+          "The reference job (its model and optimizer), of the mlp and mirrored cases");
 ABSL_FLAG(std::string, torch_script, STRATUM_SOURCE_DIR "/../shared/peers/fmnist_torch_gpu.py",
-          "The PyTorch anchor; empty skips it");
+          "The PyTorch anchor of the mlp case; empty skips it");
+ABSL_FLAG(std::string, cnn_job, STRATUM_SOURCE_DIR "/examples/fashion_mnist_cnn.json",
+          "The tutorial CNN's job (its model and optimizer), of the cnn case");
+ABSL_FLAG(std::string, cnn_torch_script, STRATUM_SOURCE_DIR "/bench/fmnist_cnn_torch_gpu.py",
+          "The PyTorch anchor of the cnn case; empty skips it");
 ABSL_FLAG(int, epochs, 5, "Epochs per figure (examples/s: the median of epochs 2..N)");
 
 namespace stratum {
 namespace {
 
+constexpr int kMirroredBatches[] = {64, 1024};
+
+// The median of epochs 2..N's examples/s, the mean of the middle two for an even count, as
+// Python's statistics.median in the anchors.
 double MedianRate(const FitSummary& summary) {
   std::vector<double> rates;
   for (size_t i = summary.history.size() > 1 ? 1 : 0; i < summary.history.size(); ++i) {
     rates.push_back(summary.history[i].examples_per_sec);
   }
   std::sort(rates.begin(), rates.end());
-  return rates.empty() ? 0 : rates[rates.size() / 2];
+  if (rates.empty()) return 0;
+  const size_t half = rates.size() / 2;
+  return rates.size() % 2 == 1 ? rates[half] : (rates[half - 1] + rates[half]) / 2;
 }
 
 struct Job {
@@ -48,105 +76,168 @@ struct Job {
   FitData data;
 };
 
-absl::StatusOr<FitSummary> Train(Job& job, Strategy& strategy, int64_t per_replica, int epochs) {
+// The model, loss and optimizer of the job file at `path`, with the Fashion-MNIST files of
+// `data_dir` for its data.
+absl::StatusOr<Job> LoadJob(const std::string& path, const std::string& data_dir) {
+  STRATUM_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(path));
+  const std::string dir = data_dir + "/";
+  spec.data.train.images = dir + "train-images-idx3-ubyte.gz";
+  spec.data.train.labels = dir + "train-labels-idx1-ubyte.gz";
+  spec.data.test.images = dir + "t10k-images-idx3-ubyte.gz";
+  spec.data.test.labels = dir + "t10k-labels-idx1-ubyte.gz";
+  STRATUM_ASSIGN_OR_RETURN(Model model, Model::FromKerasJson(spec.model));
+  STRATUM_ASSIGN_OR_RETURN(FitData data, LoadFitData(spec.data, model));
+  STRATUM_ASSIGN_OR_RETURN(Loss loss, Loss::FromKeras(spec.loss));
+  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                           Optimizer::FromKeras(spec.optimizer));
+  return Job{std::move(model), std::move(loss), std::move(optimizer), std::move(data)};
+}
+
+// Fit on `strategy`, whose replicas are all on GPUs. Fit trains a job that the GPU path
+// cannot train on the CPU instead: UNIMPLEMENTED then (as the GPU path's own refusals), so
+// that a CPU figure never passes for a GPU one.
+absl::StatusOr<FitSummary> TrainOnGpus(const Job& job, Strategy& strategy, int64_t per_replica,
+                                       int epochs) {
   FitOptions options;
   options.epochs = epochs;
   options.batch_size_per_replica = per_replica;
   options.validate = false;
   options.progress = ProgressStyle::kNone;
-  return Fit(strategy, job.model, job.loss, *job.optimizer, job.data, options);
+  STRATUM_ASSIGN_OR_RETURN(FitSummary summary,
+                           Fit(strategy, job.model, job.loss, *job.optimizer, job.data, options));
+  if (!summary.on_gpus) {
+    return absl::UnimplementedError(
+        "Fit trained on the CPU, not on the GPU, though the GPU path's check of the model "
+        "passed: stratum-train on the job says why in its line \"training on the CPU: ...\"");
+  }
+  return summary;
 }
 
-int Run() {
-  const int epochs = std::max(absl::GetFlag(FLAGS_epochs), 2);
-  if (VisibleGpuCount() == 0) {
-    std::fprintf(stderr, "gpu_train_bench: no GPU is visible: run it on a machine with one\n");
-    return 2;
-  }
-  absl::StatusOr<JobSpec> spec = LoadJobSpec(absl::GetFlag(FLAGS_job));
-  if (!spec.ok()) {
-    std::fprintf(stderr, "gpu_train_bench: %s\n", std::string(spec.status().message()).c_str());
-    return 2;
-  }
-  const std::string dir = absl::GetFlag(FLAGS_data_dir) + "/";
-  spec->data.train.images = dir + "train-images-idx3-ubyte.gz";
-  spec->data.train.labels = dir + "train-labels-idx1-ubyte.gz";
-  spec->data.test.images = dir + "t10k-images-idx3-ubyte.gz";
-  spec->data.test.labels = dir + "t10k-labels-idx1-ubyte.gz";
-  absl::StatusOr<FitData> data = LoadFitData(spec->data, *Model::FromKerasJson(spec->model));
-  if (!data.ok()) {
-    std::fprintf(stderr, "gpu_train_bench: %s\n", std::string(data.status().message()).c_str());
-    return 2;
-  }
-  Job job{*Model::FromKerasJson(spec->model), *Loss::FromKeras(spec->loss),
-          *Optimizer::FromKeras(spec->optimizer), *std::move(data)};
+struct AnchorFigures {
+  double examples_per_sec = 0;
+  double test_accuracy = 0;
+};
 
+// Runs a PyTorch anchor (`script` DATA_DIR EPOCHS BATCH...) and reads its figures per batch
+// from its lines "torch_gpu [model=NAME ]batch=B examples_per_s=R test_acc=A device=...";
+// lines of other tags (torch_gpu_bf16) are not the anchor's. Empty when it fails.
+std::map<int, AnchorFigures> RunAnchor(const std::string& script, const std::string& data_dir,
+                                       int epochs, const std::vector<int>& batches) {
+  std::vector<std::string> argv = {"/usr/bin/env", "python3", script, data_dir,
+                                   std::to_string(epochs)};
+  for (int batch : batches) argv.push_back(std::to_string(batch));
+  // RunProgram does not search PATH: env finds python3 there.
+  absl::StatusOr<std::string> output = bench::RunProgram(argv);
+  if (!output.ok()) {
+    std::fprintf(stderr, "gpu_train_bench: the anchor %s failed: %s\n", script.c_str(),
+                 std::string(output.status().message()).c_str());
+    return {};
+  }
+  std::fputs(output->c_str(), stderr);
+  const std::regex figures(
+      R"(^torch_gpu (model=\S+ )?batch=(\d+) examples_per_s=([0-9.]+) test_acc=([0-9.]+))");
+  std::map<int, AnchorFigures> anchor;
+  std::istringstream lines(*output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (!std::regex_search(line, match, figures)) continue;
+    anchor[std::stoi(match[2])] = {std::stod(match[3]), std::stod(match[4])};
+  }
+  return anchor;
+}
+
+// A model trained on one GPU beside its PyTorch anchor. Figures are named
+// gpu<tag>_examples_per_sec_batchN, gpu<tag>_test_accuracy_batchN,
+// torch_gpu<tag>_examples_per_sec_batchN and gpu<tag>_vs_torch_batchN.
+struct OneGpuCase {
+  std::string tag;          // "" (mlp) or "_cnn"
+  std::string description;  // "reference model, Adam 1e-3"
+  std::string job;
+  std::string torch_script;             // empty: no anchor
+  std::map<int, double> goal_vs_torch;  // per batch, the goal of gpu<tag>_vs_torch_batchN
+};
+
+// Runs `c` and answers its examples/s per batch. UNIMPLEMENTED when the GPU path refuses
+// the model: the anchor's figures are printed, and the ratios as null (unmet).
+absl::StatusOr<std::map<int, double>> RunOneGpuCase(const OneGpuCase& c,
+                                                    const std::string& data_dir, int epochs) {
+  STRATUM_ASSIGN_OR_RETURN(const Job job, LoadJob(c.job, data_dir));
+  std::vector<int> batches;
+  for (const auto& [batch, goal] : c.goal_vs_torch) batches.push_back(batch);
+  // The GPU path's own test, before minutes of training would go to the CPU.
+  const absl::Status on_gpu = cuda::SupportsOnGpu(job.model, job.loss, *job.optimizer);
   // The anchor first, in the same device session.
-  std::map<int, double> torch_rate;
-  std::map<int, double> torch_accuracy;
-  const std::string script = absl::GetFlag(FLAGS_torch_script);
-  if (!script.empty()) {
-    // RunProgram does not search PATH: env finds python3 there.
-    auto output =
-        bench::RunProgram({"/usr/bin/env", "python3", script, absl::GetFlag(FLAGS_data_dir),
-                           std::to_string(epochs), "64", "1024"});
-    if (output.ok()) {
-      std::fputs(output->c_str(), stderr);
-      const std::regex line(R"(batch=(\d+) examples_per_s=([0-9.]+) test_acc=([0-9.]+))");
-      for (std::sregex_iterator it(output->begin(), output->end(), line), end; it != end; ++it) {
-        torch_rate[std::stoi((*it)[1])] = std::stod((*it)[2]);
-        torch_accuracy[std::stoi((*it)[1])] = std::stod((*it)[3]);
-      }
-    } else {
-      std::fprintf(stderr, "gpu_train_bench: the anchor failed: %s\n",
-                   std::string(output.status().message()).c_str());
-    }
-  }
-
-  auto one = *OneDeviceStrategy::Create("GPU:0");
-  std::map<int, double> one_rate;
-  for (int batch : {64, 1024}) {
-    absl::StatusOr<FitSummary> summary = Train(job, *one, batch, epochs);
-    if (!summary.ok()) {
-      std::fprintf(stderr, "gpu_train_bench: %s\n",
-                   std::string(summary.status().message()).c_str());
-      return 1;
-    }
-    const double rate = MedianRate(*summary);
-    one_rate[batch] = rate;
-    const std::string setup = absl::StrCat("reference model, Adam 1e-3, batch ", batch, ", ",
-                                           epochs, " epochs, one GPU, Fit");
-    bench::PrintFigure(absl::StrCat("gpu_examples_per_sec_batch", batch), rate, "examples/s",
-                       nullptr, "at_least", setup);
-    bench::PrintFigure(absl::StrCat("gpu_test_accuracy_batch", batch), summary->test_accuracy,
-                       "fraction", nullptr, "at_least", setup);
-    if (torch_rate.count(batch) > 0) {
-      bench::PrintFigure(absl::StrCat("torch_gpu_examples_per_sec_batch", batch), torch_rate[batch],
-                         "examples/s", nullptr, "at_least",
+  const std::map<int, AnchorFigures> anchor =
+      c.torch_script.empty() ? std::map<int, AnchorFigures>{}
+                             : RunAnchor(c.torch_script, data_dir, epochs, batches);
+  auto one = OneDeviceStrategy::Create("GPU:0");
+  if (!one.ok()) return one.status();
+  std::map<int, double> rates;
+  absl::Status refused = on_gpu;
+  for (const auto& [batch, goal] : c.goal_vs_torch) {
+    const std::string setup =
+        absl::StrCat(c.description, ", batch ", batch, ", ", epochs, " epochs, one GPU, Fit");
+    const auto torch = anchor.find(batch);
+    if (torch != anchor.end()) {
+      bench::PrintFigure(absl::StrCat("torch_gpu", c.tag, "_examples_per_sec_batch", batch),
+                         torch->second.examples_per_sec, "examples/s", nullptr, "at_least",
                          absl::StrCat("PyTorch, same model and batch, data on the GPU; test "
                                       "accuracy ",
-                                      torch_accuracy[batch]));
-      bench::PrintFigure(absl::StrCat("gpu_vs_torch_batch", batch), rate / torch_rate[batch], "x",
-                         1.5, "at_least", setup + " over PyTorch's examples/s");
+                                      torch->second.test_accuracy));
+    }
+    absl::StatusOr<FitSummary> summary =
+        refused.ok() ? TrainOnGpus(job, **one, batch, epochs) : absl::StatusOr<FitSummary>(refused);
+    if (absl::IsUnimplemented(summary.status())) {
+      refused = summary.status();
+      bench::PrintFigure(absl::StrCat("gpu", c.tag, "_vs_torch_batch", batch), std::nan(""), "x",
+                         goal, "at_least",
+                         absl::StrCat(setup, ": not measured, the GPU path refused the model (",
+                                      refused.message(), ")"));
+      continue;
+    }
+    if (!summary.ok()) return summary.status();
+    const double rate = MedianRate(*summary);
+    rates[batch] = rate;
+    bench::PrintFigure(absl::StrCat("gpu", c.tag, "_examples_per_sec_batch", batch), rate,
+                       "examples/s", nullptr, "at_least", setup);
+    bench::PrintFigure(absl::StrCat("gpu", c.tag, "_test_accuracy_batch", batch),
+                       summary->test_accuracy, "fraction", nullptr, "at_least", setup);
+    if (torch != anchor.end()) {
+      bench::PrintFigure(absl::StrCat("gpu", c.tag, "_vs_torch_batch", batch),
+                         rate / torch->second.examples_per_sec, "x", goal, "at_least",
+                         setup + " over PyTorch's examples/s");
     }
   }
+  if (!refused.ok()) {
+    return absl::UnimplementedError(
+        absl::StrCat("the GPU path does not train ", c.job, ": ", refused.message()));
+  }
+  return rates;
+}
 
-  // MirroredStrategy over 2 logical GPUs of GPU:0, at the same global batches.
+// The reference model under MirroredStrategy over 2 logical GPUs of GPU:0, at the global
+// batches of kMirroredBatches, against one device's examples/s (`one_rate`; those missing
+// are measured here, without figures).
+absl::Status RunMirroredCase(const std::string& job_path, const std::string& data_dir, int epochs,
+                             std::map<int, double> one_rate) {
+  STRATUM_ASSIGN_OR_RETURN(const Job job, LoadJob(job_path, data_dir));
+  STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(job.model, job.loss, *job.optimizer));
+  for (int batch : kMirroredBatches) {
+    if (one_rate.count(batch) > 0) continue;
+    STRATUM_ASSIGN_OR_RETURN(auto one, OneDeviceStrategy::Create("GPU:0"));
+    STRATUM_ASSIGN_OR_RETURN(const FitSummary summary, TrainOnGpus(job, *one, batch, epochs));
+    one_rate[batch] = MedianRate(summary);
+  }
   SetLogicalGpusPerGpu(2);
   MirroredOptions mirrored_options;
   mirrored_options.devices = {"GPU:0", "GPU:1"};
   auto mirrored = MirroredStrategy::Create(mirrored_options);
-  if (!mirrored.ok()) {
-    std::fprintf(stderr, "gpu_train_bench: %s\n", std::string(mirrored.status().message()).c_str());
-    return 1;
-  }
-  for (int batch : {64, 1024}) {
-    absl::StatusOr<FitSummary> summary = Train(job, **mirrored, batch / 2, epochs);
-    if (!summary.ok()) {
-      std::fprintf(stderr, "gpu_train_bench: %s\n",
-                   std::string(summary.status().message()).c_str());
-      return 1;
-    }
+  absl::Status status = mirrored.status();
+  for (int batch : kMirroredBatches) {
+    if (!status.ok()) break;
+    absl::StatusOr<FitSummary> summary = TrainOnGpus(job, **mirrored, batch / 2, epochs);
+    status = summary.status();
+    if (!status.ok()) break;
     const double rate = MedianRate(*summary);
     const std::string setup = absl::StrCat("MirroredStrategy on 2 logical GPUs of one GPU (",
                                            (*mirrored)->cross_device_ops().name(),
@@ -160,7 +251,58 @@ int Run() {
                        nullptr, "at_most", setup + ", step time minus one device's");
   }
   SetLogicalGpusPerGpu(1);
-  return 0;
+  return status;
+}
+
+int Run() {
+  const std::vector<std::string> known = {"mlp", "cnn", "mirrored"};
+  const std::vector<std::string> cases = absl::GetFlag(FLAGS_cases);
+  for (const std::string& name : cases) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::fprintf(stderr, "gpu_train_bench: --cases names \"%s\": use a comma list of %s\n",
+                 name.c_str(), absl::StrJoin(known, ", ").c_str());
+    return 2;
+  }
+  const auto wanted = [&](const std::string& name) {
+    return std::find(cases.begin(), cases.end(), name) != cases.end();
+  };
+  const int epochs = std::max(absl::GetFlag(FLAGS_epochs), 2);
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (VisibleGpuCount() == 0) {
+    std::fprintf(stderr, "gpu_train_bench: no GPU is visible: run it on a machine with one\n");
+    return 2;
+  }
+  int exit_code = 0;
+  const auto failed = [&](const char* name, const absl::Status& status) {
+    std::fprintf(stderr, "gpu_train_bench: *** the %s case failed: %s\n", name,
+                 std::string(status.message()).c_str());
+    exit_code = 1;
+  };
+  std::map<int, double> mlp_rates;
+  if (wanted("mlp")) {
+    const OneGpuCase mlp{.tag = "",
+                         .description = "reference model, Adam 1e-3",
+                         .job = absl::GetFlag(FLAGS_job),
+                         .torch_script = absl::GetFlag(FLAGS_torch_script),
+                         .goal_vs_torch = {{64, 1.5}, {1024, 1.5}}};
+    absl::StatusOr<std::map<int, double>> rates = RunOneGpuCase(mlp, data_dir, epochs);
+    if (rates.ok()) mlp_rates = *rates;
+    if (!rates.ok()) failed("mlp", rates.status());
+  }
+  if (wanted("cnn")) {
+    const OneGpuCase cnn{.tag = "_cnn",
+                         .description = "tutorial CNN (Conv2D 32, MaxPool, Dense 64), Adam 1e-3",
+                         .job = absl::GetFlag(FLAGS_cnn_job),
+                         .torch_script = absl::GetFlag(FLAGS_cnn_torch_script),
+                         .goal_vs_torch = {{64, 3.0}, {512, 1.5}}};
+    absl::StatusOr<std::map<int, double>> rates = RunOneGpuCase(cnn, data_dir, epochs);
+    if (!rates.ok()) failed("cnn", rates.status());
+  }
+  if (wanted("mirrored")) {
+    absl::Status status = RunMirroredCase(absl::GetFlag(FLAGS_job), data_dir, epochs, mlp_rates);
+    if (!status.ok()) failed("mirrored", status);
+  }
+  return exit_code;
 }
 
 }  // namespace
@@ -168,8 +310,10 @@ int Run() {
 
 int main(int argc, char** argv) {
   stratum::ParseFlagsOrExit(argc, argv,
-                            "gpu_train_bench: the reference model on one GPU against PyTorch, "
-                            "and mirrored over 2 logical GPUs.\n  gpu_train_bench "
-                            "--data_dir=DIR [--epochs=5] [--torch_script=PATH]");
+                            "gpu_train_bench: the reference model and the tutorial CNN on one "
+                            "GPU against PyTorch, and the reference model mirrored over 2 "
+                            "logical GPUs.\n  gpu_train_bench --data_dir=DIR [--epochs=5] "
+                            "[--cases=mlp,cnn,mirrored] [--torch_script=PATH] "
+                            "[--cnn_torch_script=PATH]");
   return stratum::Run();
 }
