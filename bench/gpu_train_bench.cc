@@ -1,11 +1,14 @@
 // Training speed on one GPU through Fit, side by side with PyTorch on the same GPU in the
-// same run (data resident on the GPU), in three cases that --cases picks from:
+// same run (data resident on the GPU), in four cases that --cases picks from:
 //   mlp: the reference model (Flatten 28x28 -> Dense 128 relu -> Dense 10 softmax, Adam 1e-3;
 //        examples/fashion_mnist.json) at batch 64 and 1024, against
 //        shared/peers/fmnist_torch_gpu.py; goal 1.5x PyTorch;
 //   cnn: the tutorial CNN (Conv2D 32 3x3 relu -> MaxPool 2 -> Dense 64 relu -> Dense 10;
 //        examples/fashion_mnist_cnn.json) at batch 64 and 512, against
 //        bench/fmnist_cnn_torch_gpu.py; goal 3x PyTorch at batch 64, 1.5x at 512;
+//   embedding: each pixel's intensity as an id (int32 input -> Embedding 256x4 -> Flatten ->
+//        Dense 64 relu -> Dense 10; examples/fashion_mnist_embedding.json) at batch 64 and 512,
+//        against bench/fmnist_embedding_torch_gpu.py; goal 2x PyTorch at both;
 //   mirrored: the reference model under MirroredStrategy over 2 logical GPUs of one GPU, its
 //        overhead per step against one device at the same global batch.
 // examples/s are the median of epochs 2..N, as the anchors'. A case whose model the GPU path
@@ -13,8 +16,9 @@
 // the CPU) prints no GPU figures: its ratio to PyTorch is null and unmet, the reason goes to
 // stderr and the exit code is 1. One JSON object per figure.
 //
-//   gpu_train_bench --data_dir=DIR [--epochs=5] [--cases=mlp,cnn,mirrored] [--job=PATH]
-//       [--torch_script=PATH] [--cnn_job=PATH] [--cnn_torch_script=PATH]
+//   gpu_train_bench --data_dir=DIR [--epochs=5] [--cases=mlp,cnn,embedding,mirrored]
+//       [--job=PATH] [--torch_script=PATH] [--cnn_job=PATH] [--cnn_torch_script=PATH]
+//       [--embedding_job=PATH] [--embedding_torch_script=PATH]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -39,8 +43,9 @@
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder of the four Fashion-MNIST .gz files");
-ABSL_FLAG(std::vector<std::string>, cases, std::vector<std::string>({"mlp", "cnn", "mirrored"}),
-          "The cases to run: a comma list of mlp, cnn and mirrored");
+ABSL_FLAG(std::vector<std::string>, cases,
+          std::vector<std::string>({"mlp", "cnn", "embedding", "mirrored"}),
+          "The cases to run: a comma list of mlp, cnn, embedding and mirrored");
 ABSL_FLAG(std::string, job, STRATUM_SOURCE_DIR "/examples/fashion_mnist.json",
           "The reference job (its model and optimizer), of the mlp and mirrored cases");
 ABSL_FLAG(std::string, torch_script, STRATUM_SOURCE_DIR "/../shared/peers/fmnist_torch_gpu.py",
@@ -49,6 +54,11 @@ ABSL_FLAG(std::string, cnn_job, STRATUM_SOURCE_DIR "/examples/fashion_mnist_cnn.
           "The tutorial CNN's job (its model and optimizer), of the cnn case");
 ABSL_FLAG(std::string, cnn_torch_script, STRATUM_SOURCE_DIR "/bench/fmnist_cnn_torch_gpu.py",
           "The PyTorch anchor of the cnn case; empty skips it");
+ABSL_FLAG(std::string, embedding_job, STRATUM_SOURCE_DIR "/examples/fashion_mnist_embedding.json",
+          "The pixel-id Embedding model's job (its model and optimizer), of the embedding case");
+ABSL_FLAG(std::string, embedding_torch_script,
+          STRATUM_SOURCE_DIR "/bench/fmnist_embedding_torch_gpu.py",
+          "The PyTorch anchor of the embedding case; empty skips it");
 ABSL_FLAG(int, epochs, 5, "Epochs per figure (examples/s: the median of epochs 2..N)");
 
 namespace stratum {
@@ -119,10 +129,14 @@ struct AnchorFigures {
 };
 
 // Runs a PyTorch anchor (`script` DATA_DIR EPOCHS BATCH...) and reads its figures per batch
-// from its lines "torch_gpu [model=NAME ]batch=B examples_per_s=R test_acc=A device=...";
-// lines of other tags (torch_gpu_bf16) are not the anchor's. Empty when it fails.
-std::map<int, AnchorFigures> RunAnchor(const std::string& script, const std::string& data_dir,
-                                       int epochs, const std::vector<int>& batches) {
+// from its lines "torch_gpu [model=NAME ]batch=B examples_per_s=R test_acc=A device=..." whose
+// NAME is `model` (a line without model= is the reference model's, "mlp", as
+// shared/peers/fmnist_torch_gpu.py prints it), so that a script of another model passed by
+// mistake gives no figures rather than wrong ones; lines of other tags (torch_gpu_bf16) are not
+// the anchor's either. Empty when it fails.
+std::map<int, AnchorFigures> RunAnchor(const std::string& script, const std::string& model,
+                                       const std::string& data_dir, int epochs,
+                                       const std::vector<int>& batches) {
   std::vector<std::string> argv = {"/usr/bin/env", "python3", script, data_dir,
                                    std::to_string(epochs)};
   for (int batch : batches) argv.push_back(std::to_string(batch));
@@ -135,13 +149,18 @@ std::map<int, AnchorFigures> RunAnchor(const std::string& script, const std::str
   }
   std::fputs(output->c_str(), stderr);
   const std::regex figures(
-      R"(^torch_gpu (model=\S+ )?batch=(\d+) examples_per_s=([0-9.]+) test_acc=([0-9.]+))");
+      R"(^torch_gpu (?:model=(\S+) )?batch=(\d+) examples_per_s=([0-9.]+) test_acc=([0-9.]+))");
   std::map<int, AnchorFigures> anchor;
   std::istringstream lines(*output);
   for (std::string line; std::getline(lines, line);) {
     std::smatch match;
     if (!std::regex_search(line, match, figures)) continue;
+    if ((match[1].matched ? match[1].str() : "mlp") != model) continue;
     anchor[std::stoi(match[2])] = {std::stod(match[3]), std::stod(match[4])};
+  }
+  if (anchor.empty()) {
+    std::fprintf(stderr, "gpu_train_bench: the anchor %s printed no line of model=%s\n",
+                 script.c_str(), model.c_str());
   }
   return anchor;
 }
@@ -150,10 +169,11 @@ std::map<int, AnchorFigures> RunAnchor(const std::string& script, const std::str
 // gpu<tag>_examples_per_sec_batchN, gpu<tag>_test_accuracy_batchN,
 // torch_gpu<tag>_examples_per_sec_batchN and gpu<tag>_vs_torch_batchN.
 struct OneGpuCase {
-  std::string tag;          // "" (mlp) or "_cnn"
+  std::string tag;          // "" (mlp), "_cnn" or "_embedding"
   std::string description;  // "reference model, Adam 1e-3"
   std::string job;
   std::string torch_script;             // empty: no anchor
+  std::string anchor_model;             // the model= of the anchor's lines: "mlp", "cnn"...
   std::map<int, double> goal_vs_torch;  // per batch, the goal of gpu<tag>_vs_torch_batchN
 };
 
@@ -169,7 +189,7 @@ absl::StatusOr<std::map<int, double>> RunOneGpuCase(const OneGpuCase& c,
   // The anchor first, in the same device session.
   const std::map<int, AnchorFigures> anchor =
       c.torch_script.empty() ? std::map<int, AnchorFigures>{}
-                             : RunAnchor(c.torch_script, data_dir, epochs, batches);
+                             : RunAnchor(c.torch_script, c.anchor_model, data_dir, epochs, batches);
   auto one = OneDeviceStrategy::Create("GPU:0");
   if (!one.ok()) return one.status();
   std::map<int, double> rates;
@@ -255,7 +275,7 @@ absl::Status RunMirroredCase(const std::string& job_path, const std::string& dat
 }
 
 int Run() {
-  const std::vector<std::string> known = {"mlp", "cnn", "mirrored"};
+  const std::vector<std::string> known = {"mlp", "cnn", "embedding", "mirrored"};
   const std::vector<std::string> cases = absl::GetFlag(FLAGS_cases);
   for (const std::string& name : cases) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
@@ -284,6 +304,7 @@ int Run() {
                          .description = "reference model, Adam 1e-3",
                          .job = absl::GetFlag(FLAGS_job),
                          .torch_script = absl::GetFlag(FLAGS_torch_script),
+                         .anchor_model = "mlp",
                          .goal_vs_torch = {{64, 1.5}, {1024, 1.5}}};
     absl::StatusOr<std::map<int, double>> rates = RunOneGpuCase(mlp, data_dir, epochs);
     if (rates.ok()) mlp_rates = *rates;
@@ -294,9 +315,21 @@ int Run() {
                          .description = "tutorial CNN (Conv2D 32, MaxPool, Dense 64), Adam 1e-3",
                          .job = absl::GetFlag(FLAGS_cnn_job),
                          .torch_script = absl::GetFlag(FLAGS_cnn_torch_script),
+                         .anchor_model = "cnn",
                          .goal_vs_torch = {{64, 3.0}, {512, 1.5}}};
     absl::StatusOr<std::map<int, double>> rates = RunOneGpuCase(cnn, data_dir, epochs);
     if (!rates.ok()) failed("cnn", rates.status());
+  }
+  if (wanted("embedding")) {
+    const OneGpuCase embedding{
+        .tag = "_embedding",
+        .description = "pixel ids (Embedding 256x4, Flatten, Dense 64), Adam 1e-3",
+        .job = absl::GetFlag(FLAGS_embedding_job),
+        .torch_script = absl::GetFlag(FLAGS_embedding_torch_script),
+        .anchor_model = "embedding",
+        .goal_vs_torch = {{64, 2.0}, {512, 2.0}}};
+    absl::StatusOr<std::map<int, double>> rates = RunOneGpuCase(embedding, data_dir, epochs);
+    if (!rates.ok()) failed("embedding", rates.status());
   }
   if (wanted("mirrored")) {
     absl::Status status = RunMirroredCase(absl::GetFlag(FLAGS_job), data_dir, epochs, mlp_rates);
@@ -310,10 +343,11 @@ int Run() {
 
 int main(int argc, char** argv) {
   stratum::ParseFlagsOrExit(argc, argv,
-                            "gpu_train_bench: the reference model and the tutorial CNN on one "
-                            "GPU against PyTorch, and the reference model mirrored over 2 "
-                            "logical GPUs.\n  gpu_train_bench --data_dir=DIR [--epochs=5] "
-                            "[--cases=mlp,cnn,mirrored] [--torch_script=PATH] "
-                            "[--cnn_torch_script=PATH]");
+                            "gpu_train_bench: the reference model, the tutorial CNN and the "
+                            "pixel-id Embedding model on one GPU against PyTorch, and the "
+                            "reference model mirrored over 2 logical GPUs.\n  gpu_train_bench "
+                            "--data_dir=DIR [--epochs=5] [--cases=mlp,cnn,embedding,mirrored] "
+                            "[--torch_script=PATH] [--cnn_torch_script=PATH] "
+                            "[--embedding_torch_script=PATH]");
   return stratum::Run();
 }

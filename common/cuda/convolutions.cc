@@ -27,12 +27,6 @@ absl::Status CudnnStatus(cudnnStatus_t status, const char* call, const char* fil
 
 #define STRATUM_CUDNN_RETURN_IF_ERROR(call) STRATUM_GPU_RETURN_IF_ERROR_(CudnnStatus, call)
 
-bool Capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
-}
-
 std::string Describe(const Window2D& w, int64_t batch) {
   return absl::StrCat("a ", w.kernel_h, "x", w.kernel_w, " convolution of ", batch, "x", w.in_h,
                       "x", w.in_w, "x", w.in_c, " into ", w.out_c, " channels");
@@ -128,7 +122,7 @@ absl::StatusOr<void*> Convolutions::Reserve(std::vector<DeviceBuffer>& buffers, 
 Convolutions::Plan* Convolutions::Find(const Window2D& w, int64_t batch, absl::Status* status) {
   const Key key = KeyOf(w, batch);
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
-  if (Capturing(stream_)) {
+  if (IsCapturing(stream_)) {
     if (pending_.insert(key).second) pending_shapes_.emplace_back(w, batch);
     return nullptr;
   }

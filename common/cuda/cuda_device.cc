@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,15 +35,27 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& options, DeviceBuffer partial)
       stream_(options.stream),
       cublas_(options.cublas),
       counters_(options.counters),
+      allocator_(options.allocator),
       partial_(std::move(partial)),
       convolutions_(std::make_unique<Convolutions>(options.device, options.stream,
                                                    *options.allocator, options.allow_tf32)) {}
 
 CudaDevice::~CudaDevice() = default;
 
-bool CudaDevice::has_pending() const { return convolutions_->has_pending(); }
+bool CudaDevice::has_pending() const {
+  return convolutions_->has_pending() || pending_scratch_ > 0;
+}
 
-absl::Status CudaDevice::PreparePending() { return convolutions_->PreparePending(); }
+absl::Status CudaDevice::PreparePending() {
+  STRATUM_RETURN_IF_ERROR(convolutions_->PreparePending());
+  if (pending_scratch_ > 0 && (scratch_.empty() || scratch_.back().size() < pending_scratch_)) {
+    STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                             DeviceBuffer::Allocate(*allocator_, pending_scratch_));
+    scratch_.push_back(std::move(buffer));
+  }
+  pending_scratch_ = 0;
+  return absl::OkStatus();
+}
 
 void CudaDevice::ColumnSums(const ColumnSumArgs& args) const {
   Record(cuda::ColumnSums(args, partial_.as<float>(), kPartialFloats, stream_));
@@ -178,6 +191,37 @@ void CudaDevice::CopyBlocks(const float* x, int64_t x_stride, float* out, int64_
 void CudaDevice::Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                          int64_t n) const {
   Record(DropoutForward(x, out, mask, n, rate, rng(), counters_, stream_));
+}
+
+void CudaDevice::EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                                 int64_t width, float* out) const {
+  Record(cuda::EmbeddingLookup(ids, count, table, rows, width, out, stream_));
+}
+
+void CudaDevice::EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                               int64_t width, float* grad_table) const {
+  const size_t needed = EmbeddingGradScratchBytes(count, rows);
+  if (scratch_.empty() || scratch_.back().size() < needed) {
+    if (IsCapturing(stream_)) {
+      pending_scratch_ = std::max(pending_scratch_, needed);  // this capture is a plan
+      return;
+    }
+    absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(*allocator_, needed);
+    if (!buffer.ok()) return Record(buffer.status());
+    scratch_.push_back(*std::move(buffer));
+  }
+  Record(cuda::EmbeddingGrad(ids, count, grad_out, rows, width, grad_table, scratch_.back().data(),
+                             scratch_.back().size(), stream_));
+}
+
+void CudaDevice::AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
+                              float* out) const {
+  Record(cuda::AverageSteps(x, batch, steps, width, out, stream_));
+}
+
+void CudaDevice::AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps,
+                                  int64_t width, float* grad_x, bool accumulate) const {
+  Record(cuda::AverageStepsGrad(grad_out, batch, steps, width, grad_x, accumulate, stream_));
 }
 
 void CudaDevice::Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,

@@ -7,6 +7,12 @@
 
 namespace stratum::cuda {
 
+bool IsCapturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
 int PhysicalGpuCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

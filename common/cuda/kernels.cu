@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <cub/cub.cuh>
+
 #include "absl/strings/str_cat.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/kernels.h"
@@ -654,6 +656,141 @@ __global__ void ShiftCopyKernel(const float* in, int64_t batch, int64_t in_h, in
   }
 }
 
+// ---- Embeddings ----
+
+__device__ int64_t EmbeddingRowOf(float id, int64_t rows) {
+  return id >= 0.0f && id < static_cast<float>(rows) ? static_cast<int64_t>(id) : -1;
+}
+
+__global__ void EmbeddingLookupKernel(const float* ids, int64_t count, const float* table,
+                                      int64_t rows, int64_t width, float* out) {
+  const int64_t n = count * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = EmbeddingRowOf(ids[i / width], rows);
+    out[i] = row >= 0 ? table[row * width + i % width] : 0.0f;
+  }
+}
+
+// keys[i] = the row of id i (`rows` for none: sorted last, skipped), positions[i] = i.
+__global__ void EmbeddingKeysKernel(const float* ids, int64_t count, int64_t rows, int32_t* keys,
+                                    int32_t* positions) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = EmbeddingRowOf(ids[i], rows);
+    keys[i] = static_cast<int32_t>(row >= 0 ? row : rows);
+    positions[i] = static_cast<int32_t>(i);
+  }
+}
+
+// One block per run of equal keys (a row and its ids, sorted by position): threads (x, y) sum
+// columns x (then x + blockDim.x, ...) of the run's positions y, y + blockDim.y, ..., then the
+// y lanes add in a fixed order. A row that most ids name (a padding id, a frequent word) is
+// summed by the whole block, not one thread; the order depends only on the run's length and
+// the table's width, so the result is the same in every run.
+__global__ void EmbeddingRunSumKernel(const int32_t* unique, const int32_t* run_lengths,
+                                      const int32_t* run_starts, const int32_t* num_runs,
+                                      const int32_t* positions, int64_t rows, const float* grad_out,
+                                      int64_t width, float* grad_table) {
+  extern __shared__ float lanes[];  // [blockDim.y][blockDim.x]
+  const int run = blockIdx.x;
+  if (run >= *num_runs) return;
+  const int32_t key = unique[run];
+  if (key >= rows) return;  // ids outside the table
+  const int64_t start = run_starts[run], length = run_lengths[run];
+  for (int64_t c0 = 0; c0 < width; c0 += blockDim.x) {
+    const int64_t c = c0 + threadIdx.x;
+    float sum = 0;
+    if (c < width) {
+      // Four positions a lane per round, loaded before they are added: a long run (a row
+      // most ids name) is bound by memory latency, not by the additions.
+      const int64_t stride = blockDim.y;
+      int64_t j = threadIdx.y;
+      for (; j + 3 * stride < length; j += 4 * stride) {
+        const int32_t* p = positions + start + j;
+        const float a = grad_out[static_cast<int64_t>(p[0]) * width + c];
+        const float b = grad_out[static_cast<int64_t>(p[stride]) * width + c];
+        const float d = grad_out[static_cast<int64_t>(p[2 * stride]) * width + c];
+        const float e = grad_out[static_cast<int64_t>(p[3 * stride]) * width + c];
+        sum += (a + b) + (d + e);
+      }
+      for (; j < length; j += stride) {
+        sum += grad_out[static_cast<int64_t>(positions[start + j]) * width + c];
+      }
+    }
+    lanes[threadIdx.y * blockDim.x + threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < width) {
+      float total = 0;
+      for (unsigned y = 0; y < blockDim.y; ++y) total += lanes[y * blockDim.x + threadIdx.x];
+      grad_table[key * width + c] = total;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void AverageStepsKernel(const float* x, int64_t batch, int64_t steps, int64_t width,
+                                   float* out) {
+  const int64_t n = batch * width;
+  const float scale = 1.0f / static_cast<float>(steps);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t b = i / width, c = i % width;
+    float sum = 0;
+    for (int64_t s = 0; s < steps; ++s) sum += x[(b * steps + s) * width + c];
+    out[i] = sum * scale;
+  }
+}
+
+__global__ void AverageStepsGradKernel(const float* grad_out, int64_t batch, int64_t steps,
+                                       int64_t width, float* grad_x, bool accumulate) {
+  const int64_t n = batch * steps * width;
+  const float scale = 1.0f / static_cast<float>(steps);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % width, b = i / (steps * width);
+    const float v = grad_out[b * width + c] * scale;
+    grad_x[i] = accumulate ? grad_x[i] + v : v;
+  }
+}
+
+// The bits of the sort keys: enough for `rows` itself (ids outside the table).
+int KeyBits(int64_t rows) {
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) <= rows) ++bits;
+  return bits;
+}
+
+constexpr size_t kScratchAlign = 256;
+
+size_t Aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// The cub passes' temporary storage for `count` ids: the sort, the run-length encoding and
+// the scan of the run lengths share it.
+size_t CubTempBytes(int64_t count, int64_t rows) {
+  const int n = static_cast<int>(count);
+  const int32_t* in = nullptr;
+  int32_t* out = nullptr;
+  size_t sort = 0, encode = 0, scan = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, sort, in, out, in, out, n, 0, KeyBits(rows));
+  cub::DeviceRunLengthEncode::Encode(nullptr, encode, in, out, out, out, n);
+  cub::DeviceScan::ExclusiveSum(nullptr, scan, in, out, n);
+  return std::max({sort, encode, scan});
+}
+
+// The int32 arrays of EmbeddingGrad's scratch, `count` each (num_runs: one).
+enum EmbeddingArray {
+  kKeys,
+  kPositions,
+  kSortedKeys,
+  kSortedPositions,
+  kUnique,
+  kRunLengths,
+  kRunStarts,
+  kNumRuns,
+  kArrays
+};
+
 }  // namespace
 
 absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
@@ -900,6 +1037,90 @@ absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t i
   ShiftCopyKernel<<<Blocks(n), kThreads, 0, stream>>>(in, batch, in_h, in_w, channels, top, left,
                                                       out, out_h, out_w);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ShiftCopyKernel");
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                             int64_t width, float* out, cudaStream_t stream) {
+  const int64_t n = count * width;
+  if (n <= 0) return absl::OkStatus();
+  EmbeddingLookupKernel<<<Blocks(n), kThreads, 0, stream>>>(ids, count, table, rows, width, out);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingLookupKernel");
+  return absl::OkStatus();
+}
+
+size_t EmbeddingGradScratchBytes(int64_t count, int64_t rows) {
+  return kArrays * Aligned(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(int32_t)) +
+         Aligned(CubTempBytes(count, rows));
+}
+
+absl::Status EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                           int64_t width, float* grad_table, void* scratch, size_t scratch_bytes,
+                           cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return absl::OkStatus();
+  if (rows >= (int64_t{1} << 31) - 1 || count >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an embedding table of ", rows, " rows looked up ", count,
+                     " times in one step is past the GPU kernel's 2^31 - 1 rows and ids"));
+  }
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(grad_table, 0, static_cast<size_t>(rows * width) * sizeof(float), stream));
+  if (count <= 0) return absl::OkStatus();
+  if (scratch_bytes < EmbeddingGradScratchBytes(count, rows)) {
+    return absl::InternalError(absl::StrCat("EmbeddingGrad of ", count, " ids given ",
+                                            scratch_bytes, " bytes of scratch, fewer than ",
+                                            EmbeddingGradScratchBytes(count, rows)));
+  }
+  const size_t array = Aligned(static_cast<size_t>(count) * sizeof(int32_t));
+  auto* base = static_cast<char*>(scratch);
+  auto at = [&](EmbeddingArray a) { return reinterpret_cast<int32_t*>(base + a * array); };
+  void* temp = base + kArrays * array;
+  const size_t temp_bytes = CubTempBytes(count, rows);
+  const int n = static_cast<int>(count);
+  EmbeddingKeysKernel<<<Blocks(count), kThreads, 0, stream>>>(ids, count, rows, at(kKeys),
+                                                              at(kPositions));
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingKeysKernel");
+  size_t bytes = temp_bytes;
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortPairs(temp, bytes, at(kKeys), at(kSortedKeys), at(kPositions),
+                                      at(kSortedPositions), n, 0, KeyBits(rows), stream));
+  // The runs of equal rows, and where each starts among the sorted pairs.
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(at(kRunLengths), 0, static_cast<size_t>(count) * sizeof(int32_t), stream));
+  bytes = temp_bytes;
+  STRATUM_CUDA_RETURN_IF_ERROR(cub::DeviceRunLengthEncode::Encode(
+      temp, bytes, at(kSortedKeys), at(kUnique), at(kRunLengths), at(kNumRuns), n, stream));
+  bytes = temp_bytes;
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cub::DeviceScan::ExclusiveSum(temp, bytes, at(kRunLengths), at(kRunStarts), n, stream));
+  // Columns across x (a power of two up to 32), positions across y: 1024 threads.
+  unsigned x = 1;
+  while (x < 32 && x < width) x *= 2;
+  const dim3 block(x, 1024 / x);
+  const int64_t most_runs = std::min<int64_t>(count, rows + 1);
+  EmbeddingRunSumKernel<<<static_cast<unsigned>(most_runs), block, 1024 * sizeof(float), stream>>>(
+      at(kUnique), at(kRunLengths), at(kRunStarts), at(kNumRuns), at(kSortedPositions), rows,
+      grad_out, width, grad_table);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingRunSumKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width, float* out,
+                          cudaStream_t stream) {
+  const int64_t n = batch * width;
+  if (n <= 0 || steps <= 0) return absl::OkStatus();
+  AverageStepsKernel<<<Blocks(n), kThreads, 0, stream>>>(x, batch, steps, width, out);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AverageStepsKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
+                              float* grad_x, bool accumulate, cudaStream_t stream) {
+  const int64_t n = batch * steps * width;
+  if (n <= 0) return absl::OkStatus();
+  AverageStepsGradKernel<<<Blocks(n), kThreads, 0, stream>>>(grad_out, batch, steps, width, grad_x,
+                                                             accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AverageStepsGradKernel");
   return absl::OkStatus();
 }
 

@@ -277,6 +277,60 @@ class Cpu final : public Device {
     }
   }
 
+  void EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                       int64_t width, float* out) const override {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t id = EmbeddingRow(ids[i], rows);
+      RowVectorMap row(out + i * width, width);
+      if (id < 0) {
+        row.setZero();
+      } else {
+        row = ConstRowVectorMap(table + id * width, width);
+      }
+    }
+  }
+
+  void EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                     int64_t width, float* grad_table) const override {
+    FlatMap<float>(grad_table, rows * width).setZero();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t id = EmbeddingRow(ids[i], rows);
+      if (id >= 0) {
+        RowVectorMap(grad_table + id * width, width) +=
+            ConstRowVectorMap(grad_out + i * width, width);
+      }
+    }
+  }
+
+  void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
+                    float* out) const override {
+    const float scale = 1.0f / static_cast<float>(steps);
+    for (int64_t b = 0; b < batch; ++b) {
+      RowVectorMap mean(out + b * width, width);
+      mean.setZero();
+      for (int64_t s = 0; s < steps; ++s) {
+        mean += ConstRowVectorMap(x + (b * steps + s) * width, width);
+      }
+      mean *= scale;
+    }
+  }
+
+  void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
+                        float* grad_x, bool accumulate) const override {
+    const float scale = 1.0f / static_cast<float>(steps);
+    for (int64_t b = 0; b < batch; ++b) {
+      const ConstRowVectorMap g(grad_out + b * width, width);
+      for (int64_t s = 0; s < steps; ++s) {
+        RowVectorMap out(grad_x + (b * steps + s) * width, width);
+        if (accumulate) {
+          out += g * scale;
+        } else {
+          out = g * scale;
+        }
+      }
+    }
+  }
+
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override {
     const float keep_scale = 1.0f / (1.0f - rate);

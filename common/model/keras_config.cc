@@ -16,7 +16,7 @@ namespace {
 
 const char kSupportedActivations[] = "use relu, softmax, sigmoid, tanh or linear";
 const char kSupportedInitializers[] =
-    "use glorot_uniform, zeros, ones, he_uniform or lecun_uniform";
+    "use glorot_uniform, zeros, ones, he_uniform, lecun_uniform or random_uniform";
 
 }  // namespace
 
@@ -220,9 +220,16 @@ absl::StatusOr<ActivationKind> ParseActivation(const std::string& where, const j
 
 namespace {
 
+// RandomUniform, by any of its names.
+bool IsUniformName(const std::string& class_name) {
+  return Canonical(class_name) == "randomuniform" || Canonical(class_name) == "uniform";
+}
+
 // The options of a Keras initializer object ({"class_name": ..., "config": {...}}): seed for
-// the random ones, none for zeros and ones; a key Keras' class does not have is refused by
-// name, as a layer's are, so a misspelt "sead" is not ignored.
+// the random ones (and RandomUniform's minval and maxval, read by the caller), none for zeros
+// and ones; a key Keras' class does not have is refused by name, as a layer's are, so a
+// misspelt "sead" is not ignored.
+
 absl::StatusOr<std::optional<uint64_t>> ParseInitializerSeed(const std::string& what,
                                                              const std::string& class_name,
                                                              bool seeded, const json& options) {
@@ -232,15 +239,19 @@ absl::StatusOr<std::optional<uint64_t>> ParseInitializerSeed(const std::string& 
                                                    seeded ? "{\"seed\": null}" : "{}"));
   }
   std::vector<std::string> unknown;
+  const bool range = IsUniformName(class_name);
   for (const auto& [option, value] : options.items()) {
-    if (!(seeded && option == "seed")) unknown.push_back(absl::StrCat("\"", option, "\""));
+    const bool known =
+        (seeded && option == "seed") || (range && (option == "minval" || option == "maxval"));
+    if (!known) unknown.push_back(absl::StrCat("\"", option, "\""));
   }
   if (!unknown.empty()) {
     const bool one = unknown.size() == 1;
     const std::string fix =
         seeded
             ? absl::StrCat("check ", one ? "its" : "their", " spelling (", class_name,
-                           " takes seed) or remove ", one ? "it" : "them")
+                           range ? " takes minval, maxval and seed" : " takes seed", ") or remove ",
+                           one ? "it" : "them")
             : absl::StrCat("remove ", one ? "it" : "them", " (", class_name, " takes no options)");
     return absl::InvalidArgumentError(absl::StrCat(what, " with config ", one ? "key " : "keys ",
                                                    absl::StrJoin(unknown, ", "), ", which Keras' ",
@@ -279,16 +290,33 @@ absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const jso
                                                                {"zeros", "zeros"},
                                                                {"ones", "ones"},
                                                                {"heuniform", "he_uniform"},
-                                                               {"lecununiform", "lecun_uniform"}};
+                                                               {"lecununiform", "lecun_uniform"},
+                                                               {"randomuniform", "random_uniform"},
+                                                               {"uniform", "random_uniform"}};
   for (const auto& [canonical, initializer] : kNames) {
     if (Canonical(name) != canonical) continue;
     Initializer result{initializer, std::nullopt};
     const json* options = Find(value, "config");  // a name alone takes Keras' defaults
     if (options == nullptr) return result;
     const bool seeded = result.name != "zeros" && result.name != "ones";
-    STRATUM_ASSIGN_OR_RETURN(
-        result.seed,
-        ParseInitializerSeed(absl::StrCat(where, " has ", key, " ", name), name, seeded, *options));
+    const std::string what = absl::StrCat(where, " has ", key, " ", name);
+    STRATUM_ASSIGN_OR_RETURN(result.seed, ParseInitializerSeed(what, name, seeded, *options));
+    if (result.name == "random_uniform") {
+      for (auto [option, bound] : {std::pair{"minval", &result.low}, {"maxval", &result.high}}) {
+        const json* v = Find(*options, option);
+        if (v == nullptr) continue;
+        if (!v->is_number()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(what, " with ", option, " ", Dump(*v), ": use a number, such as -0.05"));
+        }
+        *bound = v->get<float>();
+      }
+      if (!(result.low < result.high)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " with minval ", result.low,
+                                                       " and maxval ", result.high,
+                                                       ": minval must be below maxval"));
+      }
+    }
     return result;
   }
   return absl::InvalidArgumentError(

@@ -71,6 +71,7 @@ absl::StatusOr<ActivationKind> ParseActivation(const std::string& where, const j
 struct Initializer {
   std::string name;  // "glorot_uniform", "zeros", ...
   std::optional<uint64_t> seed;
+  float low = -0.05f, high = 0.05f;  // random_uniform's minval and maxval (Keras' defaults)
 };
 // config[key] as an initializer (a name or a {"class_name", "config"} object), or the default.
 absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const json& config,

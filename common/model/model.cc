@@ -212,6 +212,8 @@ int64_t Model::output_size() const { return impl_->output_size; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
+bool Model::takes_ids() const { return impl_->takes_ids; }
+
 absl::Status Model::CheckRunsOnGpu() const {
   for (const VariableSpec& spec : impl_->variables) {
     if (spec.l1 == 0 && spec.l2 == 0) continue;
@@ -320,13 +322,20 @@ std::vector<Tensor> Model::InitialVariables(uint64_t seed) const {
     if (spec.initializer == "he_uniform") limit = std::sqrt(6.0 / fan_in);
     if (spec.initializer == "lecun_uniform") limit = std::sqrt(3.0 / fan_in);
     if (spec.initializer == "ones") flat.setConstant(1.0f);
-    if (limit > 0) {
+    const bool uniform = spec.initializer == "random_uniform";
+    if (limit > 0 || uniform) {
       // A seed of the initializer's own gives the same values in every run, as in Keras
       // (two such initializers with one seed give one another's values, as there too).
       RandomStream rng(spec.seed.has_value() ? SplitMix64(*spec.seed)
                                              : SplitMix64(seed ^ SplitMix64(v + 1)));
-      const auto l = static_cast<float>(limit);
-      for (Eigen::Index j = 0; j < flat.size(); ++j) flat[j] = l * (2 * Uniform01(rng) - 1);
+      if (uniform) {
+        const float span = spec.uniform_high - spec.uniform_low;
+        for (Eigen::Index j = 0; j < flat.size(); ++j)
+          flat[j] = spec.uniform_low + span * Uniform01(rng);
+      } else {
+        const auto l = static_cast<float>(limit);
+        for (Eigen::Index j = 0; j < flat.size(); ++j) flat[j] = l * (2 * Uniform01(rng) - 1);
+      }
     }
     result.push_back(std::move(tensor));
   }

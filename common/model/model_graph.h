@@ -54,6 +54,7 @@ struct Model::Impl {
   Shape input_shape;          // the one input's shape, or [elements of all inputs]
   bool regularized = false;   // some variable has a regularizer
   bool synchronized = false;  // some node sums over the replicas in sync
+  bool takes_ids = false;     // an InputLayer of dtype int32 or int64
   int64_t output_size = 0;
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;

@@ -82,10 +82,16 @@ absl::StatusOr<bool> InputFlag(const json& config, const char* key) {
   return value->get<bool>();
 }
 
-// The InputLayer's dtype, sparse and ragged options.
-absl::Status CheckInputLayer(const json& config) {
-  STRATUM_RETURN_IF_ERROR(keras::CheckDtype(
-      Where(FindString(config, "name").value_or("input_layer"), "InputLayer"), config));
+// The InputLayer's dtype (float32, or int32 / int64 for ids, which the model then takes
+// unscaled: Model::takes_ids), sparse and ragged options.
+absl::Status CheckInputLayer(const json& config, Model::Impl& impl) {
+  const json* dtype = Find(config, "dtype");
+  if (dtype != nullptr && dtype->is_string() && (*dtype == "int32" || *dtype == "int64")) {
+    impl.takes_ids = true;
+  } else {
+    STRATUM_RETURN_IF_ERROR(keras::CheckDtype(
+        Where(FindString(config, "name").value_or("input_layer"), "InputLayer"), config));
+  }
   STRATUM_ASSIGN_OR_RETURN(const bool sparse, InputFlag(config, "sparse"));
   STRATUM_ASSIGN_OR_RETURN(const bool ragged, InputFlag(config, "ragged"));
   if (sparse || ragged) {
@@ -283,7 +289,7 @@ absl::Status BuildSequential(const json& spec, Model::Impl& impl) {
     }
     if (is_input) {
       if (layer_config != nullptr) {
-        STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config));
+        STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, impl));
         input_name = FindString(*layer_config, "name").value_or(input_name);
       }
       continue;
@@ -512,7 +518,7 @@ absl::Status BuildFunctional(const json& spec, Model::Impl& impl) {
       const std::string name = FindString(*layer_config, "name")
                                    .value_or(FindString(layer_json, "name").value_or("input"));
       const std::string where = Where(name, "InputLayer");
-      STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config));
+      STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, impl));
       STRATUM_ASSIGN_OR_RETURN(std::optional<Shape> shape,
                                keras::DeclaredInputShape(where, *layer_config));
       if (!shape) {

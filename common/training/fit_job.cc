@@ -236,6 +236,16 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   if (!train.ok()) return train.status();
   data.train = *std::move(train);
   data.rescale = spec.rescale > 0 ? spec.rescale : DefaultRescale(spec.train);
+  if (model.takes_ids()) {
+    // Ids are looked up as they are: a factor would turn id 3 into 0.0118.
+    if (spec.rescale > 0 && spec.rescale != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.rescale is ", spec.rescale,
+          ", but the model's input takes ids (an InputLayer of dtype int32 or int64), which "
+          "are not rescaled: remove data.rescale, or set it to 1"));
+    }
+    data.rescale = 1;
+  }
   if (spec.test.given()) {
     absl::StatusOr<Dataset> test = load("data.test", spec.test, data.test_examples);
     if (!test.ok()) return test.status();

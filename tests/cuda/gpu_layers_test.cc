@@ -19,16 +19,17 @@
 #include "stratum/cuda/cuda_device.h"
 #include "stratum/cuda/device.h"
 #include "stratum/cuda/replica.h"
+#include "stratum/testing/gpu_replica.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                  \
-  if (PhysicalGpuCount() == 0) {                                                            \
-    GTEST_SKIP() << "no CUDA GPU is visible to this process: the GPU path cannot run here"; \
-  }
+using testing::IdentityOrder;
+using testing::InMemoryFitData;
+using testing::Labels;
+using testing::Rows;
 
 std::vector<float> Random(int64_t n, std::mt19937& rng, float low = -1, float high = 1) {
   std::uniform_real_distribution<float> uniform(low, high);
@@ -60,6 +61,8 @@ class GpuFixture {
   }
 
   const CudaDevice& device() const { return *device_; }
+  CudaDevice& mutable_device() { return *device_; }
+  cudaStream_t stream() const { return stream_.get(); }
   // A device copy of `values` (or n uninitialized floats), alive as long as the fixture.
   float* Upload(const std::vector<float>& values) {
     float* p = New(static_cast<int64_t>(values.size()));
@@ -309,6 +312,81 @@ TEST(CudaDeviceTest, BatchNormalizationPassesMatchTheCpu) {
   }
 }
 
+TEST(CudaDeviceTest, EmbeddingOpsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  struct Case {
+    int64_t rows, width, count;
+  };
+  for (const Case& c : std::vector<Case>{
+           {5, 3, 37}, {1000, 64, 5000}, {70000, 200, 300}, {3, 1, 1}, {256, 4, 200000}}) {
+    SCOPED_TRACE(absl::StrCat(c.count, " ids into ", c.rows, " rows of ", c.width));
+    // Ids with repeats, and some outside the table (negative, too large, NaN).
+    std::vector<float> ids(static_cast<size_t>(c.count));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t r = rng();
+      // The last case: most ids name row 0 (as background pixels do).
+      if (c.count == 200000 && r % 4 != 0) {
+        ids[i] = 0;
+        continue;
+      }
+      ids[i] = r % 17 == 0   ? -1.0f
+               : r % 19 == 0 ? static_cast<float>(c.rows + r % 3)
+               : r % 23 == 0 ? NAN
+                             : static_cast<float>(r % std::min<int64_t>(c.rows, 50));
+    }
+    const std::vector<float> table = Random(c.rows * c.width, rng),
+                             grad_out = Random(c.count * c.width, rng);
+    const Device& cpu = CpuDevice();
+    std::vector<float> out(c.count * c.width), grad_table(c.rows * c.width);
+    cpu.EmbeddingLookup(ids.data(), c.count, table.data(), c.rows, c.width, out.data());
+    cpu.EmbeddingGrad(ids.data(), c.count, grad_out.data(), c.rows, c.width, grad_table.data());
+    GpuFixture gpu;
+    float *g_ids = gpu.Upload(ids), *g_table = gpu.Upload(table),
+          *g_grad_out = gpu.Upload(grad_out);
+    float *g_out = gpu.New(c.count * c.width), *g_grad_table = gpu.New(c.rows * c.width);
+    gpu.device().EmbeddingLookup(g_ids, c.count, g_table, c.rows, c.width, g_out);
+    // The gradient first inside a capture: it only asks for scratch (a plan); then outside.
+    cudaGraph_t graph = nullptr;
+    STRATUM_CUDA_CHECK(cudaStreamBeginCapture(gpu.stream(), cudaStreamCaptureModeThreadLocal));
+    gpu.device().EmbeddingGrad(g_ids, c.count, g_grad_out, c.rows, c.width, g_grad_table);
+    STRATUM_CUDA_CHECK(cudaStreamEndCapture(gpu.stream(), &graph));
+    cudaGraphDestroy(graph);
+    EXPECT_TRUE(gpu.device().has_pending());
+    ASSERT_TRUE(gpu.mutable_device().PreparePending().ok());
+    EXPECT_FALSE(gpu.device().has_pending());
+    // Captured again, now with its scratch, and replayed.
+    STRATUM_CUDA_CHECK(cudaStreamBeginCapture(gpu.stream(), cudaStreamCaptureModeThreadLocal));
+    gpu.device().EmbeddingGrad(g_ids, c.count, g_grad_out, c.rows, c.width, g_grad_table);
+    STRATUM_CUDA_CHECK(cudaStreamEndCapture(gpu.stream(), &graph));
+    EXPECT_FALSE(gpu.device().has_pending());
+    cudaGraphExec_t exec = nullptr;
+    STRATUM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    STRATUM_CUDA_CHECK(cudaGraphLaunch(exec, gpu.stream()));
+    // The lookup copies; the gradient sums each row's gradients in another order.
+    EXPECT_EQ(gpu.Download(g_out, c.count * c.width), out);
+    // The CPU's sequential sums are themselves off by about sqrt(ids) roundings.
+    ExpectNear(gpu.Download(g_grad_table, c.rows * c.width), grad_table, "table gradient",
+               2e-6f * std::sqrt(static_cast<float>(c.count)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+
+    const int64_t steps = 7, batch = std::max<int64_t>(c.count / steps, 1);
+    std::vector<float> mean(batch * c.width), grad_steps = Random(batch * steps * c.width, rng);
+    const std::vector<float> earlier = grad_steps;
+    cpu.AverageSteps(grad_out.data(), batch, std::min(steps, c.count), c.width, mean.data());
+    cpu.AverageStepsGrad(mean.data(), batch, std::min(steps, c.count), c.width, grad_steps.data(),
+                         true);
+    float* g_mean = gpu.New(batch * c.width);
+    float* g_steps = gpu.Upload(earlier);
+    gpu.device().AverageSteps(g_grad_out, batch, std::min(steps, c.count), c.width, g_mean);
+    gpu.device().AverageStepsGrad(g_mean, batch, std::min(steps, c.count), c.width, g_steps, true);
+    ExpectNear(gpu.Download(g_mean, batch * c.width), mean, "mean over steps", 1e-6f);
+    ExpectNear(gpu.Download(g_steps, batch * steps * c.width), grad_steps, "steps' gradient",
+               1e-6f);
+  }
+}
+
 // uint8 8x8 images whose class (of 5) is the quadrant-and-channel pattern of their brightest
 // pixels: learnable by a small CNN.
 struct ImageData {
@@ -354,43 +432,6 @@ std::string CnnJson() {
     {"class_name": "Dense", "config": {"name": "out", "units": 5, "activation": "softmax"}}]}})";
 }
 
-Tensor Rows(const Tensor& images, int64_t first, int64_t rows, float scale) {
-  Tensor x(DType::kFloat32, {rows, images.row_size()});
-  for (int64_t i = 0; i < rows * images.row_size(); ++i) {
-    x.data<float>()[i] =
-        static_cast<float>(images.data<uint8_t>()[first * images.row_size() + i]) * scale;
-  }
-  return x;
-}
-
-Tensor Labels(const Tensor& labels, int64_t first, int64_t rows) {
-  Tensor y(DType::kUInt8, {rows});
-  std::memcpy(y.data<uint8_t>(), labels.data<uint8_t>() + first, static_cast<size_t>(rows));
-  return y;
-}
-
-DeviceBuffer IdentityOrder(CachingAllocator& allocator, int64_t n) {
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  DeviceBuffer buffer = *DeviceBuffer::Allocate(allocator, static_cast<size_t>(n) * 4);
-  STRATUM_CUDA_CHECK(
-      cudaMemcpy(buffer.data(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
-  return buffer;
-}
-
-void ExpectClose(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, const Model& model,
-                 const std::string& what, float tolerance) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  for (size_t v = 0; v < cpu.size(); ++v) {
-    ASSERT_EQ(gpu[v].num_elements(), cpu[v].num_elements()) << what;
-    for (int64_t i = 0; i < cpu[v].num_elements(); ++i) {
-      const float expected = cpu[v].data<float>()[i];
-      ASSERT_NEAR(gpu[v].data<float>()[i], expected, tolerance * (1 + std::abs(expected)))
-          << what << ": " << model.variables()[v].name << " element " << i;
-    }
-  }
-}
-
 // Step for step against the CPU Model: the first step's gradients (the moving statistics'
 // changes among them), then four SGD updates with momentum through CUDA graphs (the moving
 // statistics moving with them; SGD keeps rounding differences as small as they are, where
@@ -424,7 +465,7 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
                   .TrainStep(cpu_vars, Rows(data.images, 0, batch, scale),
                              Labels(data.labels, 0, batch), loss, 1.0f / batch, *ws, cpu_grads)
                   .ok());
-  ExpectClose(gpu_grads, cpu_grads, model, "first step's gradients", 1e-3f);
+  testing::ExpectClose(gpu_grads, cpu_grads, "first step's gradients", 1e-3f, &model);
 
   // Steps 1..4 (batches 1, 0, 1, 0 of the order) with updates, from the same start.
   ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
@@ -445,7 +486,7 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   std::vector<Tensor> gpu_vars;
   std::vector<std::vector<Tensor>> gpu_slots;
   ASSERT_TRUE(replica->GetState(&gpu_vars, &gpu_slots).ok());
-  ExpectClose(gpu_vars, cpu_vars, model, "variables after 4 SGD steps", 1e-3f);
+  testing::ExpectClose(gpu_vars, cpu_vars, "variables after 4 SGD steps", 1e-3f, &model);
   ASSERT_EQ(gpu_slots.size(), cpu_slots.size());
   for (size_t v = 0; v < cpu_slots.size(); ++v) {
     EXPECT_EQ(gpu_slots[v].size(), cpu_slots[v].size()) << model.variables()[v].name;
@@ -519,6 +560,108 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
   }
 }
 
+// uint8 ids: 8 per example, 5 drawn from the 40 ids of the example's class (of 5), 3 from
+// anywhere in [0, 256): a bag of ids an embedding model learns.
+ImageData MakeIds(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  ImageData data{Tensor(DType::kUInt8, {n, 8}), Tensor(DType::kUInt8, {n})};
+  for (int64_t i = 0; i < n; ++i) {
+    const int label = static_cast<int>(rng() % 5);
+    data.labels.data<uint8_t>()[i] = static_cast<uint8_t>(label);
+    for (int p = 0; p < 8; ++p) {
+      data.images.data<uint8_t>()[i * 8 + p] =
+          static_cast<uint8_t>(p % 3 == 2 ? rng() % 256 : label * 40 + rng() % 40);
+    }
+  }
+  return data;
+}
+
+// Ids -> Embedding -> GlobalAveragePooling1D -> Dense softmax, and a second lookup of the same
+// ids flattened beside it (one table read twice: its gradients add).
+std::string EmbeddingJson() {
+  return R"({"class_name": "Functional", "config": {"name": "bag",
+    "layers": [
+      {"class_name": "InputLayer", "name": "ids",
+       "config": {"batch_input_shape": [null, 8], "dtype": "int32", "name": "ids"},
+       "inbound_nodes": []},
+      {"class_name": "Embedding", "name": "table",
+       "config": {"name": "table", "input_dim": 256, "output_dim": 12},
+       "inbound_nodes": [[["ids", 0, 0, {}]]]},
+      {"class_name": "GlobalAveragePooling1D", "name": "mean", "config": {"name": "mean"},
+       "inbound_nodes": [[["table", 0, 0, {}]]]},
+      {"class_name": "Flatten", "name": "flat", "config": {"name": "flat"},
+       "inbound_nodes": [[["table", 0, 0, {}]]]},
+      {"class_name": "Concatenate", "name": "both", "config": {"name": "both"},
+       "inbound_nodes": [[["mean", 0, 0, {}], ["flat", 0, 0, {}]]]},
+      {"class_name": "Dense", "name": "out",
+       "config": {"name": "out", "units": 5, "activation": "softmax"},
+       "inbound_nodes": [[["both", 0, 0, {}]]]}],
+    "input_layers": [["ids", 0, 0]], "output_layers": [["out", 0, 0]]}})";
+}
+
+// The embedding model step for step against the CPU Model (ids unscaled, rescale 1).
+TEST(ReplicaEmbeddingTest, TrainsStepForStepAsTheCpuModel) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(EmbeddingJson());
+  ASSERT_TRUE(model.takes_ids());
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras(nlohmann::json::parse(
+      R"({"class_name": "SGD", "config": {"learning_rate": 0.5, "momentum": 0.9}})"));
+  const int64_t n = 96, batch = 48;
+  ImageData data = MakeIds(n, 12);
+  CachingAllocator allocator(0);
+  auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
+  DeviceBuffer order = IdentityOrder(allocator, n);
+  ReplicaOptions options;
+  options.max_batch = batch;
+  auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
+  std::vector<Tensor> cpu_vars = model.InitialVariables(6);
+  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  auto ws = model.NewWorkspace(1);
+  std::vector<std::vector<Tensor>> cpu_slots;
+  std::vector<Tensor> cpu_grads, gpu_grads;
+  for (int64_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(replica->ResetStep(step % 2).ok());
+    StepInput input{
+        device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), 1.0f};
+    ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
+    const int64_t first = (step % 2) * batch;
+    ASSERT_TRUE(model
+                    .TrainStep(cpu_vars, Rows(data.images, first, batch, 1.0f),
+                               Labels(data.labels, first, batch), loss, 1.0f / batch, *ws,
+                               cpu_grads)
+                    .ok());
+    if (step == 0) {
+      ASSERT_TRUE(replica->GetGradients(&gpu_grads).ok());
+      testing::ExpectClose(gpu_grads, cpu_grads, "first step's gradients", 1e-4f, &model);
+    }
+    optimizer->Apply(cpu_vars, cpu_grads, cpu_slots, step, model.variables());
+  }
+  std::vector<Tensor> gpu_vars;
+  ASSERT_TRUE(replica->GetState(&gpu_vars, nullptr).ok());
+  testing::ExpectClose(gpu_vars, cpu_vars, "variables after 4 SGD steps", 1e-4f, &model);
+}
+
+// Fit on GPU:0 trains the embedding model on the GPU path to accuracy.
+TEST(GpuEmbeddingFitTest, TrainsOnTheGpuToAccuracy) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(EmbeddingJson());
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras(
+      nlohmann::json::parse(R"({"class_name": "Adam", "config": {"learning_rate": 0.01}})"));
+  ImageData train = MakeIds(4000, 31), test = MakeIds(1000, 32);
+  const FitData data = InMemoryFitData(train.images, train.labels, test.images, test.labels, 1);
+  FitOptions options;
+  options.epochs = 3;
+  options.batch_size_per_replica = 50;
+  options.progress = ProgressStyle::kNone;
+  auto one = *OneDeviceStrategy::Create("GPU:0");
+  absl::StatusOr<FitSummary> summary = Fit(*one, model, loss, *optimizer, data, options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->on_gpus);
+  EXPECT_GT(summary->test_accuracy, 0.95);
+}
+
 // Fit on GPU:0 trains the CNN on the GPU path (not the CPU fallback) to accuracy.
 TEST(GpuCnnFitTest, TrainsOnTheGpuToAccuracy) {
   SKIP_WITHOUT_GPU();
@@ -527,13 +670,8 @@ TEST(GpuCnnFitTest, TrainsOnTheGpuToAccuracy) {
   auto optimizer = *Optimizer::FromKeras(
       nlohmann::json::parse(R"({"class_name": "Adam", "config": {"learning_rate": 0.01}})"));
   ImageData train = MakeImages(4000, 21), test = MakeImages(1000, 22);
-  FitData data;
-  data.train = Dataset::FromTensorSlices({train.images, train.labels});
-  data.test = Dataset::FromTensorSlices({test.images, test.labels});
-  data.has_test = true;
-  data.train_examples = 4000;
-  data.test_examples = 1000;
-  data.rescale = 1.0 / 255;
+  const FitData data =
+      InMemoryFitData(train.images, train.labels, test.images, test.labels, 1.0 / 255);
   FitOptions options;
   options.epochs = 3;
   options.batch_size_per_replica = 50;

@@ -18,6 +18,7 @@
 #include "stratum/cuda/nccl_group.h"
 #include "stratum/cuda/replica.h"
 #include "stratum/testing/functional_json.h"
+#include "stratum/testing/gpu_replica.h"
 #include "stratum/util/devices.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -25,12 +26,11 @@
 namespace stratum::cuda {
 namespace {
 
+using testing::ExpectClose;
 using ::testing::HasSubstr;
-
-#define SKIP_WITHOUT_GPU()                                                                  \
-  if (PhysicalGpuCount() == 0) {                                                            \
-    GTEST_SKIP() << "no CUDA GPU is visible to this process: the GPU path cannot run here"; \
-  }
+using testing::IdentityOrder;
+using testing::Labels;
+using testing::Rows;
 
 std::string ModelJson(const std::string& hidden_activation, const std::string& output_activation,
                       int inputs = 8, const std::string& extra_layer = "") {
@@ -68,44 +68,6 @@ Data MakeData(int64_t n, int inputs, int classes, uint32_t seed) {
     }
   }
   return data;
-}
-
-Tensor Rows(const Tensor& images, int64_t first, int64_t rows, float scale) {
-  Tensor x(DType::kFloat32, {rows, images.row_size()});
-  for (int64_t i = 0; i < rows * images.row_size(); ++i) {
-    x.data<float>()[i] =
-        static_cast<float>(images.data<uint8_t>()[first * images.row_size() + i]) * scale;
-  }
-  return x;
-}
-
-Tensor Labels(const Tensor& labels, int64_t first, int64_t rows) {
-  Tensor y(DType::kUInt8, {rows});
-  std::memcpy(y.data<uint8_t>(), labels.data<uint8_t>() + first, static_cast<size_t>(rows));
-  return y;
-}
-
-void ExpectClose(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu,
-                 const std::string& what, float tolerance = 2e-4f) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  for (size_t v = 0; v < cpu.size(); ++v) {
-    ASSERT_EQ(gpu[v].num_elements(), cpu[v].num_elements()) << what;
-    for (int64_t i = 0; i < cpu[v].num_elements(); ++i) {
-      const float expected = cpu[v].data<float>()[i];
-      ASSERT_NEAR(gpu[v].data<float>()[i], expected, tolerance * (1 + std::abs(expected)))
-          << what << ": tensor " << v << " element " << i;
-    }
-  }
-}
-
-// Identity order [0, n) on the device.
-DeviceBuffer IdentityOrder(CachingAllocator& allocator, int64_t n) {
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  DeviceBuffer buffer = *DeviceBuffer::Allocate(allocator, static_cast<size_t>(n) * 4);
-  STRATUM_CUDA_CHECK(
-      cudaMemcpy(buffer.data(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
-  return buffer;
 }
 
 TEST(CudaCheckTest, NamesTheCallFileLineAndError) {
@@ -403,14 +365,7 @@ TEST(NcclGroupTest, TheAbortCheckEndsFormingTheGroupLongBeforeTheTimeout) {
 FitData SyntheticFitData(int64_t n, int inputs) {
   Data train = MakeData(n, inputs, 5, 21);
   Data test = MakeData(n / 4, inputs, 5, 22);
-  FitData data;
-  data.train = Dataset::FromTensorSlices({train.images, train.labels});
-  data.test = Dataset::FromTensorSlices({test.images, test.labels});
-  data.has_test = true;
-  data.train_examples = n;
-  data.test_examples = n / 4;
-  data.rescale = 1.0 / 255;
-  return data;
+  return testing::InMemoryFitData(train.images, train.labels, test.images, test.labels, 1.0 / 255);
 }
 
 TEST(GpuFitTest, OneGpuAndTwoLogicalGpusReachAccuracy) {

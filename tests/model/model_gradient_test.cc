@@ -23,6 +23,7 @@ struct GradientCase {
   json layers;
   json loss;
   json functional = nullptr;  // a whole Functional model, instead of Sequential `layers`
+  int64_t ids = 0;            // > 0: the inputs are ids in [0, ids), repeated (Embedding)
 };
 
 json Dense(int units, const char* activation, bool use_bias = true) {
@@ -78,7 +79,9 @@ TEST_P(GradientTest, MatchesFiniteDifferences) {
   std::vector<int64_t> x_dims = {kBatch};
   for (int64_t dim : c.input_shape) x_dims.push_back(dim);
   Tensor x(DType::kFloat32, Shape(x_dims));
-  for (int64_t i = 0; i < x.num_elements(); ++i) x.data<float>()[i] = normal(rng);
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    x.data<float>()[i] = c.ids > 0 ? static_cast<float>((i * 7 + i / 3) % c.ids) : normal(rng);
+  }
   Tensor y;
   if (loss.sparse_targets()) {
     y = Tensor(DType::kInt64, Shape({kBatch}));
@@ -225,6 +228,48 @@ INSTANTIATE_TEST_SUITE_P(
                       MaxPool({{"pool_size", 2}, {"strides", 1}, {"padding", "same"}}), Flatten(),
                       Dense(3, "softmax")},
                      "sparse_categorical_crossentropy"},
+        GradientCase{
+            "EmbeddingAveragedOverSteps",
+            {6},
+            {json{{"class_name", "Embedding"}, {"config", {{"input_dim", 5}, {"output_dim", 3}}}},
+             json{{"class_name", "GlobalAveragePooling1D"}, {"config", json::object()}},
+             Dense(3, "softmax")},
+            "sparse_categorical_crossentropy",
+            nullptr,
+            5},
+        GradientCase{
+            "EmbeddingFlattenedWithAnUnusedRow",
+            {2, 3},
+            {json{{"class_name", "Embedding"}, {"config", {{"input_dim", 7}, {"output_dim", 2}}}},
+             Flatten(), Dense(3, "tanh"), Dense(2, "linear")},
+            "mse",
+            nullptr,
+            6},
+        GradientCase{"EmbeddingReadTwiceFunctional",
+                     {5},
+                     json::array(),
+                     "sparse_categorical_crossentropy",
+                     json::parse(R"({"class_name": "Functional", "config": {"name": "bag",
+                       "layers": [
+                         {"class_name": "InputLayer", "name": "ids",
+                          "config": {"batch_input_shape": [null, 5], "dtype": "int64",
+                                     "name": "ids"}, "inbound_nodes": []},
+                         {"class_name": "Embedding", "name": "table",
+                          "config": {"name": "table", "input_dim": 9, "output_dim": 3},
+                          "inbound_nodes": [[["ids", 0, 0, {}]]]},
+                         {"class_name": "GlobalAveragePooling1D", "name": "mean",
+                          "config": {"name": "mean"}, "inbound_nodes": [[["table", 0, 0, {}]]]},
+                         {"class_name": "Flatten", "name": "flat", "config": {"name": "flat"},
+                          "inbound_nodes": [[["table", 0, 0, {}]]]},
+                         {"class_name": "Concatenate", "name": "both",
+                          "config": {"name": "both"},
+                          "inbound_nodes": [[["mean", 0, 0, {}], ["flat", 0, 0, {}]]]},
+                         {"class_name": "Dense", "name": "out",
+                          "config": {"name": "out", "units": 4, "activation": "softmax"},
+                          "inbound_nodes": [[["both", 0, 0, {}]]]}],
+                       "input_layers": [["ids", 0, 0]],
+                       "output_layers": [["out", 0, 0]]}})"),
+                     9},
         GradientCase{"AveragePoolingAndGlobalPools",
                      {5, 5, 2},
                      {Conv({{"filters", 3}, {"kernel_size", 2}, {"activation", "tanh"}}),

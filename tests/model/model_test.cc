@@ -118,7 +118,8 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Conv3D", "config": {"name": "conv3d"}})")),
             "model layer \"conv3d\" has class \"Conv3D\", which Stratum does not support: use "
             "InputLayer, Activation, Add, Average, AveragePooling2D, BatchNormalization, "
-            "Concatenate, Conv2D, Dense, Dropout, Flatten, GlobalAveragePooling2D, "
+            "Concatenate, Conv2D, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D, "
+            "GlobalAveragePooling2D, "
             "GlobalMaxPooling2D, MaxPooling2D, Multiply, ReLU, Reshape, SyncBatchNormalization or "
             "ZeroPadding2D");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
@@ -151,7 +152,8 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "kernel_initializer": {"class_name": "RandomNormal", "config": {}}}})")),
             "model layer \"d\" (Dense) has kernel_initializer \"RandomNormal\", which Stratum "
-            "does not support: use glorot_uniform, zeros, ones, he_uniform or lecun_uniform");
+            "does not support: use glorot_uniform, zeros, ones, he_uniform, lecun_uniform or "
+            "random_uniform");
   EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "bias_initializer": "orthogonal"}})")),
               HasSubstr("bias_initializer \"orthogonal\""));

@@ -144,5 +144,27 @@ TEST_F(CheckTrainingJobTest, AClassIdOutsideTheModelsOutputsIsNamedWhenLoaded) {
   EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(job_.model)).ok());
 }
 
+// A model whose input takes ids (an int InputLayer, as before an Embedding) looks them up as
+// they are: uint8 data keeps its values (not 1/255 of them), and a rescale is refused.
+TEST_F(CheckTrainingJobTest, IdsAreTakenUnscaledAndAnotherRescaleIsRefused) {
+  const Model ids = *Model::FromKerasJson(nlohmann::json::parse(R"({"class_name": "Sequential",
+      "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 28, 28],
+                                                "dtype": "int32"}},
+        {"class_name": "Embedding", "config": {"name": "e", "input_dim": 256, "output_dim": 2}},
+        {"class_name": "Flatten", "config": {"name": "flatten"}},
+        {"class_name": "Dense", "config": {"name": "out", "units": 10}}]}})"));
+  absl::StatusOr<FitData> data = LoadFitData(job_.data, ids);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->rescale, 1);
+  EXPECT_NEAR(LoadFitData(job_.data, *Model::FromKerasJson(job_.model))->rescale, 1.0 / 255, 1e-12);
+  job_.data.rescale = 1.0 / 255;
+  EXPECT_EQ(LoadFitData(job_.data, ids).status().message(),
+            "data.rescale is 0.00392157, but the model's input takes ids (an InputLayer of dtype "
+            "int32 or int64), which are not rescaled: remove data.rescale, or set it to 1");
+  job_.data.rescale = 1;
+  EXPECT_TRUE(LoadFitData(job_.data, ids).ok());
+}
+
 }  // namespace
 }  // namespace stratum

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,7 +45,8 @@ class CudaDevice final : public Device {
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaDeviceOptions& options);
   ~CudaDevice() override;
 
-  // Convolutions left pending by a capture (see above), and their planning.
+  // Convolutions (or embedding scratch) left pending by a capture (see above), and their
+  // planning.
   bool has_pending() const;
   absl::Status PreparePending();
 
@@ -75,6 +77,14 @@ class CudaDevice final : public Device {
                   int64_t width, bool accumulate) const override;
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override;
+  void EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                       int64_t width, float* out) const override;
+  void EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                     int64_t width, float* grad_table) const override;
+  void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
+                    float* out) const override;
+  void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
+                        float* grad_x, bool accumulate) const override;
   void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
               const float* bias, float* out) const override;
   void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,
@@ -112,8 +122,13 @@ class CudaDevice final : public Device {
   cudaStream_t stream_;
   cublasContext* cublas_;
   const StepCounters* counters_;
+  CachingAllocator* allocator_;
   DeviceBuffer partial_;  // ColumnSums' partial sums
   std::unique_ptr<Convolutions> convolutions_;
+  // EmbeddingGrad's scratch: grows outside captures only; the buffers it replaced stay for
+  // the graphs captured with them. pending_scratch_: the bytes a capture found missing.
+  mutable std::vector<DeviceBuffer> scratch_;
+  mutable size_t pending_scratch_ = 0;
   mutable absl::Status status_;
 };
 

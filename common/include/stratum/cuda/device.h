@@ -27,6 +27,9 @@ namespace stratum::cuda {
 // The physical devices this process sees (0 without a driver or device).
 int PhysicalGpuCount();
 
+// Whether `stream` is being captured into a CUDA graph (where nothing may be allocated).
+bool IsCapturing(cudaStream_t stream);
+
 struct AllocatorStats {
   int64_t driver_allocations = 0;  // cudaMalloc calls that succeeded
   int64_t driver_frees = 0;        // cudaFree calls (EmptyCache, destruction)

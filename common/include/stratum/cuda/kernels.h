@@ -182,4 +182,24 @@ absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t i
                          int64_t channels, int64_t top, int64_t left, float* out, int64_t out_h,
                          int64_t out_w, cudaStream_t stream);
 
+// ---- Embeddings ----
+
+// Device::EmbeddingLookup.
+absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                             int64_t width, float* out, cudaStream_t stream);
+// The device scratch EmbeddingGrad needs for `count` ids into a table of `rows`.
+size_t EmbeddingGradScratchBytes(int64_t count, int64_t rows);
+// Device::EmbeddingGrad, deterministic: the (row, position) pairs sorted by row (a radix
+// sort), their runs found (a run-length encoding and a scan), then each run summed by one
+// block in a fixed order (the CPU's within float rounding), so a row most ids name is summed
+// in parallel.
+absl::Status EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                           int64_t width, float* grad_table, void* scratch, size_t scratch_bytes,
+                           cudaStream_t stream);
+// Device::AverageSteps and AverageStepsGrad.
+absl::Status AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width, float* out,
+                          cudaStream_t stream);
+absl::Status AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
+                              float* grad_x, bool accumulate, cudaStream_t stream);
+
 }  // namespace stratum::cuda

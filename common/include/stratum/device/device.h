@@ -33,6 +33,12 @@ inline float Uniform01(RandomStream& rng) {
   return static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f);
 }
 
+// The row an embedding id (a float holding an integer, as the model's buffers do) names in a
+// table of `rows`: the id truncated as TensorFlow casts it, or -1 outside [0, rows) (NaN too).
+inline int64_t EmbeddingRow(float id, int64_t rows) {
+  return id >= 0.0f && id < static_cast<float>(rows) ? static_cast<int64_t>(id) : -1;
+}
+
 // The geometry of a 2-D window operation (convolution, pooling) on channels-last batches:
 // x [batch, in_h, in_w, in_c] -> out [batch, out_h, out_w, out_c]. Padding is explicit (Keras'
 // "same" becomes top/left/bottom/right amounts); dilation 1 is none.
@@ -141,6 +147,22 @@ class Device {
                                  const float* mean, const float* variance, float epsilon,
                                  const float* gamma, const float* sums, int64_t count, float* dx,
                                  bool accumulate) const = 0;
+  // Embedding lookup: out[i, :] = table[ids[i], :] for the `count` ids (float values of
+  // integers, as the model's buffers hold them) of a table [rows, width]; an id outside
+  // [0, rows) gives zeros (TensorFlow's GPU behaviour; the CPU refuses such ids in Keras).
+  virtual void EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
+                               int64_t width, float* out) const = 0;
+  // The table's gradient (overwritten): grad_table[r, :] = the sum of grad_out[i, :] over
+  // the ids i equal to r, in the order of i (deterministic); ids outside the table add nothing.
+  virtual void EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
+                             int64_t width, float* grad_table) const = 0;
+  // out[b, :] = the mean over s of x[b, s, :] for x [batch, steps, width] (Keras'
+  // GlobalAveragePooling1D), and its gradient: grad_x[b, s, :] (+)= grad_out[b, :] / steps.
+  virtual void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
+                            float* out) const = 0;
+  virtual void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
+                                float* grad_x, bool accumulate) const = 0;
+
   // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
   // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and
   // a counter on the device, so that a step captured in a CUDA graph draws anew each replay.

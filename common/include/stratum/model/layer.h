@@ -46,6 +46,9 @@ struct VariableSpec {
   // (NonTrainableUpdate in optimizer.h), so that the replicas' shares, summed as gradients
   // are by every strategy and pushed as gradients are to a parameter server, make one update.
   bool trainable = true;
+  // The range of initializer "random_uniform" (Keras' RandomUniform minval, maxval).
+  float uniform_low = -0.05f;
+  float uniform_high = 0.05f;
 };
 
 // What Build found: the output's shape, the variables (names without the layer's prefix:

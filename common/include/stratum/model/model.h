@@ -93,6 +93,9 @@ class Model {
   // Outputs per example (classes for a classifier); with several outputs, of all of them.
   int64_t output_size() const;
   int num_outputs() const;
+  // Whether an input takes ids (an InputLayer of dtype int32 or int64, as for Embedding): its
+  // data is not rescaled.
+  bool takes_ids() const;
   int64_t num_parameters() const;
   // The floats one Workspace holds for steps of `batch` examples (activations, gradients,
   // scratch): what training takes per replica besides the variables.

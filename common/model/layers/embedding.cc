@@ -1,0 +1,178 @@
+// Embedding and GlobalAveragePooling1D: a table of input_dim rows of output_dim floats looked
+// up by integer ids (an input of any shape [...] becomes [..., output_dim]), and the mean over
+// the steps of a sequence [steps, features] -> [features], as Keras computes them.
+//
+// Ids reach the layer as the model's float values: an InputLayer of dtype int32 or int64 takes
+// them unscaled. An id outside [0, input_dim) looks up zeros and moves no row (TensorFlow's
+// GPU behaviour; its CPU refuses the step).
+//
+// The table's gradient is dense here (rows no id of the step touched are zero): the sparse
+// path (row gradients to the parameter servers) is the embeddings issue's next step.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/keras_config.h"
+#include "common/model/layers/layers.h"
+#include "stratum/util/status_macros.h"
+
+namespace stratum::layers {
+namespace {
+
+using keras::Dump;
+using keras::Find;
+
+class Embedding final : public Layer {
+ public:
+  Embedding(int64_t input_dim, int64_t output_dim, keras::Initializer initializer,
+            keras::Regularizer regularizer)
+      : input_dim_(input_dim),
+        output_dim_(output_dim),
+        initializer_(std::move(initializer)),
+        regularizer_(regularizer) {}
+
+  absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
+                                   const std::string& where) override {
+    ids_per_example_ = inputs[0].num_elements();
+    if (!keras::CheckedProduct(input_dim_, output_dim_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has a table of ", input_dim_, " x ", output_dim_,
+                       " elements, more than the 2^31 Stratum allows per variable"));
+    }
+    if (!keras::CheckedProduct(ids_per_example_, output_dim_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " outputs ", ids_per_example_, " x ", output_dim_,
+          " elements per example, more than the 2^31 Stratum allows: use a smaller output_dim"));
+    }
+    LayerBuild build;
+    std::vector<int64_t> dims = inputs[0].dims();
+    dims.push_back(output_dim_);
+    build.output = Shape(std::move(dims));
+    VariableSpec table{"embeddings",      Shape({input_dim_, output_dim_}),
+                       initializer_.name, initializer_.seed,
+                       regularizer_.l1,   regularizer_.l2};
+    table.uniform_low = initializer_.low;
+    table.uniform_high = initializer_.high;
+    build.variables.push_back(std::move(table));
+    return build;
+  }
+
+  void Forward(const LayerForward& args) const override {
+    args.device->EmbeddingLookup(args.inputs[0], args.batch * ids_per_example_, args.variables[0],
+                                 input_dim_, output_dim_, args.output);
+  }
+
+  void Backward(const LayerBackward& args) const override {
+    args.device->EmbeddingGrad(args.inputs[0], args.batch * ids_per_example_, args.grad_output,
+                               input_dim_, output_dim_, args.grad_variables[0]);
+    // Ids have no gradient; a layer before this one (rare) gets zeros.
+    if (args.grad_inputs[0] != nullptr && !args.accumulate[0]) {
+      args.device->Zero(args.grad_inputs[0], args.batch * ids_per_example_);
+    }
+  }
+
+ private:
+  const int64_t input_dim_;
+  const int64_t output_dim_;
+  const keras::Initializer initializer_;
+  const keras::Regularizer regularizer_;
+  int64_t ids_per_example_ = 0;
+};
+
+class GlobalAveragePooling1D final : public Layer {
+ public:
+  explicit GlobalAveragePooling1D(bool keepdims) : keepdims_(keepdims) {}
+
+  absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
+                                   const std::string& where) override {
+    const Shape& in = inputs[0];
+    if (in.rank() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " takes sequences [steps, features], but gets ",
+                       keras::ShapeWithBatch(in), ": reshape the input to rank 3 with its batch"));
+    }
+    steps_ = in.dim(0);
+    width_ = in.dim(1);
+    LayerBuild build;
+    build.output = keepdims_ ? Shape({1, width_}) : Shape({width_});
+    return build;
+  }
+
+  void Forward(const LayerForward& args) const override {
+    args.device->AverageSteps(args.inputs[0], args.batch, steps_, width_, args.output);
+  }
+
+  void Backward(const LayerBackward& args) const override {
+    if (args.grad_inputs[0] == nullptr) return;
+    args.device->AverageStepsGrad(args.grad_output, args.batch, steps_, width_, args.grad_inputs[0],
+                                  args.accumulate[0]);
+  }
+
+ private:
+  const bool keepdims_;
+  int64_t steps_ = 0;
+  int64_t width_ = 0;
+};
+
+// A positive integer option below 2^31.
+absl::StatusOr<int64_t> ParseSize(const std::string& where, const nlohmann::json& config,
+                                  const char* key, const char* example) {
+  const nlohmann::json* value = Find(config, key);
+  if (value == nullptr || !value->is_number_integer() || value->get<int64_t>() <= 0 ||
+      value->get<int64_t>() >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", key, " ", value ? Dump(*value) : std::string("missing"),
+                     ": set it to a positive integer, such as ", example));
+  }
+  return value->get<int64_t>();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& config,
+                                                     const std::string& where) {
+  STRATUM_RETURN_IF_ERROR(keras::RefuseUnknown(
+      where, config,
+      {"input_dim", "output_dim", "embeddings_initializer", "embeddings_regularizer",
+       "embeddings_constraint", "mask_zero", "input_length", "sparse", "lora_rank", "weights"}));
+  STRATUM_RETURN_IF_ERROR(keras::RefuseSet(
+      where, config, {"activity_regularizer", "embeddings_constraint", "lora_rank", "weights"}));
+  STRATUM_RETURN_IF_ERROR(keras::RefuseFrozen(where, config));
+  STRATUM_ASSIGN_OR_RETURN(const bool mask_zero,
+                           keras::ParseBool(where, config, "mask_zero", false));
+  if (mask_zero) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where,
+        " sets mask_zero to true, which Stratum does not support yet (masks are not carried to "
+        "the layers after it): remove it, and keep id 0 for padding the model may learn"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(const bool sparse, keras::ParseBool(where, config, "sparse", false));
+  if (sparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " sets sparse to true, which Stratum does not support: remove it"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(const int64_t input_dim,
+                           ParseSize(where, config, "input_dim", "the vocabulary size, 10000"));
+  STRATUM_ASSIGN_OR_RETURN(const int64_t output_dim, ParseSize(where, config, "output_dim", "64"));
+  // Keras' default is "uniform": RandomUniform(-0.05, 0.05).
+  STRATUM_ASSIGN_OR_RETURN(
+      keras::Initializer initializer,
+      keras::ParseInitializer(where, config, "embeddings_initializer", "random_uniform"));
+  STRATUM_ASSIGN_OR_RETURN(keras::Regularizer regularizer,
+                           keras::ParseRegularizer(where, config, "embeddings_regularizer"));
+  return std::make_unique<Embedding>(input_dim, output_dim, std::move(initializer), regularizer);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeGlobalAveragePooling1D(const nlohmann::json& config,
+                                                                  const std::string& where) {
+  STRATUM_RETURN_IF_ERROR(keras::RefuseUnknown(where, config, {"data_format", "keepdims"}));
+  if (const nlohmann::json* format = Find(config, "data_format");
+      format != nullptr && *format != "channels_last") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has data_format ", Dump(*format),
+                     ", which Stratum does not support: use channels_last (steps, features)"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(const bool keepdims, keras::ParseBool(where, config, "keepdims", false));
+  return std::make_unique<GlobalAveragePooling1D>(keepdims);
+}
+
+}  // namespace stratum::layers
