@@ -25,6 +25,11 @@ absl::StatusOr<DeviceBuffer> Zeroed(CachingAllocator& allocator, size_t bytes) {
 
 absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
   const nlohmann::json config = optimizer.config();
+  if (optimizer.learning_rate_schedule().is_schedule()) {
+    return absl::UnimplementedError(
+        absl::StrCat("the learning-rate schedule ", optimizer.learning_rate_schedule().name(),
+                     " has no GPU update yet (the GPU path takes a constant learning_rate)"));
+  }
   OptimizerParams p;
   p.learning_rate = optimizer.learning_rate();
   const std::string name = optimizer.name();

@@ -95,18 +95,15 @@ class ConfigReader {
     return config_[key].get<bool>();
   }
 
-  absl::StatusOr<float> LearningRate(float default_value) const {
+  // learning_rate (or the legacy lr): a number or a Keras schedule.
+  absl::StatusOr<stratum::LearningRate> LearningRate(float default_value) const {
     const char* key = config_.contains("learning_rate") ? "learning_rate" : "lr";
     if (config_.contains(key) && config_[key].is_object()) {
-      const nlohmann::json& schedule = config_[key];
-      const std::string kind = schedule.contains("class_name") && schedule["class_name"].is_string()
-                                   ? schedule["class_name"].get<std::string>()
-                                   : std::string("object");
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer ", optimizer_, " has a learning-rate schedule (", kind, ") as ",
-                       key, ", which Stratum does not support: use a constant learning_rate"));
+      return stratum::LearningRate::FromKeras(config_[key],
+                                              absl::StrCat("optimizer ", optimizer_, "'s ", key));
     }
-    return Number(key, default_value, 0.0f, 1e6f);
+    STRATUM_ASSIGN_OR_RETURN(const float constant, Number(key, default_value, 0.0f, 1e6f));
+    return stratum::LearningRate(constant);
   }
 
   // A key neither this optimizer nor Keras' common options have (a typo such as
@@ -180,13 +177,13 @@ Tensor Filled(const Tensor& variable, float value) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(float learning_rate, float momentum, bool nesterov)
-      : Optimizer(learning_rate), momentum_(momentum), nesterov_(nesterov) {}
+  Sgd(stratum::LearningRate learning_rate, float momentum, bool nesterov)
+      : Optimizer(std::move(learning_rate)), momentum_(momentum), nesterov_(nesterov) {}
 
   std::string name() const override { return "SGD"; }
   nlohmann::json config() const override {
     return {{"name", "SGD"},
-            {"learning_rate", learning_rate()},
+            {"learning_rate", learning_rate_schedule().ToKeras()},
             {"momentum", momentum_},
             {"nesterov", nesterov_}};
   }
@@ -199,11 +196,11 @@ class Sgd final : public Optimizer {
     return {Filled(variable, 0)};
   }
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t /*iteration*/) const override {
+                  int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, momentum_ == 0 ? 0 : 1);
     auto var = variable.Flat();
     const auto g = gradient.Flat();
-    const float lr = learning_rate();
+    const float lr = learning_rate(iteration);
     if (momentum_ == 0) {
       var -= lr * g;
       return;
@@ -224,12 +221,12 @@ class Sgd final : public Optimizer {
 
 class Adam final : public Optimizer {
  public:
-  Adam(float learning_rate, float beta_1, float beta_2, float epsilon)
-      : Optimizer(learning_rate), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {}
+  Adam(stratum::LearningRate learning_rate, float beta_1, float beta_2, float epsilon)
+      : Optimizer(std::move(learning_rate)), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {}
 
   std::string name() const override { return "Adam"; }
   nlohmann::json config() const override {
-    return {{"name", "Adam"},      {"learning_rate", learning_rate()},
+    return {{"name", "Adam"},      {"learning_rate", learning_rate_schedule().ToKeras()},
             {"beta_1", beta_1_},   {"beta_2", beta_2_},
             {"epsilon", epsilon_}, {"amsgrad", false}};
   }
@@ -241,8 +238,9 @@ class Adam final : public Optimizer {
                   int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, 2);
     const double step = static_cast<double>(iteration + 1);
-    const float alpha = static_cast<float>(
-        learning_rate() * std::sqrt(1 - std::pow(beta_2_, step)) / (1 - std::pow(beta_1_, step)));
+    const float alpha =
+        static_cast<float>(learning_rate(iteration) * std::sqrt(1 - std::pow(beta_2_, step)) /
+                           (1 - std::pow(beta_1_, step)));
     auto var = variable.Flat();
     const auto g = gradient.Flat();
     auto m = slots[0].Flat();
@@ -258,13 +256,15 @@ class Adam final : public Optimizer {
 
 class Adagrad final : public Optimizer {
  public:
-  Adagrad(float learning_rate, float initial_accumulator_value, float epsilon)
-      : Optimizer(learning_rate), initial_(initial_accumulator_value), epsilon_(epsilon) {}
+  Adagrad(stratum::LearningRate learning_rate, float initial_accumulator_value, float epsilon)
+      : Optimizer(std::move(learning_rate)),
+        initial_(initial_accumulator_value),
+        epsilon_(epsilon) {}
 
   std::string name() const override { return "Adagrad"; }
   nlohmann::json config() const override {
     return {{"name", "Adagrad"},
-            {"learning_rate", learning_rate()},
+            {"learning_rate", learning_rate_schedule().ToKeras()},
             {"initial_accumulator_value", initial_},
             {"epsilon", epsilon_}};
   }
@@ -273,14 +273,14 @@ class Adagrad final : public Optimizer {
     return {Filled(variable, initial_)};
   }
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t /*iteration*/) const override {
+                  int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, 1);
     auto var = variable.Flat();
     const auto g = gradient.Flat();
     auto accumulator = slots[0].Flat();
     // Keras 3: epsilon inside the square root.
     accumulator += g.square();
-    var -= learning_rate() * g / (accumulator + epsilon_).sqrt();
+    var -= learning_rate(iteration) * g / (accumulator + epsilon_).sqrt();
   }
 
  private:
@@ -289,8 +289,9 @@ class Adagrad final : public Optimizer {
 
 class RmsProp final : public Optimizer {
  public:
-  RmsProp(float learning_rate, float rho, float momentum, float epsilon, bool centered)
-      : Optimizer(learning_rate),
+  RmsProp(stratum::LearningRate learning_rate, float rho, float momentum, float epsilon,
+          bool centered)
+      : Optimizer(std::move(learning_rate)),
         rho_(rho),
         momentum_(momentum),
         epsilon_(epsilon),
@@ -298,7 +299,7 @@ class RmsProp final : public Optimizer {
 
   std::string name() const override { return "RMSprop"; }
   nlohmann::json config() const override {
-    return {{"name", "RMSprop"},   {"learning_rate", learning_rate()},
+    return {{"name", "RMSprop"},   {"learning_rate", learning_rate_schedule().ToKeras()},
             {"rho", rho_},         {"momentum", momentum_},
             {"epsilon", epsilon_}, {"centered", centered_}};
   }
@@ -314,13 +315,13 @@ class RmsProp final : public Optimizer {
     return slots;
   }
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t /*iteration*/) const override {
+                  int64_t iteration) const override {
     const size_t num_slots = 1 + (momentum_ > 0 ? 1 : 0) + (centered_ ? 1 : 0);
     CheckSameShape(variable, gradient, slots, num_slots);
     auto var = variable.Flat();
     const auto g = gradient.Flat();
     auto velocity = slots[0].Flat();
-    const float lr = learning_rate();
+    const float lr = learning_rate(iteration);
     velocity = rho_ * velocity + (1 - rho_) * g.square();
     // Keras 3: increment = lr * g / sqrt(denominator), epsilon inside the root.
     auto apply = [&](const auto& denominator) {
@@ -358,15 +359,15 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
   if (kind == "sgd") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"momentum", "nesterov"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
-    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.01f));
+    STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.01f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(bool nesterov, reader.Bool("nesterov", false));
-    return std::unique_ptr<Optimizer>(new Sgd(lr, momentum, nesterov));
+    return std::unique_ptr<Optimizer>(new Sgd(std::move(lr), momentum, nesterov));
   }
   if (kind == "adam") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"beta_1", "beta_2", "epsilon", "amsgrad"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
-    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     using Range = ConfigReader::Range;
     STRATUM_ASSIGN_OR_RETURN(float beta_1,
                              reader.Number("beta_1", 0.9f, 0.0f, 1.0f, Range::kBelowMax));
@@ -374,12 +375,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
                              reader.Number("beta_2", 0.999f, 0.0f, 1.0f, Range::kBelowMax));
     STRATUM_ASSIGN_OR_RETURN(float epsilon,
                              reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, Range::kAboveMin));
-    return std::unique_ptr<Optimizer>(new Adam(lr, beta_1, beta_2, epsilon));
+    return std::unique_ptr<Optimizer>(new Adam(std::move(lr), beta_1, beta_2, epsilon));
   }
   if (kind == "adagrad") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"initial_accumulator_value", "epsilon"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
-    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float initial,
                              reader.Number("initial_accumulator_value", 0.1f, 0.0f, 1e30f));
     STRATUM_ASSIGN_OR_RETURN(float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f));
@@ -389,18 +390,18 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
           "then divides 0 by 0, making the variable NaN; give epsilon (Keras' default 1e-7) or "
           "initial_accumulator_value (0.1) a positive value");
     }
-    return std::unique_ptr<Optimizer>(new Adagrad(lr, initial, epsilon));
+    return std::unique_ptr<Optimizer>(new Adagrad(std::move(lr), initial, epsilon));
   }
   if (kind == "rmsprop") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"rho", "momentum", "epsilon", "centered"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
-    STRATUM_ASSIGN_OR_RETURN(float lr, reader.LearningRate(0.001f));
+    STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(
         float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, ConfigReader::Range::kAboveMin));
     STRATUM_ASSIGN_OR_RETURN(bool centered, reader.Bool("centered", false));
-    return std::unique_ptr<Optimizer>(new RmsProp(lr, rho, momentum, epsilon, centered));
+    return std::unique_ptr<Optimizer>(new RmsProp(std::move(lr), rho, momentum, epsilon, centered));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("optimizer \"", class_name, "\" is not supported by Stratum: ", kSupported));

@@ -256,8 +256,14 @@ TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
                                    {{"module", "keras.optimizers.schedules"},
                                     {"class_name", "ExponentialDecay"},
                                     {"config", {{"initial_learning_rate", 0.1}}}}}})),
-            "optimizer Adam has a learning-rate schedule (ExponentialDecay) as learning_rate, "
-            "which Stratum does not support: use a constant learning_rate");
+            "optimizer Adam's learning_rate (ExponentialDecay) has no decay_steps: Keras requires "
+            "it; set it");
+  EXPECT_EQ(
+      Refusal(with("Adam",
+                   {{"learning_rate", {{"class_name", "CyclicalLearningRate"}, {"config", {}}}}})),
+      "optimizer Adam's learning_rate is the schedule \"CyclicalLearningRate\", which Stratum "
+      "does not support: use ExponentialDecay, PiecewiseConstantDecay, InverseTimeDecay, "
+      "PolynomialDecay, CosineDecay or CosineDecayRestarts");
   EXPECT_EQ(Refusal("nadam"),
             "optimizer \"nadam\" is not supported by Stratum: use SGD, Adam, Adagrad or RMSprop");
   EXPECT_THAT(Refusal(with("SGD", {{"momentum", "high"}})),
@@ -273,6 +279,129 @@ TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
   // Harmless settings are accepted.
   EXPECT_NE(Make(with("Adam", {{"weight_decay", 0}, {"use_ema", false}, {"jit_compile", true}})),
             nullptr);
+}
+
+// Keras' schedule formulas, evaluated by hand at chosen steps.
+TEST(LearningRateScheduleTest, FollowsKerasFormulas) {
+  auto schedule = [](const char* name, json config) {
+    absl::StatusOr<LearningRate> rate = LearningRate::FromKeras(
+        {{"module", "keras.optimizers.schedules"}, {"class_name", name}, {"config", config}},
+        "test");
+    EXPECT_TRUE(rate.ok()) << rate.status();
+    return *rate;
+  };
+  const LearningRate exponential = schedule(
+      "ExponentialDecay",
+      {{"initial_learning_rate", 0.1}, {"decay_steps", 10}, {"decay_rate", 0.5}, {"name", "e"}});
+  EXPECT_FLOAT_EQ(exponential.At(0), 0.1f);
+  EXPECT_FLOAT_EQ(exponential.At(10), 0.05f);
+  EXPECT_FLOAT_EQ(exponential.At(15), 0.1f * std::pow(0.5f, 1.5f));  // 0.0353553
+  const LearningRate stairs = schedule("ExponentialDecay", {{"initial_learning_rate", 0.1},
+                                                            {"decay_steps", 10},
+                                                            {"decay_rate", 0.5},
+                                                            {"staircase", true}});
+  EXPECT_FLOAT_EQ(stairs.At(15), 0.05f);
+  const LearningRate piecewise =
+      schedule("PiecewiseConstantDecay", {{"boundaries", {100, 200}}, {"values", {1.0, 0.5, 0.1}}});
+  EXPECT_FLOAT_EQ(piecewise.At(100), 1.0f);  // values[0] up to and at the first boundary
+  EXPECT_FLOAT_EQ(piecewise.At(101), 0.5f);
+  EXPECT_FLOAT_EQ(piecewise.At(200), 0.5f);
+  EXPECT_FLOAT_EQ(piecewise.At(201), 0.1f);
+  const LearningRate inverse =
+      schedule("InverseTimeDecay",
+               {{"initial_learning_rate", 0.1}, {"decay_steps", 1}, {"decay_rate", 0.5}});
+  EXPECT_FLOAT_EQ(inverse.At(2), 0.05f);  // 0.1 / (1 + 0.5 * 2)
+  const LearningRate inverse_stairs = schedule("InverseTimeDecay", {{"initial_learning_rate", 0.1},
+                                                                    {"decay_steps", 4},
+                                                                    {"decay_rate", 0.5},
+                                                                    {"staircase", true}});
+  EXPECT_FLOAT_EQ(inverse_stairs.At(5), 0.1f / 1.5f);
+  const json polynomial = {{"initial_learning_rate", 0.1},
+                           {"decay_steps", 10},
+                           {"end_learning_rate", 0.01},
+                           {"power", 2}};
+  EXPECT_FLOAT_EQ(schedule("PolynomialDecay", polynomial).At(5), 0.0325f);  // 0.09 * 0.25 + 0.01
+  EXPECT_FLOAT_EQ(schedule("PolynomialDecay", polynomial).At(20), 0.01f);
+  json cycling = polynomial;
+  cycling["cycle"] = true;
+  // Step 15 of a cycle of 20: 0.09 * (1 - 15 / 20)^2 + 0.01.
+  EXPECT_FLOAT_EQ(schedule("PolynomialDecay", cycling).At(15), 0.015625f);
+  const LearningRate cosine =
+      schedule("CosineDecay", {{"initial_learning_rate", 0.1}, {"decay_steps", 100}});
+  EXPECT_FLOAT_EQ(cosine.At(50), 0.05f);
+  EXPECT_NEAR(cosine.At(100), 0.0f, 1e-9);
+  EXPECT_NEAR(cosine.At(200), 0.0f, 1e-9);
+  EXPECT_FLOAT_EQ(schedule("CosineDecay",
+                           {{"initial_learning_rate", 0.1}, {"decay_steps", 100}, {"alpha", 0.1}})
+                      .At(100),
+                  0.01f);
+  const LearningRate warmup = schedule("CosineDecay", {{"initial_learning_rate", 0.0},
+                                                       {"decay_steps", 100},
+                                                       {"warmup_target", 0.1},
+                                                       {"warmup_steps", 10}});
+  EXPECT_FLOAT_EQ(warmup.At(5), 0.05f);  // halfway up the linear warmup
+  EXPECT_FLOAT_EQ(warmup.At(10), 0.1f);
+  EXPECT_FLOAT_EQ(warmup.At(60), 0.05f);  // halfway down the cosine after it
+  EXPECT_NEAR(warmup.At(500), 0.0f, 1e-9);
+  const LearningRate restarts = schedule(
+      "CosineDecayRestarts",
+      {{"initial_learning_rate", 0.1}, {"first_decay_steps", 10}, {"t_mul", 2}, {"m_mul", 0.5}});
+  EXPECT_FLOAT_EQ(restarts.At(0), 0.1f);
+  EXPECT_FLOAT_EQ(restarts.At(5), 0.05f);
+  EXPECT_FLOAT_EQ(restarts.At(10), 0.05f);   // the second period starts at m_mul
+  EXPECT_FLOAT_EQ(restarts.At(20), 0.025f);  // halfway through the second period (20 steps)
+  const LearningRate even =
+      schedule("CosineDecayRestarts",
+               {{"initial_learning_rate", 0.1}, {"first_decay_steps", 10}, {"t_mul", 1}});
+  EXPECT_FLOAT_EQ(even.At(15), 0.05f);
+}
+
+// An optimizer steps its schedule by the update count, and serializes it in its config, so
+// that a parameter server rebuilds the same schedule from it.
+TEST(LearningRateScheduleTest, StepsByTheUpdateCountAndTravelsInTheConfig) {
+  const json spec = {{"class_name", "SGD"},
+                     {"config",
+                      {{"learning_rate",
+                        {{"class_name", "PiecewiseConstantDecay"},
+                         {"config", {{"boundaries", {0}}, {"values", {1.0, 0.5}}}}}}}}};
+  auto sgd = Make(spec);
+  ASSERT_NE(sgd, nullptr);
+  EXPECT_FLOAT_EQ(sgd->learning_rate(), 1.0f);
+  EXPECT_FLOAT_EQ(sgd->learning_rate(1), 0.5f);
+  Tensor var = Tensor::FromVector<float>(Shape({1}), {1.0f});
+  std::vector<Tensor> slots = sgd->NewSlots(var);
+  const Tensor grad = Tensor::FromVector<float>(Shape({1}), {1.0f});
+  sgd->ApplyDense(var, grad, slots, 0);  // rate 1.0
+  sgd->ApplyDense(var, grad, slots, 1);  // rate 0.5
+  EXPECT_FLOAT_EQ(var.data<float>()[0], -0.5f);
+  auto rebuilt = Make({{"class_name", "SGD"}, {"config", sgd->config()}});
+  ASSERT_NE(rebuilt, nullptr);
+  EXPECT_EQ(rebuilt->config(), sgd->config());
+  EXPECT_FLOAT_EQ(rebuilt->learning_rate(7), 0.5f);
+  EXPECT_EQ(sgd->learning_rate_schedule().name(), "PiecewiseConstantDecay");
+  // Values Keras would refuse are refused by name.
+  EXPECT_THAT(Refusal({{"class_name", "SGD"},
+                       {"config",
+                        {{"learning_rate",
+                          {{"class_name", "PiecewiseConstantDecay"},
+                           {"config", {{"boundaries", {1, 2}}, {"values", {1.0, 0.5}}}}}}}}}),
+              HasSubstr("2 boundaries and 2 values: give one value more than boundaries"));
+  EXPECT_THAT(Refusal({{"class_name", "Adam"},
+                       {"config",
+                        {{"learning_rate",
+                          {{"class_name", "CosineDecay"},
+                           {"config", {{"initial_learning_rate", 0.1}, {"decay_steps", 0}}}}}}}}),
+              HasSubstr("decay_steps 0: use a positive number"));
+  EXPECT_THAT(Refusal({{"class_name", "Adam"},
+                       {"config",
+                        {{"learning_rate",
+                          {{"class_name", "ExponentialDecay"},
+                           {"config",
+                            {{"initial_learning_rate", 0.1},
+                             {"decay_steps", 10},
+                             {"decay_rate", 0.9},
+                             {"stair_case", true}}}}}}}}),
+              HasSubstr("config key \"stair_case\", which Keras' schedule does not have"));
 }
 
 }  // namespace

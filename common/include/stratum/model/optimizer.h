@@ -12,12 +12,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "stratum/model/layer.h"
+#include "stratum/model/learning_rate_schedule.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -28,16 +30,20 @@ class Optimizer {
 
   // A Keras optimizer as compile() takes it: a name ("adam", "sgd", "rmsprop", "adagrad"),
   // or a serialized object {"class_name": "Adam", "config": {"learning_rate": 0.001, ...}}
-  // (tf.keras or Keras 3 form). Options Stratum does not implement (clipnorm, clipvalue,
-  // global_clipnorm, weight_decay, use_ema, amsgrad, loss_scale_factor,
-  // gradient_accumulation_steps, a learning-rate schedule) are refused by name.
+  // (tf.keras or Keras 3 form); learning_rate may be a Keras schedule (learning_rate_schedule.h).
+  // Options Stratum does not implement (clipnorm, clipvalue, global_clipnorm, weight_decay,
+  // use_ema, amsgrad, loss_scale_factor, gradient_accumulation_steps) are refused by name.
   static absl::StatusOr<std::unique_ptr<Optimizer>> FromKeras(const nlohmann::json& spec);
 
   // Keras' class name: "SGD", "Adam", "Adagrad", "RMSprop".
   virtual std::string name() const = 0;
   // Keras' get_config() keys for this optimizer's hyper-parameters.
   virtual nlohmann::json config() const = 0;
-  float learning_rate() const { return learning_rate_; }
+  // The rate of the first update, and of the update after `iteration` updates (a schedule's
+  // value there; the constant otherwise).
+  float learning_rate() const { return learning_rate_.At(0); }
+  float learning_rate(int64_t iteration) const { return learning_rate_.At(iteration); }
+  const LearningRate& learning_rate_schedule() const { return learning_rate_; }
 
   // Names of the per-variable state tensors, in the order NewSlots returns them
   // (Adam: {"m", "v"}; SGD without momentum: none).
@@ -57,10 +63,10 @@ class Optimizer {
              std::span<const VariableSpec> specs = {}) const;
 
  protected:
-  explicit Optimizer(float learning_rate) : learning_rate_(learning_rate) {}
+  explicit Optimizer(LearningRate learning_rate) : learning_rate_(std::move(learning_rate)) {}
 
  private:
-  float learning_rate_;
+  LearningRate learning_rate_;
 };
 
 // How a non-trainable variable (BatchNormalization's moving statistics) is updated: its
