@@ -58,12 +58,13 @@ absl::StatusOr<Perf> Fastest(const Perf* results, int count, bool allow_tf32,
 absl::Status CheckCudnnVersion() {
   const size_t loaded = cudnnGetVersion();
   if (loaded / 10000 == CUDNN_MAJOR) return absl::OkStatus();
+  // cuDNN 9 numbers its versions major * 10000 + minor * 100, cuDNN 8 major * 1000 + ...
+  const size_t major = loaded >= 90000 ? loaded / 10000 : loaded / 1000;
+  const size_t minor = loaded >= 90000 ? loaded / 100 % 100 : loaded / 100 % 10;
   return absl::FailedPreconditionError(
       absl::StrCat("Stratum was built with cuDNN ", CUDNN_MAJOR, ".", CUDNN_MINOR,
-                   ", but this process loaded "
-                   "cuDNN ",
-                   loaded / 10000, ".", loaded / 100 % 100, ": put a cuDNN ", CUDNN_MAJOR,
-                   " library folder first in LD_LIBRARY_PATH"));
+                   ", but this process loaded cuDNN ", major, ".", minor, ": put a cuDNN ",
+                   CUDNN_MAJOR, " library folder first in LD_LIBRARY_PATH"));
 }
 
 struct Convolutions::Plan {

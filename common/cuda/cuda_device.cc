@@ -89,7 +89,7 @@ void CudaDevice::AddBias(float* x, const float* bias, int64_t rows, int64_t widt
 
 void CudaDevice::SumRows(const float* x, int64_t rows, int64_t width, float* out,
                          bool accumulate) const {
-  if (rows >= kTwoPassRows) {
+  if (rows >= kTwoPassRows && width <= kPartialFloats) {
     ColumnSums({.term = ColumnTerm::kValue,
                 .a = x,
                 .rows = rows,
@@ -200,6 +200,11 @@ void CudaDevice::EmbeddingLookup(const float* ids, int64_t count, const float* t
 
 void CudaDevice::EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
                                int64_t width, float* grad_table) const {
+  if (count >= (int64_t{1} << 31)) {
+    return Record(absl::InvalidArgumentError(absl::StrCat(
+        "an embedding looked up ", count,
+        " times in one step is past the GPU kernel's 2^31 - 1 ids: use a smaller batch")));
+  }
   const size_t needed = EmbeddingGradScratchBytes(count, rows);
   if (scratch_.empty() || scratch_.back().size() < needed) {
     if (IsCapturing(stream_)) {

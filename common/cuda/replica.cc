@@ -248,6 +248,11 @@ absl::Status Replica::SetState(const std::vector<Tensor>& variables,
     return absl::InvalidArgumentError(absl::StrCat("variables has ", variables.size(),
                                                    " tensors, but the model has ", specs.size()));
   }
+  if (!slots.empty() && slots.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("slots has ", slots.size(),
+                                                   " variables' state, but the model has ",
+                                                   specs.size(), " variables"));
+  }
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
   for (size_t v = 0; v < specs.size(); ++v) {
@@ -413,7 +418,9 @@ absl::StatusOr<cudaGraphExec_t> Replica::CaptureTrainStep(const StepInput& input
       cudaGraphDestroy(graph);
       graph = nullptr;
       if (attempt > 0) {
-        return absl::InternalError("a convolution was still unplanned after its planning capture");
+        return absl::InternalError(
+            "a convolution or an embedding gradient's scratch was still unplanned after its "
+            "planning capture");
       }
       rng_ = rng_before;
       STRATUM_RETURN_IF_ERROR(device_->PreparePending());

@@ -324,6 +324,15 @@ absl::StatusOr<Initializer> ParseInitializer(const std::string& where, const jso
                    "\", which Stratum does not support: ", kSupportedInitializers));
 }
 
+VariableSpec MakeVariable(std::string name, Shape shape, const Initializer& initializer,
+                          const Regularizer& regularizer, bool trainable) {
+  VariableSpec spec{std::move(name), std::move(shape), initializer.name, initializer.seed,
+                    regularizer.l1,  regularizer.l2,   trainable};
+  spec.uniform_low = initializer.low;
+  spec.uniform_high = initializer.high;
+  return spec;
+}
+
 absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const json& config,
                                              const char* key) {
   const json* value = Find(config, key);

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "stratum/device/device.h"
+#include "stratum/model/layer.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum::keras {
@@ -86,6 +87,11 @@ struct Regularizer {
 };
 absl::StatusOr<Regularizer> ParseRegularizer(const std::string& where, const json& config,
                                              const char* key);
+
+// A layer's variable, drawn by `initializer` (random_uniform's range included) and
+// regularized by `regularizer`: the one way layers declare their variables.
+VariableSpec MakeVariable(std::string name, Shape shape, const Initializer& initializer,
+                          const Regularizer& regularizer = {}, bool trainable = true);
 
 // config[key] as a boolean, or `default_value` when absent or null.
 absl::StatusOr<bool> ParseBool(const std::string& where, const json& config, const char* key,

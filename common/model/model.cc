@@ -212,7 +212,15 @@ int64_t Model::output_size() const { return impl_->output_size; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
-bool Model::takes_ids() const { return impl_->takes_ids; }
+bool Model::takes_ids() const {
+  return std::find(impl_->input_takes_ids.begin(), impl_->input_takes_ids.end(), true) !=
+         impl_->input_takes_ids.end();
+}
+
+bool Model::takes_only_ids() const {
+  return std::find(impl_->input_takes_ids.begin(), impl_->input_takes_ids.end(), false) ==
+         impl_->input_takes_ids.end();
+}
 
 absl::Status Model::CheckRunsOnGpu() const {
   for (const VariableSpec& spec : impl_->variables) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,11 @@ struct Model::Impl {
   std::vector<GraphNode> nodes;
   std::vector<GraphTensor> tensors;
   std::vector<VariableSpec> variables;
-  Shape input_shape;          // the one input's shape, or [elements of all inputs]
-  bool regularized = false;   // some variable has a regularizer
-  bool synchronized = false;  // some node sums over the replicas in sync
-  bool takes_ids = false;     // an InputLayer of dtype int32 or int64
+  Shape input_shape;                  // the one input's shape, or [elements of all inputs]
+  bool regularized = false;           // some variable has a regularizer
+  bool synchronized = false;          // some node sums over the replicas in sync
+  std::set<std::string> int_inputs;   // the InputLayers of dtype int32 or int64, by name
+  std::vector<bool> input_takes_ids;  // per input: int, or read by an Embedding as it is
   int64_t output_size = 0;
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;

@@ -83,14 +83,17 @@ absl::StatusOr<bool> InputFlag(const json& config, const char* key) {
 }
 
 // The InputLayer's dtype (float32, or int32 / int64 for ids, which the model then takes
-// unscaled: Model::takes_ids), sparse and ragged options.
-absl::Status CheckInputLayer(const json& config, Model::Impl& impl) {
+// unscaled: Model::takes_ids), sparse and ragged options. `name` is the input's.
+absl::Status CheckInputLayer(const json& config, const std::string& name, Model::Impl& impl) {
   const json* dtype = Find(config, "dtype");
   if (dtype != nullptr && dtype->is_string() && (*dtype == "int32" || *dtype == "int64")) {
-    impl.takes_ids = true;
-  } else {
-    STRATUM_RETURN_IF_ERROR(keras::CheckDtype(
-        Where(FindString(config, "name").value_or("input_layer"), "InputLayer"), config));
+    impl.int_inputs.insert(name);
+  } else if (dtype != nullptr && !(dtype->is_string() && *dtype == "float32")) {
+    // keras::CheckDtype's message, with the id types an input may have besides.
+    if (absl::Status status = keras::CheckDtype(Where(name, "InputLayer"), config); !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(status.message(), ", or int32 / int64 for ids (Embedding)"));
+    }
   }
   STRATUM_ASSIGN_OR_RETURN(const bool sparse, InputFlag(config, "sparse"));
   STRATUM_ASSIGN_OR_RETURN(const bool ragged, InputFlag(config, "ragged"));
@@ -170,6 +173,17 @@ class GraphBuilder {
   // model's input shape and output size.
   absl::Status Finish(const std::vector<int>& outputs) {
     impl_.outputs = outputs;
+    // An input takes ids when declared int, or when an Embedding reads it as it is (Keras
+    // casts a float32 input's values to ids there, never scaling them).
+    impl_.input_takes_ids.assign(impl_.inputs.size(), false);
+    for (size_t i = 0; i < impl_.inputs.size(); ++i) {
+      bool ids = impl_.int_inputs.count(impl_.input_names[i]) > 0;
+      for (const GraphNode& node : impl_.nodes) {
+        if (node.class_name != "Embedding") continue;
+        for (int id : node.inputs) ids |= id == impl_.inputs[i];
+      }
+      impl_.input_takes_ids[i] = ids;
+    }
     std::vector<bool> used(impl_.tensors.size(), false);
     for (int id : outputs) used[static_cast<size_t>(id)] = true;
     for (int n = static_cast<int>(impl_.nodes.size()) - 1; n >= 0; --n) {
@@ -289,8 +303,8 @@ absl::Status BuildSequential(const json& spec, Model::Impl& impl) {
     }
     if (is_input) {
       if (layer_config != nullptr) {
-        STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, impl));
         input_name = FindString(*layer_config, "name").value_or(input_name);
+        STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, input_name, impl));
       }
       continue;
     }
@@ -518,7 +532,7 @@ absl::Status BuildFunctional(const json& spec, Model::Impl& impl) {
       const std::string name = FindString(*layer_config, "name")
                                    .value_or(FindString(layer_json, "name").value_or("input"));
       const std::string where = Where(name, "InputLayer");
-      STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, impl));
+      STRATUM_RETURN_IF_ERROR(CheckInputLayer(*layer_config, name, impl));
       STRATUM_ASSIGN_OR_RETURN(std::optional<Shape> shape,
                                keras::DeclaredInputShape(where, *layer_config));
       if (!shape) {

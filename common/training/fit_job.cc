@@ -241,8 +241,14 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
     if (spec.rescale > 0 && spec.rescale != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.rescale is ", spec.rescale,
-          ", but the model's input takes ids (an InputLayer of dtype int32 or int64), which "
-          "are not rescaled: remove data.rescale, or set it to 1"));
+          ", but the model's input takes ids (an Embedding reads it, or its InputLayer has "
+          "dtype int32 or int64), which are not rescaled: remove data.rescale, or set it to 1"));
+    }
+    // One factor serves every input: values beside ids would silently lose theirs.
+    if (!model.takes_only_ids() && spec.rescale != 1) {
+      return absl::InvalidArgumentError(
+          "the model takes ids on some inputs and values on others, and one data.rescale "
+          "serves them all: give the values already scaled and set data.rescale to 1");
     }
     data.rescale = 1;
   }

@@ -99,12 +99,28 @@ TEST(EmbeddingTest, BuildsKerasShapesVariablesAndInitialValues) {
   }
   // Its own seed: the same values whatever the model's seed.
   EXPECT_EQ(ranged->InitialVariables(2)[0].data<float>()[5], values.data<float>()[5]);
-  // A float input keeps its data's rescale; an int input is not an ids model otherwise.
+  // A float32 input an Embedding reads takes ids too (Keras casts them, never scales them);
+  // one that feeds a Dense takes values.
   auto floats = Model::FromKerasJson(
       Sequential(Input({3}), {Embedding({{"input_dim", 5}, {"output_dim", 2}}),
                               {{"class_name", "Flatten"}, {"config", json::object()}}}));
   ASSERT_TRUE(floats.ok()) << floats.status();
-  EXPECT_FALSE(floats->takes_ids());
+  EXPECT_TRUE(floats->takes_ids());
+  auto dense = Model::FromKerasJson(Sequential(
+      Input({3}),
+      {{{"class_name", "Dense"},
+        {"config",
+         {{"units", 2},
+          {"kernel_initializer",
+           {{"class_name", "RandomUniform"}, {"config", {{"minval", 3.0}, {"maxval", 4.0}}}}}}}}}));
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_FALSE(dense->takes_ids());
+  // RandomUniform's range holds in every layer, not the Embedding alone.
+  const Tensor kernel = dense->InitialVariables(1)[0];
+  for (int64_t i = 0; i < kernel.num_elements(); ++i) {
+    ASSERT_GE(kernel.data<float>()[i], 3.0f);
+    ASSERT_LT(kernel.data<float>()[i], 4.0f);
+  }
 }
 
 TEST(EmbeddingTest, RefusesWhatStratumDoesNotImplementByName) {
@@ -131,6 +147,9 @@ TEST(EmbeddingTest, RefusesWhatStratumDoesNotImplementByName) {
   auto uint8 = Model::FromKerasJson(
       Sequential(Input({3}, "uint8"), {Embedding({{"input_dim", 5}, {"output_dim", 2}})}));
   EXPECT_THAT(uint8.status().message(), HasSubstr("dtype \"uint8\""));
+  EXPECT_THAT(uint8.status().message(), HasSubstr("or int32 / int64 for ids (Embedding)"));
+  EXPECT_THAT(refusal({{"input_dim", 20000000}, {"output_dim", 2}}),
+              HasSubstr("more rows than Stratum's ids address exactly (2^24 = 16777216)"));
 }
 
 }  // namespace

@@ -160,8 +160,9 @@ TEST_F(CheckTrainingJobTest, IdsAreTakenUnscaledAndAnotherRescaleIsRefused) {
   EXPECT_NEAR(LoadFitData(job_.data, *Model::FromKerasJson(job_.model))->rescale, 1.0 / 255, 1e-12);
   job_.data.rescale = 1.0 / 255;
   EXPECT_EQ(LoadFitData(job_.data, ids).status().message(),
-            "data.rescale is 0.00392157, but the model's input takes ids (an InputLayer of dtype "
-            "int32 or int64), which are not rescaled: remove data.rescale, or set it to 1");
+            "data.rescale is 0.00392157, but the model's input takes ids (an Embedding reads it, "
+            "or its InputLayer has dtype int32 or int64), which are not rescaled: remove "
+            "data.rescale, or set it to 1");
   job_.data.rescale = 1;
   EXPECT_TRUE(LoadFitData(job_.data, ids).ok());
 }

@@ -72,20 +72,17 @@ class BatchNormalization final : public Layer {
     // Keras' order of the weights: gamma, beta, moving_mean, moving_variance.
     const Shape channel({channels_});
     if (options_.scale) {
-      build.variables.push_back({"gamma", channel, options_.gamma_initializer.name,
-                                 options_.gamma_initializer.seed, options_.gamma_regularizer.l1,
-                                 options_.gamma_regularizer.l2, !options_.frozen});
+      build.variables.push_back(keras::MakeVariable("gamma", channel, options_.gamma_initializer,
+                                                    options_.gamma_regularizer, !options_.frozen));
     }
     if (options_.center) {
-      build.variables.push_back({"beta", channel, options_.beta_initializer.name,
-                                 options_.beta_initializer.seed, options_.beta_regularizer.l1,
-                                 options_.beta_regularizer.l2, !options_.frozen});
+      build.variables.push_back(keras::MakeVariable("beta", channel, options_.beta_initializer,
+                                                    options_.beta_regularizer, !options_.frozen));
     }
-    build.variables.push_back({"moving_mean", channel, options_.moving_mean_initializer.name,
-                               options_.moving_mean_initializer.seed, 0, 0, false});
-    build.variables.push_back({"moving_variance", channel,
-                               options_.moving_variance_initializer.name,
-                               options_.moving_variance_initializer.seed, 0, 0, false});
+    build.variables.push_back(
+        keras::MakeVariable("moving_mean", channel, options_.moving_mean_initializer, {}, false));
+    build.variables.push_back(keras::MakeVariable("moving_variance", channel,
+                                                  options_.moving_variance_initializer, {}, false));
     // Per step: the batch's mean and variance, and the backward pass's two sums.
     build.scratch_per_step = 4 * channels_;
     return build;

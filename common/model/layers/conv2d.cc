@@ -47,14 +47,12 @@ class Conv2D final : public Layer {
     }
     LayerBuild build;
     build.output = Shape({window_.out_h, window_.out_w, options_.filters});
-    build.variables.push_back(
-        {"kernel", Shape({window_.kernel_h, window_.kernel_w, window_.in_c, options_.filters}),
-         options_.kernel_initializer.name, options_.kernel_initializer.seed,
-         options_.kernel_regularizer.l1, options_.kernel_regularizer.l2});
+    build.variables.push_back(keras::MakeVariable(
+        "kernel", Shape({window_.kernel_h, window_.kernel_w, window_.in_c, options_.filters}),
+        options_.kernel_initializer, options_.kernel_regularizer));
     if (options_.use_bias) {
-      build.variables.push_back({"bias", Shape({options_.filters}), options_.bias_initializer.name,
-                                 options_.bias_initializer.seed, options_.bias_regularizer.l1,
-                                 options_.bias_regularizer.l2});
+      build.variables.push_back(keras::MakeVariable(
+          "bias", Shape({options_.filters}), options_.bias_initializer, options_.bias_regularizer));
     }
     in_size_ = inputs[0].num_elements();
     out_size_ = build.output.num_elements();

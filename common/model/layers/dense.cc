@@ -48,13 +48,11 @@ class Dense final : public Layer {
     std::vector<int64_t> dims = in.dims();
     dims.back() = units_;
     build.output = Shape(std::move(dims));
-    build.variables.push_back({"kernel", Shape({in_width_, units_}), kernel_initializer_.name,
-                               kernel_initializer_.seed, kernel_regularizer_.l1,
-                               kernel_regularizer_.l2});
+    build.variables.push_back(keras::MakeVariable("kernel", Shape({in_width_, units_}),
+                                                  kernel_initializer_, kernel_regularizer_));
     if (use_bias_) {
-      build.variables.push_back({"bias", Shape({units_}), bias_initializer_.name,
-                                 bias_initializer_.seed, bias_regularizer_.l1,
-                                 bias_regularizer_.l2});
+      build.variables.push_back(
+          keras::MakeVariable("bias", Shape({units_}), bias_initializer_, bias_regularizer_));
     }
     // A softmax keeps its logits, which a cross-entropy takes instead of the probabilities.
     if (EndsInSoftmax()) build.scratch_per_example = rows_per_example_ * units_;

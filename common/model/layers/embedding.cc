@@ -47,12 +47,8 @@ class Embedding final : public Layer {
     std::vector<int64_t> dims = inputs[0].dims();
     dims.push_back(output_dim_);
     build.output = Shape(std::move(dims));
-    VariableSpec table{"embeddings",      Shape({input_dim_, output_dim_}),
-                       initializer_.name, initializer_.seed,
-                       regularizer_.l1,   regularizer_.l2};
-    table.uniform_low = initializer_.low;
-    table.uniform_high = initializer_.high;
-    build.variables.push_back(std::move(table));
+    build.variables.push_back(keras::MakeVariable("embeddings", Shape({input_dim_, output_dim_}),
+                                                  initializer_, regularizer_));
     return build;
   }
 
@@ -152,6 +148,13 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& confi
   }
   STRATUM_ASSIGN_OR_RETURN(const int64_t input_dim,
                            ParseSize(where, config, "input_dim", "the vocabulary size, 10000"));
+  // Ids reach the layer as float32 values, exact up to 2^24.
+  if (input_dim > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has input_dim ", input_dim,
+        ", more rows than Stratum's ids address exactly (2^24 = 16777216): hash the ids into "
+        "fewer rows"));
+  }
   STRATUM_ASSIGN_OR_RETURN(const int64_t output_dim, ParseSize(where, config, "output_dim", "64"));
   // Keras' default is "uniform": RandomUniform(-0.05, 0.05).
   STRATUM_ASSIGN_OR_RETURN(

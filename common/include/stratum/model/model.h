@@ -93,9 +93,10 @@ class Model {
   // Outputs per example (classes for a classifier); with several outputs, of all of them.
   int64_t output_size() const;
   int num_outputs() const;
-  // Whether an input takes ids (an InputLayer of dtype int32 or int64, as for Embedding): its
-  // data is not rescaled.
+  // Whether an input takes ids (an InputLayer of dtype int32 or int64, or one an Embedding
+  // reads as it is), whose data is not rescaled; whether every input does.
   bool takes_ids() const;
+  bool takes_only_ids() const;
   int64_t num_parameters() const;
   // The floats one Workspace holds for steps of `batch` examples (activations, gradients,
   // scratch): what training takes per replica besides the variables.
