@@ -37,6 +37,14 @@ absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor
   if (!optimizer_config.is_null()) {
     absl::StatusOr<std::unique_ptr<Optimizer>> made = Optimizer::FromKeras(optimizer_config);
     if (!made.ok()) return made.status();
+    // Each push updates the variables of one PS: no PS sees a step's gradients together.
+    if ((*made)->clipping().global_norm > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable \"", name,
+          "\" has an optimizer with global_clipnorm, which needs every "
+          "gradient of a step at once, and a parameter server sees only its own variables': use "
+          "clipnorm (per variable) or clipvalue in parameter-server jobs"));
+    }
     optimizer = *std::move(made);
   }
   absl::MutexLock lock(&table_mutex_);

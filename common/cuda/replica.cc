@@ -30,6 +30,11 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
         absl::StrCat("the learning-rate schedule ", optimizer.learning_rate_schedule().name(),
                      " has no GPU update yet (the GPU path takes a constant learning_rate)"));
   }
+  const Optimizer::Clipping& clipping = optimizer.clipping();
+  if (clipping.norm > 0 || clipping.value > 0 || clipping.global_norm > 0) {
+    return absl::UnimplementedError(
+        "gradient clipping (clipnorm, clipvalue, global_clipnorm) has no GPU update yet");
+  }
   OptimizerParams p;
   p.learning_rate = optimizer.learning_rate();
   const std::string name = optimizer.name();

@@ -106,6 +106,24 @@ class ConfigReader {
     return stratum::LearningRate(constant);
   }
 
+  // clipnorm, clipvalue and global_clipnorm: positive numbers when set (null or 0: off);
+  // clipnorm and global_clipnorm exclude each other, as in Keras.
+  absl::StatusOr<Optimizer::Clipping> Clipping() const {
+    Optimizer::Clipping clipping;
+    for (auto [key, field] : {std::pair{"clipnorm", &clipping.norm},
+                              {"clipvalue", &clipping.value},
+                              {"global_clipnorm", &clipping.global_norm}}) {
+      if (!config_.contains(key) || config_[key].is_null()) continue;
+      STRATUM_ASSIGN_OR_RETURN(*field, Number(key, 0.0f, 0.0f, 1e30f));
+    }
+    if (clipping.norm > 0 && clipping.global_norm > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", optimizer_,
+          " sets both clipnorm and global_clipnorm, which Keras refuses too: keep one"));
+    }
+    return clipping;
+  }
+
   // A key neither this optimizer nor Keras' common options have (a typo such as
   // "learnin_rate" would otherwise train at the default rate).
   absl::Status RefuseUnknown(const std::set<std::string>& own) const {
@@ -136,8 +154,7 @@ class ConfigReader {
 
   // Keras options Stratum does not implement: refused unless null / false / 0.
   absl::Status RefuseUnsupported() const {
-    for (const char* key : {"clipnorm", "clipvalue", "global_clipnorm", "weight_decay",
-                            "loss_scale_factor", "gradient_accumulation_steps"}) {
+    for (const char* key : {"weight_decay", "loss_scale_factor", "gradient_accumulation_steps"}) {
       if (!config_.contains(key) || config_[key].is_null()) continue;
       // tf.keras 2.11 writes weight_decay 0 (or null) when it is off.
       if (std::string(key) == "weight_decay" && config_[key].is_number() &&
@@ -177,15 +194,15 @@ Tensor Filled(const Tensor& variable, float value) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(stratum::LearningRate learning_rate, float momentum, bool nesterov)
-      : Optimizer(std::move(learning_rate)), momentum_(momentum), nesterov_(nesterov) {}
+  Sgd(stratum::LearningRate learning_rate, Clipping clipping, float momentum, bool nesterov)
+      : Optimizer(std::move(learning_rate), clipping), momentum_(momentum), nesterov_(nesterov) {}
 
   std::string name() const override { return "SGD"; }
   nlohmann::json config() const override {
-    return {{"name", "SGD"},
-            {"learning_rate", learning_rate_schedule().ToKeras()},
-            {"momentum", momentum_},
-            {"nesterov", nesterov_}};
+    return WithClipping({{"name", "SGD"},
+                         {"learning_rate", learning_rate_schedule().ToKeras()},
+                         {"momentum", momentum_},
+                         {"nesterov", nesterov_}});
   }
   std::vector<std::string> SlotNames() const override {
     if (momentum_ == 0) return {};
@@ -195,8 +212,8 @@ class Sgd final : public Optimizer {
     if (momentum_ == 0) return {};
     return {Filled(variable, 0)};
   }
-  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t iteration) const override {
+  void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+              int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, momentum_ == 0 ? 0 : 1);
     auto var = variable.Flat();
     const auto g = gradient.Flat();
@@ -221,21 +238,28 @@ class Sgd final : public Optimizer {
 
 class Adam final : public Optimizer {
  public:
-  Adam(stratum::LearningRate learning_rate, float beta_1, float beta_2, float epsilon)
-      : Optimizer(std::move(learning_rate)), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {}
+  Adam(stratum::LearningRate learning_rate, Clipping clipping, float beta_1, float beta_2,
+       float epsilon)
+      : Optimizer(std::move(learning_rate), clipping),
+        beta_1_(beta_1),
+        beta_2_(beta_2),
+        epsilon_(epsilon) {}
 
   std::string name() const override { return "Adam"; }
   nlohmann::json config() const override {
-    return {{"name", "Adam"},      {"learning_rate", learning_rate_schedule().ToKeras()},
-            {"beta_1", beta_1_},   {"beta_2", beta_2_},
-            {"epsilon", epsilon_}, {"amsgrad", false}};
+    return WithClipping({{"name", "Adam"},
+                         {"learning_rate", learning_rate_schedule().ToKeras()},
+                         {"beta_1", beta_1_},
+                         {"beta_2", beta_2_},
+                         {"epsilon", epsilon_},
+                         {"amsgrad", false}});
   }
   std::vector<std::string> SlotNames() const override { return {"m", "v"}; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     return {Filled(variable, 0), Filled(variable, 0)};
   }
-  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t iteration) const override {
+  void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+              int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, 2);
     const double step = static_cast<double>(iteration + 1);
     const float alpha =
@@ -256,24 +280,25 @@ class Adam final : public Optimizer {
 
 class Adagrad final : public Optimizer {
  public:
-  Adagrad(stratum::LearningRate learning_rate, float initial_accumulator_value, float epsilon)
-      : Optimizer(std::move(learning_rate)),
+  Adagrad(stratum::LearningRate learning_rate, Clipping clipping, float initial_accumulator_value,
+          float epsilon)
+      : Optimizer(std::move(learning_rate), clipping),
         initial_(initial_accumulator_value),
         epsilon_(epsilon) {}
 
   std::string name() const override { return "Adagrad"; }
   nlohmann::json config() const override {
-    return {{"name", "Adagrad"},
-            {"learning_rate", learning_rate_schedule().ToKeras()},
-            {"initial_accumulator_value", initial_},
-            {"epsilon", epsilon_}};
+    return WithClipping({{"name", "Adagrad"},
+                         {"learning_rate", learning_rate_schedule().ToKeras()},
+                         {"initial_accumulator_value", initial_},
+                         {"epsilon", epsilon_}});
   }
   std::vector<std::string> SlotNames() const override { return {"accumulator"}; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     return {Filled(variable, initial_)};
   }
-  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t iteration) const override {
+  void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+              int64_t iteration) const override {
     CheckSameShape(variable, gradient, slots, 1);
     auto var = variable.Flat();
     const auto g = gradient.Flat();
@@ -289,9 +314,9 @@ class Adagrad final : public Optimizer {
 
 class RmsProp final : public Optimizer {
  public:
-  RmsProp(stratum::LearningRate learning_rate, float rho, float momentum, float epsilon,
-          bool centered)
-      : Optimizer(std::move(learning_rate)),
+  RmsProp(stratum::LearningRate learning_rate, Clipping clipping, float rho, float momentum,
+          float epsilon, bool centered)
+      : Optimizer(std::move(learning_rate), clipping),
         rho_(rho),
         momentum_(momentum),
         epsilon_(epsilon),
@@ -299,9 +324,12 @@ class RmsProp final : public Optimizer {
 
   std::string name() const override { return "RMSprop"; }
   nlohmann::json config() const override {
-    return {{"name", "RMSprop"},   {"learning_rate", learning_rate_schedule().ToKeras()},
-            {"rho", rho_},         {"momentum", momentum_},
-            {"epsilon", epsilon_}, {"centered", centered_}};
+    return WithClipping({{"name", "RMSprop"},
+                         {"learning_rate", learning_rate_schedule().ToKeras()},
+                         {"rho", rho_},
+                         {"momentum", momentum_},
+                         {"epsilon", epsilon_},
+                         {"centered", centered_}});
   }
   std::vector<std::string> SlotNames() const override {
     std::vector<std::string> names = {"velocity"};
@@ -314,8 +342,8 @@ class RmsProp final : public Optimizer {
     for (size_t i = 0; i < SlotNames().size(); ++i) slots.push_back(Filled(variable, 0));
     return slots;
   }
-  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                  int64_t iteration) const override {
+  void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+              int64_t iteration) const override {
     const size_t num_slots = 1 + (momentum_ > 0 ? 1 : 0) + (centered_ ? 1 : 0);
     CheckSameShape(variable, gradient, slots, num_slots);
     auto var = variable.Flat();
@@ -359,14 +387,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
   if (kind == "sgd") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"momentum", "nesterov"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.01f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(bool nesterov, reader.Bool("nesterov", false));
-    return std::unique_ptr<Optimizer>(new Sgd(std::move(lr), momentum, nesterov));
+    return std::unique_ptr<Optimizer>(new Sgd(std::move(lr), clipping, momentum, nesterov));
   }
   if (kind == "adam") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"beta_1", "beta_2", "epsilon", "amsgrad"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     using Range = ConfigReader::Range;
     STRATUM_ASSIGN_OR_RETURN(float beta_1,
@@ -375,11 +405,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
                              reader.Number("beta_2", 0.999f, 0.0f, 1.0f, Range::kBelowMax));
     STRATUM_ASSIGN_OR_RETURN(float epsilon,
                              reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, Range::kAboveMin));
-    return std::unique_ptr<Optimizer>(new Adam(std::move(lr), beta_1, beta_2, epsilon));
+    return std::unique_ptr<Optimizer>(new Adam(std::move(lr), clipping, beta_1, beta_2, epsilon));
   }
   if (kind == "adagrad") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"initial_accumulator_value", "epsilon"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float initial,
                              reader.Number("initial_accumulator_value", 0.1f, 0.0f, 1e30f));
@@ -390,18 +421,20 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
           "then divides 0 by 0, making the variable NaN; give epsilon (Keras' default 1e-7) or "
           "initial_accumulator_value (0.1) a positive value");
     }
-    return std::unique_ptr<Optimizer>(new Adagrad(std::move(lr), initial, epsilon));
+    return std::unique_ptr<Optimizer>(new Adagrad(std::move(lr), clipping, initial, epsilon));
   }
   if (kind == "rmsprop") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"rho", "momentum", "epsilon", "centered"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
+    STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(
         float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, ConfigReader::Range::kAboveMin));
     STRATUM_ASSIGN_OR_RETURN(bool centered, reader.Bool("centered", false));
-    return std::unique_ptr<Optimizer>(new RmsProp(std::move(lr), rho, momentum, epsilon, centered));
+    return std::unique_ptr<Optimizer>(
+        new RmsProp(std::move(lr), clipping, rho, momentum, epsilon, centered));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("optimizer \"", class_name, "\" is not supported by Stratum: ", kSupported));
@@ -428,15 +461,56 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::FromKeras(const nlohmann::
   return Build(class_name, config);
 }
 
+void Optimizer::ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                           int64_t iteration) const {
+  if (clipping_.norm <= 0 && clipping_.value <= 0) {
+    Update(variable, gradient, slots, iteration);
+    return;
+  }
+  // Keras' clip_by_norm (g * clipnorm / max(norm, clipnorm)), then clip by value.
+  Tensor clipped = gradient.Clone();
+  auto g = clipped.Flat();
+  if (clipping_.norm > 0) {
+    const double norm = std::sqrt(static_cast<double>(g.square().sum()));
+    if (norm > clipping_.norm) g *= static_cast<float>(clipping_.norm / norm);
+  }
+  if (clipping_.value > 0) g = g.cwiseMax(-clipping_.value).cwiseMin(clipping_.value);
+  Update(variable, clipped, slots, iteration);
+}
+
+nlohmann::json Optimizer::WithClipping(nlohmann::json config) const {
+  if (clipping_.norm > 0) config["clipnorm"] = clipping_.norm;
+  if (clipping_.value > 0) config["clipvalue"] = clipping_.value;
+  if (clipping_.global_norm > 0) config["global_clipnorm"] = clipping_.global_norm;
+  return config;
+}
+
 void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
                       std::vector<std::vector<Tensor>>& slots, int64_t iteration,
                       std::span<const VariableSpec> specs) const {
   if (slots.size() != vars.size()) slots.resize(vars.size());
+  auto trainable = [&](size_t i) { return i >= specs.size() || specs[i].trainable; };
+  // global_clipnorm: one factor for every trainable variable's gradient (Keras'
+  // clip_by_global_norm: clip / max(global norm, clip)).
+  float scale = 1;
+  if (clipping_.global_norm > 0) {
+    double squares = 0;
+    for (size_t i = 0; i < vars.size(); ++i) {
+      if (trainable(i)) squares += static_cast<double>(grads[i].Flat().square().sum());
+    }
+    const double norm = std::sqrt(squares);
+    if (norm > clipping_.global_norm) scale = static_cast<float>(clipping_.global_norm / norm);
+  }
   for (size_t i = 0; i < vars.size(); ++i) {
-    const Optimizer& update =
-        i < specs.size() && !specs[i].trainable ? NonTrainableUpdate() : *this;
+    const Optimizer& update = trainable(i) ? *this : NonTrainableUpdate();
     if (slots[i].empty()) slots[i] = update.NewSlots(vars[i]);
-    update.ApplyDense(vars[i], grads[i], slots[i], iteration);
+    if (scale == 1 || !trainable(i)) {
+      update.ApplyDense(vars[i], grads[i], slots[i], iteration);
+      continue;
+    }
+    Tensor scaled = grads[i].Clone();
+    scaled.Flat() *= scale;
+    update.ApplyDense(vars[i], scaled, slots[i], iteration);
   }
 }
 

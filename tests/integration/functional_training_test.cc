@@ -9,7 +9,7 @@
 // moving statistics right: per replica under Default and ParameterServer (the statistics
 // held by the PSs), synchronized over the replicas under Mirrored and MultiWorkerMirrored;
 // and an embedding model (examples/fashion_mnist_embedding.json) with learning-rate
-// schedules under ParameterServer and MultiWorkerMirrored.
+// schedules and gradient clipping under ParameterServer and MultiWorkerMirrored.
 #include <unistd.h>
 
 #include <filesystem>
@@ -47,7 +47,8 @@ struct Strategy {
   // moving statistics give about that (test loss near 5).
   double min_accuracy = 0.75;
   double max_loss = 0.7;
-  nlohmann::json learning_rate = nullptr;  // set: the optimizer's learning_rate (a schedule)
+  nlohmann::json learning_rate = nullptr;      // set: the optimizer's learning_rate (a schedule)
+  nlohmann::json optimizer_options = nullptr;  // set: added to the optimizer's config
 };
 
 class FunctionalTrainingTest : public ::testing::TestWithParam<Strategy> {};
@@ -64,6 +65,9 @@ TEST_P(FunctionalTrainingTest, TheModelLearnsFashionMnist) {
   }
   if (!s.learning_rate.is_null()) {
     job["compile"]["optimizer"]["config"]["learning_rate"] = s.learning_rate;
+  }
+  if (!s.optimizer_options.is_null()) {
+    job["compile"]["optimizer"]["config"].update(s.optimizer_options);
   }
   job["fit"]["epochs"] = 1;
   job["fit"]["steps_per_epoch"] = 400;
@@ -242,7 +246,8 @@ INSTANTIATE_TEST_SUITE_P(
                  0.9,
                  {{"class_name", "ExponentialDecay"},
                   {"config",
-                   {{"initial_learning_rate", 0.002}, {"decay_steps", 100}, {"decay_rate", 0.9}}}}},
+                   {{"initial_learning_rate", 0.002}, {"decay_steps", 100}, {"decay_rate", 0.9}}}},
+                 {{"clipnorm", 1.0}}},
         Strategy{"EmbeddingScheduleMultiWorkerMirrored",
                  "fashion_mnist_embedding.json",
                  {{"type", "multi_worker_mirrored"}},
@@ -261,7 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
                     {"decay_steps", 400},
                     {"warmup_target", 0.002},
                     {"warmup_steps", 50}}},
-                  {"registered_name", nullptr}}}),
+                  {"registered_name", nullptr}},
+                 {{"global_clipnorm", 1.0}, {"clipvalue", 0.5}}}),
     [](const ::testing::TestParamInfo<Strategy>& info) { return info.param.label; });
 
 }  // namespace

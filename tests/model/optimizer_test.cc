@@ -240,9 +240,6 @@ TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
   auto with = [](const char* name, json config) {
     return json{{"class_name", name}, {"config", std::move(config)}};
   };
-  EXPECT_THAT(Refusal(with("Adam", {{"clipnorm", 1.0}})), HasSubstr("clipnorm"));
-  EXPECT_THAT(Refusal(with("SGD", {{"clipvalue", 0.5}})), HasSubstr("clipvalue"));
-  EXPECT_THAT(Refusal(with("Adam", {{"global_clipnorm", 1.0}})), HasSubstr("global_clipnorm"));
   EXPECT_THAT(Refusal(with("Adam", {{"weight_decay", 0.004}})), HasSubstr("weight_decay"));
   EXPECT_THAT(Refusal(with("RMSprop", {{"use_ema", true}})), HasSubstr("use_ema"));
   EXPECT_THAT(Refusal(with("Adam", {{"loss_scale_factor", 128}})), HasSubstr("loss_scale_factor"));
@@ -402,6 +399,60 @@ TEST(LearningRateScheduleTest, StepsByTheUpdateCountAndTravelsInTheConfig) {
                              {"decay_rate", 0.9},
                              {"stair_case", true}}}}}}}}),
               HasSubstr("config key \"stair_case\", which Keras' schedule does not have"));
+}
+
+// Keras' clipping on hand-computed gradients: clipnorm per variable, global_clipnorm over
+// the trainable variables together, clipvalue after either; and what Keras refuses.
+TEST(OptimizerClippingTest, ClipsAsKerasDoes) {
+  auto sgd = [](json clip) {
+    clip["learning_rate"] = 1.0;
+    return Make({{"class_name", "SGD"}, {"config", clip}});
+  };
+  // One variable's gradient (3, 4): norm 5.
+  auto step = [](const Optimizer& optimizer) {
+    std::vector<Tensor> vars = {Tensor::FromVector<float>(Shape({2}), {0, 0})};
+    std::vector<Tensor> grads = {Tensor::FromVector<float>(Shape({2}), {3, 4})};
+    std::vector<std::vector<Tensor>> slots;
+    optimizer.Apply(vars, grads, slots, 0);
+    return std::vector<float>(vars[0].data<float>(), vars[0].data<float>() + 2);
+  };
+  EXPECT_THAT(step(*sgd({{"clipnorm", 1.0}})), ElementsAre(-0.6f, -0.8f));
+  EXPECT_THAT(step(*sgd({{"clipnorm", 10.0}})), ElementsAre(-3.0f, -4.0f));  // under: unchanged
+  EXPECT_THAT(step(*sgd({{"clipvalue", 3.5}})), ElementsAre(-3.0f, -3.5f));
+  EXPECT_THAT(step(*sgd({{"clipnorm", 1.0}, {"clipvalue", 0.7}})), ElementsAre(-0.6f, -0.7f));
+  // Two variables, gradients (3) and (4): global norm 5, each scaled by 2.5 / 5; a
+  // non-trainable variable's change is neither counted nor scaled.
+  auto global = sgd({{"global_clipnorm", 2.5}});
+  std::vector<Tensor> vars = {Tensor::FromVector<float>(Shape({1}), {0}),
+                              Tensor::FromVector<float>(Shape({1}), {0}),
+                              Tensor::FromVector<float>(Shape({1}), {0})};
+  std::vector<Tensor> grads = {Tensor::FromVector<float>(Shape({1}), {3}),
+                               Tensor::FromVector<float>(Shape({1}), {4}),
+                               Tensor::FromVector<float>(Shape({1}), {100})};
+  std::vector<VariableSpec> specs(3);
+  specs[2].trainable = false;
+  std::vector<std::vector<Tensor>> slots;
+  global->Apply(vars, grads, slots, 0, specs);
+  EXPECT_FLOAT_EQ(vars[0].data<float>()[0], -1.5f);
+  EXPECT_FLOAT_EQ(vars[1].data<float>()[0], -2.0f);
+  EXPECT_FLOAT_EQ(vars[2].data<float>()[0], -100.0f);
+  // The clipping travels in the config (a parameter server rebuilds the optimizer from it).
+  auto adam = Make({{"class_name", "Adam"}, {"config", {{"clipnorm", 2.0}, {"clipvalue", 0.5}}}});
+  EXPECT_EQ(adam->config()["clipnorm"], 2.0);
+  EXPECT_EQ(adam->config()["clipvalue"], 0.5);
+  EXPECT_FALSE(adam->config().contains("global_clipnorm"));
+  EXPECT_EQ(Make({{"class_name", "Adam"}, {"config", adam->config()}})->clipping().norm, 2.0f);
+  EXPECT_EQ(
+      Refusal({{"class_name", "Adam"}, {"config", {{"clipnorm", 1.0}, {"global_clipnorm", 1.0}}}}),
+      "optimizer Adam sets both clipnorm and global_clipnorm, which Keras refuses too: keep "
+      "one");
+  EXPECT_THAT(Refusal({{"class_name", "SGD"}, {"config", {{"clipvalue", -1.0}}}}),
+              HasSubstr("clipvalue"));
+  // null and 0 are off, as Keras writes them.
+  EXPECT_EQ(Make({{"class_name", "SGD"}, {"config", {{"clipnorm", nullptr}, {"clipvalue", 0}}}})
+                ->clipping()
+                .value,
+            0.0f);
 }
 
 }  // namespace

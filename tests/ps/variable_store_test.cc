@@ -34,6 +34,24 @@ TEST(VariableStoreTest, CreateReadAssign) {
 
 // A PS that restarted between two calls answers a push of a variable it no longer has:
 // for the caller that is a failure of the PS, which the coordinator recovers from.
+// A PS updates its own variables one push at a time: clipnorm applies there, a
+// global_clipnorm (which needs every gradient of a step) is refused with the fix.
+TEST(VariableStoreTest, ClipsPerVariableAndRefusesAGlobalNorm) {
+  VariableStore store;
+  const nlohmann::json clipped = {{"class_name", "SGD"},
+                                  {"config", {{"learning_rate", 1.0}, {"clipnorm", 1.0}}}};
+  ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2}, {0, 0}), clipped));
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {3, 4})).ok());
+  auto value = store.Read("w");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_FLOAT_EQ(value->data<float>()[0], -0.6f);
+  EXPECT_FLOAT_EQ(value->data<float>()[1], -0.8f);
+  const nlohmann::json global = {{"class_name", "SGD"}, {"config", {{"global_clipnorm", 1.0}}}};
+  EXPECT_THAT(store.Create("v", Tensor::FromVector<float>({2}, {0, 0}), global).status().message(),
+              HasSubstr("use clipnorm (per variable) or clipvalue in parameter-server "
+                        "jobs"));
+}
+
 TEST(VariableStoreTest, AMissingVariableIsAPsFailureForItsCaller) {
   VariableStore restarted;
   const absl::Status missing = restarted.Read("dense/kernel").status();

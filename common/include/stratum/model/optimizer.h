@@ -30,9 +30,10 @@ class Optimizer {
 
   // A Keras optimizer as compile() takes it: a name ("adam", "sgd", "rmsprop", "adagrad"),
   // or a serialized object {"class_name": "Adam", "config": {"learning_rate": 0.001, ...}}
-  // (tf.keras or Keras 3 form); learning_rate may be a Keras schedule (learning_rate_schedule.h).
-  // Options Stratum does not implement (clipnorm, clipvalue, global_clipnorm, weight_decay,
-  // use_ema, amsgrad, loss_scale_factor, gradient_accumulation_steps) are refused by name.
+  // (tf.keras or Keras 3 form); learning_rate may be a Keras schedule (learning_rate_schedule.h),
+  // and clipnorm, clipvalue or global_clipnorm clip the gradients (Clipping). Options Stratum
+  // does not implement (weight_decay, use_ema, amsgrad, loss_scale_factor,
+  // gradient_accumulation_steps) are refused by name.
   static absl::StatusOr<std::unique_ptr<Optimizer>> FromKeras(const nlohmann::json& spec);
 
   // Keras' class name: "SGD", "Adam", "Adagrad", "RMSprop".
@@ -50,23 +51,42 @@ class Optimizer {
   virtual std::vector<std::string> SlotNames() const = 0;
   // Fresh state for `variable`: tensors of its shape, with Keras' initial values.
   virtual std::vector<Tensor> NewSlots(const Tensor& variable) const = 0;
-  // One update of `variable` by `gradient` (same shape, float32). `iteration` is the number
-  // of updates already applied to this variable (0 for the first). Shapes that do not match
-  // are a programmer error and abort.
-  virtual void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
-                          int64_t iteration) const = 0;
-  // ApplyDense on every variable; slots[i] belongs to vars[i] and is created when empty.
-  // With `specs` (the model's variables), a non-trainable variable takes
-  // NonTrainableUpdate() instead, and keeps no slots.
+  // Keras' gradient clipping, before each update (0: off): clipnorm scales each variable's
+  // gradient to an L2 norm of at most `norm`; global_clipnorm scales every trainable
+  // variable's gradient by one factor so that their joint norm is at most `global_norm`
+  // (Apply only: it needs the whole step's gradients; Keras allows one of the two); then
+  // clipvalue clips each element into [-value, value].
+  struct Clipping {
+    float norm = 0;
+    float value = 0;
+    float global_norm = 0;
+  };
+  const Clipping& clipping() const { return clipping_; }
+
+  // One update of `variable` by `gradient` (same shape, float32), clipnorm and clipvalue
+  // applied first. `iteration` is the number of updates already applied to this variable (0
+  // for the first). Shapes that do not match are a programmer error and abort.
+  void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                  int64_t iteration) const;
+  // ApplyDense on every variable (after global_clipnorm over the trainable ones); slots[i]
+  // belongs to vars[i] and is created when empty. With `specs` (the model's variables), a
+  // non-trainable variable takes NonTrainableUpdate() instead, and keeps no slots.
   void Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
              std::vector<std::vector<Tensor>>& slots, int64_t iteration,
              std::span<const VariableSpec> specs = {}) const;
 
  protected:
-  explicit Optimizer(LearningRate learning_rate) : learning_rate_(std::move(learning_rate)) {}
+  Optimizer(LearningRate learning_rate, Clipping clipping)
+      : learning_rate_(std::move(learning_rate)), clipping_(clipping) {}
+  // The update rule itself, on the clipped gradient.
+  virtual void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
+                      int64_t iteration) const = 0;
+  // The clipping keys Keras' get_config() has (set ones only), added to `config`.
+  nlohmann::json WithClipping(nlohmann::json config) const;
 
  private:
   LearningRate learning_rate_;
+  Clipping clipping_;
 };
 
 // How a non-trainable variable (BatchNormalization's moving statistics) is updated: its
