@@ -111,15 +111,6 @@ absl::Status Convolutions::EnsureHandle() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> Convolutions::Reserve(std::vector<DeviceBuffer>& buffers, size_t bytes) {
-  if (buffers.empty() || buffers.back().size() < bytes) {
-    STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                             DeviceBuffer::Allocate(allocator_, std::max<size_t>(bytes, 256)));
-    buffers.push_back(std::move(buffer));
-  }
-  return buffers.back().data();
-}
-
 Convolutions::Plan* Convolutions::Find(const Window2D& w, int64_t batch, absl::Status* status) {
   const Key key = KeyOf(w, batch);
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
@@ -203,14 +194,14 @@ absl::Status Convolutions::MakePlan(const Window2D& w, int64_t batch) {
 
   const size_t workspace =
       std::max({plan->forward.memory, plan->backward_data.memory, plan->backward_filter.memory});
-  STRATUM_RETURN_IF_ERROR(Reserve(workspaces_, workspace).status());
+  STRATUM_RETURN_IF_ERROR(workspaces_.Reserve(allocator_, workspace).status());
   const size_t kernel_bytes =
       static_cast<size_t>(w.kernel_h * w.kernel_w * w.in_c * w.out_c) * sizeof(float);
-  STRATUM_RETURN_IF_ERROR(Reserve(kernels_, kernel_bytes).status());
+  STRATUM_RETURN_IF_ERROR(kernels_.Reserve(allocator_, kernel_bytes).status());
   if (plan->explicit_pad) {
     const size_t padded_bytes =
         static_cast<size_t>(batch * plan->padded_h * plan->padded_w * w.in_c) * sizeof(float);
-    STRATUM_RETURN_IF_ERROR(Reserve(padded_, padded_bytes).status());
+    STRATUM_RETURN_IF_ERROR(padded_.Reserve(allocator_, padded_bytes).status());
   }
   plans_.emplace(KeyOf(w, batch), std::move(plan));
   return absl::OkStatus();
@@ -219,10 +210,17 @@ absl::Status Convolutions::MakePlan(const Window2D& w, int64_t batch) {
 absl::StatusOr<const float*> Convolutions::Padded(const Plan& plan, const Window2D& w,
                                                   int64_t batch, const float* x) {
   if (!plan.explicit_pad) return x;
-  float* padded = padded_.back().as<float>();
+  float* padded = padded_.as<float>();
   STRATUM_RETURN_IF_ERROR(ShiftCopy2D(x, batch, w.in_h, w.in_w, w.in_c, plan.top, plan.left, padded,
                                       plan.padded_h, plan.padded_w, stream_));
   return padded;
+}
+
+absl::StatusOr<const float*> Convolutions::KernelForCudnn(const Window2D& w, const float* kernel) {
+  float* ohwi = kernels_.as<float>();
+  STRATUM_RETURN_IF_ERROR(
+      KernelToOhwi(kernel, w.kernel_h * w.kernel_w, w.in_c, w.out_c, ohwi, stream_));
+  return ohwi;
 }
 
 absl::Status Convolutions::Forward(const Window2D& w, int64_t batch, const float* x,
@@ -230,15 +228,13 @@ absl::Status Convolutions::Forward(const Window2D& w, int64_t batch, const float
   absl::Status status;
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
-  float* ohwi = kernels_.back().as<float>();
-  STRATUM_RETURN_IF_ERROR(
-      KernelToOhwi(kernel, w.kernel_h * w.kernel_w, w.in_c, w.out_c, ohwi, stream_));
+  STRATUM_ASSIGN_OR_RETURN(const float* ohwi, KernelForCudnn(w, kernel));
   STRATUM_ASSIGN_OR_RETURN(const float* input, Padded(*plan, w, batch, x));
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(plan->conv, plan->forward.mathType));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(
       handle_, &one, plan->x, input, plan->filter, ohwi, plan->conv, plan->forward.algo,
-      workspaces_.back().data(), plan->forward.memory, &zero, plan->y, out));
+      workspaces_.data(), plan->forward.memory, &zero, plan->y, out));
   return absl::OkStatus();
 }
 
@@ -247,16 +243,14 @@ absl::Status Convolutions::BackwardData(const Window2D& w, int64_t batch, const 
   absl::Status status;
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
-  float* ohwi = kernels_.back().as<float>();
-  STRATUM_RETURN_IF_ERROR(
-      KernelToOhwi(kernel, w.kernel_h * w.kernel_w, w.in_c, w.out_c, ohwi, stream_));
-  float* target = plan->explicit_pad ? padded_.back().as<float>() : grad_x;
+  STRATUM_ASSIGN_OR_RETURN(const float* ohwi, KernelForCudnn(w, kernel));
+  float* target = plan->explicit_pad ? padded_.as<float>() : grad_x;
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(
       cudnnSetConvolutionMathType(plan->conv, plan->backward_data.mathType));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
       handle_, &one, plan->filter, ohwi, plan->y, grad_out, plan->conv, plan->backward_data.algo,
-      workspaces_.back().data(), plan->backward_data.memory, &zero, plan->x, target));
+      workspaces_.data(), plan->backward_data.memory, &zero, plan->x, target));
   if (!plan->explicit_pad) return absl::OkStatus();
   // The padded input's gradient, cropped to the input.
   return ShiftCopy2D(target, batch, plan->padded_h, plan->padded_w, w.in_c, -plan->top, -plan->left,
@@ -269,13 +263,13 @@ absl::Status Convolutions::BackwardWeights(const Window2D& w, int64_t batch, con
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
   STRATUM_ASSIGN_OR_RETURN(const float* input, Padded(*plan, w, batch, x));
-  float* ohwi = kernels_.back().as<float>();
+  float* ohwi = kernels_.as<float>();
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(
       cudnnSetConvolutionMathType(plan->conv, plan->backward_filter.mathType));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(
       handle_, &one, plan->x, input, plan->y, grad_out, plan->conv, plan->backward_filter.algo,
-      workspaces_.back().data(), plan->backward_filter.memory, &zero, plan->filter, ohwi));
+      workspaces_.data(), plan->backward_filter.memory, &zero, plan->filter, ohwi));
   return KernelToHwio(ohwi, w.kernel_h * w.kernel_w, w.in_c, w.out_c, grad_kernel, stream_);
 }
 

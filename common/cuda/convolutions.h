@@ -67,11 +67,11 @@ class Convolutions {
   Plan* Find(const Window2D& w, int64_t batch, absl::Status* status);
   absl::Status MakePlan(const Window2D& w, int64_t batch);
   absl::Status EnsureHandle();
-  // A buffer of at least `bytes` in `buffers` (the last is the largest).
-  absl::StatusOr<void*> Reserve(std::vector<DeviceBuffer>& buffers, size_t bytes);
   // The input padded for cuDNN (x itself when the padding is symmetric).
   absl::StatusOr<const float*> Padded(const Plan& plan, const Window2D& w, int64_t batch,
                                       const float* x);
+  // `kernel` (Keras' layout) moved to cuDNN's, in kernels_.
+  absl::StatusOr<const float*> KernelForCudnn(const Window2D& w, const float* kernel);
 
   const int device_;
   cudaStream_t stream_;
@@ -82,7 +82,7 @@ class Convolutions {
   std::set<Key> pending_;
   std::vector<std::pair<Window2D, int64_t>> pending_shapes_;  // in pending_'s order of arrival
   // The workspace, a kernel in cuDNN's layout, a padded input (or its gradient).
-  std::vector<DeviceBuffer> workspaces_, kernels_, padded_;
+  GrowOnlyBuffer workspaces_, kernels_, padded_;
 };
 
 }  // namespace stratum::cuda

@@ -48,10 +48,8 @@ bool CudaDevice::has_pending() const {
 
 absl::Status CudaDevice::PreparePending() {
   STRATUM_RETURN_IF_ERROR(convolutions_->PreparePending());
-  if (pending_scratch_ > 0 && (scratch_.empty() || scratch_.back().size() < pending_scratch_)) {
-    STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                             DeviceBuffer::Allocate(*allocator_, pending_scratch_));
-    scratch_.push_back(std::move(buffer));
+  if (pending_scratch_ > 0) {
+    STRATUM_RETURN_IF_ERROR(scratch_.Reserve(*allocator_, pending_scratch_).status());
   }
   pending_scratch_ = 0;
   return absl::OkStatus();
@@ -206,17 +204,17 @@ void CudaDevice::EmbeddingGrad(const float* ids, int64_t count, const float* gra
         " times in one step is past the GPU kernel's 2^31 - 1 ids: use a smaller batch")));
   }
   const size_t needed = EmbeddingGradScratchBytes(count, rows);
-  if (scratch_.empty() || scratch_.back().size() < needed) {
+  if (!scratch_.Holds(needed)) {
     if (IsCapturing(stream_)) {
       pending_scratch_ = std::max(pending_scratch_, needed);  // this capture is a plan
       return;
     }
-    absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(*allocator_, needed);
-    if (!buffer.ok()) return Record(buffer.status());
-    scratch_.push_back(*std::move(buffer));
+    if (absl::Status status = scratch_.Reserve(*allocator_, needed).status(); !status.ok()) {
+      return Record(status);
+    }
   }
-  Record(cuda::EmbeddingGrad(ids, count, grad_out, rows, width, grad_table, scratch_.back().data(),
-                             scratch_.back().size(), stream_));
+  Record(cuda::EmbeddingGrad(ids, count, grad_out, rows, width, grad_table, scratch_.data(),
+                             scratch_.size(), stream_));
 }
 
 void CudaDevice::AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,

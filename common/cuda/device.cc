@@ -1,9 +1,11 @@
 #include "stratum/cuda/device.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "stratum/cuda/cuda_check.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum::cuda {
 
@@ -234,6 +236,15 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+absl::StatusOr<void*> GrowOnlyBuffer::Reserve(CachingAllocator& allocator, size_t bytes) {
+  if (!Holds(bytes)) {
+    STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                             DeviceBuffer::Allocate(allocator, std::max<size_t>(bytes, 256)));
+    buffers_.push_back(std::move(buffer));
+  }
+  return data();
 }
 
 }  // namespace stratum::cuda

@@ -223,6 +223,25 @@ double DefaultRescale(const DataSourceSpec& source) {
   return pixels ? 1.0 / 255.0 : 1.0;
 }
 
+// The factor the model's inputs take: data.rescale, or the default above; 1 for ids, which
+// are looked up as they are (a factor would turn id 3 into 0.0118), and one factor serves
+// every input, so values beside ids must come scaled.
+absl::StatusOr<double> Rescale(const DataSpec& spec, const Model& model) {
+  if (!model.takes_ids()) return spec.rescale > 0 ? spec.rescale : DefaultRescale(spec.train);
+  if (spec.rescale > 0 && spec.rescale != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.rescale is ", spec.rescale,
+        ", but the model's input takes ids (an Embedding reads it, or its InputLayer has "
+        "dtype int32 or int64), which are not rescaled: remove data.rescale, or set it to 1"));
+  }
+  if (!model.takes_only_ids() && spec.rescale != 1) {
+    return absl::InvalidArgumentError(
+        "the model takes ids on some inputs and values on others, and one data.rescale "
+        "serves them all: give the values already scaled and set data.rescale to 1");
+  }
+  return 1.0;
+}
+
 }  // namespace
 
 absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
@@ -235,23 +254,7 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   absl::StatusOr<Dataset> train = load("data.train", spec.train, data.train_examples);
   if (!train.ok()) return train.status();
   data.train = *std::move(train);
-  data.rescale = spec.rescale > 0 ? spec.rescale : DefaultRescale(spec.train);
-  if (model.takes_ids()) {
-    // Ids are looked up as they are: a factor would turn id 3 into 0.0118.
-    if (spec.rescale > 0 && spec.rescale != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.rescale is ", spec.rescale,
-          ", but the model's input takes ids (an Embedding reads it, or its InputLayer has "
-          "dtype int32 or int64), which are not rescaled: remove data.rescale, or set it to 1"));
-    }
-    // One factor serves every input: values beside ids would silently lose theirs.
-    if (!model.takes_only_ids() && spec.rescale != 1) {
-      return absl::InvalidArgumentError(
-          "the model takes ids on some inputs and values on others, and one data.rescale "
-          "serves them all: give the values already scaled and set data.rescale to 1");
-    }
-    data.rescale = 1;
-  }
+  STRATUM_ASSIGN_OR_RETURN(data.rescale, Rescale(spec, model));
   if (spec.test.given()) {
     absl::StatusOr<Dataset> test = load("data.test", spec.test, data.test_examples);
     if (!test.ok()) return test.status();

@@ -127,7 +127,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Convolutions> convolutions_;
   // EmbeddingGrad's scratch: grows outside captures only; the buffers it replaced stay for
   // the graphs captured with them. pending_scratch_: the bytes a capture found missing.
-  mutable std::vector<DeviceBuffer> scratch_;
+  mutable GrowOnlyBuffer scratch_;
   mutable size_t pending_scratch_ = 0;
   mutable absl::Status status_;
 };

@@ -98,6 +98,26 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Device memory that only grows, for buffers a CUDA graph captures a pointer to: a request
+// larger than the newest buffer allocates another, and the older ones stay alive for the
+// graphs captured with them. Never grow it while a stream is captured.
+class GrowOnlyBuffer {
+ public:
+  // The newest buffer, after making it at least `bytes` long.
+  absl::StatusOr<void*> Reserve(CachingAllocator& allocator, size_t bytes);
+  // Whether the newest buffer holds `bytes` already.
+  bool Holds(size_t bytes) const { return !buffers_.empty() && buffers_.back().size() >= bytes; }
+  void* data() const { return buffers_.empty() ? nullptr : buffers_.back().data(); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  size_t size() const { return buffers_.empty() ? 0 : buffers_.back().size(); }
+
+ private:
+  std::vector<DeviceBuffer> buffers_;
+};
+
 class Stream {
  public:
   Stream() = default;
