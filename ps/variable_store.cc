@@ -42,7 +42,7 @@ absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor
       return absl::InvalidArgumentError(absl::StrCat(
           "variable \"", name,
           "\" has an optimizer with global_clipnorm, which needs every "
-          "gradient of a step at once, and a parameter server sees only its own variables': use "
+          "gradient of a step at once, and a parameter server sees only its own variables: use "
           "clipnorm (per variable) or clipvalue in parameter-server jobs"));
     }
     optimizer = *std::move(made);
