@@ -1,7 +1,9 @@
 #include "stratum/ps/variable_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -121,6 +123,10 @@ absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
   if (!variable.ok()) return variable.status();
   const Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
+  if (v.info.shape.rank() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable \"", name, "\" is a scalar, which has no rows: pull it whole"));
+  }
   const int64_t rows = v.value.rows(), row_size = v.value.row_size();
   for (int64_t index : indices) {
     if (index < 0 || index >= rows) {
@@ -170,6 +176,10 @@ absl::Status VariableStore::CheckGradientLocked(const std::string& name, const V
                      "with one, or assign new values"));
   }
   if (rows == nullptr) return CheckMatches(name, "gradient", gradient, v.info);
+  if (v.info.shape.rank() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row gradients for variable \"", name, "\", a scalar, which has no rows: send it whole"));
+  }
   const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(rows->size()));
   if (gradient.dtype() != DType::kFloat32 || !(gradient.shape() == expected)) {
     return absl::InvalidArgumentError(absl::StrCat("row gradients for variable \"", name, "\" are ",
@@ -225,31 +235,25 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
     return status;
   }
   if (absl::Status status = CheckFinite(name, row_gradients); !status.ok()) return status;
-  const int64_t row_size = v.value.row_size();
-  // Sum duplicate rows, then update the touched rows (and their slots) only.
-  std::map<int64_t, std::vector<int64_t>> positions;
-  for (size_t i = 0; i < indices.size(); ++i) {
-    positions[indices[i]].push_back(static_cast<int64_t>(i));
-  }
-  const Shape row_shape = v.info.shape.WithFirstDim(1);
-  Tensor row_value(DType::kFloat32, row_shape), row_gradient(DType::kFloat32, row_shape);
-  std::vector<Tensor> row_slots;
-  for (const Tensor& slot : v.slots) row_slots.emplace_back(slot.dtype(), row_shape);
-  const size_t row_bytes = static_cast<size_t>(row_size) * sizeof(float);
-  for (const auto& [row, at] : positions) {
-    row_gradient.SetZero();
-    for (int64_t position : at) {
-      row_gradient.Flat() += row_gradients.SliceRows(position, position + 1).Flat();
+  // Duplicate rows summed, in row order (a worker sends them so already: then no copy).
+  const int64_t width = v.value.row_size();
+  const bool unique_sorted = std::adjacent_find(indices.begin(), indices.end(),
+                                                std::greater_equal<int64_t>()) == indices.end();
+  if (unique_sorted) {
+    v.optimizer->ApplyRows(v.value, indices, row_gradients, v.slots, v.info.updates);
+  } else {
+    std::vector<int64_t> rows(indices);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    Tensor summed(DType::kFloat32, v.info.shape.WithFirstDim(static_cast<int64_t>(rows.size())));
+    summed.SetZero();
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const auto at = std::lower_bound(rows.begin(), rows.end(), indices[i]) - rows.begin();
+      const float* from = row_gradients.data<float>() + static_cast<int64_t>(i) * width;
+      float* to = summed.data<float>() + at * width;
+      for (int64_t k = 0; k < width; ++k) to[k] += from[k];
     }
-    std::memcpy(row_value.raw_data(), v.value.data<float>() + row * row_size, row_bytes);
-    for (size_t s = 0; s < v.slots.size(); ++s) {
-      std::memcpy(row_slots[s].raw_data(), v.slots[s].data<float>() + row * row_size, row_bytes);
-    }
-    v.optimizer->ApplyDense(row_value, row_gradient, row_slots, v.info.updates);
-    std::memcpy(v.value.data<float>() + row * row_size, row_value.raw_data(), row_bytes);
-    for (size_t s = 0; s < v.slots.size(); ++s) {
-      std::memcpy(v.slots[s].data<float>() + row * row_size, row_slots[s].raw_data(), row_bytes);
-    }
+    v.optimizer->ApplyRows(v.value, rows, summed, v.slots, v.info.updates);
   }
   return ++v.info.updates;
 }

@@ -196,6 +196,11 @@ void CudaDevice::EmbeddingLookup(const float* ids, int64_t count, const float* t
   Record(cuda::EmbeddingLookup(ids, count, table, rows, width, out, stream_));
 }
 
+void CudaDevice::EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
+                                    int64_t num_rows, float* positions) const {
+  Record(cuda::EmbeddingPositions(ids, count, rows, num_rows, positions, stream_));
+}
+
 void CudaDevice::EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
                                int64_t width, float* grad_table) const {
   if (count >= (int64_t{1} << 31)) {

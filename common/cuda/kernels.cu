@@ -672,6 +672,25 @@ __global__ void EmbeddingLookupKernel(const float* ids, int64_t count, const flo
   }
 }
 
+__global__ void EmbeddingPositionsKernel(const float* ids, int64_t count, const int64_t* rows,
+                                         int64_t num_rows, float* positions) {
+  const int64_t end = num_rows > 0 ? rows[num_rows - 1] + 1 : 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t id = EmbeddingRowOf(ids[i], end);
+    int64_t low = 0, high = num_rows;  // the first row >= id in [low, high)
+    while (low < high) {
+      const int64_t mid = low + (high - low) / 2;
+      if (rows[mid] < id) {
+        low = mid + 1;
+      } else {
+        high = mid;
+      }
+    }
+    positions[i] = id >= 0 && low < num_rows && rows[low] == id ? static_cast<float>(low) : -1.0f;
+  }
+}
+
 // keys[i] = the row of id i (`rows` for none: sorted last, skipped), positions[i] = i.
 __global__ void EmbeddingKeysKernel(const float* ids, int64_t count, int64_t rows, int32_t* keys,
                                     int32_t* positions) {
@@ -1046,6 +1065,15 @@ absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table
   if (n <= 0) return absl::OkStatus();
   EmbeddingLookupKernel<<<Blocks(n), kThreads, 0, stream>>>(ids, count, table, rows, width, out);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingLookupKernel");
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
+                                int64_t num_rows, float* positions, cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  EmbeddingPositionsKernel<<<Blocks(count), kThreads, 0, stream>>>(ids, count, rows, num_rows,
+                                                                   positions);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingPositionsKernel");
   return absl::OkStatus();
 }
 

@@ -302,6 +302,17 @@ class Cpu final : public Device {
     }
   }
 
+  void EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows, int64_t num_rows,
+                          float* positions) const override {
+    const int64_t end = num_rows > 0 ? rows[num_rows - 1] + 1 : 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t id = EmbeddingRow(ids[i], end);
+      const int64_t* at = std::lower_bound(rows, rows + num_rows, id);
+      positions[i] =
+          id >= 0 && at != rows + num_rows && *at == id ? static_cast<float>(at - rows) : -1.0f;
+    }
+  }
+
   void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
                     float* out) const override {
     const float scale = 1.0f / static_cast<float>(steps);

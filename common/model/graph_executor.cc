@@ -8,6 +8,7 @@ namespace stratum {
 struct GraphExecutor::NodeArgs {
   std::vector<const float*> inputs;
   std::vector<const float*> variables;
+  std::vector<VariableRows> rows;  // empty while every variable is whole
   std::vector<float*> grad_inputs;
   std::vector<float*> grad_variables;
   std::unique_ptr<bool[]> accumulate;
@@ -74,6 +75,7 @@ LayerForward GraphExecutor::ForwardArgs(int n, int64_t batch, bool training,
                       .training = training,
                       .inputs = args.inputs,
                       .variables = args.variables,
+                      .variable_rows = args.rows,
                       .output = buffers_.values[static_cast<size_t>(node.output)],
                       .scratch = buffers_.scratch[static_cast<size_t>(n)],
                       .rng = rng,
@@ -81,7 +83,8 @@ LayerForward GraphExecutor::ForwardArgs(int n, int64_t batch, bool training,
 }
 
 void GraphExecutor::Forward(const float* x, int64_t batch, bool training,
-                            std::span<const float* const> variables, RandomStream& rng) {
+                            std::span<const float* const> variables, RandomStream& rng,
+                            std::span<const VariableRows> rows) {
   // The model's inputs: x itself for one input; for several, x's columns split into one
   // buffer each, in the order of the model's inputs.
   if (model_.inputs.size() == 1) {
@@ -110,6 +113,14 @@ void GraphExecutor::Forward(const float* x, int64_t batch, bool training,
     }
     for (size_t v = 0; v < node.variables.size(); ++v) {
       args.variables[v] = variables[static_cast<size_t>(node.variables[v])];
+    }
+    if (rows.empty()) {
+      args.rows.clear();
+    } else {
+      args.rows.resize(node.variables.size());
+      for (size_t v = 0; v < node.variables.size(); ++v) {
+        args.rows[v] = rows[static_cast<size_t>(node.variables[v])];
+      }
     }
     const LayerForward forward = ForwardArgs(static_cast<int>(n), batch, training, &rng);
     node.layer->Forward(forward);
@@ -193,6 +204,7 @@ void GraphExecutor::Backward(int64_t batch, bool training, int fused,
         .training = training,
         .inputs = forward.inputs,
         .variables = forward.variables,
+        .variable_rows = forward.variable_rows,
         .output = act_[out],
         .scratch = forward.scratch,
         .grad_output = grad,

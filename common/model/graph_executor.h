@@ -57,8 +57,10 @@ class GraphExecutor {
 
   // The forward pass of `batch` examples in x [batch, input elements] (several inputs: their
   // values side by side, split here); `variables` holds one pointer per model variable.
+  // `rows`: per model variable, the rows given of a row-sparse one (empty: all whole).
   void Forward(const float* x, int64_t batch, bool training,
-               std::span<const float* const> variables, RandomStream& rng);
+               std::span<const float* const> variables, RandomStream& rng,
+               std::span<const VariableRows> rows = {});
   // After Forward: the output [batch, output size] (the one output), or output `i`.
   const float* Output(size_t i = 0) const;
   // After Forward: the logits of the fused softmax node `fused` (Model::Impl::

@@ -105,7 +105,11 @@ struct Workspace::State {
       : signature(model.signature),
         sizes(BufferSizes(model)),
         executor(model, CpuDevice()),
-        rng(seed) {}
+        rng(seed) {
+    for (const VariableSpec& spec : model.variables) {
+      table_rows.push_back(spec.row_sparse ? spec.shape.dim(0) : -1);
+    }
+  }
 
   int64_t capacity = 0;
   std::vector<int64_t> signature;
@@ -116,6 +120,11 @@ struct Workspace::State {
   std::vector<float*> gradients;
   RandomStream rng;
   std::unique_ptr<ReplicaSumAdapter> replica_sum;  // set by SetReplicaSum
+  std::vector<int64_t> table_rows;  // per variable: its rows when row-sparse, else -1
+  // Set by SetVariableRows: per variable, the rows given (rows[v] is valid where
+  // row_views[v].count >= 0); row_views is empty while every variable is whole.
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<VariableRows> row_views;
 };
 
 Workspace::Workspace(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -125,6 +134,40 @@ void Workspace::Reseed(uint64_t seed) { state_->rng.seed(seed); }
 void Workspace::SetReplicaSum(ReplicaSum sum) {
   state_->replica_sum = std::make_unique<ReplicaSumAdapter>(std::move(sum));
   state_->executor.set_replicas(state_->replica_sum.get());
+}
+
+absl::Status Workspace::SetVariableRows(int variable, std::vector<int64_t> rows) {
+  State& ws = *state_;
+  const auto v = static_cast<size_t>(variable);
+  if (variable < 0 || v >= ws.table_rows.size() || ws.table_rows[v] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "variable ", variable,
+        " is not row-sparse (an embedding table read straight from a model input, without a "
+        "regularizer): give it whole"));
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= ws.table_rows[v] || (i > 0 && rows[i] <= rows[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the rows given of variable ", variable,
+                       " are not sorted, unique and within its ", ws.table_rows[v], " rows (row ",
+                       rows[i], " at position ", i, "): pass Model::RowsRead's"));
+    }
+  }
+  // Positions among the rows travel as floats, exact up to 2^24.
+  if (rows.size() > (size_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("variable ", variable, " is given ", rows.size(),
+                                                   " rows, more than 2^24: use smaller batches"));
+  }
+  ws.rows.resize(ws.table_rows.size());
+  ws.row_views.resize(ws.table_rows.size());
+  ws.rows[v] = std::move(rows);
+  ws.row_views[v] = {ws.rows[v].data(), static_cast<int64_t>(ws.rows[v].size())};
+  return absl::OkStatus();
+}
+
+void Workspace::ClearVariableRows() {
+  state_->rows.clear();
+  state_->row_views.clear();
 }
 
 namespace {
@@ -159,7 +202,7 @@ absl::Status ReplicaSumStatus(Workspace::State& ws) {
 void Forward(const std::vector<Tensor>& variables, const float* x, int64_t batch, bool training,
              Workspace::State& ws) {
   for (size_t v = 0; v < variables.size(); ++v) ws.variables[v] = variables[v].data<float>();
-  ws.executor.Forward(x, batch, training, ws.variables, ws.rng);
+  ws.executor.Forward(x, batch, training, ws.variables, ws.rng, ws.row_views);
 }
 
 }  // namespace
@@ -240,6 +283,42 @@ int64_t Model::num_parameters() const {
   int64_t total = 0;
   for (const VariableSpec& spec : impl_->variables) total += spec.shape.num_elements();
   return total;
+}
+
+absl::StatusOr<std::vector<int64_t>> Model::RowsRead(const std::vector<const Tensor*>& xs,
+                                                     int variable) const {
+  const auto v = static_cast<size_t>(variable);
+  if (variable < 0 || v >= impl_->variables.size() || !impl_->variables[v].row_sparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", variable, " of model \"", impl_->name,
+                     "\" is not row-sparse (an embedding table read straight from a model input, "
+                     "without a regularizer): it has no rows read by a batch"));
+  }
+  const int64_t table_rows = impl_->variables[v].shape.dim(0);
+  const int64_t width = impl_->input_shape.num_elements();
+  std::vector<int64_t> rows;
+  for (const Tensor* x : xs) {
+    if (x->dtype() != DType::kFloat32 || x->shape().rank() == 0 ||
+        x->num_elements() != x->rows() * width) {
+      return absl::InvalidArgumentError(absl::StrCat("a batch of ", x->DebugString(),
+                                                     " is not one of model \"", impl_->name,
+                                                     "\", which takes float32 examples of ", width,
+                                                     " values: pass the batch TrainStep takes"));
+    }
+    const float* data = x->data<float>();
+    for (int64_t b = 0; b < x->rows(); ++b) {
+      for (const Impl::Columns& columns : impl_->row_columns[v]) {
+        const float* ids = data + b * width + columns.offset;
+        for (int64_t k = 0; k < columns.size; ++k) {
+          const int64_t row = EmbeddingRow(ids[k], table_rows);
+          if (row >= 0) rows.push_back(row);
+        }
+      }
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
 }
 
 int64_t Model::WorkspaceFloats(int64_t batch) const {
@@ -385,6 +464,24 @@ std::unique_ptr<Workspace> Model::NewWorkspace(uint64_t seed) const {
 
 namespace {
 
+// The rows `variable` is given as in this workspace's steps, or -1 when it is whole.
+int64_t GivenRows(const Workspace::State& ws, size_t variable) {
+  return variable < ws.row_views.size() ? ws.row_views[variable].count : -1;
+}
+
+// Whether `tensor` is float32 of `shape`, or of `shape` with `given` rows when given >= 0;
+// compared in place: a step must not allocate.
+bool IsVariableShaped(const Tensor& tensor, const Shape& shape, int64_t given) {
+  if (!tensor.valid() || tensor.dtype() != DType::kFloat32) return false;
+  if (given < 0) return tensor.shape() == shape;
+  const Shape& actual = tensor.shape();
+  if (actual.rank() != shape.rank() || actual.rank() == 0 || actual.dim(0) != given) return false;
+  for (int d = 1; d < shape.rank(); ++d) {
+    if (actual.dim(d) != shape.dim(d)) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<int64_t> CheckInputs(const Model::Impl& model, const std::vector<Tensor>& variables,
                                     const Tensor& x, Workspace& ws) {
   if (ws.state().signature != model.signature) {
@@ -402,12 +499,15 @@ absl::StatusOr<int64_t> CheckInputs(const Model::Impl& model, const std::vector<
   }
   for (size_t i = 0; i < variables.size(); ++i) {
     const VariableSpec& spec = model.variables[i];
-    if (!variables[i].valid() || variables[i].dtype() != DType::kFloat32 ||
-        variables[i].shape() != spec.shape) {
+    const int64_t given = GivenRows(ws.state(), i);
+    if (!IsVariableShaped(variables[i], spec.shape, given)) {
       return absl::InvalidArgumentError(
           absl::StrCat("variable ", i, " (\"", spec.name, "\") is ",
                        variables[i].valid() ? variables[i].DebugString() : std::string("empty"),
-                       ", but the model expects float32", spec.shape.ToString(),
+                       ", but the model expects float32",
+                       given < 0 ? spec.shape.ToString()
+                                 : absl::StrCat(spec.shape.WithFirstDim(given).ToString(),
+                                                " (the rows the workspace was given)"),
                        ": pass the model's variables in the order of Model::variables()"));
     }
   }
@@ -427,14 +527,15 @@ absl::StatusOr<int64_t> CheckInputs(const Model::Impl& model, const std::vector<
   return x.shape().dim(0);
 }
 
-void EnsureGradients(const Model::Impl& model, std::vector<Tensor>& gradients) {
+void EnsureGradients(const Model::Impl& model, const Workspace::State& ws,
+                     std::vector<Tensor>& gradients) {
   if (gradients.size() != model.variables.size()) gradients.resize(model.variables.size());
   for (size_t i = 0; i < gradients.size(); ++i) {
-    const Shape& shape = model.variables[i].shape;
-    if (!gradients[i].valid() || gradients[i].dtype() != DType::kFloat32 ||
-        gradients[i].shape() != shape) {
-      gradients[i] = Tensor(DType::kFloat32, shape);
-    }
+    const int64_t given = GivenRows(ws, i);
+    if (IsVariableShaped(gradients[i], model.variables[i].shape, given)) continue;
+    const Shape shape =
+        given < 0 ? model.variables[i].shape : model.variables[i].shape.WithFirstDim(given);
+    gradients[i] = Tensor(DType::kFloat32, shape);
   }
 }
 
@@ -479,7 +580,7 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
   STRATUM_RETURN_IF_ERROR(CheckOneOutput(*impl_));
   STRATUM_ASSIGN_OR_RETURN(const int64_t batch, CheckInputs(*impl_, variables, x, ws));
   STRATUM_RETURN_IF_ERROR(loss.ValidateTargets(y, batch, impl_->output_size));
-  EnsureGradients(*impl_, gradients);
+  EnsureGradients(*impl_, ws.state(), gradients);
   Workspace::State& state = ws.state();
   if (batch == 0) {
     for (Tensor& gradient : gradients) gradient.SetZero();

@@ -57,6 +57,14 @@ struct Model::Impl {
   bool synchronized = false;          // some node sums over the replicas in sync
   std::set<std::string> int_inputs;   // the InputLayers of dtype int32 or int64, by name
   std::vector<bool> input_takes_ids;  // per input: int, or read by an Embedding as it is
+  // Per variable: where in an example's values (x's columns) the ids a row-sparse one is
+  // read by lie, one [offset, offset + size) per model input that layers read it by; empty
+  // for the others.
+  struct Columns {
+    int64_t offset = 0;
+    int64_t size = 0;
+  };
+  std::vector<std::vector<Columns>> row_columns;
   int64_t output_size = 0;
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;

@@ -169,6 +169,43 @@ class GraphBuilder {
     return absl::OkStatus();
   }
 
+  // A row-sparse table stays one where every node reading it takes its ids straight from a
+  // model input (whose columns Model::RowsRead then reads) and no regularizer needs all of it.
+  void FindRowSparseColumns() {
+    std::vector<int64_t> offsets;  // per model input, where its values start in an example
+    int64_t offset = 0;
+    for (int id : impl_.inputs) {
+      offsets.push_back(offset);
+      offset += impl_.tensors[static_cast<size_t>(id)].size;
+    }
+    impl_.row_columns.assign(impl_.variables.size(), {});
+    for (size_t v = 0; v < impl_.variables.size(); ++v) {
+      VariableSpec& spec = impl_.variables[v];
+      if (!spec.row_sparse) continue;
+      spec.row_sparse = spec.l1 == 0 && spec.l2 == 0;
+      std::vector<Model::Impl::Columns> columns;
+      for (const GraphNode& node : impl_.nodes) {
+        if (std::find(node.variables.begin(), node.variables.end(), static_cast<int>(v)) ==
+            node.variables.end()) {
+          continue;
+        }
+        const auto input = std::find(impl_.inputs.begin(), impl_.inputs.end(), node.inputs[0]);
+        if (input == impl_.inputs.end()) {
+          spec.row_sparse = false;
+          continue;
+        }
+        const size_t i = static_cast<size_t>(input - impl_.inputs.begin());
+        const Model::Impl::Columns read{offsets[i],
+                                        impl_.tensors[static_cast<size_t>(*input)].size};
+        if (std::none_of(columns.begin(), columns.end(),
+                         [&](const Model::Impl::Columns& c) { return c.offset == read.offset; })) {
+          columns.push_back(read);
+        }
+      }
+      if (spec.row_sparse) impl_.row_columns[v] = std::move(columns);
+    }
+  }
+
   // Sets the outputs, checks that every layer and input leads to one, and derives the
   // model's input shape and output size.
   absl::Status Finish(const std::vector<int>& outputs) {
@@ -184,6 +221,7 @@ class GraphBuilder {
       }
       impl_.input_takes_ids[i] = ids;
     }
+    FindRowSparseColumns();
     std::vector<bool> used(impl_.tensors.size(), false);
     for (int id : outputs) used[static_cast<size_t>(id)] = true;
     for (int n = static_cast<int>(impl_.nodes.size()) - 1; n >= 0; --n) {

@@ -478,6 +478,52 @@ void Optimizer::ApplyDense(Tensor& variable, const Tensor& gradient, std::vector
   Update(variable, clipped, slots, iteration);
 }
 
+void Optimizer::ApplyRows(Tensor& variable, std::span<const int64_t> rows,
+                          const Tensor& row_gradients, std::vector<Tensor>& slots,
+                          int64_t iteration) const {
+  const auto count = static_cast<int64_t>(rows.size());
+  const int64_t width = variable.row_size();
+  bool ok = variable.shape().rank() > 0 && row_gradients.dtype() == DType::kFloat32 &&
+            row_gradients.num_elements() == count * width;
+  for (int64_t i = 0; ok && i < count; ++i) {
+    ok = rows[i] >= 0 && rows[i] < variable.rows() && (i == 0 || rows[i] > rows[i - 1]);
+  }
+  if (!ok) {
+    std::fprintf(stderr,
+                 "Optimizer::ApplyRows: %s for %lld rows (sorted, unique, in range) of variable "
+                 "%s do not match\n",
+                 row_gradients.DebugString().c_str(), static_cast<long long>(count),
+                 variable.DebugString().c_str());
+    std::abort();
+  }
+  // The rows (and their slots' rows) gathered side by side, one update of them all, then
+  // scattered back: the update rule runs once, vectorized, whatever the number of rows.
+  const Shape shape = variable.shape().WithFirstDim(count);
+  auto gather = [&](const Tensor& from) {
+    Tensor out(DType::kFloat32, shape);
+    for (int64_t i = 0; i < count; ++i) {
+      std::copy_n(from.data<float>() + rows[i] * width, width, out.data<float>() + i * width);
+    }
+    return out;
+  };
+  auto scatter = [&](const Tensor& from, Tensor& to) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::copy_n(from.data<float>() + i * width, width, to.data<float>() + rows[i] * width);
+    }
+  };
+  if (slots.empty()) slots = NewSlots(variable);
+  Tensor value = gather(variable);
+  std::vector<Tensor> row_slots;
+  for (const Tensor& slot : slots) row_slots.push_back(gather(slot));
+  if (row_gradients.shape() == shape) {
+    ApplyDense(value, row_gradients, row_slots, iteration);
+  } else {
+    ApplyDense(value, *row_gradients.Reshape(shape), row_slots, iteration);
+  }
+  scatter(value, variable);
+  for (size_t s = 0; s < slots.size(); ++s) scatter(row_slots[s], slots[s]);
+}
+
 nlohmann::json Optimizer::WithClipping(nlohmann::json config) const {
   if (clipping_.norm > 0) config["clipnorm"] = clipping_.norm;
   if (clipping_.value > 0) config["clipvalue"] = clipping_.value;

@@ -371,6 +371,20 @@ TEST(CudaDeviceTest, EmbeddingOpsMatchTheCpu) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
 
+    // The ids' positions among some rows of the table (a parameter-server worker's pull):
+    // every other row of the first 50, as int64 on the device (float pairs upload them).
+    std::vector<int64_t> given;
+    for (int64_t r = 0; r < std::min<int64_t>(c.rows, 50); r += 2) given.push_back(r);
+    std::vector<float> positions(c.count), given_floats(given.size() * 2);
+    std::memcpy(given_floats.data(), given.data(), given.size() * sizeof(int64_t));
+    cpu.EmbeddingPositions(ids.data(), c.count, given.data(), static_cast<int64_t>(given.size()),
+                           positions.data());
+    float* g_positions = gpu.New(c.count);
+    gpu.device().EmbeddingPositions(g_ids, c.count,
+                                    reinterpret_cast<const int64_t*>(gpu.Upload(given_floats)),
+                                    static_cast<int64_t>(given.size()), g_positions);
+    EXPECT_EQ(gpu.Download(g_positions, c.count), positions);
+
     const int64_t steps = 7, batch = std::max<int64_t>(c.count / steps, 1);
     std::vector<float> mean(batch * c.width), grad_steps = Random(batch * steps * c.width, rng);
     const std::vector<float> earlier = grad_steps;

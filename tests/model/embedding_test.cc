@@ -2,12 +2,15 @@
 // the table give zeros), the table's gradient summed per row in order, the mean over steps;
 // Keras' RandomUniform default and range; ids taken unscaled from an int InputLayer; and the
 // options Stratum refuses, by name.
+#include <cmath>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "stratum/device/device.h"
+#include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 
 namespace stratum {
@@ -46,6 +49,16 @@ TEST(EmbeddingTest, LooksUpRowsAndSumsTheirGradientsPerRow) {
   // Row 2 twice (positions 0 and 2), row 0 once, row 1 never: zeros, not what was there.
   EXPECT_THAT(std::vector<float>(grad_table, grad_table + 6),
               ::testing::ElementsAre(3, 4, 0, 0, 6, 8));
+}
+
+TEST(EmbeddingTest, FindsIdsAmongTheRowsGiven) {
+  const int64_t rows[] = {0, 4, 9};
+  const float ids[] = {9, 4, 5, -1, 0, 9.5f, NAN, 12};
+  float positions[8];
+  CpuDevice().EmbeddingPositions(ids, 8, rows, 3, positions);
+  // 9.5 is row 9, as TensorFlow casts it; 5, 12, -1 and NaN are not among the rows.
+  EXPECT_THAT(std::vector<float>(positions, positions + 8),
+              ::testing::ElementsAre(2, 1, -1, -1, 0, 2, -1, -1));
 }
 
 TEST(EmbeddingTest, AveragesOverStepsAndSharesTheGradient) {
@@ -121,6 +134,141 @@ TEST(EmbeddingTest, BuildsKerasShapesVariablesAndInitialValues) {
     ASSERT_GE(kernel.data<float>()[i], 3.0f);
     ASSERT_LT(kernel.data<float>()[i], 4.0f);
   }
+}
+
+// A step given only the rows its batch reads (what a parameter-server worker pulls) computes
+// what the step on the whole table does: the same loss and other gradients, and the table's
+// gradient for those rows, bit for bit; every other row's gradient is zero.
+TEST(EmbeddingTest, AStepOnTheRowsItReadsMatchesTheStepOnTheWholeTable) {
+  auto model = Model::FromKerasJson(Sequential(
+      Input({4}, "int32"),
+      {Embedding({{"name", "emb"}, {"input_dim", 50}, {"output_dim", 3}}),
+       {{"class_name", "GlobalAveragePooling1D"}, {"config", json::object()}},
+       {{"class_name", "Dense"}, {"config", {{"units", 2}, {"activation", "softmax"}}}}}));
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(model->variables()[0].row_sparse);
+  EXPECT_FALSE(model->variables()[1].row_sparse);
+  auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
+  ASSERT_TRUE(loss.ok());
+  const std::vector<Tensor> whole = model->InitialVariables(3);
+  // 60 and -1 lie outside the table; 7 and 49 appear twice.
+  const Tensor x =
+      Tensor::FromVector<float>({3, 4}, {7, 3, 60, 49, /**/ 7, 7, -1, 0, /**/ 49, 12, 3, 3});
+  const Tensor y = Tensor::FromVector<int32_t>({3}, {0, 1, 1});
+
+  auto rows = model->RowsRead({&x}, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, (std::vector<int64_t>{0, 3, 7, 12, 49}));
+  // Two batches' rows together, as a worker's replicas read them.
+  const Tensor more = Tensor::FromVector<float>({1, 4}, {1, 1, 1, 2});
+  EXPECT_EQ(*model->RowsRead({&x, &more}, 0), (std::vector<int64_t>{0, 1, 2, 3, 7, 12, 49}));
+  EXPECT_FALSE(model->RowsRead({&x}, 1).ok());  // the Dense kernel
+
+  auto dense_ws = model->NewWorkspace(1);
+  std::vector<Tensor> dense_grads;
+  auto dense = model->TrainStep(whole, x, y, *loss, 1.0f / 3, *dense_ws, dense_grads);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+
+  std::vector<Tensor> given = whole;
+  given[0] = Tensor(DType::kFloat32, Shape({static_cast<int64_t>(rows->size()), 3}));
+  for (size_t i = 0; i < rows->size(); ++i) {
+    std::copy_n(whole[0].data<float>() + (*rows)[i] * 3, 3, given[0].data<float>() + i * 3);
+  }
+  auto sparse_ws = model->NewWorkspace(1);
+  ASSERT_TRUE(sparse_ws->SetVariableRows(0, *rows).ok());
+  std::vector<Tensor> sparse_grads;
+  auto sparse = model->TrainStep(given, x, y, *loss, 1.0f / 3, *sparse_ws, sparse_grads);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ(sparse->loss_sum, dense->loss_sum);
+  ASSERT_EQ(sparse_grads[0].shape(), Shape({5, 3}));
+  for (int64_t r = 0, i = 0; r < 50; ++r) {
+    const bool read = i < 5 && (*rows)[static_cast<size_t>(i)] == r;
+    for (int64_t k = 0; k < 3; ++k) {
+      const float expected = dense_grads[0].data<float>()[r * 3 + k];
+      if (read) {
+        EXPECT_EQ(sparse_grads[0].data<float>()[i * 3 + k], expected) << "row " << r;
+      } else {
+        EXPECT_EQ(expected, 0.0f) << "row " << r;
+      }
+    }
+    if (read) ++i;
+  }
+  EXPECT_TRUE(sparse_grads[1].BitwiseEqual(dense_grads[1]));
+  EXPECT_TRUE(sparse_grads[2].BitwiseEqual(dense_grads[2]));
+  // Predictions agree too; the whole table is refused while rows are given, and taken again
+  // once they are cleared.
+  auto predicted = model->Predict(given, x, *sparse_ws);
+  ASSERT_TRUE(predicted.ok()) << predicted.status();
+  EXPECT_TRUE(predicted->BitwiseEqual(*model->Predict(whole, x, *dense_ws)));
+  EXPECT_THAT(std::string(model->Predict(whole, x, *sparse_ws).status().message()),
+              HasSubstr("(the rows the workspace was given)"));
+  sparse_ws->ClearVariableRows();
+  EXPECT_TRUE(model->Predict(whole, x, *sparse_ws).ok());
+
+  EXPECT_THAT(std::string(sparse_ws->SetVariableRows(0, {3, 3}).message()),
+              HasSubstr("not sorted, unique and within its 50 rows"));
+  EXPECT_THAT(std::string(sparse_ws->SetVariableRows(0, {50}).message()),
+              HasSubstr("not sorted, unique and within its 50 rows"));
+  EXPECT_THAT(std::string(sparse_ws->SetVariableRows(1, {0}).message()),
+              HasSubstr("is not row-sparse"));
+}
+
+// A table is row-sparse only where its ids come straight from a model input (RowsRead reads
+// them there, in that input's columns) and no regularizer needs every row.
+TEST(EmbeddingTest, RowSparseTablesReadTheirIdsFromTheirInputsColumns) {
+  auto input = [](const char* name, int64_t size) {
+    return json{
+        {"class_name", "InputLayer"},
+        {"name", name},
+        {"config", {{"name", name}, {"batch_input_shape", {nullptr, size}}, {"dtype", "int64"}}},
+        {"inbound_nodes", json::array()}};
+  };
+  auto layer = [](const char* class_name, const char* name, json config, json inbound) {
+    config["name"] = name;
+    json inputs = json::array();
+    for (const auto& from : inbound) inputs.push_back({from, 0, 0, json::object()});
+    return json{{"class_name", class_name},
+                {"name", name},
+                {"config", std::move(config)},
+                {"inbound_nodes", {inputs}}};
+  };
+  const json two_inputs = {
+      {"class_name", "Functional"},
+      {"config",
+       {{"name", "two"},
+        {"layers",
+         json::array({input("a", 2), input("b", 1),
+                      layer("Embedding", "ea", {{"input_dim", 10}, {"output_dim", 2}}, {"a"}),
+                      layer("Embedding", "eb", {{"input_dim", 20}, {"output_dim", 2}}, {"b"}),
+                      layer("Concatenate", "both", {{"axis", 1}}, {"ea", "eb"}),
+                      layer("Flatten", "flat", json::object(), {"both"})})},
+        {"input_layers", {{"a", 0, 0}, {"b", 0, 0}}},
+        {"output_layers", {{"flat", 0, 0}}}}}};
+  auto model = Model::FromKerasJson(two_inputs);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(model->variables()[0].row_sparse);
+  ASSERT_TRUE(model->variables()[1].row_sparse);
+  // Examples of a's two ids then b's one; 11 is outside ea's 10 rows but inside eb's 20.
+  const Tensor x = Tensor::FromVector<float>({2, 3}, {4, 1, 11, /**/ 4, 11, 2});
+  EXPECT_EQ(*model->RowsRead({&x}, 0), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(*model->RowsRead({&x}, 1), (std::vector<int64_t>{2, 11}));
+
+  auto regularized = Model::FromKerasJson(Sequential(
+      Input({2}, "int32"),
+      {Embedding({{"input_dim", 10},
+                  {"output_dim", 2},
+                  {"embeddings_regularizer", {{"class_name", "L2"}, {"config", {{"l2", 0.01}}}}}}),
+       {{"class_name", "Flatten"}, {"config", json::object()}}}));
+  ASSERT_TRUE(regularized.ok()) << regularized.status();
+  EXPECT_FALSE(regularized->variables()[0].row_sparse);
+  auto computed = Model::FromKerasJson(
+      Sequential(Input({2}), {{{"class_name", "Reshape"}, {"config", {{"target_shape", {2, 1}}}}},
+                              Embedding({{"input_dim", 10}, {"output_dim", 2}}),
+                              {{"class_name", "Flatten"}, {"config", json::object()}}}));
+  ASSERT_TRUE(computed.ok()) << computed.status();
+  EXPECT_FALSE(computed->variables()[0].row_sparse);
+  EXPECT_THAT(std::string(computed->RowsRead({&x}, 0).status().message()),
+              HasSubstr("is not row-sparse"));
 }
 
 TEST(EmbeddingTest, RefusesWhatStratumDoesNotImplementByName) {

@@ -182,6 +182,73 @@ TEST(VariableStoreTest, RowGradientsSumDuplicatesAndTouchOnlyTheirRows) {
       store.Read("emb")->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {0, 0, 1, 1, 0, 1})));
 }
 
+// TensorFlow's sparse kernels: an update by rows changes those rows and the same rows of the
+// slots, and leaves every other row's moments as they were (they do not decay).
+TEST(VariableStoreTest, RowGradientsUpdateTheirRowsAndSlotsAsADenseUpdateOfThoseRows) {
+  const nlohmann::json adam = {{"class_name", "Adam"}, {"config", {{"learning_rate", 0.1}}}};
+  VariableStore store;
+  const Tensor initial = Tensor::FromVector<float>({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  ASSERT_TRUE(store.Create("emb", initial, adam).ok());
+  ASSERT_TRUE(
+      store.ApplyRowGradients("emb", {1, 3}, Tensor::FromVector<float>({2, 2}, {1, -1, 2, 0.5f}))
+          .ok());
+  ASSERT_TRUE(store.ApplyRowGradients("emb", {3}, Tensor::FromVector<float>({1, 2}, {-1, 1})).ok());
+
+  // The same two updates, dense, on rows 1 and 3 alone.
+  auto optimizer = Optimizer::FromKeras(adam);
+  ASSERT_TRUE(optimizer.ok());
+  Tensor row1 = Tensor::FromVector<float>({1, 2}, {3, 4});
+  Tensor row3 = Tensor::FromVector<float>({1, 2}, {7, 8});
+  std::vector<Tensor> slots1 = (*optimizer)->NewSlots(row1);
+  std::vector<Tensor> slots3 = (*optimizer)->NewSlots(row3);
+  (*optimizer)->ApplyDense(row1, Tensor::FromVector<float>({1, 2}, {1, -1}), slots1, 0);
+  (*optimizer)->ApplyDense(row3, Tensor::FromVector<float>({1, 2}, {2, 0.5f}), slots3, 0);
+  (*optimizer)->ApplyDense(row3, Tensor::FromVector<float>({1, 2}, {-1, 1}), slots3, 1);
+  auto snapshot = store.Snapshot("emb");
+  ASSERT_TRUE(snapshot.ok());
+  const float* value = snapshot->value.data<float>();
+  EXPECT_EQ(value[0], 1);
+  EXPECT_EQ(value[1], 2);
+  EXPECT_EQ(value[2], row1.data<float>()[0]);
+  EXPECT_EQ(value[3], row1.data<float>()[1]);
+  EXPECT_EQ(value[4], 5);
+  EXPECT_EQ(value[6], row3.data<float>()[0]);
+  EXPECT_EQ(value[7], row3.data<float>()[1]);
+  ASSERT_EQ(snapshot->slots.size(), 2u);
+  const float* m = snapshot->slots[0].data<float>();
+  EXPECT_EQ(m[0], 0);  // row 0 never touched
+  EXPECT_EQ(m[2], slots1[0].data<float>()[0]);
+  EXPECT_EQ(m[6], slots3[0].data<float>()[0]);
+  EXPECT_EQ(snapshot->info.updates, 2);
+}
+
+// clipnorm clips the rows of one push together (the norm of all their values), as Keras clips
+// the IndexedSlices of an embedding table, not each row on its own.
+TEST(VariableStoreTest, RowGradientsAreClippedTogether) {
+  const nlohmann::json sgd = {{"class_name", "SGD"},
+                              {"config", {{"learning_rate", 1.0}, {"clipnorm", 1.0}}}};
+  VariableStore store;
+  ASSERT_TRUE(store.Create("emb", Tensor(DType::kFloat32, {3, 1}), sgd).ok());
+  // Rows 0 and 2 get 3 and 4 (norm 5, scaled by 1/5); row 0 twice (1 + 2), in any order.
+  ASSERT_TRUE(
+      store.ApplyRowGradients("emb", {2, 0, 0}, Tensor::FromVector<float>({3, 1}, {4, 1, 2})).ok());
+  const Tensor value = *store.Read("emb");
+  EXPECT_FLOAT_EQ(value.data<float>()[0], -0.6f);
+  EXPECT_FLOAT_EQ(value.data<float>()[1], 0.0f);
+  EXPECT_FLOAT_EQ(value.data<float>()[2], -0.8f);
+}
+
+TEST(VariableStoreTest, AScalarHasNoRows) {
+  VariableStore store;
+  ASSERT_TRUE(store.Create("s", Tensor::Scalar(1), "sgd").ok());
+  EXPECT_THAT(std::string(store.ReadRows("s", {0}).status().message()),
+              HasSubstr("is a scalar, which has no rows"));
+  EXPECT_THAT(std::string(store.ApplyRowGradients("s", {0}, Tensor::FromVector<float>({1}, {1}))
+                              .status()
+                              .message()),
+              HasSubstr("a scalar, which has no rows"));
+}
+
 TEST(VariableStoreTest, WithoutAnOptimizerGradientsAreRefused) {
   VariableStore store;
   ASSERT_TRUE(store.Create("step", Tensor::Scalar(0), nullptr).ok());

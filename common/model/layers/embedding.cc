@@ -6,8 +6,10 @@
 // them unscaled. An id outside [0, input_dim) looks up zeros and moves no row (TensorFlow's
 // GPU behaviour; its CPU refuses the step).
 //
-// The table's gradient is dense here (rows no id of the step touched are zero): the sparse
-// path (row gradients to the parameter servers) is the embeddings issue's next step.
+// The table is row-sparse (VariableSpec::row_sparse): a step may be given only the rows its
+// batch reads (a parameter-server worker pulls no more), in which case the ids are first
+// mapped to their positions among those rows, and the gradient covers those rows alone.
+// Given whole, its gradient is dense (rows no id of the step touched are zero).
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,17 +51,25 @@ class Embedding final : public Layer {
     build.output = Shape(std::move(dims));
     build.variables.push_back(keras::MakeVariable("embeddings", Shape({input_dim_, output_dim_}),
                                                   initializer_, regularizer_));
+    build.variables.back().row_sparse = true;
+    build.scratch_per_example = ids_per_example_;  // the ids' positions among given rows
     return build;
   }
 
   void Forward(const LayerForward& args) const override {
-    args.device->EmbeddingLookup(args.inputs[0], args.batch * ids_per_example_, args.variables[0],
-                                 input_dim_, output_dim_, args.output);
+    const int64_t count = args.batch * ids_per_example_;
+    const auto [ids, rows] = IdsAndRows(args.device, args.inputs[0], count, args.variable_rows,
+                                        args.scratch, /*map=*/true);
+    args.device->EmbeddingLookup(ids, count, args.variables[0], rows, output_dim_, args.output);
   }
 
   void Backward(const LayerBackward& args) const override {
-    args.device->EmbeddingGrad(args.inputs[0], args.batch * ids_per_example_, args.grad_output,
-                               input_dim_, output_dim_, args.grad_variables[0]);
+    const int64_t count = args.batch * ids_per_example_;
+    // The positions Forward wrote to the scratch are still there.
+    const auto [ids, rows] = IdsAndRows(args.device, args.inputs[0], count, args.variable_rows,
+                                        args.scratch, /*map=*/false);
+    args.device->EmbeddingGrad(ids, count, args.grad_output, rows, output_dim_,
+                               args.grad_variables[0]);
     // Ids have no gradient; a layer before this one (rare) gets zeros.
     if (args.grad_inputs[0] != nullptr && !args.accumulate[0]) {
       args.device->Zero(args.grad_inputs[0], args.batch * ids_per_example_);
@@ -67,6 +77,17 @@ class Embedding final : public Layer {
   }
 
  private:
+  // The ids to look up and the rows of the table they index: the model's ids into the whole
+  // table, or (the table given as some rows) their positions among those rows, which `map`
+  // writes into `scratch`.
+  std::pair<const float*, int64_t> IdsAndRows(const Device* device, const float* ids, int64_t count,
+                                              std::span<const VariableRows> given, float* scratch,
+                                              bool map) const {
+    if (given.empty() || given[0].count < 0) return {ids, input_dim_};
+    if (map) device->EmbeddingPositions(ids, count, given[0].ids, given[0].count, scratch);
+    return {scratch, given[0].count};
+  }
+
   const int64_t input_dim_;
   const int64_t output_dim_;
   const keras::Initializer initializer_;

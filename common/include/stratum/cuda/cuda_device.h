@@ -81,6 +81,8 @@ class CudaDevice final : public Device {
                        int64_t width, float* out) const override;
   void EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
                      int64_t width, float* grad_table) const override;
+  void EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows, int64_t num_rows,
+                          float* positions) const override;
   void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,
                     float* out) const override;
   void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,

@@ -187,6 +187,9 @@ absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t i
 // Device::EmbeddingLookup.
 absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
                              int64_t width, float* out, cudaStream_t stream);
+// Device::EmbeddingPositions: a binary search per id.
+absl::Status EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
+                                int64_t num_rows, float* positions, cudaStream_t stream);
 // The device scratch EmbeddingGrad needs for `count` ids into a table of `rows`.
 size_t EmbeddingGradScratchBytes(int64_t count, int64_t rows);
 // Device::EmbeddingGrad, deterministic: the (row, position) pairs sorted by row (a radix

@@ -156,6 +156,11 @@ class Device {
   // the ids i equal to r, in the order of i (deterministic); ids outside the table add nothing.
   virtual void EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
                              int64_t width, float* grad_table) const = 0;
+  // For ids into a table given as some of its rows (`rows`: `num_rows` sorted, unique row
+  // ids, in this device's memory): positions[i] = where in `rows` the row ids[i] names is, or
+  // -1 when it is not there (so that a lookup in those rows gives zeros and moves nothing).
+  virtual void EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
+                                  int64_t num_rows, float* positions) const = 0;
   // out[b, :] = the mean over s of x[b, s, :] for x [batch, steps, width] (Keras'
   // GlobalAveragePooling1D), and its gradient: grad_x[b, s, :] (+)= grad_out[b, :] / steps.
   virtual void AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width,

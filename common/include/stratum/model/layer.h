@@ -49,6 +49,20 @@ struct VariableSpec {
   // The range of initializer "random_uniform" (Keras' RandomUniform minval, maxval).
   float uniform_low = -0.05f;
   float uniform_high = 0.05f;
+  // An embedding table that a step may take as only the rows its batch reads
+  // (Workspace::SetVariableRows), its gradient then being those rows' alone: what the
+  // parameter servers pull and update by rows. Set by the layer (Embedding); the model keeps
+  // it only where every layer reading the table takes its ids straight from a model input
+  // (Model::RowsRead finds them there) and no regularizer needs the whole table.
+  bool row_sparse = false;
+};
+
+// The rows a step holds of a row-sparse variable: `count` sorted, unique row ids (in the
+// Device's memory), the variable's buffer holding those rows in that order. count < 0: the
+// whole variable.
+struct VariableRows {
+  const int64_t* ids = nullptr;
+  int64_t count = -1;
 };
 
 // What Build found: the output's shape, the variables (names without the layer's prefix:
@@ -83,7 +97,10 @@ struct LayerForward {
   bool training = false;
   std::span<const float* const> inputs;     // one per input, [batch, input shape]
   std::span<const float* const> variables;  // the layer's own
-  float* output = nullptr;                  // [batch, output shape]
+  // Per variable of the layer, the rows given of a row-sparse one (VariableSpec::row_sparse);
+  // empty when every variable is whole.
+  std::span<const VariableRows> variable_rows;
+  float* output = nullptr;      // [batch, output shape]
   float* scratch = nullptr;     // [batch, scratch_per_example], then scratch_per_step floats
   RandomStream* rng = nullptr;  // draws in training mode (dropout)
   CrossReplicaSum* replicas = nullptr;  // in training; nullptr: this replica alone
@@ -96,6 +113,7 @@ struct LayerBackward {
   bool training = false;
   std::span<const float* const> inputs;
   std::span<const float* const> variables;
+  std::span<const VariableRows> variable_rows;  // as in LayerForward
   const float* output = nullptr;
   float* scratch = nullptr;
   // d(objective)/d(output); the layer may overwrite it. With fused_softmax, d/d(logits) of

@@ -55,6 +55,16 @@ class Workspace {
   using ReplicaSum = std::function<absl::Status(std::vector<Tensor>& values)>;
   void SetReplicaSum(ReplicaSum sum);
 
+  // Gives row-sparse variable `variable` (VariableSpec::row_sparse: an embedding table) as
+  // some of its rows: until cleared, this workspace's steps take it as a tensor of those
+  // rows ([rows.size(), ...], `rows` sorted and unique, such as Model::RowsRead returns),
+  // and its gradient comes back for those rows alone. Ids the step reads outside `rows` look
+  // up zeros. INVALID_ARGUMENT for a variable that is not row-sparse or rows that are not
+  // sorted, unique and in the table.
+  absl::Status SetVariableRows(int variable, std::vector<int64_t> rows);
+  // Every variable whole again.
+  void ClearVariableRows();
+
   // Opaque; defined next to the Model's implementation.
   struct State;
   explicit Workspace(std::unique_ptr<State> state);
@@ -98,6 +108,12 @@ class Model {
   bool takes_ids() const;
   bool takes_only_ids() const;
   int64_t num_parameters() const;
+  // The rows of row-sparse variable `variable` that steps on the batches `xs` (each as
+  // TrainStep takes x) read, sorted and unique, ids outside the table left out: what a
+  // parameter-server worker pulls of an embedding table. INVALID_ARGUMENT for a variable that
+  // is not row-sparse or a batch of the wrong shape.
+  absl::StatusOr<std::vector<int64_t>> RowsRead(const std::vector<const Tensor*>& xs,
+                                                int variable) const;
   // The floats one Workspace holds for steps of `batch` examples (activations, gradients,
   // scratch): what training takes per replica besides the variables.
   int64_t WorkspaceFloats(int64_t batch) const;

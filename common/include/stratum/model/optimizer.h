@@ -68,6 +68,13 @@ class Optimizer {
   // for the first). Shapes that do not match are a programmer error and abort.
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                   int64_t iteration) const;
+  // One update of rows `rows` (sorted, unique) of `variable` [rows, ...] by `row_gradients`
+  // [rows.size(), ...], as TensorFlow's sparse kernels apply IndexedSlices: only those rows
+  // and the same rows of the slots change (an untouched row's momentum or Adam moments do not
+  // decay), with clipnorm over all the given rows together, then clipvalue, as ApplyDense
+  // clips a dense gradient. Shapes or rows that do not match are a programmer error and abort.
+  void ApplyRows(Tensor& variable, std::span<const int64_t> rows, const Tensor& row_gradients,
+                 std::vector<Tensor>& slots, int64_t iteration) const;
   // ApplyDense on every variable (after global_clipnorm over the trainable ones); slots[i]
   // belongs to vars[i] and is created when empty. With `specs` (the model's variables), a
   // non-trainable variable takes NonTrainableUpdate() instead, and keeps no slots.
