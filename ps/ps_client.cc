@@ -141,8 +141,23 @@ void PsClient::ForgetDataClient(bool back_off) {
   if (back_off) data_retry_after_ = absl::Now() + kBackOff;
 }
 
-absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string>& names) {
-  if (std::shared_ptr<PsDataClient> data = DataClient()) {
+namespace {
+
+void AddRowReads(const std::vector<RowRead>& reads,
+                 google::protobuf::RepeatedPtrField<proto::RowRead>* out) {
+  for (const RowRead& read : reads) {
+    proto::RowRead* message = out->Add();
+    message->set_name(read.name);
+    message->mutable_rows()->Assign(read.rows.begin(), read.rows.end());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string>& names,
+                                                   const std::vector<RowRead>& row_reads) {
+  // Rows travel over gRPC; the data path carries whole variables.
+  if (std::shared_ptr<PsDataClient> data = row_reads.empty() ? DataClient() : nullptr) {
     DataCallOutcome outcome;
     absl::StatusOr<std::vector<Tensor>> values = data->Pull(names, &outcome);
     if (outcome != DataCallOutcome::kAnswered) {
@@ -153,6 +168,7 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
   }
   proto::PullRequest request;
   for (const std::string& name : names) request.add_names(name);
+  AddRowReads(row_reads, request.mutable_row_reads());
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::PullResponse response;
@@ -163,13 +179,20 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
   return DecodeValues(response.values(), Peer());
 }
 
-absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled) {
+absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled,
+                            const std::vector<RowRead>& row_reads) {
   int64_t bytes = 0;
+  bool rows = !row_reads.empty();
   for (const NamedValue& gradient : gradients) {
     bytes += static_cast<int64_t>(gradient.value.byte_size());
+    rows = rows || gradient.rows.has_value();
   }
+  if (pulled == nullptr && !row_reads.empty()) {
+    return absl::InvalidArgumentError("a push with row reads needs somewhere to put them (pulled)");
+  }
+  // Rows travel over gRPC; the data path carries whole variables.
   std::shared_ptr<PsDataClient> data =
-      bytes >= options_.data_path_min_bytes ? DataClient() : nullptr;
+      !rows && bytes >= options_.data_path_min_bytes ? DataClient() : nullptr;
   if (data != nullptr) {
     std::vector<std::string> names;
     std::vector<Tensor> tensors;
@@ -190,8 +213,12 @@ absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vecto
     proto::NamedTensor* message = request.add_gradients();
     message->set_name(gradient.name);
     TensorToProto(gradient.value, message->mutable_tensor());
+    if (gradient.rows.has_value()) {
+      message->mutable_rows()->Assign(gradient.rows->begin(), gradient.rows->end());
+    }
   }
   request.set_pull_after(pulled != nullptr);
+  AddRowReads(row_reads, request.mutable_row_reads());
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::PushResponse response;

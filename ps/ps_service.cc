@@ -46,6 +46,27 @@ absl::Status AppendValue(const VariableStore& store, const std::string& name,
   return absl::OkStatus();
 }
 
+std::vector<RowRead> DecodeRowReads(
+    const google::protobuf::RepeatedPtrField<proto::RowRead>& messages) {
+  std::vector<RowRead> reads;
+  for (const proto::RowRead& message : messages) {
+    reads.push_back({message.name(), {message.rows().begin(), message.rows().end()}});
+  }
+  return reads;
+}
+
+// Appends the rows `read` names (CheckPull checked them), with their rows.
+absl::Status AppendRows(const VariableStore& store, const RowRead& read,
+                        google::protobuf::RepeatedPtrField<proto::NamedTensor>* values) {
+  absl::StatusOr<Tensor> rows = store.ReadRows(read.name, read.rows);
+  if (!rows.ok()) return rows.status();
+  proto::NamedTensor* out = values->Add();
+  out->set_name(read.name);
+  TensorToProto(*rows, out->mutable_tensor());
+  out->mutable_rows()->Assign(read.rows.begin(), read.rows.end());
+  return absl::OkStatus();
+}
+
 void AppendVariableStatuses(const VariableStore& store,
                             google::protobuf::RepeatedPtrField<proto::VariableStatus>* out) {
   for (const VariableInfo& info : store.List()) {
@@ -124,9 +145,10 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
 
 grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* request,
                              proto::PullResponse* response) {
+  const std::vector<RowRead> row_reads = DecodeRowReads(request->row_reads());
   if (absl::Status status =
           store_.CheckPull({request->names().begin(), request->names().end()},
-                           static_cast<uint64_t>(ChannelOptions{}.max_message_bytes));
+                           static_cast<uint64_t>(ChannelOptions{}.max_message_bytes), row_reads);
       !status.ok()) {
     return ToGrpcStatus(status);
   }
@@ -137,6 +159,13 @@ grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* req
     absl::StatusOr<VariableInfo> info = store_.Info(name);
     response->add_updates(info.ok() ? info->updates : 0);
   }
+  for (const RowRead& read : row_reads) {
+    if (absl::Status status = AppendRows(store_, read, response->mutable_values()); !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    absl::StatusOr<VariableInfo> info = store_.Info(read.name);
+    response->add_updates(info.ok() ? info->updates : 0);
+  }
   return grpc::Status::OK;
 }
 
@@ -144,12 +173,15 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
                              proto::PushResponse* response) {
   absl::StatusOr<std::vector<Gradient>> gradients = DecodeGradients(request->gradients());
   if (!gradients.ok()) return ToGrpcStatus(gradients.status());
-  if (request->pull_after()) {
+  const std::vector<RowRead> row_reads = DecodeRowReads(request->row_reads());
+  if (request->pull_after() || !row_reads.empty()) {
     // The values it asks back are checked before any gradient is applied.
     std::vector<std::string> names;
-    for (const Gradient& gradient : *gradients) names.push_back(*gradient.name);
-    if (absl::Status status =
-            store_.CheckPull(names, static_cast<uint64_t>(ChannelOptions{}.max_message_bytes));
+    for (const Gradient& gradient : *gradients) {
+      if (request->pull_after() && !gradient.sparse) names.push_back(*gradient.name);
+    }
+    if (absl::Status status = store_.CheckPull(
+            names, static_cast<uint64_t>(ChannelOptions{}.max_message_bytes), row_reads);
         !status.ok()) {
       return ToGrpcStatus(status);
     }
@@ -168,11 +200,16 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
                         : store_.ApplyGradient(*gradient.name, gradient.tensor);
     if (!updates.ok()) return ToGrpcStatus(updates.status());
     response->add_updates(*updates);
-    if (request->pull_after()) {
+    if (request->pull_after() && !gradient.sparse) {
       if (absl::Status status = AppendValue(store_, *gradient.name, response->mutable_values());
           !status.ok()) {
         return ToGrpcStatus(status);
       }
+    }
+  }
+  for (const RowRead& read : row_reads) {
+    if (absl::Status status = AppendRows(store_, read, response->mutable_values()); !status.ok()) {
+      return ToGrpcStatus(status);
     }
   }
   return grpc::Status::OK;

@@ -1,5 +1,6 @@
 #include "stratum/ps/sharded_variables.h"
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <map>
@@ -47,14 +48,58 @@ absl::Status ShardedVariables::ForEachTask(const std::function<absl::Status(int)
   return first;
 }
 
-void ShardedVariables::Scatter(int task, const std::vector<Tensor>& values,
-                               std::vector<Tensor>& whole) const {
-  const std::vector<size_t>& mine = shards_of_task_[static_cast<size_t>(task)];
-  for (size_t i = 0; i < mine.size() && i < values.size(); ++i) {
-    const ShardSpec& shard = shards_[mine[i]];
-    Tensor& target = whole[variable_of_shard_[mine[i]]];
+std::pair<size_t, size_t> ShardedVariables::SelectedRange(size_t s,
+                                                          const std::vector<int64_t>& rows) const {
+  const ShardSpec& shard = shards_[s];
+  const int64_t end = shard.first_row + (shard.shape.rank() == 0 ? 1 : shard.shape.dim(0));
+  const auto first = std::lower_bound(rows.begin(), rows.end(), shard.first_row);
+  const auto last = std::lower_bound(first, rows.end(), end);
+  return {static_cast<size_t>(first - rows.begin()), static_cast<size_t>(last - rows.begin())};
+}
+
+ShardedVariables::TaskReads ShardedVariables::ReadsOf(int task, const RowSelection& rows,
+                                                      bool whole) const {
+  TaskReads reads;
+  std::vector<Placement> row_placements;
+  for (size_t s : shards_of_task_[static_cast<size_t>(task)]) {
+    const ShardSpec& shard = shards_[s];
+    const size_t v = variable_of_shard_[s];
+    const std::vector<int64_t>* selected = v < rows.size() ? rows[v] : nullptr;
+    if (selected == nullptr) {
+      if (!whole) continue;
+      reads.names.push_back(shard.name);
+      reads.placements.push_back({v, shard.first_row});
+      continue;
+    }
+    const auto [begin, end] = SelectedRange(s, *selected);
+    if (begin == end) continue;  // no row of this shard is wanted
+    RowRead read{shard.name, {}};
+    for (size_t i = begin; i < end; ++i) read.rows.push_back((*selected)[i] - shard.first_row);
+    reads.row_reads.push_back(std::move(read));
+    row_placements.push_back({v, static_cast<int64_t>(begin)});
+  }
+  reads.placements.insert(reads.placements.end(), row_placements.begin(), row_placements.end());
+  return reads;
+}
+
+std::vector<Tensor> ShardedVariables::NewValues(const RowSelection& rows) const {
+  std::vector<Tensor> values;
+  for (size_t v = 0; v < shapes_.size(); ++v) {
+    const std::vector<int64_t>* selected = v < rows.size() ? rows[v] : nullptr;
+    values.emplace_back(DType::kFloat32,
+                        selected == nullptr
+                            ? shapes_[v]
+                            : shapes_[v].WithFirstDim(static_cast<int64_t>(selected->size())));
+  }
+  return values;
+}
+
+void ShardedVariables::Place(const std::vector<Tensor>& values,
+                             const std::vector<Placement>& placements, std::vector<Tensor>& out) {
+  for (size_t i = 0; i < placements.size() && i < values.size(); ++i) {
+    Tensor& target = out[placements[i].variable];
     std::memcpy(static_cast<char*>(target.raw_data()) +
-                    static_cast<size_t>(shard.first_row * target.row_size()) * sizeof(float),
+                    static_cast<size_t>(placements[i].row * target.row_size()) * sizeof(float),
                 values[i].raw_data(), values[i].byte_size());
   }
 }
@@ -80,39 +125,52 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
   });
 }
 
-absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull() {
-  std::vector<Tensor> whole;
-  for (const Shape& shape : shapes_) whole.emplace_back(DType::kFloat32, shape);
+absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& rows) {
+  std::vector<Tensor> values = NewValues(rows);
   absl::Status status = ForEachTask([&](int task) -> absl::Status {
-    std::vector<std::string> names;
-    for (size_t s : shards_of_task_[static_cast<size_t>(task)]) names.push_back(shards_[s].name);
-    absl::StatusOr<std::vector<Tensor>> values = clients_[static_cast<size_t>(task)]->Pull(names);
-    if (!values.ok()) return values.status();
-    Scatter(task, *values, whole);
+    const TaskReads reads = ReadsOf(task, rows, /*whole=*/true);
+    if (reads.placements.empty()) return absl::OkStatus();
+    absl::StatusOr<std::vector<Tensor>> answer =
+        clients_[static_cast<size_t>(task)]->Pull(reads.names, reads.row_reads);
+    if (!answer.ok()) return answer.status();
+    Place(*answer, reads.placements, values);
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
-  return whole;
+  return values;
 }
 
 absl::Status ShardedVariables::Push(const std::vector<Tensor>& gradients,
-                                    std::vector<Tensor>* pulled) {
-  if (pulled != nullptr) {
-    pulled->clear();
-    for (const Shape& shape : shapes_) pulled->emplace_back(DType::kFloat32, shape);
-  }
+                                    std::vector<Tensor>* pulled, const RowSelection& rows,
+                                    const RowSelection& next_rows) {
+  if (pulled != nullptr) *pulled = NewValues(next_rows);
   return ForEachTask([&](int task) -> absl::Status {
     std::vector<NamedValue> values;
     for (size_t s : shards_of_task_[static_cast<size_t>(task)]) {
       const ShardSpec& shard = shards_[s];
-      const Tensor& gradient = gradients[variable_of_shard_[s]];
-      values.push_back({shard.name, RowsOf(gradient, shard)});
+      const size_t v = variable_of_shard_[s];
+      const Tensor& gradient = gradients[v];
+      const std::vector<int64_t>* selected = v < rows.size() ? rows[v] : nullptr;
+      if (selected == nullptr) {
+        values.push_back({shard.name, RowsOf(gradient, shard)});
+        continue;
+      }
+      const auto [begin, end] = SelectedRange(s, *selected);
+      if (begin == end) continue;  // the step touched no row of this shard
+      std::vector<int64_t> local;
+      for (size_t i = begin; i < end; ++i) local.push_back((*selected)[i] - shard.first_row);
+      values.push_back({shard.name,
+                        gradient.SliceRows(static_cast<int64_t>(begin), static_cast<int64_t>(end)),
+                        std::move(local)});
     }
+    // Whole values come back for the whole gradients, in their order, then the rows read.
+    const TaskReads reads = ReadsOf(task, next_rows, /*whole=*/pulled != nullptr);
+    if (values.empty() && reads.placements.empty()) return absl::OkStatus();
     std::vector<Tensor> back;
-    absl::Status status =
-        clients_[static_cast<size_t>(task)]->Push(values, pulled != nullptr ? &back : nullptr);
+    absl::Status status = clients_[static_cast<size_t>(task)]->Push(
+        values, pulled != nullptr ? &back : nullptr, reads.row_reads);
     if (!status.ok() || pulled == nullptr) return status;
-    Scatter(task, back, *pulled);
+    Place(back, reads.placements, *pulled);
     return absl::OkStatus();
   });
 }

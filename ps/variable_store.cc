@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -258,23 +259,47 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
   return ++v.info.updates;
 }
 
-absl::Status VariableStore::CheckPull(const std::vector<std::string>& names,
-                                      uint64_t max_bytes) const {
+absl::Status VariableStore::CheckPull(const std::vector<std::string>& names, uint64_t max_bytes,
+                                      const std::vector<RowRead>& row_reads) const {
   absl::flat_hash_set<std::string> seen;
   uint64_t bytes = 0;
-  for (const std::string& name : names) {
+  auto count = [&](const std::string& name, const int64_t* rows, size_t num_rows) -> absl::Status {
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrCat("the pull names variable \"", name,
                                                      "\" more than once: name each variable once"));
     }
     absl::StatusOr<VariableInfo> info = Info(name);
     if (!info.ok()) return info.status();
-    bytes += static_cast<uint64_t>(info->shape.num_elements()) * DTypeSize(info->dtype);
+    if (rows == nullptr) {
+      bytes += static_cast<uint64_t>(info->shape.num_elements()) * DTypeSize(info->dtype);
+    } else {
+      if (info->shape.rank() == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("variable \"", name, "\" is a scalar, which has no rows: pull it whole"));
+      }
+      const int64_t table_rows = info->shape.dim(0);
+      for (size_t i = 0; i < num_rows; ++i) {
+        if (rows[i] < 0 || rows[i] >= table_rows) {
+          return absl::InvalidArgumentError(absl::StrCat("row ", rows[i], " of variable \"", name,
+                                                         "\" is out of range: it has rows 0..",
+                                                         table_rows - 1));
+        }
+      }
+      bytes +=
+          num_rows *
+          static_cast<uint64_t>(info->shape.num_elements() / std::max<int64_t>(table_rows, 1)) *
+          DTypeSize(info->dtype);
+    }
     if (bytes > max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the pull of ", names.size(), " variables would answer more than ", max_bytes,
-          " bytes, the limit of one message: pull fewer variables per request"));
+          "the pull of ", names.size() + row_reads.size(), " variables would answer more than ",
+          max_bytes, " bytes, the limit of one message: pull fewer variables per request"));
     }
+    return absl::OkStatus();
+  };
+  for (const std::string& name : names) STRATUM_RETURN_IF_ERROR(count(name, nullptr, 0));
+  for (const RowRead& read : row_reads) {
+    STRATUM_RETURN_IF_ERROR(count(read.name, read.rows.data(), read.rows.size()));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@ proto::CoordinatorId ThisCoordinator(const PsClientOptions& options);
 struct NamedValue {
   std::string name;
   Tensor value;
+  // Set for a row gradient: which rows of axis 0 `value` holds (sorted, unique).
+  std::optional<std::vector<int64_t>> rows;
 };
 
 // A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED), that shut
@@ -76,10 +79,15 @@ class PsClient {
   absl::StatusOr<std::vector<bool>> CreateVariables(const std::vector<NamedValue>& initial,
                                                     const nlohmann::json& optimizer,
                                                     bool replace = false);
-  absl::StatusOr<std::vector<Tensor>> Pull(const std::vector<std::string>& names);
-  // Applies the gradients; with `pulled` the updated values come back in the same call.
-  absl::Status Push(const std::vector<NamedValue>& gradients,
-                    std::vector<Tensor>* pulled = nullptr);
+  // The values of `names`, then the rows `row_reads` name (an embedding table's that a batch
+  // reads), in order.
+  absl::StatusOr<std::vector<Tensor>> Pull(const std::vector<std::string>& names,
+                                           const std::vector<RowRead>& row_reads = {});
+  // Applies the gradients (whole, or rows: NamedValue::rows); with `pulled` the updated values
+  // of the variables with whole gradients come back in the same call, then the rows
+  // `row_reads` name, read after the update (the next batch's).
+  absl::Status Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled = nullptr,
+                    const std::vector<RowRead>& row_reads = {});
   absl::Status Assign(const std::vector<NamedValue>& values);
   absl::StatusOr<proto::ListVariablesResponse> ListVariables();
   // Checkpoints: the PS writes / reads `path` on its own file system.

@@ -30,11 +30,19 @@ class ShardedVariables {
                       const std::vector<nlohmann::json>& optimizers);
   // One optimizer would convert to a list of its fields: pass one per variable.
   absl::Status Create(const std::vector<Tensor>& initial, const nlohmann::json& optimizer) = delete;
-  // The current values, whole.
-  absl::StatusOr<std::vector<Tensor>> Pull();
-  // Pushes whole-variable gradients (split into shards); with `pulled`, the updated values
-  // come back in the same calls.
-  absl::Status Push(const std::vector<Tensor>& gradients, std::vector<Tensor>* pulled = nullptr);
+  // Which rows of each variable a step takes, per variable in the model's order: nullptr
+  // for all of it, else sorted, unique rows (a row-sparse table's, as Model::RowsRead gives
+  // them). Empty: every variable whole.
+  using RowSelection = std::vector<const std::vector<int64_t>*>;
+
+  // The current values: whole, or the rows `rows` selects ([rows, ...], from the shards that
+  // hold them; only those rows travel).
+  absl::StatusOr<std::vector<Tensor>> Pull(const RowSelection& rows = {});
+  // Pushes gradients, split into shards: whole, or for the rows `rows` selects (row
+  // gradients, [rows, ...]); with `pulled`, the updated values come back in the same calls:
+  // whole, or the rows `next_rows` selects (the next step's).
+  absl::Status Push(const std::vector<Tensor>& gradients, std::vector<Tensor>* pulled = nullptr,
+                    const RowSelection& rows = {}, const RowSelection& next_rows = {});
 
   const std::vector<ShardSpec>& shards() const { return shards_; }
   int num_ps() const { return static_cast<int>(clients_.size()); }
@@ -43,8 +51,28 @@ class ShardedVariables {
  private:
   // Runs fn(task) for every PS task that holds shards, in parallel; the first error wins.
   absl::Status ForEachTask(const std::function<absl::Status(int task)>& fn);
-  // Writes pulled shard values of `task` into the whole variables.
-  void Scatter(int task, const std::vector<Tensor>& values, std::vector<Tensor>& whole) const;
+  // Where a value a PS task answers goes: into variable `variable` from row `row` on (a
+  // shard's first row in the whole variable, or where its part of selected rows starts).
+  struct Placement {
+    size_t variable;
+    int64_t row;
+  };
+  // What a task is asked for the rows `rows` selects: whole shards by name, rows of the
+  // others, and where each answer goes (whole ones first, as the PS answers).
+  struct TaskReads {
+    std::vector<std::string> names;
+    std::vector<RowRead> row_reads;
+    std::vector<Placement> placements;
+  };
+  TaskReads ReadsOf(int task, const RowSelection& rows, bool whole) const;
+  // The selected rows of shard `s` of a row-selected variable: [begin, end) positions in the
+  // selection.
+  std::pair<size_t, size_t> SelectedRange(size_t s, const std::vector<int64_t>& rows) const;
+  // Tensors for the values of every variable: whole, or of the rows selected.
+  std::vector<Tensor> NewValues(const RowSelection& rows) const;
+  // Copies the answers of a task where `placements` say.
+  static void Place(const std::vector<Tensor>& values, const std::vector<Placement>& placements,
+                    std::vector<Tensor>& out);
 
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;

@@ -35,6 +35,13 @@ struct VariableInfo {
   int64_t updates = 0;    // updates applied so far
 };
 
+// Some rows of axis 0 of a variable, in the order wanted: what a worker pulls of an
+// embedding table (the rows its batch reads).
+struct RowRead {
+  std::string name;
+  std::vector<int64_t> rows;
+};
+
 // A copy of a variable and its optimizer slots, for checkpoints.
 struct VariableSnapshot {
   VariableInfo info;
@@ -93,7 +100,10 @@ class VariableStore {
   // of the answer is made: every name once, every variable there, and the values within
   // `max_bytes` (RESOURCE_EXHAUSTED otherwise: a 36 KB request must not make a 400 MB
   // answer).
-  absl::Status CheckPull(const std::vector<std::string>& names, uint64_t max_bytes) const;
+  // Row reads are checked alike: every variable named once in all, rows in range, and
+  // their bytes counted.
+  absl::Status CheckPull(const std::vector<std::string>& names, uint64_t max_bytes,
+                         const std::vector<RowRead>& row_reads = {}) const;
   absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name) const;
   // Replaces (or creates) a variable from a snapshot (checkpoint restore).
   absl::Status Restore(const VariableSnapshot& snapshot);

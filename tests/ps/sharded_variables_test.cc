@@ -1,0 +1,116 @@
+// ShardedVariables against two parameter-server services in this process over real gRPC
+// (InProcessPs): an embedding table split by rows over both, read and updated by the rows a
+// step selects, beside a variable that travels whole.
+#include "stratum/ps/sharded_variables.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stratum/testing/in_process_ps.h"
+
+namespace stratum {
+namespace {
+
+using testing::InProcessPs;
+
+const nlohmann::json kSgd =
+    nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.5}})");
+
+class ShardedVariablesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::unique_ptr<PsClient>> clients;
+    for (int task = 0; task < 2; ++task) {
+      absl::StatusOr<std::unique_ptr<InProcessPs>> ps = InProcessPs::Start();
+      ASSERT_TRUE(ps.ok()) << ps.status();
+      clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), (*ps)->address(),
+                                                   PsClientOptions{.timeout = absl::Seconds(5)}));
+      servers_.push_back(*std::move(ps));
+    }
+    // The table's rows 0..3 on ps:0 and 4..9 on ps:1; the bias whole on ps:1.
+    std::vector<ShardSpec> shards = {
+        {.name = "emb/part_0",
+         .variable = "emb",
+         .num_shards = 2,
+         .first_row = 0,
+         .shape = Shape({4, 2}),
+         .ps_task = 0},
+        {.name = "emb/part_1",
+         .variable = "emb",
+         .shard_index = 1,
+         .num_shards = 2,
+         .first_row = 4,
+         .shape = Shape({6, 2}),
+         .ps_task = 1},
+        {.name = "bias", .variable = "bias", .shape = Shape({3}), .ps_task = 1}};
+    variables_ = std::make_unique<ShardedVariables>(std::vector<std::string>{"emb", "bias"},
+                                                    std::vector<Shape>{Shape({10, 2}), Shape({3})},
+                                                    std::move(shards), std::move(clients));
+    std::vector<float> table;
+    for (int i = 0; i < 20; ++i) table.push_back(static_cast<float>(i));
+    initial_ = {Tensor::FromVector<float>({10, 2}, table),
+                Tensor::FromVector<float>({3}, {1, 2, 3})};
+    ASSERT_TRUE(variables_->Create(initial_, std::vector<nlohmann::json>{kSgd, kSgd}).ok());
+  }
+
+  std::vector<std::unique_ptr<InProcessPs>> servers_;
+  std::unique_ptr<ShardedVariables> variables_;
+  std::vector<Tensor> initial_;
+};
+
+TEST_F(ShardedVariablesTest, PullsAndPushesOnlyTheRowsAStepSelects) {
+  const std::vector<int64_t> rows = {1, 4, 8};  // across the shard boundary
+  auto pulled = variables_->Pull({&rows, nullptr});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE((*pulled)[0].BitwiseEqual(Tensor::FromVector<float>({3, 2}, {2, 3, 8, 9, 16, 17})));
+  EXPECT_TRUE((*pulled)[1].BitwiseEqual(initial_[1]));
+
+  // Row gradients for the three rows and a whole one for the bias; the next step's rows come
+  // back with the bias, after the update.
+  const std::vector<int64_t> next = {0, 8, 9};
+  std::vector<Tensor> back;
+  ASSERT_TRUE(variables_
+                  ->Push({Tensor::FromVector<float>({3, 2}, {2, 2, 4, 4, 6, 6}),
+                          Tensor::FromVector<float>({3}, {2, 0, 2})},
+                         &back, {&rows, nullptr}, {&next, nullptr})
+                  .ok());
+  EXPECT_TRUE(back[0].BitwiseEqual(Tensor::FromVector<float>({3, 2}, {0, 1, 13, 14, 18, 19})));
+  EXPECT_TRUE(back[1].BitwiseEqual(Tensor::FromVector<float>({3}, {0, 2, 2})));
+
+  // Rows 1, 4 and 8 moved by -0.5 * gradient; no other row did.
+  auto whole = variables_->Pull();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<float> expected;
+  for (int i = 0; i < 20; ++i) expected.push_back(static_cast<float>(i));
+  expected[2] -= 1, expected[3] -= 1, expected[8] -= 2, expected[9] -= 2, expected[16] -= 3,
+      expected[17] -= 3;
+  EXPECT_TRUE((*whole)[0].BitwiseEqual(Tensor::FromVector<float>({10, 2}, expected)));
+
+  // A step that reads rows of one shard alone, and one that reads none.
+  const std::vector<int64_t> one = {5}, none = {};
+  auto some = variables_->Pull({&one, nullptr});
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_TRUE((*some)[0].BitwiseEqual(Tensor::FromVector<float>({1, 2}, {10, 11})));
+  auto empty = variables_->Pull({&none, nullptr});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ((*empty)[0].shape(), Shape({0, 2}));
+}
+
+// The PS refuses rows outside a shard, naming it, before it changes anything.
+TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
+  PsClient& ps1 = variables_->client(1);
+  const absl::Status pull = ps1.Pull({}, {{"emb/part_1", {6}}}).status();
+  EXPECT_THAT(std::string(pull.message()),
+              ::testing::HasSubstr("row 6 of variable \"emb/part_1\" is out of range"));
+  std::vector<Tensor> back;
+  const absl::Status push =
+      ps1.Push({{"emb/part_1", Tensor::FromVector<float>({1, 2}, {1, 1}), std::vector<int64_t>{0}}},
+               &back, {{"emb/part_1", {0, 9}}});
+  EXPECT_THAT(std::string(push.message()), ::testing::HasSubstr("row 9 of variable"));
+  auto whole = variables_->Pull();
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE((*whole)[0].BitwiseEqual(initial_[0]));
+}
+
+}  // namespace
+}  // namespace stratum
