@@ -43,10 +43,23 @@ class WorkerJob {
     return false;
 #endif
   }
+  // Row-sparse tables (VariableSpec::row_sparse) the CPU replicas take as the rows their
+  // batch reads: only those rows travel, each way. Empty on GPUs, which take them whole.
+  std::vector<int> row_tables;
+
   absl::StatusOr<std::vector<Tensor>> TrainSteps(int64_t steps);
 
  private:
-  absl::StatusOr<PerReplica<StepStats>> CpuStep(const std::vector<Tensor>& values);
+  // The next batch of the local replicas (CPU) and the rows of each row table it reads.
+  struct Batch {
+    PerReplica<Element> parts;
+    std::vector<std::vector<int64_t>> rows;  // per entry of row_tables
+  };
+  absl::StatusOr<Batch> NextBatch();
+  // Per model variable: the rows `batch` reads of a row table, nullptr for the others.
+  ShardedVariables::RowSelection Selection(const Batch* batch) const;
+  absl::StatusOr<PerReplica<StepStats>> CpuStep(const std::vector<Tensor>& values,
+                                                const Batch& batch);
 };
 
 namespace {
@@ -101,6 +114,31 @@ absl::Status ShardForThisWorker(const std::string& policy_name, int num_workers,
   spdlog::info("this worker reads {} ({}): {} training examples", data.train.DebugString(),
                AutoShardPolicyName(policy), data.train_examples);
   return absl::OkStatus();
+}
+
+// The embedding tables that travel by rows (the CPU replicas'), and the log line that says
+// which do and why the others do not.
+void FindRowTables(WorkerJob& job) {
+  std::vector<std::string> by_rows, whole;
+  const std::vector<VariableSpec>& specs = job.model->variables();
+  for (size_t v = 0; v < specs.size(); ++v) {
+    if (specs[v].row_sparse && !job.on_gpu()) {
+      job.row_tables.push_back(static_cast<int>(v));
+      by_rows.push_back(specs[v].name);
+    } else if (specs[v].row_sparse) {
+      whole.push_back(specs[v].name);
+    }
+  }
+  if (!by_rows.empty()) {
+    spdlog::info(
+        "embedding tables {} travel by rows: a step pulls and pushes only the rows its batch "
+        "reads",
+        absl::StrJoin(by_rows, ", "));
+  }
+  if (!whole.empty()) {
+    spdlog::info("embedding tables {} travel whole: the GPU replicas take whole tables",
+                 absl::StrJoin(whole, ", "));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request,
@@ -192,19 +230,48 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   }
   job->gradients = PerReplica<std::vector<Tensor>>{
       std::vector<std::vector<Tensor>>(static_cast<size_t>(replicas))};
+  FindRowTables(*job);
   return job;
 }
 
 }  // namespace
 
-// One step of the local replicas on the CPU: the next batch, gradients into gradients[r].
-absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tensor>& values) {
-  absl::StatusOr<std::optional<PerReplica<Element>>> batch = batches->GetNext();
-  if (!batch.ok()) return batch.status();
-  if (!batch->has_value()) return absl::OutOfRangeError("the worker's dataset ended");
-  const PerReplica<Element>& parts = **batch;
+absl::StatusOr<WorkerJob::Batch> WorkerJob::NextBatch() {
+  absl::StatusOr<std::optional<PerReplica<Element>>> next = batches->GetNext();
+  if (!next.ok()) return next.status();
+  if (!next->has_value()) return absl::OutOfRangeError("the worker's dataset ended");
+  Batch batch{**std::move(next), {}};
+  std::vector<const Tensor*> xs;
+  for (const Element& part : batch.parts.values()) xs.push_back(&part[0]);
+  for (int table : row_tables) {
+    absl::StatusOr<std::vector<int64_t>> rows = model->RowsRead(xs, table);
+    if (!rows.ok()) return rows.status();
+    batch.rows.push_back(*std::move(rows));
+  }
+  return batch;
+}
+
+ShardedVariables::RowSelection WorkerJob::Selection(const Batch* batch) const {
+  if (batch == nullptr || row_tables.empty()) return {};
+  ShardedVariables::RowSelection selection(model->variables().size(), nullptr);
+  for (size_t t = 0; t < row_tables.size(); ++t) {
+    selection[static_cast<size_t>(row_tables[t])] = &batch->rows[t];
+  }
+  return selection;
+}
+
+// One step of the local replicas on the CPU, gradients into gradients[r] (of the rows the
+// batch reads, for the row tables).
+absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tensor>& values,
+                                                         const Batch& batch) {
+  const PerReplica<Element>& parts = batch.parts;
   int64_t rows = 0;
   for (const Element& part : parts.values()) rows += part[0].rows();
+  for (const std::unique_ptr<Workspace>& workspace : workspaces) {
+    for (size_t t = 0; t < row_tables.size(); ++t) {
+      STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables[t], batch.rows[t]));
+    }
+  }
   return strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
     const int r = context.local_replica_id();
     // A worker's step is one update on the parameter servers: its replicas carry the
@@ -218,12 +285,20 @@ absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tenso
 absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
   std::vector<Tensor> values;
   StepStats sums{};
+  std::optional<Batch> batch;  // the CPU replicas' this step
   for (int64_t step = 0; step < steps; ++step) {
+    if (batches != nullptr && !batch.has_value()) {
+      absl::StatusOr<Batch> next = NextBatch();
+      if (!next.ok()) return next.status();
+      batch = *std::move(next);
+    }
     // The first step of a closure pulls; later ones use the values each push returns (one
     // round trip per step instead of two: the PS sends back its variables, other workers'
-    // updates included, as they are after applying ours).
+    // updates included, as they are after applying ours, and the rows of the row tables
+    // the next batch reads).
     if (step == 0 || values.empty()) {
-      absl::StatusOr<std::vector<Tensor>> pulled = variables->Pull();
+      absl::StatusOr<std::vector<Tensor>> pulled =
+          variables->Pull(Selection(batch ? &*batch : nullptr));
       if (!pulled.ok()) return PsFailure(pulled.status());
       values = *std::move(pulled);
     }
@@ -234,8 +309,8 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
       if (absl::Status status = gpu->Step(values, total); !status.ok()) return status;
     }
 #endif
-    if (batches != nullptr) {
-      absl::StatusOr<PerReplica<StepStats>> stats = CpuStep(values);
+    if (batch.has_value()) {
+      absl::StatusOr<PerReplica<StepStats>> stats = CpuStep(values, *batch);
       if (!stats.ok()) return stats.status();
       for (int r = 1; r < gradients.size(); ++r) {
         for (size_t i = 0; i < total.size(); ++i) total[i].Flat() += gradients[r][i].Flat();
@@ -247,9 +322,19 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
       }
     }
     const bool last = step + 1 == steps;
-    if (absl::Status status = variables->Push(total, last ? nullptr : &values); !status.ok()) {
+    std::optional<Batch> next;
+    if (!last && batches != nullptr) {
+      absl::StatusOr<Batch> fetched = NextBatch();
+      if (!fetched.ok()) return fetched.status();
+      next = *std::move(fetched);
+    }
+    if (absl::Status status =
+            variables->Push(total, last ? nullptr : &values, Selection(batch ? &*batch : nullptr),
+                            Selection(next ? &*next : nullptr));
+        !status.ok()) {
       return PsFailure(status);
     }
+    batch = std::move(next);
   }
 #if STRATUM_WITH_CUDA
   if (gpu != nullptr) {
