@@ -87,10 +87,20 @@ size_t TotalBytes(const std::vector<Tensor>& tensors) {
   return total;
 }
 
-std::string Describe(Op op, const std::vector<std::string>& names,
-                     const std::vector<Tensor>& gradients) {
+std::string Describe(Op op, size_t entries, const std::vector<Tensor>& gradients) {
   if (op == Op::kPush) return absl::StrCat("push of ", TotalBytes(gradients), " bytes");
-  return absl::StrCat("pull of ", names.size(), names.size() == 1 ? " variable" : " variables");
+  return absl::StrCat("pull of ", entries, entries == 1 ? " variable" : " variables");
+}
+
+// Read entries for the rows `row_reads` names.
+void AddRowReads(const std::vector<RowRead>& row_reads, std::vector<TensorRef>& entries) {
+  for (const RowRead& read : row_reads) {
+    TensorRef& entry = entries.emplace_back();
+    entry.name = read.name;
+    entry.read = true;
+    entry.has_rows = true;
+    entry.rows = read.rows;
+  }
 }
 
 }  // namespace
@@ -112,28 +122,57 @@ std::string PsDataClient::transport() const {
 
 absl::Status PsDataClient::Push(const std::vector<std::string>& names,
                                 const std::vector<Tensor>& gradients, std::vector<Tensor>* pulled,
-                                DataCallOutcome* outcome) {
-  if (names.size() != gradients.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a push with ", names.size(), " names and ", gradients.size(), " gradients"));
+                                DataCallOutcome* outcome,
+                                const std::vector<const std::vector<int64_t>*>& gradient_rows,
+                                const std::vector<RowRead>& row_reads) {
+  if (names.size() != gradients.size() ||
+      (!gradient_rows.empty() && gradient_rows.size() != gradients.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a push with ", names.size(), " names, ",
+                                                   gradients.size(), " gradients and ",
+                                                   gradient_rows.size(), " row lists"));
   }
+  if (pulled == nullptr && !row_reads.empty()) {
+    return absl::InvalidArgumentError("a push with row reads needs somewhere to put them (pulled)");
+  }
+  std::vector<TensorRef> entries(names.size());
+  size_t expected = row_reads.size();
+  for (size_t i = 0; i < names.size(); ++i) {
+    entries[i].name = names[i];
+    if (!gradient_rows.empty() && gradient_rows[i] != nullptr) {
+      entries[i].has_rows = true;
+      entries[i].rows = *gradient_rows[i];
+    } else if (pulled != nullptr) {
+      ++expected;  // its value comes back
+    }
+  }
+  AddRowReads(row_reads, entries);
   std::vector<Tensor> values;
-  absl::Status status = Call(Op::kPush, names, gradients, pulled != nullptr, &values, outcome);
+  absl::Status status =
+      Call(Op::kPush, std::move(entries), gradients, pulled != nullptr, expected, &values, outcome);
   if (status.ok() && pulled != nullptr) *pulled = std::move(values);
   return status;
 }
 
 absl::StatusOr<std::vector<Tensor>> PsDataClient::Pull(const std::vector<std::string>& names,
-                                                       DataCallOutcome* outcome) {
+                                                       DataCallOutcome* outcome,
+                                                       const std::vector<RowRead>& row_reads) {
+  std::vector<TensorRef> entries(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    entries[i].name = names[i];
+    entries[i].read = true;
+  }
+  AddRowReads(row_reads, entries);
+  const size_t expected = entries.size();
   std::vector<Tensor> values;
-  absl::Status status = Call(Op::kPull, names, {}, false, &values, outcome);
+  absl::Status status = Call(Op::kPull, std::move(entries), {}, false, expected, &values, outcome);
   if (!status.ok()) return status;
   return values;
 }
 
-absl::Status PsDataClient::Call(Op op, const std::vector<std::string>& names,
+absl::Status PsDataClient::Call(Op op, std::vector<TensorRef> entries,
                                 const std::vector<Tensor>& gradients, bool pull_after,
-                                std::vector<Tensor>* values, DataCallOutcome* outcome) {
+                                size_t expected, std::vector<Tensor>* values,
+                                DataCallOutcome* outcome) {
   DataCallOutcome ignored;
   if (outcome == nullptr) outcome = &ignored;
   *outcome = DataCallOutcome::kAnswered;
@@ -162,12 +201,13 @@ absl::Status PsDataClient::Call(Op op, const std::vector<std::string>& names,
     connection = *std::move(made);
   }
   bool answered = false;
-  absl::Status status =
-      Exchange(*connection, op, names, gradients, pull_after, deadline, values, &answered);
+  const size_t count = entries.size();
+  absl::Status status = Exchange(*connection, op, std::move(entries), gradients, pull_after,
+                                 expected, deadline, values, &answered);
   if (!answered) {
     *outcome = DataCallOutcome::kBroken;
     const std::string how = connection->shared_memory ? "shared memory" : "socket";
-    const std::string what = Describe(op, names, gradients);
+    const std::string what = Describe(op, count, gradients);
     if (absl::IsDeadlineExceeded(status)) {
       return absl::DeadlineExceededError(
           absl::StrCat(peer_, ": no answer within ", absl::FormatDuration(options_.timeout),
@@ -225,14 +265,12 @@ void PsDataClient::Release(std::unique_ptr<Connection> connection) {
   if (idle_.size() < options_.max_idle_connections) idle_.push_back(std::move(connection));
 }
 
-absl::Status PsDataClient::Exchange(Connection& connection, Op op,
-                                    const std::vector<std::string>& names,
+absl::Status PsDataClient::Exchange(Connection& connection, Op op, std::vector<TensorRef> entries,
                                     const std::vector<Tensor>& gradients, bool pull_after,
-                                    absl::Time deadline, std::vector<Tensor>* values,
-                                    bool* answered) {
+                                    size_t expected, absl::Time deadline,
+                                    std::vector<Tensor>* values, bool* answered) {
   data_wire::RequestMeta meta;
-  meta.tensors.resize(names.size());
-  for (size_t i = 0; i < names.size(); ++i) meta.tensors[i].name = names[i];
+  meta.tensors = std::move(entries);
   FrameHeader header;
   header.magic = data_wire::kRequestMagic;
   header.op_or_code = static_cast<uint32_t>(op);
@@ -250,8 +288,10 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op,
     }
     uint64_t needed = at;
     for (size_t i = 0; pull_after && i < gradients.size(); ++i) {
-      needed = data_wire::Align(needed) + gradients[i].byte_size();
+      if (!meta.tensors[i].has_rows) needed = data_wire::Align(needed) + gradients[i].byte_size();
     }
+    // Rows read back: as large as the PS said the last answer wanted.
+    needed = std::max<uint64_t>(needed, connection.pull_hint);
     if (connection.segment == nullptr || connection.segment->size() < needed) {
       constexpr uint64_t kGrain = 1 << 20;
       absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
@@ -328,7 +368,6 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op,
     return absl::Status(static_cast<absl::StatusCode>(response.op_or_code),
                         absl::StrCat(peer_, ": ", parsed->message));
   }
-  const size_t expected = op == Op::kPull || pull_after ? names.size() : 0;
   if (parsed->values.size() != expected) {
     return absl::DataLossError(absl::StrCat("the answer carries ", parsed->values.size(),
                                             " values for ", expected, " variables"));
@@ -353,7 +392,7 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op,
     }
     values->push_back(std::move(value));
   }
-  if (op == Op::kPull) connection.pull_hint = parsed->shared_bytes_wanted;
+  connection.pull_hint = parsed->shared_bytes_wanted;
   *answered = true;
   return absl::OkStatus();
 }

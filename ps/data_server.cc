@@ -341,10 +341,28 @@ bool PsDataServer::ServeOne(Connection& connection) {
   if (!meta.ok()) return refuse(meta.status(), header.inline_bytes);
   const Op op = static_cast<Op>(header.op_or_code);
   SharedSegment* segment = connection.segment.get();
+  // A push's gradients (its entries that are not reads), and what the call answers with:
+  // a pull's entries; a push's whole gradients' variables (kPullAfter), then its reads.
+  std::vector<TensorRef> pushed;
+  std::vector<const TensorRef*> answered;
+  for (const TensorRef& ref : meta->tensors) {
+    if (op == Op::kPush && !ref.read) pushed.push_back(ref);
+  }
+  if (op == Op::kPull) {
+    for (const TensorRef& ref : meta->tensors) answered.push_back(&ref);
+  } else {
+    if ((header.flags & data_wire::kPullAfter) != 0) {
+      for (const TensorRef& ref : meta->tensors) {
+        if (!ref.read && !ref.has_rows) answered.push_back(&ref);
+      }
+    }
+    for (const TensorRef& ref : meta->tensors) {
+      if (ref.read) answered.push_back(&ref);
+    }
+  }
   if (op == Op::kPush) {
-    if (absl::Status status =
-            data_wire::CheckPlacement(meta->tensors, header.inline_bytes,
-                                      segment != nullptr ? segment->size() : 0, options_.limits);
+    if (absl::Status status = data_wire::CheckPlacement(
+            pushed, header.inline_bytes, segment != nullptr ? segment->size() : 0, options_.limits);
         !status.ok()) {
       return refuse(status, header.inline_bytes);
     }
@@ -358,12 +376,12 @@ bool PsDataServer::ServeOne(Connection& connection) {
   uint64_t shared_end = 0;
   if (op == Op::kPush) {
     uint64_t needed = 0;
-    for (const TensorRef& ref : meta->tensors) {
+    for (const TensorRef& ref : pushed) {
       if (ref.location == Location::kInline) needed = data_wire::Align(needed) + ref.byte_size();
     }
     connection.received.Reserve(needed);
     uint64_t at = 0;
-    for (const TensorRef& ref : meta->tensors) {
+    for (const TensorRef& ref : pushed) {
       if (ref.location == Location::kShared) {
         gradients.push_back(Tensor::FromBuffer(ref.dtype, ref.shape,
                                                std::shared_ptr<void>(connection.segment),
@@ -386,30 +404,41 @@ bool PsDataServer::ServeOne(Connection& connection) {
   // and the values asked back checked before that.
   data_wire::ResponseMeta response;
   absl::Status status;
-  const bool values = op == Op::kPull || (header.flags & data_wire::kPullAfter) != 0;
-  if (values) {
+  if (!answered.empty()) {
     std::vector<std::string> names;
-    for (const TensorRef& ref : meta->tensors) names.push_back(ref.name);
-    status = store_.CheckPull(names, options_.limits.max_bytes);
+    std::vector<RowRead> row_reads;
+    for (const TensorRef* ref : answered) {
+      if (ref->has_rows) {
+        row_reads.push_back({ref->name, ref->rows});
+      } else {
+        names.push_back(ref->name);
+      }
+    }
+    status = store_.CheckPull(names, options_.limits.max_bytes, row_reads);
   }
+  auto rows_of = [](const TensorRef& ref) { return ref.has_rows ? &ref.rows : nullptr; };
   if (op == Op::kPush && status.ok()) {
     if (gradients.size() > 1) {
       for (size_t i = 0; i < gradients.size() && status.ok(); ++i) {
-        status = store_.CheckGradient(meta->tensors[i].name, gradients[i], nullptr);
+        status = store_.CheckGradient(pushed[i].name, gradients[i], rows_of(pushed[i]));
       }
     }
     for (size_t i = 0; i < gradients.size() && status.ok(); ++i) {
-      absl::StatusOr<int64_t> updates = store_.ApplyGradient(meta->tensors[i].name, gradients[i]);
+      absl::StatusOr<int64_t> updates =
+          pushed[i].has_rows
+              ? store_.ApplyRowGradients(pushed[i].name, pushed[i].rows, gradients[i])
+              : store_.ApplyGradient(pushed[i].name, gradients[i]);
       status = updates.status();
       if (updates.ok()) response.updates.push_back(*updates);
     }
   }
   gradients.clear();
   ValuePlacer placer(connection.shared_memory, segment, shared_end, connection.to_send);
-  for (size_t i = 0; values && status.ok() && i < meta->tensors.size(); ++i) {
+  for (size_t i = 0; status.ok() && i < answered.size(); ++i) {
     TensorRef& ref = response.values.emplace_back();
     absl::StatusOr<VariableInfo> info = store_.ReadInto(
-        meta->tensors[i].name, [&](const VariableInfo& info) { return placer.Place(info, &ref); });
+        answered[i]->name, [&](const VariableInfo& info) { return placer.Place(info, &ref); },
+        rows_of(*answered[i]));
     status = info.status();
     if (info.ok() && op == Op::kPull) response.updates.push_back(info->updates);
   }

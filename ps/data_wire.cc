@@ -8,6 +8,10 @@
 namespace stratum::data_wire {
 namespace {
 
+// A request entry's flags.
+constexpr uint32_t kRead = 1;
+constexpr uint32_t kRows = 2;
+
 class Writer {
  public:
   template <typename T>
@@ -109,6 +113,8 @@ class Reader {
     return absl::OkStatus();
   }
 
+  size_t left() const { return bytes_.size(); }
+
   absl::Status CheckEnd() const {
     if (bytes_.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -128,6 +134,11 @@ std::string EncodeRequestMeta(const RequestMeta& meta) {
   for (const TensorRef& tensor : meta.tensors) {
     writer.PutString(tensor.name);
     writer.PutTensor(tensor);
+    writer.Put(static_cast<uint32_t>((tensor.read ? kRead : 0) | (tensor.has_rows ? kRows : 0)));
+    if (tensor.has_rows) {
+      writer.Put(static_cast<uint64_t>(tensor.rows.size()));
+      for (int64_t row : tensor.rows) writer.Put(row);
+    }
   }
   return writer.Take();
 }
@@ -179,6 +190,27 @@ absl::StatusOr<RequestMeta> ParseRequestMeta(absl::string_view bytes, const Limi
       return status;
     }
     if (absl::Status status = reader.GetTensor(&tensor); !status.ok()) return status;
+    uint32_t flags = 0;
+    if (absl::Status status = reader.Get(&flags, "an entry's flags"); !status.ok()) return status;
+    if ((flags & ~(kRead | kRows)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor.name, "\" has flags ",
+                                                     flags,
+                                                     ", which are not read (1) or rows (2)"));
+    }
+    tensor.read = (flags & kRead) != 0;
+    tensor.has_rows = (flags & kRows) != 0;
+    if (tensor.has_rows) {
+      uint64_t rows = 0;
+      if (absl::Status status = reader.Get(&rows, "a row count"); !status.ok()) return status;
+      if (rows > reader.left() / sizeof(int64_t)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor.name, "\" names ", rows,
+                                                       " rows, more than the meta holds"));
+      }
+      tensor.rows.resize(rows);
+      for (int64_t& row : tensor.rows) {
+        if (absl::Status status = reader.Get(&row, "a row"); !status.ok()) return status;
+      }
+    }
   }
   if (absl::Status status = reader.CheckEnd(); !status.ok()) return status;
   return meta;

@@ -156,10 +156,9 @@ void AddRowReads(const std::vector<RowRead>& reads,
 
 absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string>& names,
                                                    const std::vector<RowRead>& row_reads) {
-  // Rows travel over gRPC; the data path carries whole variables.
-  if (std::shared_ptr<PsDataClient> data = row_reads.empty() ? DataClient() : nullptr) {
+  if (std::shared_ptr<PsDataClient> data = DataClient()) {
     DataCallOutcome outcome;
-    absl::StatusOr<std::vector<Tensor>> values = data->Pull(names, &outcome);
+    absl::StatusOr<std::vector<Tensor>> values = data->Pull(names, &outcome, row_reads);
     if (outcome != DataCallOutcome::kAnswered) {
       ForgetDataClient(/*back_off=*/absl::IsDeadlineExceeded(values.status()) &&
                        outcome == DataCallOutcome::kNotSent);
@@ -182,26 +181,26 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
 absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled,
                             const std::vector<RowRead>& row_reads) {
   int64_t bytes = 0;
-  bool rows = !row_reads.empty();
   for (const NamedValue& gradient : gradients) {
     bytes += static_cast<int64_t>(gradient.value.byte_size());
-    rows = rows || gradient.rows.has_value();
   }
   if (pulled == nullptr && !row_reads.empty()) {
     return absl::InvalidArgumentError("a push with row reads needs somewhere to put them (pulled)");
   }
-  // Rows travel over gRPC; the data path carries whole variables.
+  // Small pushes go over gRPC unless they read rows back, which the data path serves best.
   std::shared_ptr<PsDataClient> data =
-      !rows && bytes >= options_.data_path_min_bytes ? DataClient() : nullptr;
+      bytes >= options_.data_path_min_bytes || !row_reads.empty() ? DataClient() : nullptr;
   if (data != nullptr) {
     std::vector<std::string> names;
     std::vector<Tensor> tensors;
+    std::vector<const std::vector<int64_t>*> rows;
     for (const NamedValue& gradient : gradients) {
       names.push_back(gradient.name);
       tensors.push_back(gradient.value);
+      rows.push_back(gradient.rows.has_value() ? &*gradient.rows : nullptr);
     }
     DataCallOutcome outcome;
-    absl::Status status = data->Push(names, tensors, pulled, &outcome);
+    absl::Status status = data->Push(names, tensors, pulled, &outcome, rows, row_reads);
     if (outcome != DataCallOutcome::kAnswered) {
       ForgetDataClient(/*back_off=*/absl::IsDeadlineExceeded(status) &&
                        outcome == DataCallOutcome::kNotSent);

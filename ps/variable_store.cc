@@ -12,6 +12,23 @@
 namespace stratum {
 namespace {
 
+// Rows to read of `value` (variable `name`): it has rows, and each is one of them.
+absl::Status CheckRows(const std::string& name, const Tensor& value,
+                       const std::vector<int64_t>& rows) {
+  if (value.shape().rank() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable \"", name, "\" is a scalar, which has no rows: pull it whole"));
+  }
+  for (int64_t row : rows) {
+    if (row < 0 || row >= value.rows()) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", row, " of variable \"", name,
+                                                     "\" is out of range: it has rows 0..",
+                                                     value.rows() - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMatches(const std::string& name, const char* what, const Tensor& given,
                           const VariableInfo& info) {
   if (given.dtype() == info.dtype && given.shape() == info.shape) return absl::OkStatus();
@@ -104,18 +121,34 @@ absl::StatusOr<Tensor> VariableStore::Read(const std::string& name) const {
 }
 
 absl::StatusOr<VariableInfo> VariableStore::ReadInto(
-    const std::string& name, const std::function<void*(const VariableInfo&)>& destination) const {
+    const std::string& name, const std::function<void*(const VariableInfo&)>& destination,
+    const std::vector<int64_t>* rows) const {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   const Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
-  void* out = destination(v.info);
+  VariableInfo info = v.info;
+  if (rows != nullptr) {
+    STRATUM_RETURN_IF_ERROR(CheckRows(name, v.value, *rows));
+    info.shape = v.info.shape.WithFirstDim(static_cast<int64_t>(rows->size()));
+  }
+  void* out = destination(info);
+  const size_t bytes = static_cast<size_t>(info.shape.num_elements()) * sizeof(float);
   if (out == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("no room to copy variable \"", name, "\" (", v.value.byte_size(), " bytes)"));
+        absl::StrCat("no room to copy variable \"", name, "\" (", bytes, " bytes)"));
   }
-  if (v.value.byte_size() > 0) std::memcpy(out, v.value.raw_data(), v.value.byte_size());
-  return v.info;
+  if (rows == nullptr) {
+    if (bytes > 0) std::memcpy(out, v.value.raw_data(), bytes);
+    return info;
+  }
+  const int64_t width = v.value.row_size();
+  for (size_t i = 0; i < rows->size(); ++i) {
+    std::memcpy(static_cast<float*>(out) + static_cast<int64_t>(i) * width,
+                v.value.data<float>() + (*rows)[i] * width,
+                static_cast<size_t>(width) * sizeof(float));
+  }
+  return info;
 }
 
 absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
@@ -124,17 +157,8 @@ absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
   if (!variable.ok()) return variable.status();
   const Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
-  if (v.info.shape.rank() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variable \"", name, "\" is a scalar, which has no rows: pull it whole"));
-  }
-  const int64_t rows = v.value.rows(), row_size = v.value.row_size();
-  for (int64_t index : indices) {
-    if (index < 0 || index >= rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row ", index, " of variable \"", name, "\" is out of range: it has rows 0..", rows - 1));
-    }
-  }
+  STRATUM_RETURN_IF_ERROR(CheckRows(name, v.value, indices));
+  const int64_t row_size = v.value.row_size();
   Tensor out(DType::kFloat32, v.value.shape().WithFirstDim(static_cast<int64_t>(indices.size())));
   for (size_t i = 0; i < indices.size(); ++i) {
     std::memcpy(out.data<float>() + static_cast<int64_t>(i) * row_size,

@@ -414,8 +414,9 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = cluster->Output({"chief", 0});
   ASSERT_TRUE(exit->success()) << output;
-  EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: ps:1 at " +
-                                cluster->Address({"ps", 1})));
+  // Found by a step or by a checkpoint's save (every 50 steps here), whichever came first.
+  EXPECT_THAT(output, HasSubstr("a parameter server is unavailable: "));
+  EXPECT_THAT(output, HasSubstr("ps:1 at " + cluster->Address({"ps", 1}) + ": "));
   EXPECT_THAT(output, HasSubstr("the parameter servers are back: restored the checkpoint at step"));
   // The workers reach the re-seeded PS at once: no closure fails on the old connection's
   // error, which the chief took for a PS failure in which none had restarted.

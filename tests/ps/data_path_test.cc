@@ -130,6 +130,45 @@ TEST_P(DataPathTest, PushesAndPullsALargeTensor) {
   }
 }
 
+// An embedding table's rows: read by rows, updated by row gradients, and the next step's
+// rows read in the same call as the push, after it; whole variables beside them.
+TEST_P(DataPathTest, PushesAndPullsRows) {
+  std::vector<float> table;
+  for (int i = 0; i < 20; ++i) table.push_back(static_cast<float>(i));
+  ASSERT_TRUE(*store_.Create("emb", Tensor::FromVector<float>({10, 2}, table), kSgd));
+  auto client = Client();
+  for (int call = 0; call < 3; ++call) {  // the later calls find their shared memory sized
+    absl::StatusOr<std::vector<Tensor>> rows = client->Pull({"b"}, nullptr, {{"emb", {7, 1}}});
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_EQ(rows->size(), 2u);
+    EXPECT_TRUE((*rows)[1].BitwiseEqual(Tensor::FromVector<float>({2, 2}, {14, 15, 2, 3})));
+  }
+  const std::vector<int64_t> pushed = {1, 7};
+  std::vector<Tensor> back;
+  ASSERT_TRUE(client
+                  ->Push({"emb", "b"},
+                         {Tensor::FromVector<float>({2, 2}, {2, 2, 4, 4}), Filled(2, 2)}, &back,
+                         nullptr, {&pushed, nullptr}, {{"emb", {7, 9}}})
+                  .ok());
+  // The whole gradient's value, then the rows read after the update.
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_TRUE(back[0].BitwiseEqual(Tensor::FromVector<float>({2}, {0, 1})));
+  EXPECT_TRUE(back[1].BitwiseEqual(Tensor::FromVector<float>({2, 2}, {12, 13, 18, 19})));
+  EXPECT_TRUE(store_.ReadRows("emb", {0, 1, 2})
+                  ->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {0, 1, 1, 2, 4, 5})));
+  // Rows out of range, in a read or a gradient, are refused before anything changes.
+  EXPECT_THAT(Message(client->Pull({}, nullptr, {{"emb", {10}}}).status()),
+              HasSubstr("row 10 of variable \"emb\" is out of range"));
+  const std::vector<int64_t> outside = {3, 12};
+  EXPECT_THAT(Message(client->Push({"emb"}, {Tensor::FromVector<float>({2, 2}, {1, 1, 1, 1})},
+                                   &back, nullptr, {&outside}, {})),
+              HasSubstr("row 12 of variable \"emb\" is out of range"));
+  EXPECT_THAT(Message(client->Push({"emb"}, {Tensor::FromVector<float>({1, 2}, {1, 1})}, &back,
+                                   nullptr, {&pushed}, {})),
+              HasSubstr("row gradients for variable \"emb\""));
+  EXPECT_EQ(store_.Info("emb")->updates, 1);
+}
+
 TEST_P(DataPathTest, BadPushesAreRefusedAndChangeNothing) {
   auto client = Client();
   auto expect_refused = [](absl::Status status, absl::StatusCode code, const std::string& text) {

@@ -125,25 +125,33 @@ class PsDataClient {
                PsDataClientOptions options = {});
   ~PsDataClient();
 
-  // Applies `gradients` (dense, one per name); with `pulled` the updated values come back.
+  // Applies `gradients` (one per name: whole, or a row gradient where `gradient_rows` has
+  // the rows); with `pulled` the updated values of the variables with whole gradients come
+  // back, then the rows `row_reads` names (read after the update).
   absl::Status Push(const std::vector<std::string>& names, const std::vector<Tensor>& gradients,
-                    std::vector<Tensor>* pulled, DataCallOutcome* outcome = nullptr);
+                    std::vector<Tensor>* pulled, DataCallOutcome* outcome = nullptr,
+                    const std::vector<const std::vector<int64_t>*>& gradient_rows = {},
+                    const std::vector<RowRead>& row_reads = {});
+  // The values of `names`, then the rows `row_reads` names.
   absl::StatusOr<std::vector<Tensor>> Pull(const std::vector<std::string>& names,
-                                           DataCallOutcome* outcome = nullptr);
+                                           DataCallOutcome* outcome = nullptr,
+                                           const std::vector<RowRead>& row_reads = {});
   // "shared memory" or "tcp": how the newest connection moves tensors ("" before any).
   std::string transport() const;
 
  private:
   struct Connection;
   class BufferPool;
-  absl::Status Call(data_wire::Op op, const std::vector<std::string>& names,
-                    const std::vector<Tensor>& gradients, bool pull_after,
+  // `entries`: the request's (a push's gradients first, one per tensor of `gradients`, then
+  // its reads); `expected`: how many values the answer carries.
+  absl::Status Call(data_wire::Op op, std::vector<data_wire::TensorRef> entries,
+                    const std::vector<Tensor>& gradients, bool pull_after, size_t expected,
                     std::vector<Tensor>* values, DataCallOutcome* outcome);
   absl::StatusOr<std::unique_ptr<Connection>> Connect(absl::Time deadline);
   absl::Status Exchange(Connection& connection, data_wire::Op op,
-                        const std::vector<std::string>& names, const std::vector<Tensor>& gradients,
-                        bool pull_after, absl::Time deadline, std::vector<Tensor>* values,
-                        bool* answered);
+                        std::vector<data_wire::TensorRef> entries,
+                        const std::vector<Tensor>& gradients, bool pull_after, size_t expected,
+                        absl::Time deadline, std::vector<Tensor>* values, bool* answered);
   void Release(std::unique_ptr<Connection> connection);
 
   const std::string peer_;

@@ -31,7 +31,7 @@ static_assert(std::endian::native == std::endian::little,
 inline constexpr uint32_t kHelloMagic = 0x31445053;     // "SPD1"
 inline constexpr uint32_t kRequestMagic = 0x51525053;   // "SPRQ"
 inline constexpr uint32_t kResponseMagic = 0x53525053;  // "SPRS"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;                 // 2: rows (row gradients and row reads)
 // Where tensors start in a shared segment, and how segments grow.
 inline constexpr uint64_t kAlignment = 64;
 
@@ -80,8 +80,16 @@ struct TensorRef {
   Shape shape;
   Location location = Location::kInline;
   uint64_t offset = 0;  // kShared: where in the segment
+  // Requests: a read asks for a variable's values and carries no bytes (every entry of a
+  // pull is one; a push's come back after its gradients are applied). With has_rows, the
+  // entry is rows `rows` of axis 0: a row gradient's, or the rows a read asks for.
+  bool read = false;
+  bool has_rows = false;
+  std::vector<int64_t> rows;
 
-  size_t byte_size() const { return static_cast<size_t>(shape.num_elements()) * DTypeSize(dtype); }
+  size_t byte_size() const {
+    return read ? 0 : static_cast<size_t>(shape.num_elements()) * DTypeSize(dtype);
+  }
 };
 
 struct Limits {
@@ -93,7 +101,8 @@ struct Limits {
 };
 
 struct RequestMeta {
-  std::vector<TensorRef> tensors;  // pulls: names only (float32 scalars otherwise)
+  // A push's gradients, then its reads; a pull's reads (names, and rows where has_rows).
+  std::vector<TensorRef> tensors;
 };
 
 struct ResponseMeta {

@@ -73,8 +73,11 @@ class VariableStore {
   // a transport copies straight into what it sends. Returns the info, with the updates
   // applied at the time of the copy. `destination` returning nullptr (no room) is
   // RESOURCE_EXHAUSTED.
+  // With `rows`, only those rows of axis 0, in order (the info's shape then has that many
+  // rows); rows out of range are INVALID_ARGUMENT, before `destination` is asked.
   absl::StatusOr<VariableInfo> ReadInto(
-      const std::string& name, const std::function<void*(const VariableInfo&)>& destination) const;
+      const std::string& name, const std::function<void*(const VariableInfo&)>& destination,
+      const std::vector<int64_t>* rows = nullptr) const;
   // Rows `indices` of axis 0, in order (duplicates allowed).
   absl::StatusOr<Tensor> ReadRows(const std::string& name,
                                   const std::vector<int64_t>& indices) const;
