@@ -1,6 +1,7 @@
 #include "stratum/worker/fit.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "fit_internal.h"
 #include "spdlog/spdlog.h"
 #include "stratum/strategy/distributed_dataset.h"
@@ -130,6 +132,16 @@ class CpuStepRunner : public StepRunner {
   PerReplica<std::vector<Tensor>> gradients_;
   std::unique_ptr<DistributedIterator> iterator_;
   StepStats trained_{};  // this worker's examples of this run in this epoch, for examples/s
+
+  // The row-sparse tables (VariableSpec::row_sparse): a step takes them as the rows that
+  // some replica of some worker reads, its gradients are those rows' alone, and only they
+  // travel in the all-reduce and change (Optimizer::ApplyRows).
+  std::vector<int> row_tables_;
+  // The rows of each row table this step reads, on every worker (sorted, unique).
+  absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByAll(
+      const PerReplica<Element>& parts) const;
+  // Replica r's variables for a step on `rows`: its own, the row tables' rows gathered.
+  std::vector<Tensor> StepValues(int r, const std::vector<std::vector<int64_t>>& rows) const;
 };
 
 CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss& loss,
@@ -162,6 +174,85 @@ CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss&
     workspaces_.push_back(model.NewWorkspace(options.seed * 7919 + static_cast<uint64_t>(r)));
     workspaces_.back()->SetReplicaSum(ReplicaSumOf(strategy, r));
   }
+  std::vector<std::string> names;
+  for (size_t v = 0; v < model.variables().size(); ++v) {
+    if (!model.variables()[v].row_sparse) continue;
+    row_tables_.push_back(static_cast<int>(v));
+    names.push_back(model.variables()[v].name);
+  }
+  if (!names.empty() && strategy.worker_index() == 0) {
+    spdlog::info(
+        "embedding tables {} travel by rows: a step exchanges and updates only the rows its "
+        "replicas read",
+        absl::StrJoin(names, ", "));
+  }
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
+    const PerReplica<Element>& parts) const {
+  std::vector<const Tensor*> xs;
+  for (const Element& part : parts.values()) xs.push_back(&part.front());
+  std::vector<std::vector<int64_t>> rows;
+  for (int table : row_tables_) {
+    STRATUM_ASSIGN_OR_RETURN(std::vector<int64_t> read, model_.RowsRead(xs, table));
+    rows.push_back(std::move(read));
+  }
+  const int workers = strategy_.num_workers();
+  if (workers <= 1) return rows;
+  // An all-gather made of two sums: every worker's counts at its place, then every worker's
+  // rows at its place (as floats, exact: tables have at most 2^24 rows).
+  const size_t tables = rows.size();
+  const auto me = static_cast<size_t>(strategy_.worker_index());
+  std::vector<Tensor> counts = {
+      Tensor(DType::kFloat32, Shape({workers * static_cast<int64_t>(tables)}))};
+  counts[0].SetZero();
+  for (size_t t = 0; t < tables; ++t) {
+    counts[0].data<float>()[me * tables + t] = static_cast<float>(rows[t].size());
+  }
+  STRATUM_RETURN_IF_ERROR(strategy_.AllReduceAcrossWorkers(ReduceOp::kSum, counts));
+  int64_t total = 0, mine = 0;
+  for (int64_t i = 0; i < counts[0].num_elements(); ++i) {
+    if (i == static_cast<int64_t>(me * tables)) mine = total;
+    total += std::lround(counts[0].data<float>()[i]);
+  }
+  std::vector<Tensor> all = {Tensor(DType::kFloat32, Shape({total}))};
+  all[0].SetZero();
+  float* at = all[0].data<float>() + mine;
+  for (const std::vector<int64_t>& read : rows) {
+    for (int64_t row : read) *at++ = static_cast<float>(row);
+  }
+  STRATUM_RETURN_IF_ERROR(strategy_.AllReduceAcrossWorkers(ReduceOp::kSum, all));
+  std::vector<std::vector<int64_t>> every(tables);
+  const float* from = all[0].data<float>();
+  for (int w = 0; w < workers; ++w) {
+    for (size_t t = 0; t < tables; ++t) {
+      const int64_t count =
+          std::lround(counts[0].data<float>()[static_cast<size_t>(w) * tables + t]);
+      for (int64_t i = 0; i < count; ++i) every[t].push_back(std::lround(*from++));
+    }
+  }
+  for (std::vector<int64_t>& table : every) {
+    std::sort(table.begin(), table.end());
+    table.erase(std::unique(table.begin(), table.end()), table.end());
+  }
+  return every;
+}
+
+std::vector<Tensor> CpuStepRunner::StepValues(int r,
+                                              const std::vector<std::vector<int64_t>>& rows) const {
+  std::vector<Tensor> values = variables_.ReplicaValues(r);  // shares the buffers
+  for (size_t t = 0; t < row_tables_.size(); ++t) {
+    Tensor& table = values[static_cast<size_t>(row_tables_[t])];
+    const int64_t width = table.row_size();
+    Tensor gathered(DType::kFloat32,
+                    table.shape().WithFirstDim(static_cast<int64_t>(rows[t].size())));
+    for (size_t i = 0; i < rows[t].size(); ++i) {
+      std::copy_n(table.data<float>() + rows[t][i] * width, width,
+                  gathered.data<float>() + static_cast<int64_t>(i) * width);
+    }
+    table = std::move(gathered);
+  }
+  return values;
 }
 
 absl::Status CpuStepRunner::Replay(const FitState& state) {
@@ -198,21 +289,37 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
   // what a step adds once (regularization, moving statistics), so the shares add up to one;
   // a replica that a partial batch left without examples too.
   const float replica_share = 1.0f / static_cast<float>(strategy_.NumReplicasInSync());
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<const std::vector<int64_t>*> selection;  // per variable: its rows, or nullptr
+  if (!row_tables_.empty()) {
+    STRATUM_ASSIGN_OR_RETURN(rows, RowsReadByAll(parts));
+    selection.assign(model_.variables().size(), nullptr);
+    for (size_t t = 0; t < row_tables_.size(); ++t) {
+      selection[static_cast<size_t>(row_tables_[t])] = &rows[t];
+      for (const std::unique_ptr<Workspace>& workspace : workspaces_) {
+        STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables_[t], rows[t]));
+      }
+    }
+  }
   absl::StatusOr<PerReplica<StepStats>> stats =
       strategy_.Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
         const int r = context.local_replica_id();
         // The dropout masks of a step depend on (seed, step, replica) alone.
         workspaces_[r]->Reseed(
             DropoutSeed(options_.seed, iteration, context.replica_id_in_sync_group()));
-        return model_.TrainStep(variables_.ReplicaValues(r), parts[r][0], parts[r][1], loss_,
-                                loss_scale, *workspaces_[r], gradients_[r], replica_share);
+        if (row_tables_.empty()) {
+          return model_.TrainStep(variables_.ReplicaValues(r), parts[r][0], parts[r][1], loss_,
+                                  loss_scale, *workspaces_[r], gradients_[r], replica_share);
+        }
+        return model_.TrainStep(StepValues(r, rows), parts[r][0], parts[r][1], loss_, loss_scale,
+                                *workspaces_[r], gradients_[r], replica_share);
       });
   if (!stats.ok()) return stats.status();
   absl::Status applied = strategy_.ApplyGradients(
       gradients_, variables_,
       [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
         optimizer_.Apply(vars, grads, slots_[static_cast<size_t>(copy)], iteration,
-                         model_.variables());
+                         model_.variables(), selection);
         return absl::OkStatus();
       });
   if (!applied.ok()) return applied;

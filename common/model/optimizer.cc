@@ -533,7 +533,8 @@ nlohmann::json Optimizer::WithClipping(nlohmann::json config) const {
 
 void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
                       std::vector<std::vector<Tensor>>& slots, int64_t iteration,
-                      std::span<const VariableSpec> specs) const {
+                      std::span<const VariableSpec> specs,
+                      std::span<const std::vector<int64_t>* const> rows) const {
   if (slots.size() != vars.size()) slots.resize(vars.size());
   auto trainable = [&](size_t i) { return i >= specs.size() || specs[i].trainable; };
   // global_clipnorm: one factor for every trainable variable's gradient (Keras'
@@ -550,13 +551,21 @@ void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grad
   for (size_t i = 0; i < vars.size(); ++i) {
     const Optimizer& update = trainable(i) ? *this : NonTrainableUpdate();
     if (slots[i].empty()) slots[i] = update.NewSlots(vars[i]);
+    const std::vector<int64_t>* selected = i < rows.size() ? rows[i] : nullptr;
+    const auto apply = [&](const Tensor& gradient) {
+      if (selected != nullptr) {
+        update.ApplyRows(vars[i], *selected, gradient, slots[i], iteration);
+      } else {
+        update.ApplyDense(vars[i], gradient, slots[i], iteration);
+      }
+    };
     if (scale == 1 || !trainable(i)) {
-      update.ApplyDense(vars[i], grads[i], slots[i], iteration);
+      apply(grads[i]);
       continue;
     }
     Tensor scaled = grads[i].Clone();
     scaled.Flat() *= scale;
-    update.ApplyDense(vars[i], scaled, slots[i], iteration);
+    apply(scaled);
   }
 }
 

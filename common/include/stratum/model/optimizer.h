@@ -78,9 +78,13 @@ class Optimizer {
   // ApplyDense on every variable (after global_clipnorm over the trainable ones); slots[i]
   // belongs to vars[i] and is created when empty. With `specs` (the model's variables), a
   // non-trainable variable takes NonTrainableUpdate() instead, and keeps no slots.
+  // With `rows`, a variable whose entry is set (a row-sparse table given as those rows)
+  // takes its gradient for those rows by ApplyRows; the global norm counts those rows, which
+  // are all the rows the step moved.
   void Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
              std::vector<std::vector<Tensor>>& slots, int64_t iteration,
-             std::span<const VariableSpec> specs = {}) const;
+             std::span<const VariableSpec> specs = {},
+             std::span<const std::vector<int64_t>* const> rows = {}) const;
 
  protected:
   Optimizer(LearningRate learning_rate, Clipping clipping)
