@@ -127,12 +127,26 @@ std::string AdvertisedAddress(const ClusterSpec& cluster, const std::string& lis
 
 absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions& options) {
   STRATUM_RETURN_IF_ERROR(CheckTrainingJob(job));
-  STRATUM_RETURN_IF_ERROR(PartitionerFromJson(job.strategy.variable_partitioner).status());
+  STRATUM_ASSIGN_OR_RETURN(const PartitionerSpec partitioner,
+                           PartitionerFromJson(job.strategy.variable_partitioner));
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(options.placement).status());
+  STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
+  // A shard travels whole in one message when it is created and pulled (a row-sparse
+  // table's steps move rows, but the coordinator creates and evaluates it whole).
+  const auto limit = static_cast<int64_t>(options.channel.max_message_bytes) - (1 << 20);
+  for (const VariableSpec& variable : model.variables()) {
+    for (const ShardSpec& shard : ShardVariable(variable.name, variable.shape, partitioner)) {
+      if (shard.bytes <= limit) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable \"", variable.name, "\" has a shard of ", shard.bytes,
+                       " bytes, more than one message carries (", limit,
+                       "): split it in smaller shards with strategy.variable_partitioner, such as "
+                       "{\"type\": \"max_size\", \"max_shard_bytes\": 134217728}"));
+    }
+  }
   if (job.checkpoint.dir.empty()) return absl::OkStatus();
   // A checkpoint of another model is said now, not once the whole cluster is up; one of
   // this model split another way (another number of ps tasks) is restored re-split.
-  STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
   std::vector<std::string> names;
   std::vector<Shape> shapes;
   for (const VariableSpec& variable : model.variables()) {

@@ -17,6 +17,27 @@ Tensor RowsOf(const Tensor& whole, const ShardSpec& shard) {
   return whole.SliceRows(shard.first_row, shard.first_row + shard.shape.dim(0));
 }
 
+// The tensor bytes one request to a PS carries at most when the whole variables are
+// created or pulled: a task's shards go in several requests (a shard alone in one, if it
+// is larger), each well within a message.
+constexpr int64_t kRequestBytes = 64 << 20;
+
+// `items` (with their bytes) in groups of at most kRequestBytes, in order.
+template <typename T>
+std::vector<std::vector<T>> InGroups(std::vector<std::pair<T, int64_t>> items) {
+  std::vector<std::vector<T>> groups;
+  int64_t bytes = 0;
+  for (auto& [item, size] : items) {
+    if (groups.empty() || (bytes + size > kRequestBytes && !groups.back().empty())) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(std::move(item));
+    bytes += size;
+  }
+  return groups;
+}
+
 }  // namespace
 
 ShardedVariables::ShardedVariables(std::vector<std::string> names, std::vector<Shape> shapes,
@@ -82,6 +103,13 @@ ShardedVariables::TaskReads ShardedVariables::ReadsOf(int task, const RowSelecti
   return reads;
 }
 
+size_t ShardedVariables::ShardIndex(const std::string& name) const {
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (shards_[s].name == name) return s;
+  }
+  return 0;  // unreachable: names come from shards_
+}
+
 std::vector<Tensor> ShardedVariables::NewValues(const RowSelection& rows) const {
   std::vector<Tensor> values;
   for (size_t v = 0; v < shapes_.size(); ++v) {
@@ -116,10 +144,17 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
       optimizer = &optimizers[v];
       values.push_back({shard.name, RowsOf(initial[v], shard)});
     }
-    for (const auto& [key, group] : groups) {
-      STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]
-                                  ->CreateVariables(group.second, *group.first, /*replace=*/true)
-                                  .status());
+    for (auto& [key, group] : groups) {
+      std::vector<std::pair<NamedValue, int64_t>> sized;
+      for (NamedValue& value : group.second) {
+        const auto bytes = static_cast<int64_t>(value.value.byte_size());
+        sized.emplace_back(std::move(value), bytes);
+      }
+      for (const std::vector<NamedValue>& part : InGroups(std::move(sized))) {
+        STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]
+                                    ->CreateVariables(part, *group.first, /*replace=*/true)
+                                    .status());
+      }
     }
     return absl::OkStatus();
   });
@@ -130,10 +165,36 @@ absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& r
   absl::Status status = ForEachTask([&](int task) -> absl::Status {
     const TaskReads reads = ReadsOf(task, rows, /*whole=*/true);
     if (reads.placements.empty()) return absl::OkStatus();
-    absl::StatusOr<std::vector<Tensor>> answer =
-        clients_[static_cast<size_t>(task)]->Pull(reads.names, reads.row_reads);
-    if (!answer.ok()) return answer.status();
-    Place(*answer, reads.placements, values);
+    // Whole shards in requests of at most kRequestBytes (a large table pulled whole, as the
+    // coordinator evaluates it), the rows read in the last.
+    std::vector<std::pair<size_t, int64_t>> sized;
+    for (size_t i = 0; i < reads.names.size(); ++i) {
+      const Tensor& target = values[reads.placements[i].variable];
+      const ShardSpec& shard = shards_[ShardIndex(reads.names[i])];
+      sized.emplace_back(
+          i, shard.shape.num_elements() * static_cast<int64_t>(DTypeSize(target.dtype())));
+    }
+    std::vector<std::vector<size_t>> groups = InGroups(std::move(sized));
+    if (groups.empty()) groups.emplace_back();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<std::string> names;
+      std::vector<Placement> placements;
+      for (size_t i : groups[g]) {
+        names.push_back(reads.names[i]);
+        placements.push_back(reads.placements[i]);
+      }
+      const bool last = g + 1 == groups.size();
+      if (last) {
+        placements.insert(
+            placements.end(),
+            reads.placements.begin() + static_cast<std::ptrdiff_t>(reads.names.size()),
+            reads.placements.end());
+      }
+      absl::StatusOr<std::vector<Tensor>> answer = clients_[static_cast<size_t>(task)]->Pull(
+          names, last ? reads.row_reads : std::vector<RowRead>{});
+      if (!answer.ok()) return answer.status();
+      Place(*answer, placements, values);
+    }
     return absl::OkStatus();
   });
   if (!status.ok()) return status;

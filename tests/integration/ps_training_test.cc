@@ -215,6 +215,32 @@ TEST(PsTrainingTest, ASingleProcessJobIsRefusedWithTheFix) {
                         "parameter_server jobs"));
 }
 
+// A table whose shard would not fit one message (1 GiB, unsplit) is refused before any task
+// is waited for, naming the partitioner that splits it.
+TEST(PsTrainingTest, AShardLargerThanAMessageIsRefusedWithThePartitionerThatSplitsIt) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_embedding.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["strategy"] = {{"type", "parameter_server"}};
+  job["model"]["config"]["layers"][1]["config"]["input_dim"] = 1 << 24;
+  job["model"]["config"]["layers"][1]["config"]["output_dim"] = 16;
+  const std::string path = TempPath("ps_huge_shard.json");
+  std::ofstream(path) << job.dump();
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .chief = true,
+                                      .not_started = {{"worker", 0}, {"ps", 0}},
+                                      .args_by_type = {{"chief", {"--job=" + path}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->exit_code, 2);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("variable \"intensity/embeddings\" has a shard of 1073741824 bytes, more "
+                        "than one message carries"));
+  EXPECT_THAT((*cluster)->Output({"chief", 0}), HasSubstr("\"max_shard_bytes\": 134217728"));
+}
+
 TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRestart) {
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,

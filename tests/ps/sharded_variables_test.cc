@@ -112,5 +112,37 @@ TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
   EXPECT_TRUE((*whole)[0].BitwiseEqual(initial_[0]));
 }
 
+// A table larger than one message carries (three 96 MiB shards on one PS, 288 MiB, over
+// gRPC's 256 MiB) is created and pulled whole in several requests, and comes back as it
+// went.
+TEST(ShardedVariablesLargeTest, ATableLargerThanARequestTravelsInSeveralAndComesBackWhole) {
+  absl::StatusOr<std::unique_ptr<InProcessPs>> ps = InProcessPs::Start();
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  const int64_t rows = 3 * (24 << 20) / 4, width = 4;  // 3 x 96 MiB
+  std::vector<ShardSpec> shards;
+  for (int i = 0; i < 3; ++i) {
+    shards.push_back({.name = absl::StrCat("big/part_", i),
+                      .variable = "big",
+                      .shard_index = i,
+                      .num_shards = 3,
+                      .first_row = i * rows / 3,
+                      .shape = Shape({rows / 3, width}),
+                      .ps_task = 0});
+  }
+  std::vector<std::unique_ptr<PsClient>> clients;
+  clients.push_back(std::make_unique<PsClient>("ps:0", (*ps)->address(),
+                                               PsClientOptions{.timeout = absl::Seconds(30)}));
+  ShardedVariables variables({"big"}, {Shape({rows, width})}, std::move(shards),
+                             std::move(clients));
+  Tensor initial(DType::kFloat32, Shape({rows, width}));
+  for (int64_t i = 0; i < initial.num_elements(); ++i) {
+    initial.data<float>()[i] = static_cast<float>(i % 1000);
+  }
+  ASSERT_TRUE(variables.Create({initial}, std::vector<nlohmann::json>{kSgd}).ok());
+  auto pulled = variables.Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE((*pulled)[0].BitwiseEqual(initial));
+}
+
 }  // namespace
 }  // namespace stratum
