@@ -125,6 +125,7 @@ absl::Status PsDataClient::Push(const std::vector<std::string>& names,
                                 DataCallOutcome* outcome,
                                 const std::vector<const std::vector<int64_t>*>& gradient_rows,
                                 const std::vector<RowRead>& row_reads) {
+  if (outcome != nullptr) *outcome = DataCallOutcome::kNotSent;
   if (names.size() != gradients.size() ||
       (!gradient_rows.empty() && gradient_rows.size() != gradients.size())) {
     return absl::InvalidArgumentError(absl::StrCat("a push with ", names.size(), " names, ",
@@ -290,7 +291,8 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op, std::vector<T
     for (size_t i = 0; pull_after && i < gradients.size(); ++i) {
       if (!meta.tensors[i].has_rows) needed = data_wire::Align(needed) + gradients[i].byte_size();
     }
-    // Rows read back: as large as the PS said the last answer wanted.
+    // Rows read back: as large as the PS said the last answer wanted (a batch that reads
+    // more rows than the last gets the rest inline, and the segment grows for the next).
     needed = std::max<uint64_t>(needed, connection.pull_hint);
     if (connection.segment == nullptr || connection.segment->size() < needed) {
       constexpr uint64_t kGrain = 1 << 20;

@@ -55,15 +55,14 @@ std::vector<RowRead> DecodeRowReads(
   return reads;
 }
 
-// Appends the rows `read` names (CheckPull checked them), with their rows.
+// Appends the rows `read` names (CheckPull checked them).
 absl::Status AppendRows(const VariableStore& store, const RowRead& read,
                         google::protobuf::RepeatedPtrField<proto::NamedTensor>* values) {
   absl::StatusOr<Tensor> rows = store.ReadRows(read.name, read.rows);
   if (!rows.ok()) return rows.status();
   proto::NamedTensor* out = values->Add();
   out->set_name(read.name);
-  TensorToProto(*rows, out->mutable_tensor());
-  out->mutable_rows()->Assign(read.rows.begin(), read.rows.end());
+  TensorToProto(*rows, out->mutable_tensor());  // in the order read: the caller has the rows
   return absl::OkStatus();
 }
 

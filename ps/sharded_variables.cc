@@ -89,7 +89,7 @@ ShardedVariables::TaskReads ShardedVariables::ReadsOf(int task, const RowSelecti
     if (selected == nullptr) {
       if (!whole) continue;
       reads.names.push_back(shard.name);
-      reads.placements.push_back({v, shard.first_row});
+      reads.placements.push_back({v, shard.first_row, shard.shape});
       continue;
     }
     const auto [begin, end] = SelectedRange(s, *selected);
@@ -97,7 +97,8 @@ ShardedVariables::TaskReads ShardedVariables::ReadsOf(int task, const RowSelecti
     RowRead read{shard.name, {}};
     for (size_t i = begin; i < end; ++i) read.rows.push_back((*selected)[i] - shard.first_row);
     reads.row_reads.push_back(std::move(read));
-    row_placements.push_back({v, static_cast<int64_t>(begin)});
+    row_placements.push_back({v, static_cast<int64_t>(begin),
+                              shard.shape.WithFirstDim(static_cast<int64_t>(end - begin))});
   }
   reads.placements.insert(reads.placements.end(), row_placements.begin(), row_placements.end());
   return reads;
@@ -122,14 +123,46 @@ std::vector<Tensor> ShardedVariables::NewValues(const RowSelection& rows) const 
   return values;
 }
 
-void ShardedVariables::Place(const std::vector<Tensor>& values,
-                             const std::vector<Placement>& placements, std::vector<Tensor>& out) {
-  for (size_t i = 0; i < placements.size() && i < values.size(); ++i) {
+absl::Status ShardedVariables::Place(int task, const std::vector<Tensor>& values,
+                                     const std::vector<Placement>& placements,
+                                     std::vector<Tensor>& out) const {
+  const PsClient& client = *clients_[static_cast<size_t>(task)];
+  if (values.size() != placements.size()) {
+    return absl::DataLossError(absl::StrCat(client.task(), " at ", client.address(), " answered ",
+                                            values.size(), " values for ", placements.size(),
+                                            ": is it a parameter server of this version?"));
+  }
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (values[i].dtype() != DType::kFloat32 || values[i].shape() != placements[i].shape) {
+      return absl::DataLossError(
+          absl::StrCat(client.task(), " at ", client.address(), " answered ",
+                       values[i].DebugString(), " where float32", placements[i].shape.ToString(),
+                       " was asked: is it a parameter server of this version?"));
+    }
     Tensor& target = out[placements[i].variable];
     std::memcpy(static_cast<char*>(target.raw_data()) +
                     static_cast<size_t>(placements[i].row * target.row_size()) * sizeof(float),
                 values[i].raw_data(), values[i].byte_size());
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedVariables::CheckSelection(const RowSelection& rows) const {
+  for (size_t v = 0; v < rows.size() && v < shapes_.size(); ++v) {
+    if (rows[v] == nullptr) continue;
+    const std::vector<int64_t>& selected = *rows[v];
+    const int64_t table_rows = shapes_[v].rank() == 0 ? 0 : shapes_[v].dim(0);
+    for (size_t i = 0; i < selected.size(); ++i) {
+      if (selected[i] < 0 || selected[i] >= table_rows ||
+          (i > 0 && selected[i] <= selected[i - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the rows selected of variable \"", names_[v],
+                         "\" are not sorted, unique and within its ", table_rows, " rows (row ",
+                         selected[i], " at position ", i, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
@@ -161,6 +194,7 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
 }
 
 absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& rows) {
+  STRATUM_RETURN_IF_ERROR(CheckSelection(rows));
   std::vector<Tensor> values = NewValues(rows);
   absl::Status status = ForEachTask([&](int task) -> absl::Status {
     const TaskReads reads = ReadsOf(task, rows, /*whole=*/true);
@@ -193,7 +227,7 @@ absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& r
       absl::StatusOr<std::vector<Tensor>> answer = clients_[static_cast<size_t>(task)]->Pull(
           names, last ? reads.row_reads : std::vector<RowRead>{});
       if (!answer.ok()) return answer.status();
-      Place(*answer, placements, values);
+      STRATUM_RETURN_IF_ERROR(Place(task, *answer, placements, values));
     }
     return absl::OkStatus();
   });
@@ -204,6 +238,8 @@ absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& r
 absl::Status ShardedVariables::Push(const std::vector<Tensor>& gradients,
                                     std::vector<Tensor>* pulled, const RowSelection& rows,
                                     const RowSelection& next_rows) {
+  STRATUM_RETURN_IF_ERROR(CheckSelection(rows));
+  STRATUM_RETURN_IF_ERROR(CheckSelection(next_rows));
   if (pulled != nullptr) *pulled = NewValues(next_rows);
   return ForEachTask([&](int task) -> absl::Status {
     std::vector<NamedValue> values;
@@ -231,8 +267,7 @@ absl::Status ShardedVariables::Push(const std::vector<Tensor>& gradients,
     absl::Status status = clients_[static_cast<size_t>(task)]->Push(
         values, pulled != nullptr ? &back : nullptr, reads.row_reads);
     if (!status.ok() || pulled == nullptr) return status;
-    Place(back, reads.placements, *pulled);
-    return absl::OkStatus();
+    return Place(task, back, reads.placements, *pulled);
   });
 }
 

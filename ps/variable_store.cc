@@ -205,6 +205,11 @@ absl::Status VariableStore::CheckGradientLocked(const std::string& name, const V
     return absl::InvalidArgumentError(absl::StrCat(
         "row gradients for variable \"", name, "\", a scalar, which has no rows: send it whole"));
   }
+  if (rows->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row gradients for variable \"", name,
+                     "\" name no rows: send at least one row, or no gradient for it"));
+  }
   const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(rows->size()));
   if (gradient.dtype() != DType::kFloat32 || !(gradient.shape() == expected)) {
     return absl::InvalidArgumentError(absl::StrCat("row gradients for variable \"", name, "\" are ",
@@ -317,7 +322,9 @@ absl::Status VariableStore::CheckPull(const std::vector<std::string>& names, uin
     if (bytes > max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the pull of ", names.size() + row_reads.size(), " variables would answer more than ",
-          max_bytes, " bytes, the limit of one message: pull fewer variables per request"));
+          max_bytes, " bytes, the limit of one message: ",
+          row_reads.empty() ? "pull fewer variables per request"
+                            : "pull fewer variables or rows per request (smaller batches)"));
     }
     return absl::OkStatus();
   };

@@ -182,8 +182,8 @@ CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss&
   }
   if (!names.empty() && strategy.worker_index() == 0) {
     spdlog::info(
-        "embedding tables {} travel by rows: a step exchanges and updates only the rows its "
-        "replicas read",
+        "embedding tables {} travel by rows: a step exchanges only the rows its replicas "
+        "read",
         absl::StrJoin(names, ", "));
   }
 }

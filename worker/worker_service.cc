@@ -286,12 +286,16 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
   std::vector<Tensor> values;
   StepStats sums{};
   std::optional<Batch> batch;  // the CPU replicas' this step
+  const auto fetch = [&]() -> absl::Status {
+    if (batches == nullptr || batch.has_value()) return absl::OkStatus();
+    absl::StatusOr<Batch> next = NextBatch();
+    if (!next.ok()) return next.status();
+    batch = *std::move(next);
+    return absl::OkStatus();
+  };
   for (int64_t step = 0; step < steps; ++step) {
-    if (batches != nullptr && !batch.has_value()) {
-      absl::StatusOr<Batch> next = NextBatch();
-      if (!next.ok()) return next.status();
-      batch = *std::move(next);
-    }
+    // The rows a pull brings are those the batch reads: with row tables it comes first.
+    if (!row_tables.empty()) STRATUM_RETURN_IF_ERROR(fetch());
     // The first step of a closure pulls; later ones use the values each push returns (one
     // round trip per step instead of two: the PS sends back its variables, other workers'
     // updates included, as they are after applying ours, and the rows of the row tables
@@ -302,6 +306,7 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
       if (!pulled.ok()) return PsFailure(pulled.status());
       values = *std::move(pulled);
     }
+    STRATUM_RETURN_IF_ERROR(fetch());
     std::vector<Tensor>& total = gradients[0];
 #if STRATUM_WITH_CUDA
     if (gpu != nullptr) {
@@ -322,18 +327,22 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
       }
     }
     const bool last = step + 1 == steps;
+    // With row tables, the next batch comes first: its rows come back with this push.
     std::optional<Batch> next;
-    if (!last && batches != nullptr) {
+    absl::Status fetched_next;
+    if (!last && !row_tables.empty() && batches != nullptr) {
       absl::StatusOr<Batch> fetched = NextBatch();
-      if (!fetched.ok()) return fetched.status();
-      next = *std::move(fetched);
+      fetched_next = fetched.status();
+      if (fetched.ok()) next = *std::move(fetched);
     }
+    const bool pull = !last && fetched_next.ok();
     if (absl::Status status =
-            variables->Push(total, last ? nullptr : &values, Selection(batch ? &*batch : nullptr),
+            variables->Push(total, pull ? &values : nullptr, Selection(batch ? &*batch : nullptr),
                             Selection(next ? &*next : nullptr));
         !status.ok()) {
       return PsFailure(status);
     }
+    if (!fetched_next.ok()) return fetched_next;  // after this step's gradients are in
     batch = std::move(next);
   }
 #if STRATUM_WITH_CUDA

@@ -208,6 +208,7 @@ class Sgd final : public Optimizer {
     if (momentum_ == 0) return {};
     return {"momentum"};
   }
+  bool ZeroGradientChangesNothing() const override { return momentum_ == 0; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     if (momentum_ == 0) return {};
     return {Filled(variable, 0)};
@@ -294,6 +295,7 @@ class Adagrad final : public Optimizer {
                          {"epsilon", epsilon_}});
   }
   std::vector<std::string> SlotNames() const override { return {"accumulator"}; }
+  bool ZeroGradientChangesNothing() const override { return true; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     return {Filled(variable, initial_)};
   }
@@ -478,6 +480,22 @@ void Optimizer::ApplyDense(Tensor& variable, const Tensor& gradient, std::vector
   Update(variable, clipped, slots, iteration);
 }
 
+namespace {
+
+// `rows` of a variable of `shape` set from `row_values` [rows, ...], the others zero.
+Tensor Scattered(const Tensor& row_values, std::span<const int64_t> rows, const Shape& shape) {
+  Tensor dense(DType::kFloat32, shape);
+  dense.SetZero();
+  const int64_t width = dense.row_size();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy_n(row_values.data<float>() + static_cast<int64_t>(i) * width, width,
+                dense.data<float>() + rows[i] * width);
+  }
+  return dense;
+}
+
+}  // namespace
+
 void Optimizer::ApplyRows(Tensor& variable, std::span<const int64_t> rows,
                           const Tensor& row_gradients, std::vector<Tensor>& slots,
                           int64_t iteration) const {
@@ -553,10 +571,14 @@ void Optimizer::Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grad
     if (slots[i].empty()) slots[i] = update.NewSlots(vars[i]);
     const std::vector<int64_t>* selected = i < rows.size() ? rows[i] : nullptr;
     const auto apply = [&](const Tensor& gradient) {
-      if (selected != nullptr) {
+      if (selected == nullptr) {
+        update.ApplyDense(vars[i], gradient, slots[i], iteration);
+      } else if (update.ZeroGradientChangesNothing()) {
         update.ApplyRows(vars[i], *selected, gradient, slots[i], iteration);
       } else {
-        update.ApplyDense(vars[i], gradient, slots[i], iteration);
+        // Keras' update of the whole table: the other rows' moments decay, and move them.
+        update.ApplyDense(vars[i], Scattered(gradient, *selected, vars[i].shape()), slots[i],
+                          iteration);
       }
     };
     if (scale == 1 || !trainable(i)) {

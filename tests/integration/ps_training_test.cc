@@ -479,8 +479,6 @@ TEST(PsTrainingTest, WorkersThatFailedOnADownPsReachItAtOnceWhenItIsBack) {
   RemoveFolder(checkpoints);
 }
 
-// A rollback to before the end of an epoch already reported trains its tail again; that
-// epoch's second line says so.
 // The peak resident memory of a running process, in MiB (VmHWM).
 double PeakRssMib(int pid) {
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
@@ -555,6 +553,8 @@ TEST(PsTrainingTest, AnEmbeddingTableTravelsByRowsAndNeverWholeToAWorker) {
   }
 }
 
+// A rollback to before the end of an epoch already reported trains its tail again; that
+// epoch's second line says so.
 TEST(PsTrainingTest, AnEpochTrainedAgainAfterARollbackSaysSo) {
   const std::string checkpoints = TempPath("ckpt_ps_again");
   auto cluster = LongJobPastItsFirstEpoch("ps_again_job", checkpoints);

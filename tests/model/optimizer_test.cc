@@ -236,6 +236,45 @@ TEST(OptimizerTest, ApplyCreatesSlotsAndUpdatesEveryVariable) {
   EXPECT_NEAR(vars[1].data<float>()[0], 2.999f, 1e-6);
 }
 
+// A table given by rows (its gradient for those rows alone) is updated exactly as Keras
+// updates it with the whole, zero-elsewhere gradient, whatever the optimizer: by the rows
+// alone where a zero gradient changes nothing (SGD, Adagrad), else densely (Adam's moments
+// decay on every row, and every row with a moment moves).
+TEST(OptimizerTest, ApplyByRowsMatchesTheDenseUpdate) {
+  for (const char* name : {"sgd", "adagrad", "adam", "rmsprop"}) {
+    SCOPED_TRACE(name);
+    auto optimizer = Optimizer::FromKeras(name);
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+    std::vector<float> init;
+    for (int i = 0; i < 12; ++i) init.push_back(0.1f * static_cast<float>(i));
+    std::vector<Tensor> dense_vars = {Tensor::FromVector<float>({6, 2}, init)};
+    std::vector<Tensor> row_vars = {dense_vars[0].Clone()};
+    std::vector<std::vector<Tensor>> dense_slots, row_slots;
+    const std::vector<std::vector<int64_t>> steps = {{1, 4}, {0, 4, 5}, {2}};
+    for (size_t step = 0; step < steps.size(); ++step) {
+      const std::vector<int64_t>& rows = steps[step];
+      Tensor compact(DType::kFloat32, Shape({static_cast<int64_t>(rows.size()), 2}));
+      Tensor whole(DType::kFloat32, Shape({6, 2}));
+      whole.SetZero();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        for (int k = 0; k < 2; ++k) {
+          const float g = 0.3f * static_cast<float>(i + 1) - 0.2f * static_cast<float>(k);
+          compact.data<float>()[i * 2 + k] = g;
+          whole.data<float>()[rows[i] * 2 + k] = g;
+        }
+      }
+      (*optimizer)->Apply(dense_vars, {whole}, dense_slots, static_cast<int64_t>(step));
+      const std::vector<const std::vector<int64_t>*> selection = {&rows};
+      (*optimizer)
+          ->Apply(row_vars, {compact}, row_slots, static_cast<int64_t>(step), {}, selection);
+    }
+    EXPECT_TRUE(row_vars[0].BitwiseEqual(dense_vars[0]));
+    for (size_t s = 0; s < dense_slots[0].size(); ++s) {
+      EXPECT_TRUE(row_slots[0][s].BitwiseEqual(dense_slots[0][s])) << "slot " << s;
+    }
+  }
+}
+
 TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
   auto with = [](const char* name, json config) {
     return json{{"class_name", name}, {"config", std::move(config)}};

@@ -96,6 +96,20 @@ TEST_F(ShardedVariablesTest, PullsAndPushesOnlyTheRowsAStepSelects) {
   EXPECT_EQ((*empty)[0].shape(), Shape({0, 2}));
 }
 
+// A selection that is not sorted, unique and within the table is refused before anything
+// travels (its rows would otherwise find no shard, or the wrong place).
+TEST_F(ShardedVariablesTest, ASelectionOutOfOrderOrOutsideTheTableIsRefused) {
+  const std::vector<int64_t> unsorted = {4, 1}, outside = {3, 10};
+  EXPECT_THAT(std::string(variables_->Pull({&unsorted, nullptr}).status().message()),
+              ::testing::HasSubstr("are not sorted, unique and within its 10 rows"));
+  EXPECT_THAT(std::string(variables_
+                              ->Push({Tensor::FromVector<float>({2, 2}, {1, 1, 1, 1}),
+                                      Tensor::FromVector<float>({3}, {0, 0, 0})},
+                                     nullptr, {&outside, nullptr})
+                              .message()),
+              ::testing::HasSubstr("(row 10 at position 1)"));
+}
+
 // The PS refuses rows outside a shard, naming it, before it changes anything.
 TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
   PsClient& ps1 = variables_->client(1);

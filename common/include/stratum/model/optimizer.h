@@ -68,19 +68,27 @@ class Optimizer {
   // for the first). Shapes that do not match are a programmer error and abort.
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                   int64_t iteration) const;
+  // Whether an update by a zero gradient leaves the variable and its slots as they are (SGD
+  // without momentum, Adagrad): then ApplyRows is exactly the dense update of a gradient that
+  // is zero outside its rows.
+  virtual bool ZeroGradientChangesNothing() const { return false; }
   // One update of rows `rows` (sorted, unique) of `variable` [rows, ...] by `row_gradients`
-  // [rows.size(), ...], as TensorFlow's sparse kernels apply IndexedSlices: only those rows
-  // and the same rows of the slots change (an untouched row's momentum or Adam moments do not
-  // decay), with clipnorm over all the given rows together, then clipvalue, as ApplyDense
-  // clips a dense gradient. Shapes or rows that do not match are a programmer error and abort.
+  // [rows.size(), ...], as TensorFlow's sparse kernels (resource_sparse_apply_*, LazyAdam)
+  // apply IndexedSlices: only those rows and the same rows of the slots change (an untouched
+  // row's momentum or Adam moments do not decay, unlike Keras' dense update), with clipnorm
+  // over all the given rows together, then clipvalue, as ApplyDense clips a dense gradient.
+  // The parameter servers update embedding tables so. Shapes or rows that do not match are a
+  // programmer error and abort.
   void ApplyRows(Tensor& variable, std::span<const int64_t> rows, const Tensor& row_gradients,
                  std::vector<Tensor>& slots, int64_t iteration) const;
   // ApplyDense on every variable (after global_clipnorm over the trainable ones); slots[i]
   // belongs to vars[i] and is created when empty. With `specs` (the model's variables), a
   // non-trainable variable takes NonTrainableUpdate() instead, and keeps no slots.
   // With `rows`, a variable whose entry is set (a row-sparse table given as those rows)
-  // takes its gradient for those rows by ApplyRows; the global norm counts those rows, which
-  // are all the rows the step moved.
+  // takes its gradient for those rows: by ApplyRows where that is exactly Keras' dense update
+  // (ZeroGradientChangesNothing), else by the dense update of the gradient scattered into
+  // zeros, as Keras updates the whole table. The global norm counts those rows, which are all
+  // the rows with a gradient.
   void Apply(std::vector<Tensor>& vars, const std::vector<Tensor>& grads,
              std::vector<std::vector<Tensor>>& slots, int64_t iteration,
              std::span<const VariableSpec> specs = {},

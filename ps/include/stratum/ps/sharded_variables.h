@@ -56,6 +56,7 @@ class ShardedVariables {
   struct Placement {
     size_t variable;
     int64_t row;
+    Shape shape;  // what the PS answers: the shard's, or its selected rows'
   };
   // What a task is asked for the rows `rows` selects: whole shards by name, rows of the
   // others, and where each answer goes (whole ones first, as the PS answers).
@@ -71,9 +72,12 @@ class ShardedVariables {
   size_t ShardIndex(const std::string& name) const;
   // Tensors for the values of every variable: whole, or of the rows selected.
   std::vector<Tensor> NewValues(const RowSelection& rows) const;
-  // Copies the answers of a task where `placements` say.
-  static void Place(const std::vector<Tensor>& values, const std::vector<Placement>& placements,
-                    std::vector<Tensor>& out);
+  // Copies the answers of task `task` where `placements` say; DATA_LOSS when the answer is
+  // not what was asked (a count or a shape that differs: a PS of another version).
+  absl::Status Place(int task, const std::vector<Tensor>& values,
+                     const std::vector<Placement>& placements, std::vector<Tensor>& out) const;
+  // INVALID_ARGUMENT unless every selection is sorted, unique and within its variable's rows.
+  absl::Status CheckSelection(const RowSelection& rows) const;
 
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
