@@ -35,6 +35,10 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
     return absl::UnimplementedError(
         "gradient clipping (clipnorm, clipvalue, global_clipnorm) has no GPU update yet");
   }
+  if (optimizer.weight_decay() > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer ", optimizer.name(), "'s weight_decay has no GPU update yet"));
+  }
   OptimizerParams p;
   p.learning_rate = optimizer.learning_rate();
   const std::string name = optimizer.name();
@@ -48,7 +52,7 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
     p.kind = OptimizerParams::Kind::kSgd;
     p.momentum = number("momentum", 0);
     p.nesterov = flag("nesterov");
-  } else if (name == "Adam") {
+  } else if (name == "Adam" || name == "AdamW") {  // AdamW here has no weight decay
     p.kind = OptimizerParams::Kind::kAdam;
     p.beta_1 = number("beta_1", 0.9f);
     p.beta_2 = number("beta_2", 0.999f);

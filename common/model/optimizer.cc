@@ -16,7 +16,7 @@
 namespace stratum {
 namespace {
 
-const char kSupported[] = "use SGD, Adam, Adagrad or RMSprop";
+const char kSupported[] = "use SGD, Adam, AdamW, Adagrad or RMSprop";
 
 std::string Lower(const std::string& text) {
   std::string out = text;
@@ -154,13 +154,8 @@ class ConfigReader {
 
   // Keras options Stratum does not implement: refused unless null / false / 0.
   absl::Status RefuseUnsupported() const {
-    for (const char* key : {"weight_decay", "loss_scale_factor", "gradient_accumulation_steps"}) {
+    for (const char* key : {"loss_scale_factor", "gradient_accumulation_steps"}) {
       if (!config_.contains(key) || config_[key].is_null()) continue;
-      // tf.keras 2.11 writes weight_decay 0 (or null) when it is off.
-      if (std::string(key) == "weight_decay" && config_[key].is_number() &&
-          config_[key].get<double>() == 0) {
-        continue;
-      }
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer ", optimizer_, " sets ", key, " to ", config_[key].dump(),
                        ", which Stratum does not support: remove ", key, " (or set it to None)"));
@@ -194,8 +189,11 @@ Tensor Filled(const Tensor& variable, float value) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(stratum::LearningRate learning_rate, Clipping clipping, float momentum, bool nesterov)
-      : Optimizer(std::move(learning_rate), clipping), momentum_(momentum), nesterov_(nesterov) {}
+  Sgd(stratum::LearningRate learning_rate, Clipping clipping, float weight_decay, float momentum,
+      bool nesterov)
+      : Optimizer(std::move(learning_rate), clipping, weight_decay),
+        momentum_(momentum),
+        nesterov_(nesterov) {}
 
   std::string name() const override { return "SGD"; }
   nlohmann::json config() const override {
@@ -208,7 +206,7 @@ class Sgd final : public Optimizer {
     if (momentum_ == 0) return {};
     return {"momentum"};
   }
-  bool ZeroGradientChangesNothing() const override { return momentum_ == 0; }
+  bool RuleIgnoresZeroGradient() const override { return momentum_ == 0; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     if (momentum_ == 0) return {};
     return {Filled(variable, 0)};
@@ -239,16 +237,17 @@ class Sgd final : public Optimizer {
 
 class Adam final : public Optimizer {
  public:
-  Adam(stratum::LearningRate learning_rate, Clipping clipping, float beta_1, float beta_2,
-       float epsilon)
-      : Optimizer(std::move(learning_rate), clipping),
+  Adam(std::string name, stratum::LearningRate learning_rate, Clipping clipping, float weight_decay,
+       float beta_1, float beta_2, float epsilon)
+      : Optimizer(std::move(learning_rate), clipping, weight_decay),
+        name_(std::move(name)),
         beta_1_(beta_1),
         beta_2_(beta_2),
         epsilon_(epsilon) {}
 
-  std::string name() const override { return "Adam"; }
+  std::string name() const override { return name_; }
   nlohmann::json config() const override {
-    return WithClipping({{"name", "Adam"},
+    return WithClipping({{"name", name_},
                          {"learning_rate", learning_rate_schedule().ToKeras()},
                          {"beta_1", beta_1_},
                          {"beta_2", beta_2_},
@@ -276,14 +275,15 @@ class Adam final : public Optimizer {
   }
 
  private:
+  std::string name_;  // "Adam", or "AdamW" (its weight_decay defaults to 0.004)
   float beta_1_, beta_2_, epsilon_;
 };
 
 class Adagrad final : public Optimizer {
  public:
-  Adagrad(stratum::LearningRate learning_rate, Clipping clipping, float initial_accumulator_value,
-          float epsilon)
-      : Optimizer(std::move(learning_rate), clipping),
+  Adagrad(stratum::LearningRate learning_rate, Clipping clipping, float weight_decay,
+          float initial_accumulator_value, float epsilon)
+      : Optimizer(std::move(learning_rate), clipping, weight_decay),
         initial_(initial_accumulator_value),
         epsilon_(epsilon) {}
 
@@ -295,7 +295,7 @@ class Adagrad final : public Optimizer {
                          {"epsilon", epsilon_}});
   }
   std::vector<std::string> SlotNames() const override { return {"accumulator"}; }
-  bool ZeroGradientChangesNothing() const override { return true; }
+  bool RuleIgnoresZeroGradient() const override { return true; }
   std::vector<Tensor> NewSlots(const Tensor& variable) const override {
     return {Filled(variable, initial_)};
   }
@@ -316,9 +316,9 @@ class Adagrad final : public Optimizer {
 
 class RmsProp final : public Optimizer {
  public:
-  RmsProp(stratum::LearningRate learning_rate, Clipping clipping, float rho, float momentum,
-          float epsilon, bool centered)
-      : Optimizer(std::move(learning_rate), clipping),
+  RmsProp(stratum::LearningRate learning_rate, Clipping clipping, float weight_decay, float rho,
+          float momentum, float epsilon, bool centered)
+      : Optimizer(std::move(learning_rate), clipping, weight_decay),
         rho_(rho),
         momentum_(momentum),
         epsilon_(epsilon),
@@ -383,6 +383,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
   std::string display = class_name;
   if (kind == "sgd") display = "SGD";
   if (kind == "adam") display = "Adam";
+  if (kind == "adamw") display = "AdamW";
   if (kind == "adagrad") display = "Adagrad";
   if (kind == "rmsprop") display = "RMSprop";
   const ConfigReader reader(display, config);
@@ -390,15 +391,22 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"momentum", "nesterov"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
+    STRATUM_ASSIGN_OR_RETURN(
+        const float weight_decay,
+        reader.Number("weight_decay", kind == "adamw" ? 0.004f : 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.01f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(bool nesterov, reader.Bool("nesterov", false));
-    return std::unique_ptr<Optimizer>(new Sgd(std::move(lr), clipping, momentum, nesterov));
+    return std::unique_ptr<Optimizer>(
+        new Sgd(std::move(lr), clipping, weight_decay, momentum, nesterov));
   }
-  if (kind == "adam") {
+  if (kind == "adam" || kind == "adamw") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"beta_1", "beta_2", "epsilon", "amsgrad"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
+    STRATUM_ASSIGN_OR_RETURN(
+        const float weight_decay,
+        reader.Number("weight_decay", kind == "adamw" ? 0.004f : 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     using Range = ConfigReader::Range;
     STRATUM_ASSIGN_OR_RETURN(float beta_1,
@@ -407,12 +415,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
                              reader.Number("beta_2", 0.999f, 0.0f, 1.0f, Range::kBelowMax));
     STRATUM_ASSIGN_OR_RETURN(float epsilon,
                              reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, Range::kAboveMin));
-    return std::unique_ptr<Optimizer>(new Adam(std::move(lr), clipping, beta_1, beta_2, epsilon));
+    return std::unique_ptr<Optimizer>(
+        new Adam(display, std::move(lr), clipping, weight_decay, beta_1, beta_2, epsilon));
   }
   if (kind == "adagrad") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"initial_accumulator_value", "epsilon"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
+    STRATUM_ASSIGN_OR_RETURN(
+        const float weight_decay,
+        reader.Number("weight_decay", kind == "adamw" ? 0.004f : 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float initial,
                              reader.Number("initial_accumulator_value", 0.1f, 0.0f, 1e30f));
@@ -423,12 +435,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
           "then divides 0 by 0, making the variable NaN; give epsilon (Keras' default 1e-7) or "
           "initial_accumulator_value (0.1) a positive value");
     }
-    return std::unique_ptr<Optimizer>(new Adagrad(std::move(lr), clipping, initial, epsilon));
+    return std::unique_ptr<Optimizer>(
+        new Adagrad(std::move(lr), clipping, weight_decay, initial, epsilon));
   }
   if (kind == "rmsprop") {
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnknown({"rho", "momentum", "epsilon", "centered"}));
     STRATUM_RETURN_IF_ERROR(reader.RefuseUnsupported());
     STRATUM_ASSIGN_OR_RETURN(const Optimizer::Clipping clipping, reader.Clipping());
+    STRATUM_ASSIGN_OR_RETURN(
+        const float weight_decay,
+        reader.Number("weight_decay", kind == "adamw" ? 0.004f : 0.0f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(stratum::LearningRate lr, reader.LearningRate(0.001f));
     STRATUM_ASSIGN_OR_RETURN(float rho, reader.Number("rho", 0.9f, 0.0f, 1.0f));
     STRATUM_ASSIGN_OR_RETURN(float momentum, reader.Number("momentum", 0.0f, 0.0f, 1.0f));
@@ -436,7 +452,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Build(const std::string& class_name,
         float epsilon, reader.Number("epsilon", 1e-7f, 0.0f, 1e6f, ConfigReader::Range::kAboveMin));
     STRATUM_ASSIGN_OR_RETURN(bool centered, reader.Bool("centered", false));
     return std::unique_ptr<Optimizer>(
-        new RmsProp(std::move(lr), clipping, rho, momentum, epsilon, centered));
+        new RmsProp(std::move(lr), clipping, weight_decay, rho, momentum, epsilon, centered));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("optimizer \"", class_name, "\" is not supported by Stratum: ", kSupported));
@@ -465,6 +481,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::FromKeras(const nlohmann::
 
 void Optimizer::ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                            int64_t iteration) const {
+  // Keras' _apply_weight_decay, decoupled from the gradient (AdamW): the variable shrinks by
+  // weight_decay * learning rate before the rule's update.
+  if (weight_decay_ > 0) variable.Flat() *= 1.0f - weight_decay_ * learning_rate(iteration);
   if (clipping_.norm <= 0 && clipping_.value <= 0) {
     Update(variable, gradient, slots, iteration);
     return;
@@ -546,6 +565,7 @@ nlohmann::json Optimizer::WithClipping(nlohmann::json config) const {
   if (clipping_.norm > 0) config["clipnorm"] = clipping_.norm;
   if (clipping_.value > 0) config["clipvalue"] = clipping_.value;
   if (clipping_.global_norm > 0) config["global_clipnorm"] = clipping_.global_norm;
+  if (weight_decay_ > 0) config["weight_decay"] = weight_decay_;
   return config;
 }
 

@@ -231,8 +231,8 @@ INSTANTIATE_TEST_SUITE_P(
                  false,
                  0.5,
                  1.5},
-        // Embeddings (ids unscaled) and learning-rate schedules, on the PSs
-        // (stepped by each variable's update count) and in lock step.
+        // Embeddings (ids unscaled), learning-rate schedules, clipping and weight decay, on
+        // the PSs (stepped by each variable's update count) and in lock step.
         Strategy{"EmbeddingScheduleParameterServer",
                  "fashion_mnist_embedding.json",
                  {{"type", "parameter_server"}},
@@ -247,7 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
                  {{"class_name", "ExponentialDecay"},
                   {"config",
                    {{"initial_learning_rate", 0.002}, {"decay_steps", 100}, {"decay_rate", 0.9}}}},
-                 {{"clipnorm", 1.0}}},
+                 {{"clipnorm", 1.0}, {"weight_decay", 0.004}}},
         Strategy{"EmbeddingScheduleMultiWorkerMirrored",
                  "fashion_mnist_embedding.json",
                  {{"type", "multi_worker_mirrored"}},
@@ -267,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(
                     {"warmup_target", 0.002},
                     {"warmup_steps", 50}}},
                   {"registered_name", nullptr}},
-                 {{"global_clipnorm", 1.0}, {"clipvalue", 0.5}}}),
+                 {{"global_clipnorm", 1.0}, {"clipvalue", 0.5}, {"weight_decay", 0.004}}}),
     [](const ::testing::TestParamInfo<Strategy>& info) { return info.param.label; });
 
 }  // namespace

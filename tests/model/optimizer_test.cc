@@ -241,7 +241,7 @@ TEST(OptimizerTest, ApplyCreatesSlotsAndUpdatesEveryVariable) {
 // alone where a zero gradient changes nothing (SGD, Adagrad), else densely (Adam's moments
 // decay on every row, and every row with a moment moves).
 TEST(OptimizerTest, ApplyByRowsMatchesTheDenseUpdate) {
-  for (const char* name : {"sgd", "adagrad", "adam", "rmsprop"}) {
+  for (const char* name : {"sgd", "adagrad", "adam", "rmsprop", "adamw"}) {
     SCOPED_TRACE(name);
     auto optimizer = Optimizer::FromKeras(name);
     ASSERT_TRUE(optimizer.ok()) << optimizer.status();
@@ -275,11 +275,48 @@ TEST(OptimizerTest, ApplyByRowsMatchesTheDenseUpdate) {
   }
 }
 
+// Keras' decoupled weight decay (optimizer.py _apply_weight_decay): each update first scales
+// the variable by 1 - weight_decay * learning_rate, then the rule runs on the (clipped)
+// gradient. AdamW is Adam with weight_decay 0.004 by default; the config keeps it.
+TEST(OptimizerTest, WeightDecayShrinksTheVariableBeforeTheUpdate) {
+  auto adamw =
+      Optimizer::FromKeras(json{{"class_name", "AdamW"}, {"config", {{"learning_rate", 0.1}}}});
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ((*adamw)->name(), "AdamW");
+  EXPECT_FLOAT_EQ((*adamw)->weight_decay(), 0.004f);
+  EXPECT_FALSE((*adamw)->ZeroGradientChangesNothing());
+  auto adam =
+      Optimizer::FromKeras(json{{"class_name", "Adam"}, {"config", {{"learning_rate", 0.1}}}});
+  ASSERT_TRUE(adam.ok());
+  Tensor decayed = Tensor::FromVector<float>({2}, {1.0f, -2.0f});
+  Tensor plain =
+      Tensor::FromVector<float>({2}, {1.0f * (1 - 0.004f * 0.1f), -2.0f * (1 - 0.004f * 0.1f)});
+  const Tensor gradient = Tensor::FromVector<float>({2}, {0.5f, 0.25f});
+  std::vector<Tensor> slots = (*adamw)->NewSlots(decayed), plain_slots = (*adam)->NewSlots(plain);
+  (*adamw)->ApplyDense(decayed, gradient, slots, 0);
+  (*adam)->ApplyDense(plain, gradient, plain_slots, 0);
+  EXPECT_TRUE(decayed.BitwiseEqual(plain));
+  // The config round trip (a parameter server rebuilds the optimizer from it) keeps it.
+  auto again =
+      Optimizer::FromKeras(json{{"class_name", (*adamw)->name()}, {"config", (*adamw)->config()}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FLOAT_EQ((*again)->weight_decay(), 0.004f);
+  // weight_decay on SGD: var * (1 - 0.5 * 0.1) - 0.1 * g.
+  auto sgd = Optimizer::FromKeras(
+      json{{"class_name", "SGD"}, {"config", {{"learning_rate", 0.1}, {"weight_decay", 0.5}}}});
+  ASSERT_TRUE(sgd.ok());
+  Tensor w = Tensor::FromVector<float>({1}, {2.0f});
+  std::vector<Tensor> none;
+  (*sgd)->ApplyDense(w, Tensor::FromVector<float>({1}, {1.0f}), none, 0);
+  EXPECT_FLOAT_EQ(w.data<float>()[0], 2.0f * 0.95f - 0.1f);
+}
+
 TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
   auto with = [](const char* name, json config) {
     return json{{"class_name", name}, {"config", std::move(config)}};
   };
-  EXPECT_THAT(Refusal(with("Adam", {{"weight_decay", 0.004}})), HasSubstr("weight_decay"));
+  EXPECT_THAT(Refusal(with("Adam", {{"weight_decay", 2}})),
+              HasSubstr("has weight_decay 2, outside [0, 1]"));
   EXPECT_THAT(Refusal(with("RMSprop", {{"use_ema", true}})), HasSubstr("use_ema"));
   EXPECT_THAT(Refusal(with("Adam", {{"loss_scale_factor", 128}})), HasSubstr("loss_scale_factor"));
   EXPECT_THAT(Refusal(with("Adam", {{"gradient_accumulation_steps", 4}})),
@@ -301,7 +338,8 @@ TEST(OptimizerTest, RefusesUnsupportedOptionsByName) {
       "does not support: use ExponentialDecay, PiecewiseConstantDecay, InverseTimeDecay, "
       "PolynomialDecay, CosineDecay or CosineDecayRestarts");
   EXPECT_EQ(Refusal("nadam"),
-            "optimizer \"nadam\" is not supported by Stratum: use SGD, Adam, Adagrad or RMSprop");
+            "optimizer \"nadam\" is not supported by Stratum: use SGD, Adam, AdamW, Adagrad or "
+            "RMSprop");
   EXPECT_THAT(Refusal(with("SGD", {{"momentum", "high"}})),
               HasSubstr("optimizer SGD has momentum \"high\", which is not a number"));
   EXPECT_THAT(Refusal(with("SGD", {{"momentum", 1.5}})), HasSubstr("outside [0, 1]"));

@@ -238,6 +238,24 @@ TEST(VariableStoreTest, RowGradientsAreClippedTogether) {
   EXPECT_FLOAT_EQ(value.data<float>()[2], -0.8f);
 }
 
+// weight_decay travels in the optimizer's config: the PS shrinks a variable before each
+// update, and a table updated by rows in those rows alone.
+TEST(VariableStoreTest, WeightDecayShrinksWhatAnUpdateTouches) {
+  const nlohmann::json sgd = {{"class_name", "SGD"},
+                              {"config", {{"learning_rate", 0.1}, {"weight_decay", 0.5}}}};
+  VariableStore store;
+  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {2, 4}), sgd).ok());
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 0})).ok());
+  const Tensor w = *store.Read("w");
+  EXPECT_FLOAT_EQ(w.data<float>()[0], 2 * 0.95f - 0.1f);
+  EXPECT_FLOAT_EQ(w.data<float>()[1], 4 * 0.95f);
+  ASSERT_TRUE(store.Create("emb", Tensor::FromVector<float>({2, 1}, {2, 4}), sgd).ok());
+  ASSERT_TRUE(store.ApplyRowGradients("emb", {1}, Tensor::FromVector<float>({1, 1}, {1})).ok());
+  const Tensor emb = *store.Read("emb");
+  EXPECT_FLOAT_EQ(emb.data<float>()[0], 2);
+  EXPECT_FLOAT_EQ(emb.data<float>()[1], 4 * 0.95f - 0.1f);
+}
+
 TEST(VariableStoreTest, AScalarHasNoRows) {
   VariableStore store;
   ASSERT_TRUE(store.Create("s", Tensor::Scalar(1), "sgd").ok());

@@ -28,15 +28,15 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
 
-  // A Keras optimizer as compile() takes it: a name ("adam", "sgd", "rmsprop", "adagrad"),
+  // A Keras optimizer as compile() takes it: a name ("adam", "adamw", "sgd", "rmsprop", "adagrad"),
   // or a serialized object {"class_name": "Adam", "config": {"learning_rate": 0.001, ...}}
   // (tf.keras or Keras 3 form); learning_rate may be a Keras schedule (learning_rate_schedule.h),
-  // and clipnorm, clipvalue or global_clipnorm clip the gradients (Clipping). Options Stratum
-  // does not implement (weight_decay, use_ema, amsgrad, loss_scale_factor,
-  // gradient_accumulation_steps) are refused by name.
+  // clipnorm, clipvalue or global_clipnorm clip the gradients (Clipping), and weight_decay
+  // shrinks the variables (AdamW's default 0.004). Options Stratum does not implement
+  // (use_ema, amsgrad, loss_scale_factor, gradient_accumulation_steps) are refused by name.
   static absl::StatusOr<std::unique_ptr<Optimizer>> FromKeras(const nlohmann::json& spec);
 
-  // Keras' class name: "SGD", "Adam", "Adagrad", "RMSprop".
+  // Keras' class name: "SGD", "Adam", "AdamW", "Adagrad", "RMSprop".
   virtual std::string name() const = 0;
   // Keras' get_config() keys for this optimizer's hyper-parameters.
   virtual nlohmann::json config() const = 0;
@@ -69,9 +69,14 @@ class Optimizer {
   void ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                   int64_t iteration) const;
   // Whether an update by a zero gradient leaves the variable and its slots as they are (SGD
-  // without momentum, Adagrad): then ApplyRows is exactly the dense update of a gradient that
-  // is zero outside its rows.
-  virtual bool ZeroGradientChangesNothing() const { return false; }
+  // without momentum, Adagrad, without weight decay): then ApplyRows is exactly the dense
+  // update of a gradient that is zero outside its rows.
+  bool ZeroGradientChangesNothing() const {
+    return weight_decay_ == 0 && RuleIgnoresZeroGradient();
+  }
+  // Keras' weight_decay (decoupled, as AdamW's): before each update the variable is scaled by
+  // 1 - weight_decay * learning rate. 0: none.
+  float weight_decay() const { return weight_decay_; }
   // One update of rows `rows` (sorted, unique) of `variable` [rows, ...] by `row_gradients`
   // [rows.size(), ...], as TensorFlow's sparse kernels (resource_sparse_apply_*, LazyAdam)
   // apply IndexedSlices: only those rows and the same rows of the slots change (an untouched
@@ -95,8 +100,12 @@ class Optimizer {
              std::span<const std::vector<int64_t>* const> rows = {}) const;
 
  protected:
-  Optimizer(LearningRate learning_rate, Clipping clipping)
-      : learning_rate_(std::move(learning_rate)), clipping_(clipping) {}
+  Optimizer(LearningRate learning_rate, Clipping clipping, float weight_decay = 0)
+      : learning_rate_(std::move(learning_rate)),
+        clipping_(clipping),
+        weight_decay_(weight_decay) {}
+  // Whether the rule's update by a zero gradient changes neither the variable nor the slots.
+  virtual bool RuleIgnoresZeroGradient() const { return false; }
   // The update rule itself, on the clipped gradient.
   virtual void Update(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                       int64_t iteration) const = 0;
@@ -106,6 +115,7 @@ class Optimizer {
  private:
   LearningRate learning_rate_;
   Clipping clipping_;
+  float weight_decay_;
 };
 
 // How a non-trainable variable (BatchNormalization's moving statistics) is updated: its
