@@ -409,12 +409,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
   job.loss = root["compile"]["loss"];
   if (absl::Status s = compile.Get("metrics", job.metrics); !s.ok()) return s;
   for (const std::string& metric : job.metrics) {
-    static const std::set<std::string> kMetrics = {"accuracy", "acc",
-                                                   "sparse_categorical_accuracy"};
+    static const std::set<std::string> kMetrics = {"accuracy", "acc", "sparse_categorical_accuracy",
+                                                   "categorical_accuracy", "binary_accuracy"};
     if (kMetrics.count(metric) == 0) {
       return compile.Error("compile.metrics", absl::StrCat("has \"", metric, "\""),
-                           "Stratum reports accuracy (\"accuracy\", "
-                           "\"sparse_categorical_accuracy\") and the loss");
+                           "Stratum reports the loss and the accuracy its loss pairs with "
+                           "(\"accuracy\", \"sparse_categorical_accuracy\", "
+                           "\"categorical_accuracy\", \"binary_accuracy\")");
     }
   }
 

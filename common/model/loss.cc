@@ -15,7 +15,8 @@ namespace {
 constexpr float kEpsilon = 1e-7f;
 
 const char kSupported[] =
-    "use sparse_categorical_crossentropy, categorical_crossentropy or mean_squared_error";
+    "use sparse_categorical_crossentropy, categorical_crossentropy, binary_crossentropy or "
+    "mean_squared_error";
 
 // "Sparse_Categorical_CrossEntropy" -> "sparsecategoricalcrossentropy".
 std::string Canonical(const std::string& name) {
@@ -33,6 +34,9 @@ absl::StatusOr<Loss> FromName(const std::string& name, bool from_logits) {
   }
   if (canonical == "categoricalcrossentropy") return Loss::CategoricalCrossentropy(from_logits);
   if (canonical == "meansquarederror" || canonical == "mse") return Loss::MeanSquaredError();
+  if (canonical == "binarycrossentropy" || canonical == "bce") {
+    return Loss::BinaryCrossentropy(from_logits);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("loss \"", name, "\" is not supported by Stratum: ", kSupported));
 }
@@ -142,6 +146,9 @@ Loss Loss::CategoricalCrossentropy(bool from_logits) {
   return Loss(Kind::kCategoricalCrossentropy, from_logits);
 }
 Loss Loss::MeanSquaredError() { return Loss(Kind::kMeanSquaredError, false); }
+Loss Loss::BinaryCrossentropy(bool from_logits) {
+  return Loss(Kind::kBinaryCrossentropy, from_logits);
+}
 
 absl::StatusOr<Loss> Loss::FromKeras(const nlohmann::json& spec) {
   if (spec.is_string()) return FromName(spec.get<std::string>(), false);
@@ -176,19 +183,29 @@ std::string Loss::name() const {
       return "categorical_crossentropy";
     case Kind::kMeanSquaredError:
       return "mean_squared_error";
+    case Kind::kBinaryCrossentropy:
+      return "binary_crossentropy";
   }
   return "";
 }
 
 nlohmann::json Loss::ToKeras() const {
   static const char* const kClassNames[] = {"SparseCategoricalCrossentropy",
-                                            "CategoricalCrossentropy", "MeanSquaredError"};
+                                            "CategoricalCrossentropy", "MeanSquaredError",
+                                            "BinaryCrossentropy"};
   nlohmann::json config = {{"name", name()}, {"reduction", "sum_over_batch_size"}};
   if (is_crossentropy()) config["from_logits"] = from_logits_;
   return {{"class_name", kClassNames[static_cast<int>(kind_)]}, {"config", config}};
 }
 
 bool Loss::TakesTargets(DType dtype, const Shape& shape, int64_t classes) const {
+  // 0/1 ids for one output, as sparse labels are given; else float32 rows, as the others.
+  if (kind_ == Kind::kBinaryCrossentropy && classes == 1 && dtype != DType::kFloat32) {
+    return shape.rank() == 1 || (shape.rank() == 2 && shape.dim(1) == 1);
+  }
+  if (kind_ == Kind::kBinaryCrossentropy && classes == 1 && shape.rank() == 1) {
+    return dtype == DType::kFloat32;
+  }
   if (sparse_targets()) {
     return dtype != DType::kFloat32 &&
            (shape.rank() == 1 || (shape.rank() == 2 && shape.dim(1) == 1));
@@ -231,6 +248,20 @@ absl::Status Loss::ValidateTargets(const Tensor& y, int64_t batch, int64_t class
   }
   const bool fits = y.shape().rank() >= 1 && y.shape().dim(0) == batch &&
                     TakesTargets(y.dtype(), y.shape(), classes);
+  if (fits && kind_ == Kind::kBinaryCrossentropy && y.dtype() != DType::kFloat32) {
+    if (const auto outside = FirstClassIdOutside(y, batch, 2)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("y[", outside->index, "] is ", outside->class_id,
+                       ", but binary_crossentropy takes labels 0 and 1: check the labels, or use "
+                       "sparse_categorical_crossentropy for class ids"));
+    }
+  }
+  if (!fits && kind_ == Kind::kBinaryCrossentropy) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "y is ", y.DebugString(), ", but binary_crossentropy takes ",
+        classes == 1 ? absl::StrCat("labels 0/1 of shape [", batch, "] or ") : std::string(),
+        "float32 targets of shape ", expected_shape, ": pass one target row per example"));
+  }
   if (!fits) {
     const std::string hint = kind_ == Kind::kCategoricalCrossentropy
                                  ? " (one-hot rows; for class ids use "
@@ -249,7 +280,9 @@ StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const T
   const int64_t classes = predictions.cols();
   StepStats stats;
   stats.examples = batch;
-  const float* targets = sparse_targets() ? nullptr : y.data<float>();
+  // Float rows, or class ids (sparse losses; 0/1 labels of a binary cross-entropy).
+  const float* targets =
+      sparse_targets() || y.dtype() != DType::kFloat32 ? nullptr : y.data<float>();
   for (int64_t i = 0; i < batch; ++i) {
     const float* p = predictions.data() + i * classes;
     float* g = grad == nullptr ? nullptr : grad + i * classes;
@@ -323,6 +356,33 @@ StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const T
         stats.loss_sum += loss;
         if (g == nullptr) break;
         for (int64_t c = 0; c < classes; ++c) g[c] = scale * (g[c] - dot) / sum;
+        break;
+      }
+      case Kind::kBinaryCrossentropy: {
+        // Keras' mean over the outputs; on logits, sigmoid_cross_entropy_with_logits.
+        bool all_correct = true;
+        double loss = 0;
+        const float per_output = scale / static_cast<float>(classes);
+        for (int64_t c = 0; c < classes; ++c) {
+          const float target = t != nullptr ? t[c] : static_cast<float>(LabelAt(y, i));
+          const float out = p[c];
+          const bool positive = from_logits_ ? out > 0 : out > 0.5f;
+          all_correct = all_correct && positive == (target > 0.5f);
+          if (from_logits_) {
+            loss += std::max(out, 0.0f) - out * target + std::log1p(std::exp(-std::abs(out)));
+            if (g != nullptr) g[c] = per_output * (1.0f / (1.0f + std::exp(-out)) - target);
+            continue;
+          }
+          const float q = std::clamp(out, kEpsilon, 1 - kEpsilon);
+          loss -= target * std::log(static_cast<double>(q)) +
+                  (1 - target) * std::log(static_cast<double>(1 - q));
+          if (g != nullptr) {
+            const bool inside = out >= kEpsilon && out <= 1 - kEpsilon;
+            g[c] = inside ? per_output * ((1 - target) / (1 - q) - target / q) : 0.0f;
+          }
+        }
+        stats.correct += all_correct;
+        stats.loss_sum += loss / static_cast<double>(classes);
         break;
       }
       case Kind::kMeanSquaredError: {

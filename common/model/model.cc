@@ -591,7 +591,7 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
   }
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, true, state);
-  const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(true) : -1;
+  const int fused = loss.fuses_softmax() ? impl_->SoftmaxOutputNode(true) : -1;
   float* loss_grad = state.executor.StartGradients(fused);
   const StepStats stats =
       loss.Compute(OutputOf(*impl_, state, batch), state.executor.Logits(fused, batch, true), y,
@@ -617,7 +617,7 @@ absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, 
   Workspace::State& state = ws.state();
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, false, state);
-  const int fused = loss.is_crossentropy() ? impl_->SoftmaxOutputNode(false) : -1;
+  const int fused = loss.fuses_softmax() ? impl_->SoftmaxOutputNode(false) : -1;
   StepStats stats = loss.Compute(OutputOf(*impl_, state, batch),
                                  state.executor.Logits(fused, batch, false), y, 1.0f, nullptr);
   if (impl_->regularized) {

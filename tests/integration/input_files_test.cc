@@ -162,6 +162,28 @@ TEST_F(InputFilesTest, StratumTrainLearnsFromCsvFiles) {
   EXPECT_THAT(run.output, HasSubstr("4000 training examples"));
   std::ifstream file(summary);
   EXPECT_GT(json::parse(file)["test_accuracy"].get<double>(), 0.9) << run.output;
+
+  // The same rule as one sigmoid output with binary_crossentropy (its 0/1 labels as they
+  // are), in one process and on a parameter-server cluster (each worker its own file).
+  job["model"]["config"]["layers"][2]["config"] = {{"units", 1}, {"activation", "sigmoid"}};
+  job["compile"]["loss"] = "binary_crossentropy";
+  job["compile"]["metrics"] = {"binary_accuracy"};
+  const std::string binary_summary = TempPath("csv_binary_summary.json");
+  const BinaryRun binary =
+      RunBinary("stratum-train", {"--job=" + Write(job, "csv_binary"),
+                                  "--summary_json=" + binary_summary, "--progress=lines"});
+  ASSERT_EQ(binary.code, 0) << binary.output;
+  std::ifstream binary_file(binary_summary);
+  EXPECT_GT(json::parse(binary_file)["test_accuracy"].get<double>(), 0.9) << binary.output;
+  job["strategy"] = {{"type", "parameter_server"}};
+  job["fit"]["epochs"] = 3;
+  const std::string ps_summary = TempPath("csv_binary_ps_summary.json");
+  const BinaryRun ps =
+      RunBinary("stratum-launch", {"--job=" + Write(job, "csv_binary_ps"), "--workers=2", "--ps=1",
+                                   "--summary-json=" + ps_summary});
+  ASSERT_EQ(ps.code, 0) << ps.output;
+  std::ifstream ps_file(ps_summary);
+  EXPECT_GT(json::parse(ps_file)["test_accuracy"].get<double>(), 0.85) << ps.output;
 }
 
 TEST_F(InputFilesTest, BrokenDataIsRefusedBeforeTrainingNamingTheFileOrTheFeature) {

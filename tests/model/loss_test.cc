@@ -54,10 +54,54 @@ TEST(LossTest, ParsesKerasNamesAndObjects) {
             "sparse_categorical_crossentropy");
 }
 
+// Keras' binary_crossentropy: -(t log p + (1 - t) log(1 - p)) on clipped probabilities, or
+// sigmoid_cross_entropy_with_logits; the mean over the outputs; binary_accuracy at 0.5 (a
+// logit at 0); 0/1 labels as ids for one output.
+TEST(LossTest, BinaryCrossentropyMatchesKeras) {
+  auto loss = Loss::FromKeras("binary_crossentropy");
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(loss->ToKeras()["class_name"], "BinaryCrossentropy");
+  EXPECT_FALSE(loss->fuses_softmax());
+  // Probabilities 0.8 (label 1) and 0.3 (label 1), ids as uint8.
+  const Tensor p = Tensor::FromVector<float>({2, 1}, {0.8f, 0.3f});
+  const Tensor ids = Tensor::FromVector<uint8_t>({2}, {1, 1});
+  ASSERT_TRUE(loss->ValidateTargets(ids, 2, 1).ok());
+  std::vector<float> grad(2);
+  StepStats stats = loss->Compute(p.Matrix(), nullptr, ids, 0.5f, grad.data());
+  EXPECT_NEAR(stats.loss_sum, -std::log(0.8) - std::log(0.3), 1e-6);
+  EXPECT_EQ(stats.correct, 1);
+  EXPECT_NEAR(grad[0], 0.5f * -1 / 0.8f, 1e-6);
+  EXPECT_NEAR(grad[1], 0.5f * -1 / 0.3f, 1e-6);
+  // Two outputs with float targets: the mean over them; correct only when both agree.
+  const Tensor p2 = Tensor::FromVector<float>({1, 2}, {0.9f, 0.4f});
+  const Tensor t2 = Tensor::FromVector<float>({1, 2}, {1, 1});
+  stats = loss->Compute(p2.Matrix(), nullptr, t2, 1, grad.data());
+  EXPECT_NEAR(stats.loss_sum, (-std::log(0.9) - std::log(0.4)) / 2, 1e-6);
+  EXPECT_EQ(stats.correct, 0);
+  // On logits: max(z, 0) - z t + log(1 + exp(-|z|)), its gradient sigmoid(z) - t.
+  auto logits = Loss::FromKeras(
+      json{{"class_name", "BinaryCrossentropy"}, {"config", {{"from_logits", true}}}});
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const Tensor z = Tensor::FromVector<float>({2, 1}, {0.5f, -30.0f});
+  const Tensor labels = Tensor::FromVector<float>({2}, {0, 0});
+  ASSERT_TRUE(logits->ValidateTargets(labels, 2, 1).ok());
+  stats = logits->Compute(z.Matrix(), nullptr, labels, 1, grad.data());
+  EXPECT_NEAR(stats.loss_sum, 0.5 + std::log1p(std::exp(-0.5)) + std::log1p(std::exp(-30.0)), 1e-6);
+  EXPECT_EQ(stats.correct, 1);  // 0.5 > 0 says 1; -30 says 0
+  EXPECT_NEAR(grad[0], 1 / (1 + std::exp(-0.5f)), 1e-6);
+  // Labels other than 0 and 1 are refused, naming the example.
+  EXPECT_THAT(
+      std::string(loss->ValidateTargets(Tensor::FromVector<uint8_t>({2}, {1, 7}), 2, 1).message()),
+      HasSubstr("y[1] is 7, but binary_crossentropy takes labels 0 and 1"));
+  EXPECT_THAT(
+      std::string(loss->ValidateTargets(Tensor::FromVector<float>({2}, {1, 0}), 2, 3).message()),
+      HasSubstr("takes float32 targets of shape [2, 3]"));
+}
+
 TEST(LossTest, RefusesUnsupportedLossesByName) {
-  EXPECT_EQ(Refusal("binary_crossentropy"),
-            "loss \"binary_crossentropy\" is not supported by Stratum: use "
-            "sparse_categorical_crossentropy, categorical_crossentropy or mean_squared_error");
+  EXPECT_EQ(Refusal("hinge"),
+            "loss \"hinge\" is not supported by Stratum: use sparse_categorical_crossentropy, "
+            "categorical_crossentropy, binary_crossentropy or mean_squared_error");
   EXPECT_THAT(Refusal(json{{"class_name", "CategoricalCrossentropy"},
                            {"config", {{"label_smoothing", 0.1}}}}),
               HasSubstr("sets label_smoothing 0.1"));

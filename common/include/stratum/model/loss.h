@@ -39,7 +39,12 @@ std::optional<ClassIdOutside> FirstClassIdOutside(const Tensor& y, int64_t count
 
 class Loss {
  public:
-  enum class Kind { kSparseCategoricalCrossentropy, kCategoricalCrossentropy, kMeanSquaredError };
+  enum class Kind {
+    kSparseCategoricalCrossentropy,
+    kCategoricalCrossentropy,
+    kMeanSquaredError,
+    kBinaryCrossentropy
+  };
 
   // A Keras loss as it appears in compile(): a name ("sparse_categorical_crossentropy",
   // "categorical_crossentropy", "mean_squared_error", "mse", or a class name), or a
@@ -48,10 +53,22 @@ class Loss {
   static Loss SparseCategoricalCrossentropy(bool from_logits = false);
   static Loss CategoricalCrossentropy(bool from_logits = false);
   static Loss MeanSquaredError();
+  // Keras' binary_crossentropy: the mean over the outputs of each example's sigmoid
+  // cross-entropy, on probabilities (clipped to [1e-7, 1 - 1e-7], not fused with a sigmoid
+  // output's logits as Keras does: the two differ only where an output saturates) or on
+  // logits (from_logits); targets 0/1 ids for one output, or float32 [N, outputs]. Its
+  // accuracy is Keras' binary_accuracy (the output above 0.5, or a logit above 0); with
+  // several outputs an example counts as correct when all of them are.
+  static Loss BinaryCrossentropy(bool from_logits = false);
 
   Kind kind() const { return kind_; }
   bool from_logits() const { return from_logits_; }
   bool is_crossentropy() const { return kind_ != Kind::kMeanSquaredError; }
+  // Whether it takes a softmax output's logits in place of its probabilities (the model
+  // then skips the softmax in the backward pass): the categorical cross-entropies.
+  bool fuses_softmax() const {
+    return kind_ == Kind::kSparseCategoricalCrossentropy || kind_ == Kind::kCategoricalCrossentropy;
+  }
   // Whether targets are class ids ([B] integers) rather than [B, C] floats.
   bool sparse_targets() const { return kind_ == Kind::kSparseCategoricalCrossentropy; }
   // Keras' name: "sparse_categorical_crossentropy", ...
