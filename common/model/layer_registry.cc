@@ -37,6 +37,7 @@ constexpr Registration kLayers[] = {
     {"GlobalAveragePooling1D", layers::MakeGlobalAveragePooling1D},
     {"GlobalAveragePooling2D", MakePooling<layers::PoolKind::kAverage, true>},
     {"GlobalMaxPooling2D", MakePooling<layers::PoolKind::kMax, true>},
+    {"IntegerLookup", layers::MakeIntegerLookup},
     {"MaxPooling2D", MakePooling<layers::PoolKind::kMax, false>},
     {"Multiply", layers::MakeMultiply},
     {"ReLU", layers::MakeReLU},

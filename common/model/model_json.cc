@@ -210,13 +210,13 @@ class GraphBuilder {
   // model's input shape and output size.
   absl::Status Finish(const std::vector<int>& outputs) {
     impl_.outputs = outputs;
-    // An input takes ids when declared int, or when an Embedding reads it as it is (Keras
-    // casts a float32 input's values to ids there, never scaling them).
+    // An input takes ids when declared int, or when an Embedding or IntegerLookup reads it as
+    // it is (Keras casts a float32 input's values to ids there, never scaling them).
     impl_.input_takes_ids.assign(impl_.inputs.size(), false);
     for (size_t i = 0; i < impl_.inputs.size(); ++i) {
       bool ids = impl_.int_inputs.count(impl_.input_names[i]) > 0;
       for (const GraphNode& node : impl_.nodes) {
-        if (node.class_name != "Embedding") continue;
+        if (node.class_name != "Embedding" && node.class_name != "IntegerLookup") continue;
         for (int id : node.inputs) ids |= id == impl_.inputs[i];
       }
       impl_.input_takes_ids[i] = ids;

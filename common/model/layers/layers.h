@@ -23,6 +23,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeDense(const nlohmann::json& config,
                                                  const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeDropout(const nlohmann::json& config,
                                                    const std::string& where);
+absl::StatusOr<std::unique_ptr<Layer>> MakeIntegerLookup(const nlohmann::json& config,
+                                                         const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& config,
                                                      const std::string& where);
 absl::StatusOr<std::unique_ptr<Layer>> MakeGlobalAveragePooling1D(const nlohmann::json& config,
