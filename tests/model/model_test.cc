@@ -120,8 +120,8 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
             "InputLayer, Activation, Add, Average, AveragePooling2D, BatchNormalization, "
             "Concatenate, Conv2D, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D, "
             "GlobalAveragePooling2D, "
-            "GlobalMaxPooling2D, MaxPooling2D, Multiply, ReLU, Reshape, SyncBatchNormalization or "
-            "ZeroPadding2D");
+            "GlobalMaxPooling2D, IntegerLookup, MaxPooling2D, Multiply, ReLU, Reshape, "
+            "SyncBatchNormalization or ZeroPadding2D");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "activation": "elu"}})")),
             "model layer \"d\" (Dense) has activation \"elu\", which Stratum does not support: "
