@@ -192,11 +192,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
     const PerReplica<Element>& parts) const {
   std::vector<const Tensor*> xs;
   for (const Element& part : parts.values()) xs.push_back(&part.front());
-  std::vector<std::vector<int64_t>> rows;
-  for (int table : row_tables_) {
-    STRATUM_ASSIGN_OR_RETURN(std::vector<int64_t> read, model_.RowsRead(xs, table));
-    rows.push_back(std::move(read));
-  }
+  STRATUM_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> rows,
+                           model_.RowsRead(xs, row_tables_));
   const int workers = strategy_.num_workers();
   if (workers <= 1) return rows;
   // An all-gather made of two sums: every worker's counts at its place, then every worker's
@@ -296,9 +293,9 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
     selection.assign(model_.variables().size(), nullptr);
     for (size_t t = 0; t < row_tables_.size(); ++t) {
       selection[static_cast<size_t>(row_tables_[t])] = &rows[t];
-      for (const std::unique_ptr<Workspace>& workspace : workspaces_) {
-        STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables_[t], rows[t]));
-      }
+    }
+    for (const std::unique_ptr<Workspace>& workspace : workspaces_) {
+      STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables_, rows));
     }
   }
   absl::StatusOr<PerReplica<StepStats>> stats =

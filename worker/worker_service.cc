@@ -243,11 +243,7 @@ absl::StatusOr<WorkerJob::Batch> WorkerJob::NextBatch() {
   Batch batch{**std::move(next), {}};
   std::vector<const Tensor*> xs;
   for (const Element& part : batch.parts.values()) xs.push_back(&part[0]);
-  for (int table : row_tables) {
-    absl::StatusOr<std::vector<int64_t>> rows = model->RowsRead(xs, table);
-    if (!rows.ok()) return rows.status();
-    batch.rows.push_back(*std::move(rows));
-  }
+  STRATUM_ASSIGN_OR_RETURN(batch.rows, model->RowsRead(xs, row_tables));
   return batch;
 }
 
@@ -268,9 +264,7 @@ absl::StatusOr<PerReplica<StepStats>> WorkerJob::CpuStep(const std::vector<Tenso
   int64_t rows = 0;
   for (const Element& part : parts.values()) rows += part[0].rows();
   for (const std::unique_ptr<Workspace>& workspace : workspaces) {
-    for (size_t t = 0; t < row_tables.size(); ++t) {
-      STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables[t], batch.rows[t]));
-    }
+    STRATUM_RETURN_IF_ERROR(workspace->SetVariableRows(row_tables, batch.rows));
   }
   return strategy->Run<StepStats>([&](ReplicaContext& context) -> absl::StatusOr<StepStats> {
     const int r = context.local_replica_id();

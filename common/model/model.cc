@@ -165,6 +165,14 @@ absl::Status Workspace::SetVariableRows(int variable, std::vector<int64_t> rows)
   return absl::OkStatus();
 }
 
+absl::Status Workspace::SetVariableRows(const std::vector<int>& variables,
+                                        const std::vector<std::vector<int64_t>>& rows) {
+  for (size_t i = 0; i < variables.size() && i < rows.size(); ++i) {
+    STRATUM_RETURN_IF_ERROR(SetVariableRows(variables[i], rows[i]));
+  }
+  return absl::OkStatus();
+}
+
 void Workspace::ClearVariableRows() {
   state_->rows.clear();
   state_->row_views.clear();
@@ -318,6 +326,16 @@ absl::StatusOr<std::vector<int64_t>> Model::RowsRead(const std::vector<const Ten
   }
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> Model::RowsRead(
+    const std::vector<const Tensor*>& xs, const std::vector<int>& variables) const {
+  std::vector<std::vector<int64_t>> rows;
+  for (int variable : variables) {
+    STRATUM_ASSIGN_OR_RETURN(std::vector<int64_t> read, RowsRead(xs, variable));
+    rows.push_back(std::move(read));
+  }
   return rows;
 }
 

@@ -62,6 +62,9 @@ class Workspace {
   // up zeros. INVALID_ARGUMENT for a variable that is not row-sparse or rows that are not
   // sorted, unique and in the table.
   absl::Status SetVariableRows(int variable, std::vector<int64_t> rows);
+  // The same for each of `variables`, with rows[i] the rows of variables[i].
+  absl::Status SetVariableRows(const std::vector<int>& variables,
+                               const std::vector<std::vector<int64_t>>& rows);
   // Every variable whole again.
   void ClearVariableRows();
 
@@ -114,6 +117,9 @@ class Model {
   // is not row-sparse or a batch of the wrong shape.
   absl::StatusOr<std::vector<int64_t>> RowsRead(const std::vector<const Tensor*>& xs,
                                                 int variable) const;
+  // RowsRead for each of `variables`, in their order.
+  absl::StatusOr<std::vector<std::vector<int64_t>>> RowsRead(
+      const std::vector<const Tensor*>& xs, const std::vector<int>& variables) const;
   // The floats one Workspace holds for steps of `batch` examples (activations, gradients,
   // scratch): what training takes per replica besides the variables.
   int64_t WorkspaceFloats(int64_t batch) const;
