@@ -31,10 +31,18 @@ absl::Status CheckRowsAgree(const DataSourceSpec& source, const Shape& images,
 
 // Class ids are checked once here, where the file and the example can still be named: a bad
 // one found by the loss mid-training could only be named by its place in a shuffled batch.
+// A model of one output takes labels 0 and 1 (binary_crossentropy).
 absl::Status CheckClassIds(const std::string& field, const std::string& path, const Tensor& labels,
                            int64_t classes) {
-  const auto outside = FirstClassIdOutside(labels, labels.rows(), classes);
+  const auto outside = FirstClassIdOutside(labels, labels.rows(), classes == 1 ? 2 : classes);
   if (!outside) return absl::OkStatus();
+  if (classes == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".labels ", path, ": example ", outside->index, " has label ", outside->class_id,
+        ", but the model has one output, which takes labels 0 and 1 (binary_crossentropy): give "
+        "such labels, or give the model's last Dense layer one unit per class and a categorical "
+        "loss"));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat(field, ".labels ", path, ": example ", outside->index, " has class id ",
                    outside->class_id, ", outside the model's ", classes, " classes (0..",

@@ -144,6 +144,21 @@ TEST_F(CheckTrainingJobTest, AClassIdOutsideTheModelsOutputsIsNamedWhenLoaded) {
   EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(job_.model)).ok());
 }
 
+// A model of one output takes 0/1 labels (binary_crossentropy); another label is named.
+TEST_F(CheckTrainingJobTest, AModelOfOneOutputTakesBinaryLabels) {
+  nlohmann::json model = ModelJson("sigmoid");
+  model["config"]["layers"][2]["config"]["units"] = 1;
+  job_.data.test.labels = dir_.Write("binary", testing::UbyteIdx({6}, {0, 1, 1, 0, 1, 0}));
+  job_.data.train.labels = job_.data.test.labels;
+  EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(model)).ok());
+  job_.data.test.labels = dir_.Write("ternary", testing::UbyteIdx({6}, {0, 1, 2, 0, 1, 0}));
+  EXPECT_EQ(LoadFitData(job_.data, *Model::FromKerasJson(model)).status().message(),
+            "data.test.labels " + job_.data.test.labels +
+                ": example 2 has label 2, but the model has one output, which takes labels 0 and "
+                "1 (binary_crossentropy): give such labels, or give the model's last Dense layer "
+                "one unit per class and a categorical loss");
+}
+
 // A model whose input takes ids (an int InputLayer, as before an Embedding) looks them up as
 // they are: uint8 data keeps its values (not 1/255 of them), and a rescale is refused.
 TEST_F(CheckTrainingJobTest, IdsAreTakenUnscaledAndAnotherRescaleIsRefused) {
