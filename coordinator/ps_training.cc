@@ -504,6 +504,8 @@ absl::Status ParameterServerJob::LoadData() {
   fit_options_.out = options_.out;
   fit_options_.checkpoint_dir = job_.checkpoint.dir;
   fit_options_.checkpoint_every_steps = every_;
+  fit_options_.callbacks = job_.fit.callbacks;
+  fit_options_.metrics = job_.metrics;
   if (checkpoints_ && global_step_ > 0) {
     ResumeProgress(global_step_, checkpoints_->restored_progress());
   }

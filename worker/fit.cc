@@ -115,12 +115,15 @@ class CpuStepRunner : public StepRunner {
   absl::Status GetState(std::vector<Tensor>* variables,
                         std::vector<std::vector<Tensor>>* slots) override;
   absl::StatusOr<EpochLog> Evaluate() override;
+  absl::Status SetLearningRate(float rate) override;
+  absl::Status SetVariables(const std::vector<Tensor>& variables) override;
 
  private:
   Strategy& strategy_;
   const Model& model_;
   const Loss& loss_;
-  const Optimizer& optimizer_;
+  const Optimizer* optimizer_;          // the job's, or retuned_
+  std::unique_ptr<Optimizer> retuned_;  // the job's with the rate a callback set
   const FitData& data_;
   const FitOptions& options_;
   DistributedDataset distributed_;
@@ -151,7 +154,7 @@ CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss&
     : strategy_(strategy),
       model_(model),
       loss_(loss),
-      optimizer_(optimizer),
+      optimizer_(&optimizer),
       data_(data),
       options_(options),
       distributed_(std::move(distributed)),
@@ -315,8 +318,8 @@ absl::StatusOr<StepRunner::StepResult> CpuStepRunner::Step(int /*epoch*/, int64_
   absl::Status applied = strategy_.ApplyGradients(
       gradients_, variables_,
       [&](int copy, std::vector<Tensor>& vars, const std::vector<Tensor>& grads) {
-        optimizer_.Apply(vars, grads, slots_[static_cast<size_t>(copy)], iteration,
-                         model_.variables(), selection);
+        optimizer_->Apply(vars, grads, slots_[static_cast<size_t>(copy)], iteration,
+                          model_.variables(), selection);
         return absl::OkStatus();
       });
   if (!applied.ok()) return applied;
@@ -336,6 +339,20 @@ absl::Status CpuStepRunner::GetState(std::vector<Tensor>* variables,
                                      std::vector<std::vector<Tensor>>* slots) {
   *variables = variables_.primary();
   if (slots != nullptr) *slots = slots_[0];
+  return absl::OkStatus();
+}
+
+absl::Status CpuStepRunner::SetLearningRate(float rate) {
+  STRATUM_ASSIGN_OR_RETURN(retuned_, optimizer_->WithLearningRate(rate));
+  optimizer_ = retuned_.get();
+  return absl::OkStatus();
+}
+
+absl::Status CpuStepRunner::SetVariables(const std::vector<Tensor>& variables) {
+  for (int copy = 0; copy < variables_.num_copies(); ++copy) {
+    std::vector<Tensor>& held = variables_.MutableCopy(copy);
+    for (size_t v = 0; v < held.size(); ++v) held[v].CopyFrom(variables[v]);
+  }
   return absl::OkStatus();
 }
 

@@ -130,6 +130,8 @@ class GpuFit : public StepRunner {
     return replicas_on_[0]->GetState(variables, slots);
   }
   absl::StatusOr<EpochLog> Evaluate() override;
+  // EarlyStopping's restore_best_weights: every replica's variables, its slots as they are.
+  absl::Status SetVariables(const std::vector<Tensor>& variables) override;
 
  private:
   absl::Status Setup();
@@ -154,6 +156,7 @@ class GpuFit : public StepRunner {
   int64_t eval_batch_ = 0;
   bool order_uploaded_ = false;  // the first epoch's order is on its way
   int64_t first_step_ = 0;       // of the epoch in progress, in this run
+  int64_t updates_ = 0;          // the optimizer's updates so far (the next step's iteration)
   std::vector<int> physical_;    // per replica
   std::map<int, GpuSlot> gpus_;  // by physical device
   std::vector<std::unique_ptr<cuda::Replica>> replicas_on_;
@@ -254,6 +257,7 @@ absl::Status GpuFit::Setup() {
                               replica_options));
     // Mirrored variables: every replica starts from the same values.
     STRATUM_RETURN_IF_ERROR(replica->SetState(state_.variables, state_.slots, state_.iteration));
+    updates_ = state_.iteration;
     replicas_on_.push_back(std::move(replica));
   }
   const auto* multi_worker = dynamic_cast<const MultiWorkerMirroredStrategy*>(&strategy_);
@@ -416,9 +420,9 @@ absl::Status GpuFit::StartEpoch(int epoch, int64_t first_step) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepRunner::StepResult> GpuFit::Step(int epoch, int64_t step,
-                                                    int64_t /*iteration*/) {
+absl::StatusOr<StepRunner::StepResult> GpuFit::Step(int epoch, int64_t step, int64_t iteration) {
   STRATUM_RETURN_IF_ERROR(EnqueueStep(step, epoch - 1));
+  updates_ = iteration + 1;
   // The next epoch's order travels while this one's steps run.
   if (step == first_step_ && epoch < options_.epochs) STRATUM_RETURN_IF_ERROR(UploadOrder(epoch));
   return StepResult{};
@@ -449,12 +453,30 @@ absl::StatusOr<FitSummary> GpuFit::Run() {
   return RunEpochs(strategy_, model_, optimizer_, options_, spec, std::move(state_), *this);
 }
 
+absl::Status GpuFit::SetVariables(const std::vector<Tensor>& variables) {
+  STRATUM_RETURN_IF_ERROR(Sync());
+  std::vector<Tensor> held;
+  std::vector<std::vector<Tensor>> slots;
+  STRATUM_RETURN_IF_ERROR(replicas_on_[0]->GetState(&held, &slots));
+  for (const std::unique_ptr<cuda::Replica>& replica : replicas_on_) {
+    STRATUM_RETURN_IF_ERROR(replica->SetState(variables, slots, updates_));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<FitSummary> FitOnGpus(Strategy& strategy, const Model& model, const Loss& loss,
                                      const Optimizer& optimizer, const FitData& data,
                                      const FitOptions& options) {
   STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(model, loss, optimizer));
+  for (const CallbackSpec& callback : options.callbacks) {
+    if (callback.class_name == "ReduceLROnPlateau") {
+      return absl::UnimplementedError(
+          "ReduceLROnPlateau changes the learning rate, which the GPU path fixes when it sets "
+          "up its steps");
+    }
+  }
   GpuFit fit(strategy, model, loss, optimizer, data, options);
   absl::StatusOr<FitSummary> summary = fit.Run();
   if (!summary.ok()) fit.AbandonCollectives();

@@ -3,10 +3,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/util/json_text.h"
@@ -297,6 +299,246 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
                       "records) and \"csv\"");
 }
 
+// One argument of a Keras callback: its name, what it takes, and Keras' default (null for a
+// string: required).
+struct CallbackArgument {
+  enum Type { kString, kNumber, kCount, kBool, kNumberOrNull, kEpochOrSteps };
+  std::string name;
+  Type type;
+  json fallback;
+};
+
+// The callbacks Stratum runs, with every argument Keras 3 gives them.
+const std::map<std::string, std::vector<CallbackArgument>>& KerasCallbacks() {
+  using A = CallbackArgument;
+  static const auto* table = new std::map<std::string, std::vector<CallbackArgument>>{
+      {"EarlyStopping",
+       {{"monitor", A::kString, "val_loss"},
+        {"min_delta", A::kNumber, 0},
+        {"patience", A::kCount, 0},
+        {"verbose", A::kCount, 0},
+        {"mode", A::kString, "auto"},
+        {"baseline", A::kNumberOrNull, nullptr},
+        {"restore_best_weights", A::kBool, false},
+        {"start_from_epoch", A::kCount, 0}}},
+      {"ReduceLROnPlateau",
+       {{"monitor", A::kString, "val_loss"},
+        {"factor", A::kNumber, 0.1},
+        {"patience", A::kCount, 10},
+        {"verbose", A::kCount, 0},
+        {"mode", A::kString, "auto"},
+        {"min_delta", A::kNumber, 1e-4},
+        {"cooldown", A::kCount, 0},
+        {"min_lr", A::kNumber, 0}}},
+      {"TerminateOnNaN", {}},
+      {"CSVLogger",
+       {{"filename", A::kString, nullptr},
+        {"separator", A::kString, ","},
+        {"append", A::kBool, false}}},
+      {"TensorBoard",
+       {{"log_dir", A::kString, "logs"},
+        {"histogram_freq", A::kCount, 0},
+        {"write_graph", A::kBool, true},
+        {"write_images", A::kBool, false},
+        {"write_steps_per_second", A::kBool, false},
+        {"update_freq", A::kEpochOrSteps, "epoch"},
+        {"profile_batch", A::kCount, 0},
+        {"embeddings_freq", A::kCount, 0}}},
+      {"BackupAndRestore",
+       {{"backup_dir", A::kString, nullptr},
+        {"save_freq", A::kEpochOrSteps, "epoch"},
+        {"delete_checkpoint", A::kBool, true},
+        {"double_checkpoint", A::kBool, false}}},
+  };
+  return *table;
+}
+
+// Reads one entry of fit.callbacks ({"class_name": ..., "config": {...}}, or the class name
+// alone) into `out`, every argument checked and defaulted.
+absl::Status ParseCallback(const json& entry, const std::string& path, absl::string_view source,
+                           CallbackSpec& out) {
+  Fields fields(entry, path, source);
+  json config = json::object();
+  if (entry.is_string()) {
+    out.class_name = entry.get<std::string>();
+  } else {
+    if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
+    if (absl::Status s = fields.CheckKnown({"class_name", "config", "module", "registered_name"});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = fields.Get("class_name", out.class_name); !s.ok()) return s;
+    if (entry.contains("config")) config = entry["config"];
+  }
+  const auto& table = KerasCallbacks();
+  const auto known = table.find(out.class_name);
+  if (known == table.end()) {
+    std::vector<std::string> names;
+    for (const auto& [name, arguments] : table) names.push_back(name);
+    const std::string fix =
+        out.class_name == "LearningRateScheduler"
+            ? "a Python schedule function cannot travel in a job: give the optimizer's "
+              "learning_rate a Keras schedule (ExponentialDecay, PiecewiseConstantDecay, "
+              "CosineDecay, ...) instead"
+            : absl::StrCat("use one of ", absl::StrJoin(names, ", "));
+    return fields.Error(
+        path, absl::StrCat("is the callback \"", out.class_name, "\", which Stratum does not run"),
+        fix);
+  }
+  Fields arguments(config, absl::StrCat(path, ".config"), source);
+  if (absl::Status s = arguments.CheckObject(); !s.ok()) return s;
+  std::set<std::string> names;
+  for (const CallbackArgument& argument : known->second) names.insert(argument.name);
+  if (absl::Status s = arguments.CheckKnown(names); !s.ok()) return s;
+  out.config = json::object();
+  for (const CallbackArgument& argument : known->second) {
+    const std::string where = arguments.Path(argument.name);
+    if (!config.contains(argument.name)) {
+      if (argument.fallback.is_null() && argument.type == CallbackArgument::kString) {
+        return arguments.Error(where, "is missing",
+                               absl::StrCat("give ", out.class_name, " its ", argument.name));
+      }
+      out.config[argument.name] = argument.fallback;
+      continue;
+    }
+    const json& value = config[argument.name];
+    absl::Status read;
+    switch (argument.type) {
+      case CallbackArgument::kString: {
+        std::string text;
+        read = arguments.Get(argument.name, text);
+        break;
+      }
+      case CallbackArgument::kNumber: {
+        double number = 0;
+        read = arguments.Get(argument.name, number);
+        break;
+      }
+      case CallbackArgument::kCount: {
+        int64_t count = 0;
+        read = arguments.Get(argument.name, count);
+        if (read.ok() && count < 0) {
+          read = arguments.Error(where, absl::StrCat("is ", count), "use 0 or more");
+        }
+        break;
+      }
+      case CallbackArgument::kBool: {
+        bool flag = false;
+        read = arguments.Get(argument.name, flag);
+        break;
+      }
+      case CallbackArgument::kNumberOrNull:
+        if (!value.is_null() && !value.is_number()) {
+          read =
+              arguments.Error(where, absl::StrCat("is ", value.dump()), "write a number or null");
+        }
+        break;
+      case CallbackArgument::kEpochOrSteps:
+        if (!(value == "epoch" || value == "batch" ||
+              (value.is_number_integer() && value.get<int64_t>() >= 1))) {
+          read = arguments.Error(where, absl::StrCat("is ", value.dump()),
+                                 "write \"epoch\", \"batch\" or a number of steps (1 or more)");
+        }
+        break;
+    }
+    if (!read.ok()) return read;
+    out.config[argument.name] = value == "batch" ? json(1) : value;
+  }
+  const json& c = out.config;
+  auto refuse = [&](const std::string& name, const std::string& fix) {
+    return arguments.Error(arguments.Path(name), absl::StrCat("is ", c[name].dump()), fix);
+  };
+  if (c.contains("mode") && c["mode"] != "auto" && c["mode"] != "min" && c["mode"] != "max") {
+    return refuse("mode", "use \"auto\", \"min\" or \"max\"");
+  }
+  if (out.class_name == "ReduceLROnPlateau") {
+    if (!(c["factor"].get<double>() >= 0 && c["factor"].get<double>() < 1)) {
+      return refuse("factor", "use a factor from 0 up to (not including) 1: new_lr = lr * factor");
+    }
+    if (c["min_lr"].get<double>() < 0) return refuse("min_lr", "use 0 or a positive rate");
+  }
+  if (out.class_name == "TensorBoard") {
+    for (const char* name : {"histogram_freq", "profile_batch", "embeddings_freq"}) {
+      if (c[name] != 0) {
+        return refuse(name,
+                      "Stratum's TensorBoard writes scalars (loss, metrics, learning rate, "
+                      "examples/s): leave it out or set it to 0");
+      }
+    }
+    if (c["write_images"] != false) {
+      return refuse("write_images", "Stratum's TensorBoard writes scalars: set it to false");
+    }
+  }
+  if (out.class_name == "CSVLogger" && c["separator"].get<std::string>().size() != 1) {
+    return refuse("separator", "use one character, such as \",\" or \";\"");
+  }
+  return absl::OkStatus();
+}
+
+// fit.callbacks: each entry into job.fit.callbacks, except BackupAndRestore, which is the
+// job's checkpoint (the one given under "checkpoint" too, or none).
+absl::Status ParseCallbacks(const json& list, absl::string_view source, absl::string_view base_dir,
+                            JobSpec& job) {
+  if (!list.is_array()) {
+    return Fields(list, "fit.callbacks", source)
+        .Error("fit.callbacks", absl::StrCat("is ", list.dump().substr(0, 60), ", not a list"),
+               "write [{\"class_name\": \"EarlyStopping\", \"config\": {\"patience\": 2}}, ...]");
+  }
+  bool backup = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = absl::StrCat("fit.callbacks[", i, "]");
+    CallbackSpec callback;
+    if (absl::Status s = ParseCallback(list[i], path, source, callback); !s.ok()) return s;
+    Fields fields(list[i], path, source);
+    const json& c = callback.config;
+    if (callback.class_name == "CSVLogger") {
+      callback.config["filename"] = Resolve(c["filename"].get<std::string>(), base_dir);
+    } else if (callback.class_name == "TensorBoard") {
+      callback.config["log_dir"] = Resolve(c["log_dir"].get<std::string>(), base_dir);
+    }
+    if (c.contains("monitor")) {
+      // Keras would warn at every epoch and do nothing: a monitor the logs lack is refused.
+      std::set<std::string> logged = {"loss"};
+      for (const std::string& metric : job.metrics) logged.insert(metric);
+      const bool validated = job.data.test.given() && job.fit.validate;
+      for (const std::string& name : std::vector<std::string>(logged.begin(), logged.end())) {
+        if (validated) logged.insert("val_" + name);
+      }
+      const std::string monitor = c["monitor"];
+      if (logged.count(monitor) == 0) {
+        const bool needs_test =
+            absl::StartsWith(monitor, "val_") && logged.count(monitor.substr(4)) > 0;
+        return fields.Error(
+            absl::StrCat(path, ".config.monitor"),
+            absl::StrCat("is \"", monitor, "\", which ",
+                         needs_test ? "is measured on data.test after each epoch, and this job "
+                                      "has no data.test or sets fit.validate false"
+                                    : "the epochs' logs do not have"),
+            absl::StrCat(needs_test ? "give data.test, or " : "", "monitor one of ",
+                         absl::StrJoin(logged, ", ")));
+      }
+    }
+    if (callback.class_name != "BackupAndRestore") {
+      job.fit.callbacks.push_back(std::move(callback));
+      continue;
+    }
+    const std::string dir = Resolve(c["backup_dir"].get<std::string>(), base_dir);
+    if (backup || (!job.checkpoint.dir.empty() && job.checkpoint.dir != dir)) {
+      return fields.Error(path,
+                          absl::StrCat("backs up into ", dir, ", and the job already has ",
+                                       backup ? "a BackupAndRestore" : "checkpoint.dir ",
+                                       backup ? "" : job.checkpoint.dir),
+                          "give one backup folder: BackupAndRestore's backup_dir or "
+                          "checkpoint.dir, not both");
+    }
+    backup = true;
+    job.checkpoint.dir = dir;
+    if (c["save_freq"].is_number()) job.checkpoint.every_steps = c["save_freq"].get<int64_t>();
+    job.checkpoint.delete_at_end = c["delete_checkpoint"].get<bool>();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseStrategy(const json& object, absl::string_view source, StrategySpec& out) {
   Fields fields(object, "strategy", source);
   if (absl::Status s = fields.CheckObject(); !s.ok()) return s;
@@ -467,7 +709,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
     if (absl::Status s = fit.CheckObject(); !s.ok()) return s;
     if (absl::Status s =
             fit.CheckKnown({"epochs", "steps_per_epoch", "batch_size_per_replica", "shuffle_buffer",
-                            "seed", "validate", "steps_per_execution"});
+                            "seed", "validate", "steps_per_execution", "callbacks"});
         !s.ok()) {
       return s;
     }
@@ -525,6 +767,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
                               "keep at least 1 checkpoint (the latest), or null for every one");
     }
     job.checkpoint.dir = Resolve(job.checkpoint.dir, base_dir);
+  }
+  if (root.contains("fit") && root["fit"].is_object() && root["fit"].contains("callbacks")) {
+    if (absl::Status s = ParseCallbacks(root["fit"]["callbacks"], source, base_dir, job); !s.ok()) {
+      return s;
+    }
   }
   return job;
 }

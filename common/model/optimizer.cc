@@ -479,6 +479,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::FromKeras(const nlohmann::
   return Build(class_name, config);
 }
 
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::WithLearningRate(float rate) const {
+  nlohmann::json given = config();
+  given["learning_rate"] = rate;
+  given["weight_decay"] = weight_decay_;  // AdamW's default is not 0
+  return FromKeras({{"class_name", name()}, {"config", given}});
+}
+
 void Optimizer::ApplyDense(Tensor& variable, const Tensor& gradient, std::vector<Tensor>& slots,
                            int64_t iteration) const {
   // Keras' _apply_weight_decay, decoupled from the gradient (AdamW): the variable shrinks by

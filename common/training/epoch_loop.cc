@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stratum/training/callbacks.h"
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_state.h"
 #include "stratum/training/training_status.h"
@@ -172,8 +173,17 @@ std::string WhoseLossDiverged(const std::vector<std::string>& names,
 // Says where a Fit that found a checkpoint goes on from, or that the checkpoint already
 // completes the job (and whether its model is evaluated on the test set, `has_test`). Said
 // whatever the progress style: where training starts is not progress.
-void SayResumed(const FitOptions& options, const FitState& state, bool has_test) {
-  if (state.epoch >= options.epochs) {
+void SayResumed(const FitOptions& options, const FitState& state, bool has_test,
+                const std::string& stopped_by) {
+  if (!stopped_by.empty() && state.epoch < options.epochs) {
+    std::fprintf(options.out,
+                 "the checkpoint at step %lld completes this job: %s stopped its training after "
+                 "epoch %lld; %s (remove %s to train from scratch)\n",
+                 static_cast<long long>(state.iteration), stopped_by.c_str(),
+                 static_cast<long long>(state.epoch),
+                 has_test ? "evaluating its model on data.test" : "nothing left to train",
+                 options.checkpoint_dir.c_str());
+  } else if (state.epoch >= options.epochs) {
     std::fprintf(options.out,
                  "the checkpoint at step %lld in %s already completes this job's %d epochs: %s "
                  "(remove %s to train from scratch)\n",
@@ -201,7 +211,7 @@ absl::Status CheckEpochLoss(double loss, int64_t iteration, int epoch, int64_t s
 
 // RunEpochs' state: the loop's position (iteration_, stopping_), the history so far and what
 // the summary adds up. Its methods are the loop's parts.
-class EpochLoop {
+class EpochLoop : public CallbackHost {
  public:
   EpochLoop(Strategy& strategy, const Model& model, const Optimizer& optimizer,
             const FitOptions& options, const EpochLoopSpec& spec, FitState state,
@@ -218,6 +228,17 @@ class EpochLoop {
         iteration_(state_.iteration) {}
 
   absl::StatusOr<FitSummary> Run();
+
+  // CallbackHost, for the callbacks.
+  bool writes_files() const override { return strategy_.worker_index() == 0; }
+  FILE* out() const override { return options_.out; }
+  bool has_step_logs() const override { return runner_.HasStepStats(); }
+  float learning_rate() const override {
+    return learning_rate_.value_or(optimizer_.learning_rate(iteration_));
+  }
+  absl::Status SetLearningRate(float rate) override;
+  absl::StatusOr<std::vector<Tensor>> GetWeights() override;
+  absl::Status SetWeights(const std::vector<Tensor>& weights) override;
 
  private:
   absl::Status TrainEpoch(int epoch);
@@ -250,8 +271,13 @@ class EpochLoop {
   ResumePoint resume_;  // where a rerun goes on from: the newest save
   FitSummary summary_;
   int64_t iteration_;
-  bool stopping_ = false;       // FitOptions::stop: every worker agreed to stop
-  bool diverged_here_ = false;  // a step's loss on this worker was not finite
+  std::vector<std::unique_ptr<Callback>> callbacks_;
+  std::optional<float> learning_rate_;  // set by a callback (ReduceLROnPlateau)
+  std::string stopped_by_;              // the callback that stopped training in this run
+  bool weights_set_ = false;            // a callback set the variables (restore_best_weights)
+  int trained_epochs_ = 0;              // epochs this run trained
+  bool stopping_ = false;               // FitOptions::stop: every worker agreed to stop
+  bool diverged_here_ = false;          // a step's loss on this worker was not finite
   double train_seconds_ = 0;
   int64_t train_examples_ = 0;
 };
@@ -265,12 +291,27 @@ absl::StatusOr<FitSummary> EpochLoop::Run() {
     summary_.history.push_back(EpochLogFromJson(log));
     summary_.steps += summary_.history.back().steps;
   }
-  if (spec_.say_resumed && (state_.epoch > 0 || state_.step_in_epoch > 0)) {
-    SayResumed(options_, state_, spec_.has_test);
+  // A callback stopped the run that saved this state: the job is complete.
+  const std::string stopped_before = summary_.history.empty() || state_.step_in_epoch > 0
+                                         ? ""
+                                         : summary_.history.back().stopped_by;
+  if ((spec_.say_resumed && (state_.epoch > 0 || state_.step_in_epoch > 0)) ||
+      !stopped_before.empty()) {
+    SayResumed(options_, state_, spec_.has_test, stopped_before);
+  }
+  STRATUM_ASSIGN_OR_RETURN(callbacks_, MakeCallbacks(options_.callbacks));
+  std::vector<Logs> history;
+  for (const EpochLog& log : summary_.history) history.push_back(LogsOf(log, options_.metrics));
+  for (const std::unique_ptr<Callback>& callback : callbacks_) {
+    STRATUM_RETURN_IF_ERROR(callback->OnTrainBegin(history, *this));
   }
   const int64_t restored_epochs = state_.epoch;
-  for (int epoch = static_cast<int>(state_.epoch) + 1; epoch <= options_.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(state_.epoch) + 1;
+       epoch <= options_.epochs && stopped_before.empty() && stopped_by_.empty(); ++epoch) {
     STRATUM_RETURN_IF_ERROR(TrainEpoch(epoch));
+  }
+  for (const std::unique_ptr<Callback>& callback : callbacks_) {
+    STRATUM_RETURN_IF_ERROR(callback->OnTrainEnd(*this));
   }
   STRATUM_RETURN_IF_ERROR(Test(restored_epochs));
   summary_.examples_per_sec = static_cast<double>(train_examples_) / std::max(train_seconds_, 1e-9);
@@ -314,6 +355,16 @@ absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stat
       progress_.Step(step, epoch_stats.loss_sum / seen,
                      static_cast<double>(epoch_stats.correct) / seen);
       if (!std::isfinite(result.stats.loss_sum)) diverged_here_ = true;
+      if (!callbacks_.empty()) {
+        // This worker's figures of the epoch so far, as Keras' batch logs are a replica's.
+        EpochLog so_far;
+        so_far.loss = epoch_stats.loss_sum / seen;
+        so_far.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+        const Logs logs = LogsOf(so_far, options_.metrics);
+        for (const std::unique_ptr<Callback>& callback : callbacks_) {
+          STRATUM_RETURN_IF_ERROR(callback->OnTrainBatchEnd(iteration_ - 1, logs, *this));
+        }
+      }
     }
     // Without figures per step, the loss stays on the device until the epoch ends:
     // divergence is found there, or by the check of the variables before a save.
@@ -375,6 +426,14 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
     log.val_accuracy = val.val_accuracy;
     log.validated = true;
   }
+  ++trained_epochs_;
+  // Keras' on_epoch_end: every callback in order, on one logs dict they may add to.
+  Logs logs = LogsOf(log, options_.metrics);
+  for (const std::unique_ptr<Callback>& callback : callbacks_) {
+    STRATUM_RETURN_IF_ERROR(callback->OnEpochEnd(epoch - 1, logs, log, *this));
+    if (callback->stop_training() && stopped_by_.empty()) stopped_by_ = callback->name();
+  }
+  log.stopped_by = stopped_by_;
   summary_.history.push_back(log);
   state_.history.push_back(EpochLogJson(log));
   const StepRunner::BackupPolicy backups = runner_.Backups();
@@ -415,7 +474,10 @@ absl::Status EpochLoop::Backup(int64_t epochs_done, int64_t step_in_epoch,
 absl::Status EpochLoop::Test(int64_t restored_epochs) {
   if (!spec_.has_test) return absl::OkStatus();
   summary_.tested = true;
-  if (options_.epochs > restored_epochs && summary_.history.back().validated) {
+  // The last epoch's validation measured the variables this run ends with, unless a
+  // callback set them since.
+  if (options_.epochs > restored_epochs && trained_epochs_ > 0 && !weights_set_ &&
+      summary_.history.back().validated) {
     summary_.test_loss = summary_.history.back().val_loss;
     summary_.test_accuracy = summary_.history.back().val_accuracy;
     return absl::OkStatus();
@@ -423,6 +485,33 @@ absl::Status EpochLoop::Test(int64_t restored_epochs) {
   STRATUM_ASSIGN_OR_RETURN(const EpochLog test, runner_.Evaluate());
   summary_.test_loss = test.val_loss;
   summary_.test_accuracy = test.val_accuracy;
+  return absl::OkStatus();
+}
+
+absl::Status EpochLoop::SetLearningRate(float rate) {
+  if (optimizer_.learning_rate_schedule().is_schedule()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a callback sets the learning rate, and the optimizer's learning_rate is the schedule ",
+        optimizer_.learning_rate_schedule().name(),
+        ", which decides it at every step (Keras refuses this too): use a constant "
+        "learning_rate with ReduceLROnPlateau, or the schedule alone"));
+  }
+  STRATUM_RETURN_IF_ERROR(runner_.SetLearningRate(rate));
+  learning_rate_ = rate;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Tensor>> EpochLoop::GetWeights() {
+  std::vector<Tensor> variables;
+  STRATUM_RETURN_IF_ERROR(runner_.GetState(&variables, nullptr));
+  std::vector<Tensor> copies;
+  for (const Tensor& variable : variables) copies.push_back(variable.Clone());
+  return copies;
+}
+
+absl::Status EpochLoop::SetWeights(const std::vector<Tensor>& weights) {
+  STRATUM_RETURN_IF_ERROR(runner_.SetVariables(weights));
+  weights_set_ = true;
   return absl::OkStatus();
 }
 

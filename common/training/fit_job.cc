@@ -286,6 +286,8 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   options.shuffle_buffer = spec.shuffle_buffer;
   options.seed = spec.seed;
   options.validate = spec.validate;
+  options.callbacks = spec.callbacks;
+  options.metrics = job.metrics;
   return options;
 }
 
@@ -364,6 +366,45 @@ absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
       "machine with more memory"));
 }
 
+namespace {
+
+// What fit.callbacks ask of the training that it cannot do, refused before training.
+absl::Status CheckCallbacksFit(const JobSpec& job, const Optimizer& optimizer) {
+  for (size_t i = 0; i < job.fit.callbacks.size(); ++i) {
+    const CallbackSpec& callback = job.fit.callbacks[i];
+    const std::string field =
+        absl::StrCat("job field fit.callbacks[", i, "] (", callback.class_name, ")");
+    if (callback.class_name == "ReduceLROnPlateau" &&
+        optimizer.learning_rate_schedule().is_schedule()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " sets the learning rate, and the optimizer's learning_rate is the schedule ",
+          optimizer.learning_rate_schedule().name(),
+          ", which sets it at every step (Keras refuses this too): give the optimizer a "
+          "constant learning_rate, or leave ReduceLROnPlateau out"));
+    }
+    if (job.strategy.type != "parameter_server") continue;
+    if (callback.class_name == "ReduceLROnPlateau") {
+      return absl::UnimplementedError(absl::StrCat(
+          field,
+          " changes the learning rate, which the parameter servers take from the job "
+          "when the variables are created and Stratum cannot change on them yet: give the "
+          "optimizer a learning-rate schedule (ExponentialDecay, PiecewiseConstantDecay, ...), "
+          "which the parameter servers step, or train with another strategy"));
+    }
+    if (callback.class_name == "EarlyStopping" &&
+        callback.config.value("restore_best_weights", false)) {
+      return absl::UnimplementedError(absl::StrCat(
+          field,
+          " sets restore_best_weights, and Stratum cannot put earlier variables back "
+          "on the parameter servers yet: set restore_best_weights false (training still stops "
+          "at the epoch EarlyStopping picks)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckTrainingJob(const JobSpec& job) {
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
   STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
@@ -377,6 +418,7 @@ absl::Status CheckTrainingJob(const JobSpec& job) {
         CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
   }
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
+  STRATUM_RETURN_IF_ERROR(CheckCallbacksFit(job, *optimizer));
   return CheckDataHeaders(job.data, model, loss);
 }
 

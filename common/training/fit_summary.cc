@@ -18,6 +18,7 @@ nlohmann::json EpochLogJson(const EpochLog& log) {
     json["val_loss"] = log.val_loss;
     json["val_accuracy"] = log.val_accuracy;
   }
+  if (!log.stopped_by.empty()) json["stopped_by"] = log.stopped_by;
   return json;
 }
 
@@ -32,6 +33,9 @@ EpochLog EpochLogFromJson(const nlohmann::json& json) {
   log.validated = json.contains("val_loss");
   log.examples_per_sec = JsonNumberOr(json, "examples_per_sec", 0);
   log.seconds = JsonNumberOr(json, "seconds", 0);
+  if (json.contains("stopped_by") && json["stopped_by"].is_string()) {
+    log.stopped_by = json["stopped_by"].get<std::string>();
+  }
   return log;
 }
 
@@ -49,6 +53,9 @@ nlohmann::json FitSummary::ToJson() const {
           {"num_ps", num_ps},
           {"resumed_from_step", resumed_from_step},
           {"epochs", static_cast<int64_t>(history.size())},
+          {"stopped_by", history.empty() || history.back().stopped_by.empty()
+                             ? nlohmann::json()
+                             : nlohmann::json(history.back().stopped_by)},
           {"history", history_json}};
 }
 

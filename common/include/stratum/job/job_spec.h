@@ -69,6 +69,14 @@ struct DataSpec {
   std::string auto_shard_policy = "AUTO";
 };
 
+// One of fit.callbacks: a Keras callback by its class name, with its arguments as Keras
+// names them, each checked (type and value) and the missing ones filled with Keras'
+// defaults. BackupAndRestore is not one of them: it is the job's checkpoint (CheckpointSpec).
+struct CallbackSpec {
+  std::string class_name;  // EarlyStopping, ReduceLROnPlateau, TerminateOnNaN, CSVLogger, ...
+  nlohmann::json config;   // every argument
+};
+
 struct FitSpec {
   int epochs = 1;
   int64_t steps_per_epoch = 0;  // 0: one pass over the training data
@@ -78,6 +86,7 @@ struct FitSpec {
   bool validate = true;  // evaluate on the test set after each epoch
   // Parameter-server jobs: training steps per closure (Keras' steps_per_execution).
   int64_t steps_per_execution = 1;
+  std::vector<CallbackSpec> callbacks;  // in the order given: Keras calls them so
 };
 
 // checkpoint.max_to_keep null: every checkpoint is kept, as TF's max_to_keep=None.
@@ -87,6 +96,9 @@ struct CheckpointSpec {
   std::string dir;  // empty: no checkpoints
   int64_t every_steps = 0;
   int max_to_keep = 3;  // kKeepEveryCheckpoint: all
+  // BackupAndRestore's delete_checkpoint: the checkpoints are removed once the job has
+  // trained every epoch (a run again then starts afresh).
+  bool delete_at_end = false;
 };
 
 struct JobSpec {

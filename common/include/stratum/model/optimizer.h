@@ -36,6 +36,10 @@ class Optimizer {
   // (use_ema, amsgrad, loss_scale_factor, gradient_accumulation_steps) are refused by name.
   static absl::StatusOr<std::unique_ptr<Optimizer>> FromKeras(const nlohmann::json& spec);
 
+  // This optimizer with the constant learning rate `rate` (Keras' optimizer.learning_rate =
+  // rate, which ReduceLROnPlateau sets), the rest as it is; its slots carry over.
+  absl::StatusOr<std::unique_ptr<Optimizer>> WithLearningRate(float rate) const;
+
   // Keras' class name: "SGD", "Adam", "AdamW", "Adagrad", "RMSprop".
   virtual std::string name() const = 0;
   // Keras' get_config() keys for this optimizer's hyper-parameters.

@@ -108,6 +108,17 @@ class StepRunner {
     return absl::UnimplementedError("this step runner has no backup of its own");
   }
 
+  // For callbacks (ReduceLROnPlateau, EarlyStopping's restore_best_weights): the learning
+  // rate of the steps from now on, and the variables (every copy, on every worker alike).
+  // UNIMPLEMENTED by default.
+  virtual absl::Status SetLearningRate(float /*rate*/) {
+    return absl::UnimplementedError(
+        "this job's training cannot change its learning rate while it trains");
+  }
+  virtual absl::Status SetVariables(const std::vector<Tensor>& /*variables*/) {
+    return absl::UnimplementedError("this job's training cannot set its variables");
+  }
+
   // What the epoch's line adds after "Epoch i/n" and after "N steps" (lines progress).
   struct EpochLineNotes {
     std::string after_epoch;
@@ -131,8 +142,10 @@ struct EpochLoopSpec {
 };
 
 // Trains the epochs after `state` (StartFitState's answer, the same on every worker) and
-// returns the summary, the trained variables included. Errors: the runner's; those of
-// FitOptions::stop (IsStoppedEarly) and of divergence (TrainingDiverged); a backup's.
+// returns the summary, the trained variables included. FitOptions::callbacks run around the
+// epochs; one that stops training (EarlyStopping) ends the job after that epoch. Errors: the
+// runner's; those of FitOptions::stop (IsStoppedEarly) and of divergence (TrainingDiverged); a
+// backup's.
 absl::StatusOr<FitSummary> RunEpochs(Strategy& strategy, const Model& model,
                                      const Optimizer& optimizer, const FitOptions& options,
                                      const EpochLoopSpec& spec, FitState state, StepRunner& runner);

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "stratum/data/dataset.h"
 #include "stratum/data/input_context.h"
+#include "stratum/job/job_spec.h"
 
 namespace stratum {
 
@@ -51,6 +53,10 @@ struct FitOptions {
   // true. Workers agree with a tiny all-reduce about every 0.1 s (the epoch loop's vote),
   // whether or not they have a `stop`; one worker looks at every step.
   const absl::Notification* stop = nullptr;
+  // Keras' callbacks (fit.callbacks), run by the epoch loop in this order.
+  std::vector<CallbackSpec> callbacks;
+  // compile.metrics: the names the epochs' logs give the accuracy (none: the loss alone).
+  std::vector<std::string> metrics;
 };
 
 }  // namespace stratum

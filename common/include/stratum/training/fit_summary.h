@@ -23,6 +23,9 @@ struct EpochLog {
   bool validated = false;  // val_loss and val_accuracy were measured (a test set, validate)
   double examples_per_sec = 0;
   double seconds = 0;
+  // The callback that stopped training after this epoch (EarlyStopping), if one did: the
+  // job is complete, and a run of it again trains nothing more.
+  std::string stopped_by;
 };
 
 // An epoch's line in a checkpoint's manifest and in the summary JSON, and back (a missing
