@@ -895,6 +895,8 @@ absl::StatusOr<FitSummary> ParameterServerJob::Finish(const FitSummary& trained)
   if (!already_complete && checkpoints_ && global_step_ != saved_step_) {
     if (absl::Status status = Save(global_step_, HistoryJson()); !status.ok()) return status;
   }
+  if (checkpoints_)
+    STRATUM_RETURN_IF_ERROR(DeleteBackupOfCompleteJob(job_.checkpoint, options_.out));
   // The model as trained: the last epoch's validation, if it ran, else evaluated.
   summary_.tested = trained.tested;
   summary_.test_loss = trained.test_loss;

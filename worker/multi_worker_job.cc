@@ -15,6 +15,7 @@
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/net/host_port.h"
+#include "stratum/training/fit_job.h"
 #include "stratum/util/counted.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/tcp_transport.h"
@@ -219,6 +220,9 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   // is not a failure: every worker stopped at the same step.
   if (!summary.ok() && !IsStoppedEarly(summary.status())) {
     return FailJob(coordination, summary.status());
+  }
+  if (summary.ok() && rank == 0) {
+    STRATUM_RETURN_IF_ERROR(DeleteBackupOfCompleteJob(job.checkpoint, fit.out));
   }
   return summary;
 }

@@ -11,6 +11,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/training/fit_job.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/util/logging.h"
@@ -133,6 +134,9 @@ int Run(const ShutdownWatcher& shutdown) {
     return IsStoppedEarly(summary.status()) ? 128 + shutdown.signal_number() : code;
   }
   std::printf("%s\n", summary->ResultLine().c_str());
+  if (absl::Status deleted = DeleteBackupOfCompleteJob(job->checkpoint, stdout); !deleted.ok()) {
+    return Fail(deleted);
+  }
   if (!summary_path.empty()) {
     if (absl::Status status = WriteFileAtomically(summary_path, summary->ToJson().dump(2) + "\n");
         !status.ok()) {

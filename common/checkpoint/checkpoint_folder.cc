@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -165,6 +166,26 @@ absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir
     spdlog::debug("cannot note the owner in {}: {}", path, std::strerror(errno));
   }
   return CheckpointFolderLock(fd);
+}
+
+absl::Status DeleteCheckpoints(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::remove(dir + "/checkpoint", error);
+  std::vector<std::filesystem::path> folders;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    if (absl::StartsWith(it->path().filename().string(), "ckpt-")) folders.push_back(it->path());
+  }
+  for (const std::filesystem::path& folder : folders) {
+    if (error) break;
+    std::filesystem::remove_all(folder, error);
+  }
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoints in ", dir,
+                                                      " could not all be removed (",
+                                                      error.message(), "): remove them by hand"));
+  }
+  return absl::OkStatus();
 }
 
 std::string CheckpointFolder(const std::string& dir, int64_t step) {

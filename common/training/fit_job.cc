@@ -1,5 +1,7 @@
 #include "stratum/training/fit_job.h"
 
+#include "stratum/checkpoint/checkpoint_folder.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -364,6 +366,17 @@ absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
       replicas == 1 ? " replica" : " replicas", "), but ", GiB(static_cast<double>(*available)),
       " is available: make the model's largest layers smaller, or the batch, or train on a "
       "machine with more memory"));
+}
+
+absl::Status DeleteBackupOfCompleteJob(const CheckpointSpec& checkpoint, FILE* out) {
+  if (!checkpoint.delete_at_end || checkpoint.dir.empty()) return absl::OkStatus();
+  STRATUM_RETURN_IF_ERROR(DeleteCheckpoints(checkpoint.dir));
+  std::fprintf(out,
+               "BackupAndRestore: the job is complete, so its backup in %s is deleted "
+               "(delete_checkpoint); a run again starts afresh\n",
+               checkpoint.dir.c_str());
+  std::fflush(out);
+  return absl::OkStatus();
 }
 
 namespace {

@@ -284,6 +284,108 @@ TEST(JobSpecTest, TFRecordAndCsvSourcesAreCheckedWithTheFix) {
                 "train in lock-step"));
 }
 
+// kMinimal with data.test and fit.callbacks `callbacks` (a JSON list).
+std::string WithCallbacks(const std::string& callbacks, bool with_test = true) {
+  return absl::StrCat(R"({
+  "model": {"class_name": "Sequential", "config": {"layers": []}},
+  "compile": {"loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]},
+  "data": {"train": {"images": "a", "labels": "b"})",
+                      with_test ? R"(, "test": {"images": "c", "labels": "d"})" : "",
+                      R"(},
+  "fit": {"callbacks": )",
+                      callbacks, "}}");
+}
+
+TEST(JobSpecTest, CallbacksTakeKerasArgumentsWithKerasDefaults) {
+  auto job = ParseJobSpec(WithCallbacks(R"([
+      {"class_name": "EarlyStopping", "config": {"patience": 3, "restore_best_weights": true},
+       "module": "keras.callbacks", "registered_name": null},
+      "TerminateOnNaN",
+      {"class_name": "CSVLogger", "config": {"filename": "run/log.csv"}},
+      {"class_name": "TensorBoard", "config": {"update_freq": "batch"}},
+      {"class_name": "ReduceLROnPlateau", "config": {"monitor": "val_accuracy"}}])"),
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->fit.callbacks.size(), 5u);
+  const nlohmann::json& early = job->fit.callbacks[0].config;
+  EXPECT_EQ(early["monitor"], "val_loss");
+  EXPECT_EQ(early["patience"], 3);
+  EXPECT_EQ(early["mode"], "auto");
+  EXPECT_TRUE(early["baseline"].is_null());
+  EXPECT_EQ(job->fit.callbacks[1].class_name, "TerminateOnNaN");
+  EXPECT_EQ(job->fit.callbacks[2].config["filename"], "/jobs/run/log.csv");
+  EXPECT_EQ(job->fit.callbacks[2].config["separator"], ",");
+  EXPECT_EQ(job->fit.callbacks[3].config["log_dir"], "/jobs/logs");
+  EXPECT_EQ(job->fit.callbacks[3].config["update_freq"], 1);  // "batch": every step
+  EXPECT_EQ(job->fit.callbacks[4].config["factor"], 0.1);
+  EXPECT_EQ(job->fit.callbacks[4].config["patience"], 10);
+}
+
+TEST(JobSpecTest, BackupAndRestoreIsTheJobsCheckpoint) {
+  auto job = ParseJobSpec(WithCallbacks(R"([{"class_name": "BackupAndRestore",
+      "config": {"backup_dir": "backup", "save_freq": 50}}])"),
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->fit.callbacks.empty());
+  EXPECT_EQ(job->checkpoint.dir, "/jobs/backup");
+  EXPECT_EQ(job->checkpoint.every_steps, 50);
+  EXPECT_TRUE(job->checkpoint.delete_at_end);  // Keras' default delete_checkpoint
+  auto kept = ParseJobSpec(WithCallbacks(R"([{"class_name": "BackupAndRestore",
+      "config": {"backup_dir": "/b", "delete_checkpoint": false}}])"),
+                           "job.json", "/jobs");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_FALSE(kept->checkpoint.delete_at_end);
+  EXPECT_EQ(kept->checkpoint.every_steps, 0);  // "epoch"
+}
+
+TEST(JobSpecTest, CallbacksAreRefusedByNameWithTheFix) {
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"(["ProgbarLogger"])")),
+              HasSubstr("job field fit.callbacks[0] is the callback \"ProgbarLogger\", which "
+                        "Stratum does not run: use one of BackupAndRestore, CSVLogger, "
+                        "EarlyStopping, ReduceLROnPlateau, TensorBoard, TerminateOnNaN"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "LearningRateScheduler"}])")),
+              HasSubstr("give the optimizer's learning_rate a Keras schedule"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "EarlyStopping", "config": {"patiense": 2}}])")),
+      HasSubstr("job field fit.callbacks[0].config.patiense is not a field Stratum "
+                "knows: use baseline, min_delta, mode, monitor, patience"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "EarlyStopping", "config": {"patience": "2"}}])")),
+      HasSubstr("fit.callbacks[0].config.patience is \"2\", which has the wrong type"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "EarlyStopping", "config": {"mode": "lower"}}])")),
+      HasSubstr("fit.callbacks[0].config.mode is \"lower\": use \"auto\", \"min\" or \"max\""));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "ReduceLROnPlateau", "config": {"factor": 2}}])")),
+      HasSubstr("config.factor is 2: use a factor from 0 up to (not including) 1"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "CSVLogger"}])")),
+              HasSubstr("fit.callbacks[0].config.filename is missing: give CSVLogger its "
+                        "filename"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "TensorBoard", "config": {"histogram_freq": 1}}])")),
+      HasSubstr("config.histogram_freq is 1: Stratum's TensorBoard writes scalars"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"([{"class_name": "TensorBoard", "config": {"update_freq": 0}}])")),
+      HasSubstr("write \"epoch\", \"batch\" or a number of steps (1 or more)"));
+  // A monitor the epochs' logs lack: Keras would warn at every epoch and never act.
+  EXPECT_THAT(ErrorOf(WithCallbacks(
+                  R"([{"class_name": "EarlyStopping", "config": {"monitor": "val_auc"}}])")),
+              HasSubstr("monitor is \"val_auc\", which the epochs' logs do not have: monitor "
+                        "one of accuracy, loss, val_accuracy, val_loss"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"(["EarlyStopping"])", /*with_test=*/false)),
+              HasSubstr("monitor is \"val_loss\", which is measured on data.test after each "
+                        "epoch, and this job has no data.test or sets fit.validate false: give "
+                        "data.test, or monitor one of accuracy, loss"));
+  EXPECT_THAT(ErrorOf(absl::StrCat(
+                  R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a",
+      "labels": "b"}}, "checkpoint": {"dir": "/c"}, "fit": {"callbacks": [{"class_name":
+      "BackupAndRestore", "config": {"backup_dir": "/b"}}]}})")),
+              HasSubstr("backs up into /b, and the job already has checkpoint.dir /c: give one "
+                        "backup folder"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"({"EarlyStopping": {}})")),
+              HasSubstr("fit.callbacks is {\"EarlyStopping\":{}}, not a list"));
+}
+
 TEST(JobSpecTest, TheShippedExampleParses) {
   auto job = LoadJobSpec(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist.json");
   ASSERT_TRUE(job.ok()) << job.status();

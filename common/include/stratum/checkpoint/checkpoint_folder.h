@@ -48,6 +48,12 @@ class CheckpointFolderLock {
 absl::StatusOr<CheckpointFolderLock> LockCheckpointFolder(const std::string& dir,
                                                           absl::Duration wait = absl::Seconds(5));
 
+// Removes the checkpoints of `dir` (the file "checkpoint" first, so that no reader follows
+// it into a folder half removed, then every ckpt-* folder), leaving other files. For
+// BackupAndRestore's delete_checkpoint, once its job is complete. FAILED_PRECONDITION naming
+// what could not be removed.
+absl::Status DeleteCheckpoints(const std::string& dir);
+
 // "<dir>/ckpt-000000000042" for step 42.
 std::string CheckpointFolder(const std::string& dir, int64_t step);
 

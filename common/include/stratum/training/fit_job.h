@@ -3,6 +3,8 @@
 // that run before a process waits for its peers. Plain functions; they read files.
 #pragma once
 
+#include <cstdio>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "stratum/job/job_spec.h"
@@ -37,6 +39,10 @@ absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Lo
 // is read.
 absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
                              int64_t batch_per_replica, int replicas, int copies);
+
+// BackupAndRestore's delete_checkpoint (CheckpointSpec::delete_at_end): the job is complete,
+// so its backups go (DeleteCheckpoints), said on `out`. Nothing otherwise.
+absl::Status DeleteBackupOfCompleteJob(const CheckpointSpec& checkpoint, FILE* out);
 
 // What training the job would refuse in the job itself, checked quickly, before a process
 // waits for its peers (which may take minutes): the model, the loss and whether it fits the
