@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
+#include "stratum/testing/tensorboard_events.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -314,6 +315,109 @@ TEST(StratumTrainTest, ADamagedLatestCheckpointFallsBackToTheOneBeforeIt) {
   ASSERT_TRUE(std::regex_search(on_train.output, anew, accuracy)) << on_train.output;
   EXPECT_NE(saved[1].str(), anew[1].str());
   std::filesystem::remove_all(checkpoints);
+}
+
+// The CSV rows (after the header) of a CSVLogger file.
+std::vector<std::vector<std::string>> CsvRows(const std::string& path) {
+  std::ifstream file(path);
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(file, line);) {
+    std::vector<std::string> cells;
+    std::stringstream cells_of(line);
+    for (std::string cell; std::getline(cells_of, cell, ',');) cells.push_back(cell);
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+TEST(StratumTrainTest, CallbacksStopRestoreReduceAndLogAsKerasDoes) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 6;
+  job["fit"]["steps_per_epoch"] = 40;
+  const std::string dir = TempPath("callbacks");
+  RemovedAtEnd cleanup{dir};
+  // min_delta 10: no epoch after the first improves, so EarlyStopping (patience 1) stops after
+  // epoch 2 and restores epoch 1's weights; ReduceLROnPlateau (patience 0) cuts the rate
+  // tenfold after each epoch from the second on.
+  job["fit"]["callbacks"] = {
+      {{"class_name", "EarlyStopping"},
+       {"config",
+        {{"patience", 1}, {"min_delta", 10}, {"restore_best_weights", true}, {"verbose", 1}}}},
+      {{"class_name", "ReduceLROnPlateau"},
+       {"config", {{"patience", 0}, {"min_delta", 10}, {"verbose", 1}}}},
+      {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
+      {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}}}},
+      {{"class_name", "BackupAndRestore"},
+       {"config", {{"backup_dir", dir + "/backup"}, {"delete_checkpoint", false}}}}};
+  const std::string summary_path = TempPath("callbacks_summary.json");
+  const std::string path = WriteJob(job, "callbacks");
+  TrainRun run = RunTrain({"--job=" + path, "--progress=lines", "--summary_json=" + summary_path});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("Epoch 2: ReduceLROnPlateau reducing learning rate to "
+                                    "0.00010000000474974513."));
+  EXPECT_THAT(run.output, HasSubstr("Epoch 2: early stopping"));
+  EXPECT_THAT(run.output, HasSubstr("Restoring model weights from the end of the best epoch: 1."));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch 3/6")));
+  std::ifstream summary_file(summary_path);
+  const nlohmann::json summary = nlohmann::json::parse(summary_file);
+  EXPECT_EQ(summary["epochs"], 2);
+  EXPECT_EQ(summary["steps"], 80);
+  EXPECT_EQ(summary["stopped_by"], "EarlyStopping");
+  const nlohmann::json& history = summary["history"];
+  // The model evaluated at the end is epoch 1's, restored: its test figures are epoch 1's.
+  EXPECT_DOUBLE_EQ(summary["test_accuracy"].get<double>(),
+                   history[0]["val_accuracy"].get<double>());
+  EXPECT_DOUBLE_EQ(summary["test_loss"].get<double>(), history[0]["val_loss"].get<double>());
+
+  const auto rows = CsvRows(dir + "/log.csv");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"epoch", "accuracy", "learning_rate", "loss",
+                                               "val_accuracy", "val_loss"}));
+  EXPECT_EQ(rows[1][0], "0");
+  EXPECT_EQ(rows[1][2], "0.0010000000474974513");
+  EXPECT_EQ(rows[2][2], "0.0010000000474974513");  // the rate epoch 2 trained with
+  EXPECT_DOUBLE_EQ(std::stod(rows[2][3]), history[1]["loss"].get<double>());
+
+  auto scalars = testing::ReadTensorBoardScalars(dir + "/tb");
+  ASSERT_TRUE(scalars.ok()) << scalars.status();
+  std::map<std::string, std::vector<double>> curves;
+  for (const nlohmann::json& scalar : *scalars) {
+    curves[scalar["run"].get<std::string>() + "/" + scalar["tag"].get<std::string>()].push_back(
+        scalar["value"]);
+  }
+  ASSERT_EQ(curves["train/epoch_loss"].size(), 2u);
+  ASSERT_EQ(curves["validation/epoch_accuracy"].size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_FLOAT_EQ(static_cast<float>(curves["train/epoch_loss"][e]),
+                    static_cast<float>(history[e]["loss"].get<double>()));
+    EXPECT_FLOAT_EQ(static_cast<float>(curves["validation/epoch_accuracy"][e]),
+                    static_cast<float>(history[e]["val_accuracy"].get<double>()));
+  }
+  EXPECT_EQ(curves["train/epoch_examples_per_second"].size(), 2u);
+
+  // Run again: the backup's last epoch records the stop, so the job is complete.
+  TrainRun again = RunTrain({"--job=" + path, "--progress=lines"});
+  ASSERT_EQ(again.exit.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("the checkpoint at step 80 completes this job: "
+                                      "EarlyStopping stopped its training after epoch 2"));
+  EXPECT_THAT(again.output, ::testing::Not(HasSubstr("Epoch 3/6")));
+}
+
+TEST(StratumTrainTest, BackupAndRestoreDeletesItsBackupOnceTheJobIsComplete) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 20;
+  const std::string backup = TempPath("backup_deleted");
+  RemovedAtEnd cleanup{backup};
+  job["fit"]["callbacks"] = {
+      {{"class_name", "BackupAndRestore"}, {"config", {{"backup_dir", backup}}}}};
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "backup_deleted"), "--progress=lines"});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("checkpoint at step 20 written"));
+  EXPECT_THAT(run.output, HasSubstr("BackupAndRestore: the job is complete, so its backup in " +
+                                    backup + " is deleted (delete_checkpoint)"));
+  EXPECT_FALSE(std::filesystem::exists(backup + "/checkpoint"));
+  EXPECT_FALSE(std::filesystem::exists(backup + "/ckpt-000000000020"));
 }
 
 // Its output's reader gone (`| head`, or the launcher that collects it killed): the run

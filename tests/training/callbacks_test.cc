@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/job/job_spec.h"
+#include "stratum/testing/tensorboard_events.h"
 
 namespace stratum {
 namespace {
@@ -260,29 +261,6 @@ TEST(CSVLoggerTest, AFolderItCannotWriteIsNamed) {
   EXPECT_THAT(status.message(), HasSubstr("/proc/no/such/dir/log.csv"));
 }
 
-// The scalars of `log_dir` as the independent decoder reads them, one JSON object each.
-std::vector<nlohmann::json> ReadEvents(const std::string& log_dir, int* exit_code) {
-  const std::string command = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
-                              "/tests/training/read_tfevents.py " + log_dir + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string text;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
-  *exit_code = WEXITSTATUS(pclose(pipe));
-  std::vector<nlohmann::json> scalars;
-  if (*exit_code != 0) return scalars;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    nlohmann::json parsed = nlohmann::json::parse(line, nullptr, false);
-    if (parsed.is_discarded()) {
-      ADD_FAILURE() << "the decoder said: " << text;
-      break;
-    }
-    scalars.push_back(parsed);
-  }
-  return scalars;
-}
-
 TEST(TensorBoardTest, EventFilesReadBackThroughAnIndependentDecoder) {
   const std::string dir = ::testing::TempDir() + "/tensorboard_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
@@ -298,11 +276,10 @@ TEST(TensorBoardTest, EventFilesReadBackThroughAnIndependentDecoder) {
   figures.examples_per_sec = 1000;
   ASSERT_TRUE(callback->OnEpochEnd(0, logs, figures, host).ok());
   callback.reset();  // closes the files
-  int exit_code = -1;
-  const std::vector<nlohmann::json> scalars = ReadEvents(dir, &exit_code);
-  ASSERT_EQ(exit_code, 0);
+  absl::StatusOr<std::vector<nlohmann::json>> scalars = testing::ReadTensorBoardScalars(dir);
+  ASSERT_TRUE(scalars.ok()) << scalars.status();
   std::map<std::string, std::vector<std::pair<int64_t, double>>> seen;
-  for (const nlohmann::json& scalar : scalars) {
+  for (const nlohmann::json& scalar : *scalars) {
     EXPECT_EQ(scalar["plugin"], "scalars");
     seen[scalar["run"].get<std::string>() + "/" + scalar["tag"].get<std::string>()].emplace_back(
         scalar["step"].get<int64_t>(), scalar["value"].get<double>());
@@ -323,8 +300,9 @@ TEST(TensorBoardTest, EventFilesReadBackThroughAnIndependentDecoder) {
     file.seekp(-6, std::ios::end);
     file.put('\x7f');
   }
-  ReadEvents(dir, &exit_code);
-  EXPECT_EQ(exit_code, 1);
+  const absl::Status damaged = testing::ReadTensorBoardScalars(dir).status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.message(), HasSubstr("data CRC wrong"));
   std::filesystem::remove_all(dir);
 }
 
