@@ -255,7 +255,8 @@ class TerminateOnNaN : public Callback {
   std::string name() const override { return "TerminateOnNaN"; }
 };
 
-// keras.callbacks.CSVLogger: a row per epoch, "epoch" then the logs' keys sorted. A run
+// keras.callbacks.CSVLogger: a row per epoch, "epoch" then the logs' keys sorted, into a
+// file whose folder is made when missing (as TensorBoard's log_dir is). A run
 // that resumed writes the epochs before it again (with append false), so the file holds
 // every epoch either way.
 class CSVLogger : public Callback {
@@ -269,6 +270,9 @@ class CSVLogger : public Callback {
     if (!host.writes_files()) return absl::OkStatus();
     std::error_code error;
     const bool had_rows = append_ && std::filesystem::file_size(filename_, error) > 0 && !error;
+    if (const auto folder = std::filesystem::path(filename_).parent_path(); !folder.empty()) {
+      std::filesystem::create_directories(folder, error);  // a failure is the open's
+    }
     file_.open(filename_, append_ ? std::ios::app : std::ios::trunc);
     if (!file_) {
       return absl::FailedPreconditionError(

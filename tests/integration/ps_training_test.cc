@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/tensorboard_events.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -213,6 +214,84 @@ TEST(PsTrainingTest, ASingleProcessJobIsRefusedWithTheFix) {
   EXPECT_THAT((*cluster)->Output({"chief", 0}),
               HasSubstr("strategy.type is \"default\", but the coordinator trains "
                         "parameter_server jobs"));
+}
+
+TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job.erase("checkpoint");
+  job["fit"]["epochs"] = 5;
+  job["fit"]["steps_per_epoch"] = 40;
+  const std::string dir = TempPath("ps_callbacks");
+  RemoveFolder(dir);
+  // min_delta 10: no epoch after the first improves: EarlyStopping stops after epoch 2.
+  job["fit"]["callbacks"] = {
+      {{"class_name", "EarlyStopping"},
+       {"config", {{"monitor", "val_loss"}, {"patience", 1}, {"min_delta", 10}, {"verbose", 1}}}},
+      {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
+      {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}, {"update_freq", 10}}}},
+      "TerminateOnNaN"};
+  const std::string path = TempPath("ps_callbacks.json");
+  std::ofstream(path) << job.dump();
+  const std::string summary = TempPath("ps_callbacks_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + path, "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 2: early stopping"));
+  EXPECT_THAT(output, Not(HasSubstr("Epoch 3/5")));
+  // Closures report at the epoch's end: update_freq's step scalars are said to be absent.
+  EXPECT_THAT(output, HasSubstr("update_freq 10 writes the epochs' scalars only"));
+  std::ifstream summary_file(summary);
+  const nlohmann::json result = nlohmann::json::parse(summary_file);
+  EXPECT_EQ(result["epochs"], 2);
+  EXPECT_EQ(result["steps"], 80);
+  EXPECT_EQ(result["stopped_by"], "EarlyStopping");
+  std::ifstream csv(dir + "/log.csv");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "epoch,accuracy,loss,val_accuracy,val_loss");
+  auto scalars = testing::ReadTensorBoardScalars(dir + "/tb");
+  ASSERT_TRUE(scalars.ok()) << scalars.status();
+  std::vector<double> val_loss;
+  for (const nlohmann::json& scalar : *scalars) {
+    if (scalar["run"] == "validation" && scalar["tag"] == "epoch_loss") {
+      val_loss.push_back(scalar["value"]);
+    }
+  }
+  ASSERT_EQ(val_loss.size(), 2u);
+  EXPECT_FLOAT_EQ(static_cast<float>(val_loss[1]),
+                  static_cast<float>(result["history"][1]["val_loss"].get<double>()));
+  RemoveFolder(dir);
+}
+
+TEST(PsTrainingTest, CallbacksThePsCannotServeAreRefusedBeforeTraining) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["fit"]["callbacks"] = {{{"class_name", "ReduceLROnPlateau"}, {"config", {{"patience", 2}}}}};
+  const std::string path = TempPath("ps_reduce_lr.json");
+  std::ofstream(path) << job.dump();
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .chief = true,
+                                      .not_started = {{"worker", 0}, {"ps", 0}},
+                                      .args_by_type = {{"chief", {"--job=" + path}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_NE(exit->exit_code, 0);
+  EXPECT_THAT((*cluster)->Output({"chief", 0}),
+              HasSubstr("fit.callbacks[0] (ReduceLROnPlateau) changes the learning rate, which "
+                        "the parameter servers take from the job"));
 }
 
 // A table whose shard would not fit one message (1 GiB, unsplit) is refused before any task
