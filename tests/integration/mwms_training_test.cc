@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/tensorboard_events.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/util/subprocess.h"
 
@@ -123,6 +124,71 @@ TEST(MwmsTrainingTest, AnEmbeddingTableTravelsByRowsAndTheWorkersAgree) {
   const absl::Status agree =
       (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
   EXPECT_TRUE(agree.ok()) << agree;
+}
+
+// Callbacks in lock step: every worker decides alike from the same logs (sums over both),
+// so both stop after the same epoch and restore the same weights; ReduceLROnPlateau
+// changes the rate on both; only the chief writes the CSV and the event files.
+TEST(MwmsTrainingTest, CallbacksDecideAlikeOnEveryWorkerAndOnlyTheChiefWrites) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_mwms.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job.erase("checkpoint");
+  job["fit"]["epochs"] = 5;
+  job["fit"]["steps_per_epoch"] = 40;
+  job["strategy"]["communication"]["timeout_seconds"] = 20;
+  const std::string dir = TempPath("mwms_callbacks");
+  RemoveFolder(dir);
+  job["fit"]["callbacks"] = {
+      {{"class_name", "EarlyStopping"},
+       {"config",
+        {{"patience", 1}, {"min_delta", 10}, {"restore_best_weights", true}, {"verbose", 1}}}},
+      {{"class_name", "ReduceLROnPlateau"}, {"config", {{"patience", 0}, {"min_delta", 10}}}},
+      {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
+      {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}, {"update_freq", 20}}}}};
+  const std::string path = TempPath("mwms_callbacks.json");
+  std::ofstream(path) << job.dump();
+  const std::string summary = TempPath("mwms_callbacks_summary.json");
+  auto cluster = StartJob(2, path, summary);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(120));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+    EXPECT_THAT((*cluster)->Output({"worker", w}), HasSubstr("Epoch 2: early stopping"));
+  }
+  const nlohmann::json result = ReadJson(summary);
+  ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
+  EXPECT_EQ(result["epochs"], 2);
+  EXPECT_EQ(result["stopped_by"], "EarlyStopping");
+  // Restored to epoch 1's weights on both: the test figures are epoch 1's, and agree.
+  EXPECT_DOUBLE_EQ(result["test_accuracy"].get<double>(),
+                   result["history"][0]["val_accuracy"].get<double>());
+  const absl::Status agree =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+  std::ifstream csv(dir + "/log.csv");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss");
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir + "/tb")) {
+    event_files += entry.is_regular_file();
+  }
+  EXPECT_EQ(event_files, 2);  // train and validation, of the chief alone
+  auto scalars = testing::ReadTensorBoardScalars(dir + "/tb");
+  ASSERT_TRUE(scalars.ok()) << scalars.status();
+  std::vector<std::pair<int64_t, double>> rates;
+  int batch_losses = 0;
+  for (const nlohmann::json& scalar : *scalars) {
+    if (scalar["tag"] == "epoch_learning_rate") rates.emplace_back(scalar["step"], scalar["value"]);
+    batch_losses += scalar["tag"] == "batch_loss";
+  }
+  EXPECT_EQ(batch_losses, 4);  // steps 20, 40, 60 and 80
+  // Epoch 1's rate, then epoch 2's (logged before ReduceLROnPlateau lowered it).
+  ASSERT_EQ(rates.size(), 2u);
+  EXPECT_FLOAT_EQ(static_cast<float>(rates[1].second), 0.001f);
+  RemoveFolder(dir);
 }
 
 // Runs stratum-worker alone on `job` with `tf_config` until it exits (20 s at most).
