@@ -19,40 +19,8 @@ import sys
 import tempfile
 import zlib
 
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(record):
-    length = struct.pack("<Q", len(record))
-    return (length + struct.pack("<I", masked(length)) + record +
-            struct.pack("<I", masked(record)))
-
-
-def unframe(stream):
-    records, at = [], 0
-    while at < len(stream):
-        length_bytes = stream[at:at + 8]
-        (length,) = struct.unpack("<Q", length_bytes)
-        (length_crc,) = struct.unpack("<I", stream[at + 8:at + 12])
-        assert length_crc == masked(length_bytes), "length CRC at %d" % at
-        record = stream[at + 12:at + 12 + length]
-        (data_crc,) = struct.unpack("<I", stream[at + 12 + length:at + 16 + length])
-        assert data_crc == masked(record), "data CRC at %d" % at
-        records.append(record)
-        at += 16 + length
-    return records
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from tfrecord_framing import frame, unframe  # noqa: E402
 
 
 def run(args):

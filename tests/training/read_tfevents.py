@@ -14,40 +14,13 @@ import os
 import struct
 import sys
 
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from tfrecord_framing import unframe  # noqa: E402
 
 
 def records(path):
-    data = open(path, "rb").read()
-    at = 0
-    while at < len(data):
-        if len(data) - at < 12:
-            raise ValueError("%s: truncated length at offset %d" % (path, at))
-        length_bytes = data[at:at + 8]
-        (length,) = struct.unpack("<Q", length_bytes)
-        (length_crc,) = struct.unpack("<I", data[at + 8:at + 12])
-        if length_crc != masked(length_bytes):
-            raise ValueError("%s: length CRC wrong at offset %d" % (path, at))
-        record = data[at + 12:at + 12 + length]
-        if len(record) != length or len(data) < at + 16 + length:
-            raise ValueError("%s: truncated record at offset %d" % (path, at))
-        (data_crc,) = struct.unpack("<I", data[at + 12 + length:at + 16 + length])
-        if data_crc != masked(record):
-            raise ValueError("%s: data CRC wrong at offset %d" % (path, at))
-        yield record
-        at += 16 + length
+    with open(path, "rb") as f:
+        return unframe(f.read(), path)
 
 
 def varint(buf, at):
