@@ -1,9 +1,9 @@
-# stratum_add_test(NAME SOURCES... [LIBS ...] [LABELS ...] [TIMEOUT s])
+# stratum_add_test(NAME SOURCES... [LIBS ...] [LABELS ...] [TIMEOUT s] [FIXTURES ...])
 # Builds a GoogleTest binary and registers each of its tests with CTest. Each binary runs
 # in a private temporary folder (tests/testing/private_temp_dir.cc).
 include(GoogleTest)
 function(stratum_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS;FIXTURES" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 60)
   endif()
@@ -13,5 +13,5 @@ function(stratum_add_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/include)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 30
-    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}" FIXTURES_REQUIRED "${ARG_FIXTURES}")
 endfunction()

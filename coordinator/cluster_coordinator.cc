@@ -7,8 +7,31 @@
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "stratum/util/counted.h"
+#include "stratum/util/metrics.h"
 
 namespace stratum {
+namespace {
+
+// The closure queue's Prometheus series.
+Gauge& QueueDepth() {
+  static Gauge& gauge = MetricsRegistry::Global().GetGauge(
+      "stratum_coordinator_closures_queued", "Closures scheduled and not yet taken by a worker.");
+  return gauge;
+}
+Counter& ClosuresRun() {
+  static Counter& counter = MetricsRegistry::Global().GetCounter(
+      "stratum_coordinator_closures_total", "Closure runs on workers, retries included.");
+  return counter;
+}
+Counter& ClosuresRetried() {
+  static Counter& counter = MetricsRegistry::Global().GetCounter(
+      "stratum_coordinator_closures_retried_total",
+      "Closures put back on the queue after their worker failed.");
+  return counter;
+}
+
+}  // namespace
+
 namespace {
 
 bool IsWorkerFailure(const absl::Status& status) {
@@ -63,6 +86,7 @@ ClusterCoordinator::~ClusterCoordinator() {
 void ClusterCoordinator::CancelQueued(const absl::Status& why) {
   for (Pending& pending : queue_) pending.value->Set(why);
   queue_.clear();
+  QueueDepth().Set(0);
 }
 
 absl::Status ClusterCoordinator::TakeError() {
@@ -84,9 +108,11 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
       if (stop_) return;
       pending = std::move(queue_.front());
       queue_.pop_front();
+      QueueDepth().Set(static_cast<double>(queue_.size()));
       ++in_flight_;
     }
     ++pending.closure.attempts;
+    ClosuresRun().Add();
     absl::StatusOr<ClosureOutputs> result = executor.Execute(pending.closure);
 
     bool wait_for_worker = false;
@@ -103,7 +129,9 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
                  pending.closure.attempts < options_.max_attempts && !stop_) {
         // At least once: another worker (or this one, once back) runs it again.
         ++retried_;
+        ClosuresRetried().Add();
         queue_.push_front(std::move(pending));
+        QueueDepth().Set(static_cast<double>(queue_.size()));
         wait_for_worker = true;
       } else {
         // Named once: the executor's errors often begin with its name already.
@@ -201,6 +229,7 @@ absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
   pending.value = std::make_shared<RemoteValue>();
   std::shared_ptr<RemoteValue> value = pending.value;
   queue_.push_back(std::move(pending));
+  QueueDepth().Set(static_cast<double>(queue_.size()));
   return value;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/ps/data_path.h"
+#include "stratum/ps/ps_metrics.h"
 
 namespace stratum {
 
@@ -340,6 +341,9 @@ bool PsDataServer::ServeOne(Connection& connection) {
       data_wire::ParseRequestMeta(meta_bytes, options_.limits);
   if (!meta.ok()) return refuse(meta.status(), header.inline_bytes);
   const Op op = static_cast<Op>(header.op_or_code);
+  static Histogram& pull_seconds = PsRequestSeconds("pull", "data");
+  static Histogram& push_seconds = PsRequestSeconds("push", "data");
+  ScopedTimer timer(op == Op::kPull ? &pull_seconds : op == Op::kPush ? &push_seconds : nullptr);
   SharedSegment* segment = connection.segment.get();
   // A push's gradients (its entries that are not reads), and what the call answers with:
   // a pull's entries; a push's whole gradients' variables (kPullAfter), then its reads.

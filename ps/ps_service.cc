@@ -6,6 +6,7 @@
 #include "spdlog/spdlog.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/ps_metrics.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/json_depth.h"
@@ -144,6 +145,8 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
 
 grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* request,
                              proto::PullResponse* response) {
+  static Histogram& seconds = PsRequestSeconds("pull", "grpc");
+  ScopedTimer timer(&seconds);
   const std::vector<RowRead> row_reads = DecodeRowReads(request->row_reads());
   if (absl::Status status =
           store_.CheckPull({request->names().begin(), request->names().end()},
@@ -170,6 +173,8 @@ grpc::Status PsService::Pull(grpc::ServerContext*, const proto::PullRequest* req
 
 grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* request,
                              proto::PushResponse* response) {
+  static Histogram& seconds = PsRequestSeconds("push", "grpc");
+  ScopedTimer timer(&seconds);
   absl::StatusOr<std::vector<Gradient>> gradients = DecodeGradients(request->gradients());
   if (!gradients.ok()) return ToGrpcStatus(gradients.status());
   const std::vector<RowRead> row_reads = DecodeRowReads(request->row_reads());

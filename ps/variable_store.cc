@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -113,10 +114,37 @@ absl::StatusOr<std::shared_ptr<VariableStore::Variable>> VariableStore::Find(
   return it->second;
 }
 
+namespace {
+
+// stratum_ps_{pulled,pushed}_bytes_total and stratum_ps_updates_total: what the variables
+// gave and took, whichever transport carried it.
+Counter& PulledBytes() {
+  static Counter& counter = MetricsRegistry::Global().GetCounter(
+      "stratum_ps_pulled_bytes_total", "Bytes of variable values this parameter server read out.");
+  return counter;
+}
+Counter& PushedBytes() {
+  static Counter& counter = MetricsRegistry::Global().GetCounter(
+      "stratum_ps_pushed_bytes_total", "Bytes of gradients this parameter server applied.");
+  return counter;
+}
+Counter& Updates(bool rows) {
+  static Counter& dense = MetricsRegistry::Global().GetCounter(
+      "stratum_ps_updates_total", "Optimizer updates this parameter server applied.",
+      {{"gradient", "dense"}});
+  static Counter& sparse = MetricsRegistry::Global().GetCounter(
+      "stratum_ps_updates_total", "Optimizer updates this parameter server applied.",
+      {{"gradient", "rows"}});
+  return rows ? sparse : dense;
+}
+
+}  // namespace
+
 absl::StatusOr<Tensor> VariableStore::Read(const std::string& name) const {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   absl::MutexLock lock(&(*variable)->mutex);
+  PulledBytes().Add(static_cast<double>((*variable)->value.byte_size()));
   return (*variable)->value.Clone();
 }
 
@@ -138,6 +166,7 @@ absl::StatusOr<VariableInfo> VariableStore::ReadInto(
     return absl::ResourceExhaustedError(
         absl::StrCat("no room to copy variable \"", name, "\" (", bytes, " bytes)"));
   }
+  PulledBytes().Add(static_cast<double>(bytes));
   if (rows == nullptr) {
     if (bytes > 0) std::memcpy(out, v.value.raw_data(), bytes);
     return info;
@@ -160,6 +189,7 @@ absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
   STRATUM_RETURN_IF_ERROR(CheckRows(name, v.value, indices));
   const int64_t row_size = v.value.row_size();
   Tensor out(DType::kFloat32, v.value.shape().WithFirstDim(static_cast<int64_t>(indices.size())));
+  PulledBytes().Add(static_cast<double>(out.byte_size()));
   for (size_t i = 0; i < indices.size(); ++i) {
     std::memcpy(out.data<float>() + static_cast<int64_t>(i) * row_size,
                 v.value.data<float>() + indices[i] * row_size,
@@ -251,6 +281,8 @@ absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,
   }
   if (absl::Status status = CheckFinite(name, gradient); !status.ok()) return status;
   v.optimizer->ApplyDense(v.value, gradient, v.slots, v.info.updates);
+  PushedBytes().Add(static_cast<double>(gradient.byte_size()));
+  Updates(false).Add();
   return ++v.info.updates;
 }
 
@@ -285,6 +317,9 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
     }
     v.optimizer->ApplyRows(v.value, rows, summed, v.slots, v.info.updates);
   }
+  PushedBytes().Add(
+      static_cast<double>(row_gradients.byte_size() + indices.size() * sizeof(int64_t)));
+  Updates(true).Add();
   return ++v.info.updates;
 }
 

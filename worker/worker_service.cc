@@ -11,6 +11,7 @@
 #include "stratum/net/status.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/metrics.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/training_job.h"
@@ -409,8 +410,16 @@ grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
     }
     steps = std::max<int64_t>(1, static_cast<int64_t>(*arg->data<float>()));
   }
+  static Histogram& step_seconds = MetricsRegistry::Global().GetHistogram(
+      "stratum_training_step_seconds", "Time of one training step on this worker's replicas.",
+      SecondsBuckets());
+  static Counter& steps_run = MetricsRegistry::Global().GetCounter(
+      "stratum_worker_closure_steps_total", "Training steps this worker ran for coordinators.");
+  const absl::Time began = absl::Now();
   absl::StatusOr<std::vector<Tensor>> outputs = job_->TrainSteps(steps);
   if (!outputs.ok()) return ToGrpcStatus(outputs.status());
+  step_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - began) / static_cast<double>(steps));
+  steps_run.Add(static_cast<double>(steps));
   for (const Tensor& output : *outputs) TensorToProto(output, response->add_outputs());
   return grpc::Status::OK;
 }

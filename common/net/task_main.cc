@@ -39,6 +39,10 @@ ABSL_FLAG(int, health_port, -1,
           "Also serve the gRPC health service alone, plaintext, on this port (for Kubernetes "
           "probes, which cannot speak TLS); 0: no (default: $STRATUM_HEALTH_PORT, else 0)");
 
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus' /metrics over HTTP on this port (the host the task listens on); "
+          "0: no (default: $STRATUM_METRICS_PORT, else 0)");
+
 // Mutual TLS. Each defaults to the environment variable it names.
 ABSL_FLAG(std::string, tls_cert, "",
           "This task's TLS certificate (PEM); with --tls_key and --tls_ca turns on mutual TLS "
@@ -288,6 +292,21 @@ std::string HealthListenAddressOrExit(const std::string& binary,
   return WithPort(listen_address, absl::StrCat(*port));
 }
 
+// Where the HTTP metrics server listens: --metrics_port on the host of `listen_address`;
+// empty for none.
+std::string MetricsListenAddressOrExit(const std::string& binary,
+                                       const std::string& listen_address) {
+  absl::StatusOr<int> port =
+      IntFlagOrEnv(FLAGS_metrics_port, "metrics_port", "STRATUM_METRICS_PORT", 0);
+  if (!port.ok()) ExitWithUsageError(binary, std::string(port.status().message()));
+  if (*port > 65535) {
+    ExitWithUsageError(binary, absl::StrCat("--metrics_port ", *port,
+                                            " is not a port: use 1 to 65535, or 0 for none"));
+  }
+  if (*port == 0 || listen_address.empty()) return "";
+  return WithPort(listen_address, absl::StrCat(*port));
+}
+
 }  // namespace
 
 int ReportFatal(const std::string& binary, const absl::Status& status) {
@@ -405,6 +424,8 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
     }
   }
   context.health_listen_address = HealthListenAddressOrExit(options.binary, context.listen_address);
+  context.metrics_listen_address =
+      MetricsListenAddressOrExit(options.binary, context.listen_address);
   if (absl::Status status = InitLogging(context.task.ToString(), absl::GetFlag(FLAGS_log_level));
       !status.ok()) {
     ExitWithUsageError(options.binary, std::string(status.message()));
@@ -428,6 +449,7 @@ absl::StatusOr<std::unique_ptr<TaskServer>> StartTaskServer(
   options.listen_address = context.listen_address;
   options.tls = context.channel.tls;
   options.health_listen_address = context.health_listen_address;
+  options.metrics_listen_address = context.metrics_listen_address;
   return TaskServer::Start(options, services);
 }
 
@@ -442,12 +464,15 @@ int ServeUntilShutdown(const TaskContext& context, ShutdownWatcher& shutdown,
     absl::StatusOr<std::unique_ptr<TaskServer>> started = StartTaskServer(context, services);
     if (!started.ok()) return ReportFatal(context.binary, started.status());
     server = *std::move(started);
-    spdlog::info("{} {} serving on {}{} (incarnation {:016x}){}", context.binary, StratumVersion(),
-                 context.listen_address, context.channel.tls ? " with mutual TLS" : "",
-                 ProcessIncarnation(),
-                 context.health_listen_address.empty()
-                     ? ""
-                     : absl::StrCat("; health checks also on ", context.health_listen_address));
+    spdlog::info(
+        "{} {} serving on {}{} (incarnation {:016x}){}{}", context.binary, StratumVersion(),
+        context.listen_address, context.channel.tls ? " with mutual TLS" : "", ProcessIncarnation(),
+        context.health_listen_address.empty()
+            ? ""
+            : absl::StrCat("; health checks also on ", context.health_listen_address),
+        context.metrics_listen_address.empty()
+            ? ""
+            : absl::StrCat("; metrics on http://", context.metrics_listen_address, "/metrics"));
   }
   shutdown.Wait();
   spdlog::info("signal {} received: shutting down", shutdown.signal_number());

@@ -16,6 +16,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "proto/coordination.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -23,6 +24,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/free_port.h"
+#include "stratum/util/metrics.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -172,6 +174,26 @@ absl::StatusOr<std::unique_ptr<TaskServer>> TaskServer::Start(
                            options.health_listen_address, "choose another --health_port");
     }
   }
+  if (!options.metrics_listen_address.empty()) {
+    MetricsRegistry::Global()
+        .GetGauge("stratum_task_info", "This task: its name, binary, version and incarnation.",
+                  {{"task", options.task.ToString()},
+                   {"binary", options.binary},
+                   {"version", StratumVersion()},
+                   {"incarnation", absl::StrFormat("%016x", ProcessIncarnation())}})
+        .Set(1);
+    absl::StatusOr<std::unique_ptr<HttpServer>> metrics = HttpServer::Start(
+        options.metrics_listen_address,
+        {{"/metrics", [](const std::string&) {
+            return HttpResponse{.content_type = "text/plain; version=0.0.4; charset=utf-8",
+                                .body = MetricsRegistry::Global().Render()};
+          }}});
+    if (!metrics.ok()) {
+      return ListenFailure(absl::StrCat(options.task.ToString(), "'s metrics server"),
+                           options.metrics_listen_address, "choose another --metrics_port");
+    }
+    server->metrics_server_ = *std::move(metrics);
+  }
   server->SetServing(true);
   return server;
 }
@@ -196,6 +218,7 @@ void TaskServer::Shutdown(absl::Duration grace) {
     health_server_->Shutdown();
     health_server_->Wait();
   }
+  metrics_server_.reset();
 }
 
 }  // namespace stratum

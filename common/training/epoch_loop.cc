@@ -14,9 +14,44 @@
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_state.h"
 #include "stratum/training/training_status.h"
+#include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
+
+namespace {
+
+// The training loop's Prometheus series (a coordinator's count the steps it scheduled).
+struct TrainingMetrics {
+  Counter& steps = MetricsRegistry::Global().GetCounter(
+      "stratum_training_steps_total", "Training steps this process's epoch loop ran or scheduled.");
+  Counter& examples = MetricsRegistry::Global().GetCounter(
+      "stratum_training_examples_total", "Training examples of the epochs ended, every worker's.");
+  Histogram& step_seconds = MetricsRegistry::Global().GetHistogram(
+      "stratum_training_step_seconds", "Time of one training step on this worker's replicas.",
+      SecondsBuckets());
+  Gauge& epoch = MetricsRegistry::Global().GetGauge("stratum_training_epoch",
+                                                    "The last epoch ended (from 1).");
+  Gauge& examples_per_second = MetricsRegistry::Global().GetGauge(
+      "stratum_training_examples_per_second", "The last epoch's training speed, every worker's.");
+  Gauge& loss = MetricsRegistry::Global().GetGauge("stratum_training_loss",
+                                                   "The last epoch's loss.", {{"data", "train"}});
+  Gauge& accuracy = MetricsRegistry::Global().GetGauge(
+      "stratum_training_accuracy", "The last epoch's accuracy.", {{"data", "train"}});
+  Gauge& val_loss = MetricsRegistry::Global().GetGauge(
+      "stratum_training_loss", "The last epoch's loss.", {{"data", "validation"}});
+  Gauge& val_accuracy = MetricsRegistry::Global().GetGauge(
+      "stratum_training_accuracy", "The last epoch's accuracy.", {{"data", "validation"}});
+  Gauge& learning_rate = MetricsRegistry::Global().GetGauge(
+      "stratum_training_learning_rate", "The optimizer's learning rate at the last epoch's end.");
+
+  static TrainingMetrics& Get() {
+    static auto* metrics = new TrainingMetrics();
+    return *metrics;
+  }
+};
+
+}  // namespace
 
 double EpochLoopNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -344,9 +379,15 @@ int64_t EpochLoop::StepsToAsk(int64_t step) const {
 absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stats) {
   const int64_t steps_per_epoch = spec_.steps_per_epoch;
   while (step < steps_per_epoch) {
+    const double began = EpochLoopNow();
     STRATUM_ASSIGN_OR_RETURN(const StepRunner::StepResult result,
                              runner_.Steps(epoch, step, iteration_, StepsToAsk(step)));
     if (result.data_ended) break;
+    TrainingMetrics::Get().steps.Add(static_cast<double>(result.steps));
+    if (runner_.HasStepStats()) {  // the steps ran by now: their time is theirs
+      TrainingMetrics::Get().step_seconds.Observe((EpochLoopNow() - began) /
+                                                  static_cast<double>(result.steps));
+    }
     iteration_ += result.steps;
     step += result.steps;
     if (runner_.HasStepStats()) {
@@ -434,6 +475,17 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
     if (callback->stop_training() && stopped_by_.empty()) stopped_by_ = callback->name();
   }
   log.stopped_by = stopped_by_;
+  TrainingMetrics& metrics = TrainingMetrics::Get();
+  metrics.examples.Add(static_cast<double>(trained));
+  metrics.epoch.Set(epoch);
+  metrics.examples_per_second.Set(log.examples_per_sec);
+  metrics.loss.Set(log.loss);
+  metrics.accuracy.Set(log.accuracy);
+  if (log.validated) {
+    metrics.val_loss.Set(log.val_loss);
+    metrics.val_accuracy.Set(log.val_accuracy);
+  }
+  metrics.learning_rate.Set(learning_rate());
   summary_.history.push_back(log);
   state_.history.push_back(EpochLogJson(log));
   const StepRunner::BackupPolicy backups = runner_.Backups();

@@ -15,6 +15,7 @@
 
 #include "stratum/job/job_spec.h"
 #include "stratum/testing/tensorboard_events.h"
+#include "stratum/util/number_text.h"
 
 namespace stratum {
 namespace {

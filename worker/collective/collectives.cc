@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -53,10 +54,17 @@ absl::StatusOr<std::unique_ptr<Collectives>> Collectives::Create(
 
 absl::Status Collectives::AllReduce(ReduceOp op, float* data, size_t count) {
   if (size() == 1) return absl::OkStatus();
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  static Histogram& seconds = MetricsRegistry::Global().GetHistogram(
+      "stratum_allreduce_seconds", "Time of one all-reduce across the workers.", SecondsBuckets());
+  static Counter& reduced = MetricsRegistry::Global().GetCounter(
+      "stratum_allreduce_bytes_total", "Bytes this worker all-reduced across the workers.");
+  const absl::Time began = absl::Now();
+  const absl::Time deadline = began + options_.timeout;
   const size_t bytes = count * sizeof(float);
   absl::Status status = bytes <= kDirectMaxBytes ? DirectAllReduce(data, count, deadline)
                                                  : RingAllReduce(data, count, deadline);
+  seconds.Observe(absl::ToDoubleSeconds(absl::Now() - began));
+  reduced.Add(static_cast<double>(bytes));
   STRATUM_RETURN_IF_ERROR(
       Annotate(status, absl::StrCat("all-reduce of ", bytes, " bytes over ", size(), " workers")));
   if (op == ReduceOp::kMean) {

@@ -6,8 +6,8 @@
 // Shared flags: --task_type, --task_index (override TF_CONFIG's task), --tf_config (used
 // instead of the TF_CONFIG environment variable), --listen_address (override where the
 // server binds), --log_level, --shutdown_grace, --print_tf_config; mutual TLS (--tls_cert,
-// --tls_key, --tls_ca, --tls_server_name) and --health_port; and the Kubernetes cluster
-// resolver's pod settings (--k8s_pod_name, --k8s_namespace, --k8s_<type>_replicas, ...),
+// --tls_key, --tls_ca, --tls_server_name), --health_port and --metrics_port; and the Kubernetes
+// cluster resolver's pod settings (--k8s_pod_name, --k8s_namespace, --k8s_<type>_replicas, ...),
 // used when there is no TF_CONFIG. Each of the last three groups defaults to an
 // environment variable (STRATUM_TLS_CERT, STRATUM_POD_NAME, ...; --help names them), read
 // here and nowhere else.
@@ -44,6 +44,8 @@ struct TaskContext {
   ChannelOptions channel = {};
   // Where the plaintext health-only server listens (--health_port); empty: none.
   std::string health_listen_address = "";
+  // Where the HTTP server of Prometheus' /metrics listens (--metrics_port); empty: none.
+  std::string metrics_listen_address = "";
 
   // Options for every channel this task opens to the others: pass them to MakeChannel,
   // CheckHealth, ClusterWaitOptions and the clients built on them.

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/net/http_server.h"
 #include "stratum/net/tls.h"
 
 namespace grpc {
@@ -34,6 +35,9 @@ struct TaskServerOptions {
   // When not empty, a second, plaintext server with only the health service (what the
   // probes of a TLS pod call), e.g. "[::]:8081". It reports what the main server does.
   std::string health_listen_address = "";
+  // When not empty, an HTTP server (e.g. "[::]:9090") with Prometheus' /metrics
+  // (MetricsRegistry::Global()), plaintext: what scrapers read.
+  std::string metrics_listen_address = "";
 };
 
 class TaskServer {
@@ -53,6 +57,8 @@ class TaskServer {
   int port() const { return port_; }
   // The port of the plaintext health server; 0 when there is none.
   int health_port() const { return health_port_; }
+  // The port of the HTTP metrics server; 0 when there is none.
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
  private:
   class TaskServiceImpl;
@@ -64,6 +70,7 @@ class TaskServer {
   std::unique_ptr<PlaintextHealthImpl> plaintext_health_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;
+  std::unique_ptr<HttpServer> metrics_server_;
   std::vector<std::string> service_names_;  // the health service answers for these too
   int port_ = 0;
   int health_port_ = 0;

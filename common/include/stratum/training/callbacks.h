@@ -86,8 +86,4 @@ class Callback {
 absl::StatusOr<std::vector<std::unique_ptr<Callback>>> MakeCallbacks(
     const std::vector<CallbackSpec>& specs);
 
-// A double as Python's repr() writes it (CSVLogger's cells): the shortest text that reads
-// back as the same double.
-std::string PythonFloat(double value);
-
 }  // namespace stratum
