@@ -71,8 +71,10 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   for (int i = 0; i < options.num_workers; ++i) order.push_back({kWorker, i});
   if (options.evaluator) order.push_back({kEvaluator, 0});
   if (options.chief) order.push_back({kChief, 0});
-  STRATUM_ASSIGN_OR_RETURN(std::vector<int> ports,
-                           PickFreePorts(static_cast<int>(order.size()), options.host));
+  // A gRPC port per task, then (with metrics) an HTTP port per task.
+  STRATUM_ASSIGN_OR_RETURN(
+      std::vector<int> ports,
+      PickFreePorts(static_cast<int>(order.size() * (options.metrics ? 2 : 1)), options.host));
   for (size_t i = 0; i < order.size(); ++i) {
     plan.spec.SetTask(order[i].type, order[i].index,
                       JoinHostPort(options.host, absl::StrCat(ports[i])));
@@ -81,7 +83,8 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   plan.workers_train = options.chief_is_worker;
 
   const std::string bin_dir = options.bin_dir.empty() ? "." : options.bin_dir;
-  for (const TaskKey& task : order) {
+  for (size_t t = 0; t < order.size(); ++t) {
+    const TaskKey& task = order[t];
     PlannedTask planned;
     planned.task = task;
     planned.address = *plan.spec.TaskAddress(task.type, task.index);
@@ -90,6 +93,11 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
     planned.argv.push_back(
         absl::StrCat(bin_dir, "/", BinaryFor(task.type, options.chief_is_worker)));
     if (task.type == kEvaluator) planned.argv.push_back("--evaluator");
+    if (options.metrics) {
+      const int port = ports[order.size() + t];
+      planned.metrics_address = JoinHostPort(options.host, absl::StrCat(port));
+      planned.argv.push_back(absl::StrCat("--metrics_port=", port));
+    }
     for (const std::string& arg : options.all_args) planned.argv.push_back(arg);
     for (const auto& [type, args] : options.args_by_type) {
       if (type != task.type) continue;

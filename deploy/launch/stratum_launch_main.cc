@@ -69,6 +69,9 @@ ABSL_FLAG(std::string, tls_cert, "",
           "Mutual TLS: this cluster's certificate (PEM), handed to every task as "
           "STRATUM_TLS_CERT (default: $STRATUM_TLS_CERT, which the tasks inherit)");
 ABSL_FLAG(std::string, tls_key, "", "Mutual TLS: the certificate's key (STRATUM_TLS_KEY)");
+ABSL_FLAG(bool, metrics, false,
+          "Every task serves Prometheus' /metrics on a free port of its own; their URLs are "
+          "printed");
 ABSL_FLAG(std::string, tls_ca, "", "Mutual TLS: the cluster's CA certificate (STRATUM_TLS_CA)");
 ABSL_FLAG(std::string, tls_server_name, "",
           "Mutual TLS: the name every task's certificate is checked for "
@@ -241,6 +244,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(JobPaths& paths) {
   options.chief = absl::GetFlag(FLAGS_chief);
   options.evaluator = absl::GetFlag(FLAGS_evaluator);
   options.host = absl::GetFlag(FLAGS_host);
+  options.metrics = absl::GetFlag(FLAGS_metrics);
   options.bin_dir =
       absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
   options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
@@ -580,5 +584,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_verbose)
           ? ""
           : " (here: the training progress, warnings and errors; --verbose shows every line)"));
+  for (const stratum::PlannedTask& task : plan->tasks) {
+    if (task.metrics_address.empty()) continue;
+    stratum::Say(absl::StrCat("metrics of ", task.task.ToString(), ": http://",
+                              task.metrics_address, "/metrics"));
+  }
   return stratum::Launch(*plan, paths, shutdown);
 }

@@ -36,6 +36,25 @@ TEST(LaunchPlanTest, PlansEveryTaskWithItsOwnPortAndTfConfig) {
   EXPECT_EQ(addresses.size(), 6u);
 }
 
+TEST(LaunchPlanTest, WithMetricsEveryTaskServesThemOnAPortOfItsOwn) {
+  LaunchOptions options{.num_workers = 2, .num_ps = 1, .chief = true};
+  options.metrics = true;
+  auto plan = PlanLocalCluster(options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::set<std::string> ports;
+  for (const PlannedTask& task : plan->tasks) {
+    ports.insert(task.address.substr(task.address.rfind(':') + 1));
+    ASSERT_FALSE(task.metrics_address.empty()) << task.task.ToString();
+    const std::string port = task.metrics_address.substr(task.metrics_address.rfind(':') + 1);
+    ports.insert(port);
+    EXPECT_THAT(task.argv, ::testing::Contains("--metrics_port=" + port));
+  }
+  EXPECT_EQ(ports.size(), 8u);  // 4 gRPC ports and 4 metrics ports, all different
+  auto plain = PlanLocalCluster({.num_workers = 1, .num_ps = 0});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->tasks.front().metrics_address.empty());
+}
+
 TEST(LaunchPlanTest, BinariesFollowTheRoles) {
   EXPECT_EQ(BinaryFor("chief"), "stratum-coordinator");
   EXPECT_EQ(BinaryFor("worker"), "stratum-worker");

@@ -30,6 +30,8 @@ struct LaunchOptions {
   bool chief_is_worker = false;
   // Set in every task's environment (TLS files).
   std::vector<std::pair<std::string, std::string>> env;
+  // Every task serves Prometheus' /metrics on a free port of its own (--metrics_port).
+  bool metrics = false;
 };
 
 struct PlannedTask {
@@ -38,6 +40,7 @@ struct PlannedTask {
   std::vector<std::string> argv;
   std::string tf_config;
   std::vector<std::pair<std::string, std::string>> env;  // besides TF_CONFIG
+  std::string metrics_address;  // "host:port" of its /metrics, with LaunchOptions::metrics
 };
 
 struct LaunchPlan {
