@@ -660,7 +660,8 @@ absl::StatusOr<FitSummary> ParameterServerJob::TrainEpochs() {
   const EpochLoopSpec spec{.steps_per_epoch = steps_per_epoch_,
                            .has_test = data_.has_test,
                            .start = start_,
-                           .say_resumed = false};
+                           .say_resumed = false,
+                           .strategy_name = "ParameterServerStrategy"};
   return RunEpochs(evaluation_, *model_, *optimizer_, fit_options_, spec, std::move(state), *this);
 }
 

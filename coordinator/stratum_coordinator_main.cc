@@ -16,6 +16,7 @@
 #include "stratum/net/health.h"
 #include "stratum/net/task_main.h"
 #include "stratum/ps/placement.h"
+#include "stratum/training/status_page.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 #include "stratum/util/status_macros.h"
@@ -159,6 +160,8 @@ int Run(const TaskContext& context, ShutdownWatcher& shutdown) {
   }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
+  absl::StatusOr<std::unique_ptr<HttpServer>> status_page = ServeStatusPageIfAsked(context, spec);
+  if (!status_page.ok()) return ReportFatal(context.binary, status_page.status());
   spdlog::info("serving on {}; waiting up to {} for {} tasks to answer", context.listen_address,
                absl::FormatDuration(absl::GetFlag(FLAGS_cluster_timeout)), spec.AllTasks().size());
 

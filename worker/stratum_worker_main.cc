@@ -12,6 +12,7 @@
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
+#include "stratum/training/status_page.h"
 #include "stratum/util/flags.h"
 #include "stratum/worker/coordination_grpc_service.h"
 #include "stratum/worker/coordination_service.h"
@@ -86,6 +87,12 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
   }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context, services);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
+  // The job's chief (its first worker) serves the status page.
+  absl::StatusOr<std::unique_ptr<HttpServer>> status_page =
+      context.task == MultiWorkerTasks(cluster).front()
+          ? ServeStatusPageIfAsked(context, cluster)
+          : absl::StatusOr<std::unique_ptr<HttpServer>>(nullptr);
+  if (!status_page.ok()) return ReportFatal(context.binary, status_page.status());
   MultiWorkerJobOptions options{.cluster = cluster,
                                 .task = context.task,
                                 .channel = context.channel_options(),

@@ -43,6 +43,11 @@ ABSL_FLAG(int, metrics_port, -1,
           "Serve Prometheus' /metrics over HTTP on this port (the host the task listens on); "
           "0: no (default: $STRATUM_METRICS_PORT, else 0)");
 
+ABSL_FLAG(int, status_port, -1,
+          "The chief of a job (the coordinator, worker 0 of a MultiWorkerMirrored job) serves "
+          "a live status page over HTTP on this port; 0: no (default: $STRATUM_STATUS_PORT, "
+          "else 0)");
+
 // Mutual TLS. Each defaults to the environment variable it names.
 ABSL_FLAG(std::string, tls_cert, "",
           "This task's TLS certificate (PEM); with --tls_key and --tls_ca turns on mutual TLS "
@@ -277,30 +282,16 @@ TfConfigSource ReadTfConfigOrExit(const std::string& binary, bool tls) {
   return source;
 }
 
-// Where the plaintext health-only server listens: --health_port on the host of
-// `listen_address`; empty for none.
-std::string HealthListenAddressOrExit(const std::string& binary,
-                                      const std::string& listen_address) {
-  absl::StatusOr<int> port =
-      IntFlagOrEnv(FLAGS_health_port, "health_port", "STRATUM_HEALTH_PORT", 0);
+// Where a second server of the task listens (the plaintext health service, the HTTP
+// metrics, the status page): the port of `flag` (named `name`, defaulting to $`variable`)
+// on the host of `listen_address`; empty for none.
+std::string SideListenAddressOrExit(const std::string& binary, const std::string& listen_address,
+                                    const absl::Flag<int>& flag, const char* name,
+                                    const char* variable) {
+  absl::StatusOr<int> port = IntFlagOrEnv(flag, name, variable, 0);
   if (!port.ok()) ExitWithUsageError(binary, std::string(port.status().message()));
   if (*port > 65535) {
-    ExitWithUsageError(binary, absl::StrCat("--health_port ", *port,
-                                            " is not a port: use 1 to 65535, or 0 for none"));
-  }
-  if (*port == 0 || listen_address.empty()) return "";
-  return WithPort(listen_address, absl::StrCat(*port));
-}
-
-// Where the HTTP metrics server listens: --metrics_port on the host of `listen_address`;
-// empty for none.
-std::string MetricsListenAddressOrExit(const std::string& binary,
-                                       const std::string& listen_address) {
-  absl::StatusOr<int> port =
-      IntFlagOrEnv(FLAGS_metrics_port, "metrics_port", "STRATUM_METRICS_PORT", 0);
-  if (!port.ok()) ExitWithUsageError(binary, std::string(port.status().message()));
-  if (*port > 65535) {
-    ExitWithUsageError(binary, absl::StrCat("--metrics_port ", *port,
+    ExitWithUsageError(binary, absl::StrCat("--", name, " ", *port,
                                             " is not a port: use 1 to 65535, or 0 for none"));
   }
   if (*port == 0 || listen_address.empty()) return "";
@@ -423,9 +414,15 @@ TaskContext ResolveTaskOrExit(const TaskMainOptions& options) {
       context.listen_address = *listen;
     }
   }
-  context.health_listen_address = HealthListenAddressOrExit(options.binary, context.listen_address);
+  context.health_listen_address =
+      SideListenAddressOrExit(options.binary, context.listen_address, FLAGS_health_port,
+                              "health_port", "STRATUM_HEALTH_PORT");
   context.metrics_listen_address =
-      MetricsListenAddressOrExit(options.binary, context.listen_address);
+      SideListenAddressOrExit(options.binary, context.listen_address, FLAGS_metrics_port,
+                              "metrics_port", "STRATUM_METRICS_PORT");
+  context.status_listen_address =
+      SideListenAddressOrExit(options.binary, context.listen_address, FLAGS_status_port,
+                              "status_port", "STRATUM_STATUS_PORT");
   if (absl::Status status = InitLogging(context.task.ToString(), absl::GetFlag(FLAGS_log_level));
       !status.ok()) {
     ExitWithUsageError(options.binary, std::string(status.message()));

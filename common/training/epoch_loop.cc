@@ -13,6 +13,7 @@
 #include "stratum/training/callbacks.h"
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_state.h"
+#include "stratum/training/status_page.h"
 #include "stratum/training/training_status.h"
 #include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
@@ -334,6 +335,9 @@ absl::StatusOr<FitSummary> EpochLoop::Run() {
       !stopped_before.empty()) {
     SayResumed(options_, state_, spec_.has_test, stopped_before);
   }
+  StatusBoard::Global().StartRun(
+      spec_.strategy_name.empty() ? strategy_.name() : spec_.strategy_name, options_.epochs,
+      spec_.steps_per_epoch, summary_.history);
   STRATUM_ASSIGN_OR_RETURN(callbacks_, MakeCallbacks(options_.callbacks));
   std::vector<Logs> history;
   for (const EpochLog& log : summary_.history) history.push_back(LogsOf(log, options_.metrics));
@@ -390,6 +394,7 @@ absl::Status EpochLoop::RunSteps(int epoch, int64_t& step, StepStats& epoch_stat
     }
     iteration_ += result.steps;
     step += result.steps;
+    StatusBoard::Global().SetStep(epoch, step);
     if (runner_.HasStepStats()) {
       Accumulate(epoch_stats, result.stats);
       const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
@@ -486,6 +491,7 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
     metrics.val_accuracy.Set(log.val_accuracy);
   }
   metrics.learning_rate.Set(learning_rate());
+  StatusBoard::Global().EndEpoch(log);
   summary_.history.push_back(log);
   state_.history.push_back(EpochLogJson(log));
   const StepRunner::BackupPolicy backups = runner_.Backups();
@@ -574,7 +580,13 @@ absl::StatusOr<FitSummary> RunEpochs(Strategy& strategy, const Model& model,
                                      const EpochLoopSpec& spec, FitState state,
                                      StepRunner& runner) {
   EpochLoop loop(strategy, model, optimizer, options, spec, std::move(state), runner);
-  return loop.Run();
+  absl::StatusOr<FitSummary> summary = loop.Run();
+  StatusBoard::Global().EndRun(
+      !summary.ok() ? std::string(summary.status().message())
+      : summary->history.empty() || summary->history.back().stopped_by.empty()
+          ? "complete"
+          : absl::StrCat("complete: ", summary->history.back().stopped_by, " stopped it"));
+  return summary;
 }
 
 }  // namespace stratum

@@ -71,10 +71,11 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
   for (int i = 0; i < options.num_workers; ++i) order.push_back({kWorker, i});
   if (options.evaluator) order.push_back({kEvaluator, 0});
   if (options.chief) order.push_back({kChief, 0});
-  // A gRPC port per task, then (with metrics) an HTTP port per task.
-  STRATUM_ASSIGN_OR_RETURN(
-      std::vector<int> ports,
-      PickFreePorts(static_cast<int>(order.size() * (options.metrics ? 2 : 1)), options.host));
+  // A gRPC port per task, then (with metrics) an HTTP port per task, then the status page's.
+  STRATUM_ASSIGN_OR_RETURN(std::vector<int> ports,
+                           PickFreePorts(static_cast<int>(order.size() * (options.metrics ? 2 : 1) +
+                                                          (options.status_page ? 1 : 0)),
+                                         options.host));
   for (size_t i = 0; i < order.size(); ++i) {
     plan.spec.SetTask(order[i].type, order[i].index,
                       JoinHostPort(options.host, absl::StrCat(ports[i])));
@@ -97,6 +98,10 @@ absl::StatusOr<LaunchPlan> PlanLocalCluster(const LaunchOptions& options) {
       const int port = ports[order.size() + t];
       planned.metrics_address = JoinHostPort(options.host, absl::StrCat(port));
       planned.argv.push_back(absl::StrCat("--metrics_port=", port));
+    }
+    if (options.status_page && task == plan.main_task) {
+      plan.status_address = JoinHostPort(options.host, absl::StrCat(ports.back()));
+      planned.argv.push_back(absl::StrCat("--status_port=", ports.back()));
     }
     for (const std::string& arg : options.all_args) planned.argv.push_back(arg);
     for (const auto& [type, args] : options.args_by_type) {

@@ -245,6 +245,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(JobPaths& paths) {
   options.evaluator = absl::GetFlag(FLAGS_evaluator);
   options.host = absl::GetFlag(FLAGS_host);
   options.metrics = absl::GetFlag(FLAGS_metrics);
+  options.status_page = !absl::GetFlag(FLAGS_job).empty();
   options.bin_dir =
       absl::GetFlag(FLAGS_bin_dir).empty() ? OwnFolder() : absl::GetFlag(FLAGS_bin_dir);
   options.all_args = {absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
@@ -584,6 +585,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_verbose)
           ? ""
           : " (here: the training progress, warnings and errors; --verbose shows every line)"));
+  if (!plan->status_address.empty()) {
+    stratum::Say(absl::StrCat("status page: http://", plan->status_address, "/"));
+  }
   for (const stratum::PlannedTask& task : plan->tasks) {
     if (task.metrics_address.empty()) continue;
     stratum::Say(absl::StrCat("metrics of ", task.task.ToString(), ": http://",

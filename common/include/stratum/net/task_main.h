@@ -6,11 +6,11 @@
 // Shared flags: --task_type, --task_index (override TF_CONFIG's task), --tf_config (used
 // instead of the TF_CONFIG environment variable), --listen_address (override where the
 // server binds), --log_level, --shutdown_grace, --print_tf_config; mutual TLS (--tls_cert,
-// --tls_key, --tls_ca, --tls_server_name), --health_port and --metrics_port; and the Kubernetes
-// cluster resolver's pod settings (--k8s_pod_name, --k8s_namespace, --k8s_<type>_replicas, ...),
-// used when there is no TF_CONFIG. Each of the last three groups defaults to an
-// environment variable (STRATUM_TLS_CERT, STRATUM_POD_NAME, ...; --help names them), read
-// here and nowhere else.
+// --tls_key, --tls_ca, --tls_server_name), --health_port, --metrics_port and --status_port; and the
+// Kubernetes cluster resolver's pod settings (--k8s_pod_name, --k8s_namespace,
+// --k8s_<type>_replicas, ...), used when there is no TF_CONFIG. Each of the last three groups
+// defaults to an environment variable (STRATUM_TLS_CERT, STRATUM_POD_NAME, ...; --help names them),
+// read here and nowhere else.
 #pragma once
 
 #include <functional>
@@ -46,6 +46,9 @@ struct TaskContext {
   std::string health_listen_address = "";
   // Where the HTTP server of Prometheus' /metrics listens (--metrics_port); empty: none.
   std::string metrics_listen_address = "";
+  // Where the live status page listens (--status_port; the chief of a job serves it);
+  // empty: none.
+  std::string status_listen_address = "";
 
   // Options for every channel this task opens to the others: pass them to MakeChannel,
   // CheckHealth, ClusterWaitOptions and the clients built on them.

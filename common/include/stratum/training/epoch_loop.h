@@ -139,6 +139,9 @@ struct EpochLoopSpec {
   // Whether the loop says where a resumed run goes on from (SayResumed); a runner that says
   // it its own way turns it off.
   bool say_resumed = true;
+  // The strategy the job trains with, for the status page; empty: the loop's strategy's
+  // (the parameter-server job's loop runs on the coordinator's evaluation strategy).
+  std::string strategy_name;
 };
 
 // Trains the epochs after `state` (StartFitState's answer, the same on every worker) and

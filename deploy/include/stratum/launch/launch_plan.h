@@ -32,6 +32,9 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Every task serves Prometheus' /metrics on a free port of its own (--metrics_port).
   bool metrics = false;
+  // The main task (the job's chief) serves the live status page on a free port
+  // (--status_port).
+  bool status_page = false;
 };
 
 struct PlannedTask {
@@ -51,6 +54,8 @@ struct LaunchPlan {
   TaskKey main_task;
   // MultiWorkerMirrored: every worker trains and exits when the job is done.
   bool workers_train = false;
+  // "host:port" of the main task's status page, with LaunchOptions::status_page.
+  std::string status_address;
 };
 
 // The binary that runs a task type: chief -> stratum-coordinator (stratum-worker when
