@@ -16,6 +16,7 @@
 #include "grpc_worker_executor.h"
 #include "proto/worker.pb.h"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/keras_export.h"
 #include "stratum/coordinator/checkpoint_manager.h"
 #include "stratum/coordinator/cluster_coordinator.h"
 #include "stratum/coordinator/ps_watcher.h"
@@ -896,8 +897,18 @@ absl::StatusOr<FitSummary> ParameterServerJob::Finish(const FitSummary& trained)
   if (!already_complete && checkpoints_ && global_step_ != saved_step_) {
     if (absl::Status status = Save(global_step_, HistoryJson()); !status.ok()) return status;
   }
-  if (checkpoints_)
+  if (!options_.export_dir.empty()) {
+    absl::StatusOr<std::vector<Tensor>> trained_variables = variables_->Pull();
+    if (!trained_variables.ok()) return trained_variables.status();
+    STRATUM_RETURN_IF_ERROR(
+        ExportKerasModel(job_.model, *model_, *trained_variables, options_.export_dir));
+    std::fprintf(options_.out,
+                 "exported the model into %s: model.json, model.weights.h5, model.safetensors\n",
+                 options_.export_dir.c_str());
+  }
+  if (checkpoints_) {
     STRATUM_RETURN_IF_ERROR(DeleteBackupOfCompleteJob(job_.checkpoint, options_.out));
+  }
   // The model as trained: the last epoch's validation, if it ran, else evaluated.
   summary_.tested = trained.tested;
   summary_.test_loss = trained.test_loss;

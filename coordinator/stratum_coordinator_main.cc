@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, job, "",
           "A parameter-server job file to train (e.g. examples/fashion_mnist_ps.json); without "
           "it the coordinator checks the cluster and exits");
 ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
+ABSL_FLAG(std::string, export, "",
+          "With --job: export the trained model into this folder in Keras' formats (model.json, "
+          "model.weights.h5, model.safetensors) once the job is complete");
 ABSL_FLAG(absl::Duration, ps_recovery_timeout, absl::Minutes(5),
           "How long to wait for a parameter server that died to come back before giving up "
           "(its variables are then restored from the last checkpoint); 0 fails at once");
@@ -91,6 +94,9 @@ absl::StatusOr<JobSpec> LoadAndCheckJob(const std::string& job_path) {
     STRATUM_RETURN_IF_ERROR(
         CheckWritableFileFolder(absl::GetFlag(FLAGS_summary_json), "--summary_json"));
   }
+  if (!absl::GetFlag(FLAGS_export).empty()) {
+    STRATUM_RETURN_IF_ERROR(CheckWritableFolder(absl::GetFlag(FLAGS_export), "--export"));
+  }
   return job;
 }
 
@@ -110,6 +116,7 @@ int Train(const TaskContext& context, const std::string& job_path, const JobSpec
   options.cancel = &shutdown.notification();
   options.channel = context.channel_options();
   options.listen_address = context.listen_address;
+  options.export_dir = absl::GetFlag(FLAGS_export);
   absl::StatusOr<FitSummary> summary =
       RunParameterServerJob(job, text.str(), base_dir, context.resolver.cluster_spec(), options);
   if (!summary.ok()) {

@@ -30,6 +30,8 @@ packages=(
   libgtest-dev libgmock-dev
   iproute2  # the tests' simulated hosts (network namespaces)
   python3-protobuf  # the tests' independent reading and writing of tf.Example files
+  libhdf5-103-1  # HDF5, which --export loads to write Keras' .weights.h5
+  python3-h5py  # the tests' independent reading of those exports
   dataset-fashion-mnist
 )
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/checkpoint/keras_export.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
@@ -21,6 +22,10 @@
 ABSL_FLAG(std::string, job, "", "The job file (JSON), e.g. examples/fashion_mnist.json");
 ABSL_FLAG(std::string, summary_json, "", "Write the training summary (JSON) to this path");
 ABSL_FLAG(int, epochs, 0, "Override the job's fit.epochs");
+ABSL_FLAG(std::string, export, "",
+          "Export the trained model into this folder in Keras' formats: model.json, "
+          "model.weights.h5 (keras.models.model_from_json(...).load_weights(...)) and "
+          "model.safetensors");
 ABSL_FLAG(std::string, progress, "auto",
           "auto (a bar on a terminal), bar, lines or none (no epoch lines; what happens, such "
           "as a resume, is still said)");
@@ -98,6 +103,10 @@ int Run(const ShutdownWatcher& shutdown) {
       return Fail(s);
     }
   }
+  const std::string export_dir = absl::GetFlag(FLAGS_export);
+  if (!export_dir.empty()) {
+    if (absl::Status s = CheckWritableFolder(export_dir, "--export"); !s.ok()) return Fail(s);
+  }
   std::optional<CheckpointFolderLock> checkpoint_lock;
   if (!job->checkpoint.dir.empty()) {
     absl::StatusOr<CheckpointFolderLock> lock = LockCheckpointFolder(job->checkpoint.dir);
@@ -134,6 +143,15 @@ int Run(const ShutdownWatcher& shutdown) {
     return IsStoppedEarly(summary.status()) ? 128 + shutdown.signal_number() : code;
   }
   std::printf("%s\n", summary->ResultLine().c_str());
+  if (!export_dir.empty()) {
+    if (absl::Status exported =
+            ExportKerasModel(job->model, *model, summary->variables, export_dir);
+        !exported.ok()) {
+      return Fail(exported);
+    }
+    std::printf("exported the model into %s: model.json, model.weights.h5, model.safetensors\n",
+                export_dir.c_str());
+  }
   if (absl::Status deleted = DeleteBackupOfCompleteJob(job->checkpoint, stdout); !deleted.ok()) {
     return Fail(deleted);
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/checkpoint/keras_export.h"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/task_main.h"
@@ -26,6 +27,9 @@ ABSL_FLAG(std::string, job, "",
           "checkpoints to evaluate as they appear");
 ABSL_FLAG(std::string, summary_json, "",
           "MultiWorkerMirrored: the chief writes the training summary (JSON) to this path");
+ABSL_FLAG(std::string, export, "",
+          "MultiWorkerMirrored: the chief exports the trained model into this folder in Keras' "
+          "formats (model.json, model.weights.h5, model.safetensors) once the job is complete");
 ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
           "MultiWorkerMirrored: how long to wait for the leader and every peer to join");
 ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(25),
@@ -85,6 +89,13 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
       return ReportFatal(context.binary, status);
     }
   }
+  const std::string export_dir = absl::GetFlag(FLAGS_export);
+  const bool exports = !export_dir.empty() && context.task == MultiWorkerTasks(cluster).front();
+  if (exports) {
+    if (absl::Status status = CheckWritableFolder(export_dir, "--export"); !status.ok()) {
+      return ReportFatal(context.binary, status);
+    }
+  }
   absl::StatusOr<std::unique_ptr<TaskServer>> server = StartTaskServer(context, services);
   if (!server.ok()) return ReportFatal(context.binary, server.status());
   // The job's chief (its first worker) serves the status page.
@@ -123,6 +134,15 @@ int RunMultiWorker(const JobSpec& job, const TaskContext& context, ShutdownWatch
         !written.ok()) {
       return ReportFatal(context.binary, written);
     }
+  }
+  if (exports) {
+    absl::StatusOr<Model> model = Model::FromKerasJson(job.model);
+    absl::Status exported =
+        model.ok() ? ExportKerasModel(job.model, *model, summary->variables, export_dir)
+                   : model.status();
+    if (!exported.ok()) return ReportFatal(context.binary, exported);
+    std::printf("exported the model into %s: model.json, model.weights.h5, model.safetensors\n",
+                export_dir.c_str());
   }
   spdlog::info("done");
   return 0;

@@ -274,6 +274,45 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   return data;
 }
 
+namespace {
+
+// What fit.callbacks ask of the training that it cannot do, refused before training.
+absl::Status CheckCallbacksFit(const JobSpec& job, const Optimizer& optimizer) {
+  for (size_t i = 0; i < job.fit.callbacks.size(); ++i) {
+    const CallbackSpec& callback = job.fit.callbacks[i];
+    const std::string field =
+        absl::StrCat("job field fit.callbacks[", i, "] (", callback.class_name, ")");
+    if (callback.class_name == "ReduceLROnPlateau" &&
+        optimizer.learning_rate_schedule().is_schedule()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " sets the learning rate, and the optimizer's learning_rate is the schedule ",
+          optimizer.learning_rate_schedule().name(),
+          ", which sets it at every step (Keras refuses this too): give the optimizer a "
+          "constant learning_rate, or leave ReduceLROnPlateau out"));
+    }
+    if (job.strategy.type != "parameter_server") continue;
+    if (callback.class_name == "ReduceLROnPlateau") {
+      return absl::UnimplementedError(absl::StrCat(
+          field,
+          " changes the learning rate, which the parameter servers take from the job "
+          "when the variables are created and Stratum cannot change on them yet: give the "
+          "optimizer a learning-rate schedule (ExponentialDecay, PiecewiseConstantDecay, ...), "
+          "which the parameter servers step, or train with another strategy"));
+    }
+    if (callback.class_name == "EarlyStopping" &&
+        callback.config.value("restore_best_weights", false)) {
+      return absl::UnimplementedError(absl::StrCat(
+          field,
+          " sets restore_best_weights, and Stratum cannot put earlier variables back "
+          "on the parameter servers yet: set restore_best_weights false (training still stops "
+          "at the epoch EarlyStopping picks)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   const FitSpec& spec = job.fit;
   FitOptions options;
@@ -288,6 +327,9 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   options.shuffle_buffer = spec.shuffle_buffer;
   options.seed = spec.seed;
   options.validate = spec.validate;
+  STRATUM_ASSIGN_OR_RETURN(const std::unique_ptr<Optimizer> optimizer,
+                           Optimizer::FromKeras(job.optimizer));
+  STRATUM_RETURN_IF_ERROR(CheckCallbacksFit(job, *optimizer));
   options.callbacks = spec.callbacks;
   options.metrics = job.metrics;
   return options;
@@ -379,45 +421,6 @@ absl::Status DeleteBackupOfCompleteJob(const CheckpointSpec& checkpoint, FILE* o
   return absl::OkStatus();
 }
 
-namespace {
-
-// What fit.callbacks ask of the training that it cannot do, refused before training.
-absl::Status CheckCallbacksFit(const JobSpec& job, const Optimizer& optimizer) {
-  for (size_t i = 0; i < job.fit.callbacks.size(); ++i) {
-    const CallbackSpec& callback = job.fit.callbacks[i];
-    const std::string field =
-        absl::StrCat("job field fit.callbacks[", i, "] (", callback.class_name, ")");
-    if (callback.class_name == "ReduceLROnPlateau" &&
-        optimizer.learning_rate_schedule().is_schedule()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " sets the learning rate, and the optimizer's learning_rate is the schedule ",
-          optimizer.learning_rate_schedule().name(),
-          ", which sets it at every step (Keras refuses this too): give the optimizer a "
-          "constant learning_rate, or leave ReduceLROnPlateau out"));
-    }
-    if (job.strategy.type != "parameter_server") continue;
-    if (callback.class_name == "ReduceLROnPlateau") {
-      return absl::UnimplementedError(absl::StrCat(
-          field,
-          " changes the learning rate, which the parameter servers take from the job "
-          "when the variables are created and Stratum cannot change on them yet: give the "
-          "optimizer a learning-rate schedule (ExponentialDecay, PiecewiseConstantDecay, ...), "
-          "which the parameter servers step, or train with another strategy"));
-    }
-    if (callback.class_name == "EarlyStopping" &&
-        callback.config.value("restore_best_weights", false)) {
-      return absl::UnimplementedError(absl::StrCat(
-          field,
-          " sets restore_best_weights, and Stratum cannot put earlier variables back "
-          "on the parameter servers yet: set restore_best_weights false (training still stops "
-          "at the epoch EarlyStopping picks)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status CheckTrainingJob(const JobSpec& job) {
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
   STRATUM_ASSIGN_OR_RETURN(const Loss loss, Loss::FromKeras(job.loss));
@@ -431,7 +434,6 @@ absl::Status CheckTrainingJob(const JobSpec& job) {
         CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
   }
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
-  STRATUM_RETURN_IF_ERROR(CheckCallbacksFit(job, *optimizer));
   return CheckDataHeaders(job.data, model, loss);
 }
 

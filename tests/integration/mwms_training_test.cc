@@ -148,7 +148,13 @@ TEST(MwmsTrainingTest, CallbacksDecideAlikeOnEveryWorkerAndOnlyTheChiefWrites) {
   const std::string path = TempPath("mwms_callbacks.json");
   std::ofstream(path) << job.dump();
   const std::string summary = TempPath("mwms_callbacks_summary.json");
-  auto cluster = StartJob(2, path, summary);
+  const std::string exported = dir + "/export";
+  auto cluster =
+      LocalCluster::Start({.num_workers = 2,
+                           .args_by_type = {{"worker",
+                                             {"--job=" + path, "--summary_json=" + summary,
+                                              "--cluster_timeout=30s", "--export=" + exported}}},
+                           .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   for (int w = 0; w < 2; ++w) {
     auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(120));
@@ -188,6 +194,11 @@ TEST(MwmsTrainingTest, CallbacksDecideAlikeOnEveryWorkerAndOnlyTheChiefWrites) {
   // Epoch 1's rate, then epoch 2's (logged before ReduceLROnPlateau lowered it).
   ASSERT_EQ(rates.size(), 2u);
   EXPECT_FLOAT_EQ(static_cast<float>(rates[1].second), 0.001f);
+  // The chief's export holds the restored weights: they give epoch 1's test accuracy.
+  const std::string check = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
+                            "/tests/integration/keras_export_check.py " + exported +
+                            " --accuracy " + std::to_string(result["test_accuracy"].get<double>());
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
   RemoveFolder(dir);
 }
 

@@ -234,11 +234,13 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
   const std::string path = TempPath("ps_callbacks.json");
   std::ofstream(path) << job.dump();
   const std::string summary = TempPath("ps_callbacks_summary.json");
+  const std::string exported = dir + "/export";
   auto cluster = LocalCluster::Start(
       {.num_workers = 2,
        .num_ps = 2,
        .chief = true,
-       .args_by_type = {{"chief", {"--job=" + path, "--summary_json=" + summary}}},
+       .args_by_type = {{"chief",
+                         {"--job=" + path, "--summary_json=" + summary, "--export=" + exported}}},
        .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
@@ -270,6 +272,13 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
   ASSERT_EQ(val_loss.size(), 2u);
   EXPECT_FLOAT_EQ(static_cast<float>(val_loss[1]),
                   static_cast<float>(result["history"][1]["val_loss"].get<double>()));
+  // The export, pulled from the PSs at the end, reads back in Keras' layout and gives the
+  // test accuracy the job reported.
+  EXPECT_THAT(output, HasSubstr("exported the model into " + exported));
+  const std::string check = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
+                            "/tests/integration/keras_export_check.py " + exported +
+                            " --accuracy " + std::to_string(result["test_accuracy"].get<double>());
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
   RemoveFolder(dir);
 }
 

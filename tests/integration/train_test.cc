@@ -403,6 +403,67 @@ TEST(StratumTrainTest, CallbacksStopRestoreReduceAndLogAsKerasDoes) {
   EXPECT_THAT(again.output, ::testing::Not(HasSubstr("Epoch 3/6")));
 }
 
+// Runs tests/integration/keras_export_check.py on an export (with the test accuracy its
+// weights must give, when >= 0); its JSON line, or null with the failure added.
+nlohmann::json CheckKerasExport(const std::string& dir, double accuracy = -1) {
+  std::string command = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
+                        "/tests/integration/keras_export_check.py " + dir;
+  if (accuracy >= 0) command += " --accuracy " + std::to_string(accuracy);
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string text;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
+  const int status = pclose(pipe);
+  EXPECT_EQ(status, 0) << text;
+  return status == 0 ? nlohmann::json::parse(text, nullptr, false) : nlohmann::json();
+}
+
+TEST(StratumTrainTest, ExportsTheModelInKerasFormatsThatReadBackAsTrained) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 200;
+  const std::string dir = TempPath("export");
+  RemovedAtEnd cleanup{dir};
+  const std::string summary_path = TempPath("export_summary.json");
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "export"), "--progress=lines",
+                           "--export=" + dir, "--summary_json=" + summary_path});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("exported the model into " + dir +
+                                    ": model.json, model.weights.h5, model.safetensors"));
+  std::ifstream summary_file(summary_path);
+  const nlohmann::json summary = nlohmann::json::parse(summary_file);
+  // h5py finds Keras 3's layout, and a NumPy forward pass of the exported weights gives the
+  // test accuracy stratum-train reported.
+  const nlohmann::json checked = CheckKerasExport(dir, summary["test_accuracy"].get<double>());
+  EXPECT_EQ(checked["layers"], 3);     // flatten, dense, dense_1
+  EXPECT_EQ(checked["variables"], 4);  // two kernels, two biases
+}
+
+TEST(StratumTrainTest, AFunctionalModelExportsEveryLayerUnderKerasPaths) {
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_resnet.json");
+  nlohmann::json job = nlohmann::json::parse(file);
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 3;
+  job["fit"]["validate"] = false;
+  job.erase("checkpoint");
+  const std::string dir = TempPath("export_functional");
+  RemovedAtEnd cleanup{dir};
+  TrainRun run = RunTrain(
+      {"--job=" + WriteJob(job, "export_functional"), "--progress=none", "--export=" + dir});
+  ASSERT_EQ(run.exit.exit_code, 0) << run.output;
+  const nlohmann::json checked = CheckKerasExport(dir);
+  EXPECT_GT(checked["variables"].get<int>(), 4) << checked.dump();
+}
+
+TEST(StratumTrainTest, AnExportFolderItCannotWriteIsRefusedBeforeTraining) {
+  nlohmann::json job = ExampleJob();
+  TrainRun run = RunTrain({"--job=" + WriteJob(job, "export_refused"), "--export=/proc/nope"});
+  EXPECT_EQ(run.exit.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--export"));
+  EXPECT_THAT(run.output, HasSubstr("/proc/nope"));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("Epoch 1/")));
+}
+
 TEST(StratumTrainTest, BackupAndRestoreDeletesItsBackupOnceTheJobIsComplete) {
   nlohmann::json job = ExampleJob();
   job["fit"]["epochs"] = 1;

@@ -19,8 +19,10 @@ namespace stratum {
 // model's outputs are refused naming the field, the file and the example.
 absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model);
 
-// Fit's options from the job: fit, the data's auto_shard_policy, and checkpoint (backup
-// and restore). INVALID_ARGUMENT for an unknown auto_shard_policy.
+// Fit's options from the job: fit (its callbacks too), the data's auto_shard_policy, and
+// checkpoint (backup and restore). INVALID_ARGUMENT for an unknown auto_shard_policy or a
+// callback the job's optimizer rules out (ReduceLROnPlateau with a schedule);
+// UNIMPLEMENTED for one its strategy cannot serve.
 absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job);
 
 // The headers of the job's data files, read without their data, against the model and the

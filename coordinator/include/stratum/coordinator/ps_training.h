@@ -43,6 +43,9 @@ struct PsTrainingOptions {
   // that a second coordinator given the same TF_CONFIG but serving on another port is not
   // taken for this one restarted.
   std::string listen_address;
+  // When set, the trained model is exported there in Keras' formats once the job is
+  // complete (ExportKerasModel), its variables pulled from the PSs.
+  std::string export_dir;
 };
 
 // What RunParameterServerJob would refuse in the job itself (model, loss, optimizer,
