@@ -233,6 +233,8 @@ class ParameterServerJob : public StepRunner {
                         std::vector<std::vector<Tensor>>* /*slots*/) override {
     return absl::OkStatus();
   }
+  // What callbacks save (ModelCheckpoint): the variables pulled from the PSs now.
+  absl::StatusOr<std::vector<Tensor>> CurrentVariables() override { return variables_->Pull(); }
   // Validation marks a PS failure for recovery; the final test (every epoch reported) ends
   // the job with its error as it is.
   absl::StatusOr<EpochLog> Evaluate() override;
@@ -507,6 +509,7 @@ absl::Status ParameterServerJob::LoadData() {
   fit_options_.checkpoint_every_steps = every_;
   fit_options_.callbacks = job_.fit.callbacks;
   fit_options_.metrics = job_.metrics;
+  fit_options_.model_json = job_.model;
   if (checkpoints_ && global_step_ > 0) {
     ResumeProgress(global_step_, checkpoints_->restored_progress());
   }

@@ -243,8 +243,8 @@ absl::StatusOr<std::vector<KerasWeightsGroup>> KerasWeightsLayout(const nlohmann
   return groups;
 }
 
-absl::Status ExportKerasModel(const nlohmann::json& model_json, const Model& model,
-                              const std::vector<Tensor>& variables, const std::string& dir) {
+absl::Status WriteKerasWeightsFile(const nlohmann::json& model_json, const Model& model,
+                                   const std::vector<Tensor>& variables, const std::string& path) {
   if (variables.size() != model.variables().size()) {
     return absl::InternalError(absl::StrCat(
         "export of ", variables.size(), " variables for a model of ", model.variables().size()));
@@ -252,21 +252,31 @@ absl::Status ExportKerasModel(const nlohmann::json& model_json, const Model& mod
   STRATUM_ASSIGN_OR_RETURN(const std::vector<KerasWeightsGroup> groups,
                            KerasWeightsLayout(model_json, model));
   std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the export folder ", dir, " cannot be made (", error.message(),
-                     "): give --export a folder this process can write"));
+  if (const auto folder = std::filesystem::path(path).parent_path(); !folder.empty()) {
+    std::filesystem::create_directories(folder, error);
+    if (error) return H5Error(path, absl::StrCat("its folder cannot be made: ", error.message()));
   }
-  // The weights under a temporary name, renamed once whole.
-  const std::string h5 = dir + "/model.weights.h5";
-  const std::string h5_temp = absl::StrCat(h5, ".tmp-", getpid());
-  if (absl::Status written = WriteWeightsH5(h5_temp, groups, variables); !written.ok()) {
-    std::filesystem::remove(h5_temp, error);
+  const std::string temp = absl::StrCat(path, ".tmp-", getpid());
+  if (absl::Status written = WriteWeightsH5(temp, groups, variables); !written.ok()) {
+    std::filesystem::remove(temp, error);
     return written;
   }
-  std::filesystem::rename(h5_temp, h5, error);
-  if (error) return H5Error(h5, error.message());
+  std::filesystem::rename(temp, path, error);
+  if (error) return H5Error(path, error.message());
+  return absl::OkStatus();
+}
+
+absl::Status ExportKerasModel(const nlohmann::json& model_json, const Model& model,
+                              const std::vector<Tensor>& variables, const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("the export folder ", dir,
+                                                      " cannot be made (", error.message(),
+                                                      "): give a folder this process can write"));
+  }
+  STRATUM_RETURN_IF_ERROR(
+      WriteKerasWeightsFile(model_json, model, variables, dir + "/model.weights.h5"));
   TensorFile weights;
   for (size_t v = 0; v < variables.size(); ++v) {
     weights.tensors.emplace_back(model.variables()[v].name, variables[v]);

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -344,6 +345,15 @@ const std::map<std::string, std::vector<CallbackArgument>>& KerasCallbacks() {
         {"update_freq", A::kEpochOrSteps, "epoch"},
         {"profile_batch", A::kCount, 0},
         {"embeddings_freq", A::kCount, 0}}},
+      {"ModelCheckpoint",
+       {{"filepath", A::kString, nullptr},
+        {"monitor", A::kString, "val_loss"},
+        {"verbose", A::kCount, 0},
+        {"save_best_only", A::kBool, false},
+        {"save_weights_only", A::kBool, false},
+        {"mode", A::kString, "auto"},
+        {"save_freq", A::kEpochOrSteps, "epoch"},
+        {"initial_value_threshold", A::kNumberOrNull, nullptr}}},
       {"BackupAndRestore",
        {{"backup_dir", A::kString, nullptr},
         {"save_freq", A::kEpochOrSteps, "epoch"},
@@ -469,8 +479,79 @@ absl::Status ParseCallback(const json& entry, const std::string& path, absl::str
       return refuse("write_images", "Stratum's TensorBoard writes scalars: set it to false");
     }
   }
+  if (out.class_name == "ModelCheckpoint") {
+    const std::string filepath = c["filepath"];
+    const bool weights_file = absl::EndsWith(filepath, ".weights.h5");
+    if (c["save_weights_only"] == true && !weights_file) {
+      return refuse("filepath",
+                    "with save_weights_only the filepath must end in .weights.h5 (Keras' weights "
+                    "format), as Keras demands");
+    }
+    if (c["save_weights_only"] == false &&
+        (absl::EndsWith(filepath, ".keras") || absl::EndsWith(filepath, ".h5"))) {
+      return refuse("filepath",
+                    "Stratum does not write Keras' .keras archive or legacy .h5 model: give a "
+                    "folder, which gets model.json, model.weights.h5 and model.safetensors, or "
+                    "set save_weights_only true with a .weights.h5 path");
+    }
+    if (c["save_freq"] != "epoch") {
+      return refuse("save_freq",
+                    "Stratum's ModelCheckpoint saves at epochs' ends: set save_freq \"epoch\" "
+                    "(BackupAndRestore saves every N steps)");
+    }
+  }
   if (out.class_name == "CSVLogger" && c["separator"].get<std::string>().size() != 1) {
     return refuse("separator", "use one character, such as \",\" or \";\"");
+  }
+  return absl::OkStatus();
+}
+
+// The placeholders of a Python format string (ModelCheckpoint's filepath,
+// "ckpt-{epoch:02d}-{val_loss:.2f}"): each names one of `names`, with a format spec Python
+// takes for its value (d for the epoch; f, e, g or % for the logs' numbers); {{ and }} are
+// braces.
+absl::Status CheckPythonFormat(const std::string& text, const std::set<std::string>& names,
+                               const std::string& where, const Fields& fields) {
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (text[at] == '}') {
+      if (at + 1 < text.size() && text[at + 1] == '}') {
+        ++at;
+        continue;
+      }
+      return fields.Error(where, absl::StrCat("\"", text, "\" has a } without its {"),
+                          "write }} for a brace");
+    }
+    if (text[at] != '{') continue;
+    if (at + 1 < text.size() && text[at + 1] == '{') {
+      ++at;
+      continue;
+    }
+    const size_t end = text.find('}', at);
+    if (end == std::string::npos) {
+      return fields.Error(where, absl::StrCat("\"", text, "\" has a { without its }"),
+                          "close the placeholder, as {epoch:02d}");
+    }
+    const std::string field = text.substr(at + 1, end - at - 1);
+    const size_t colon = field.find(':');
+    const std::string name = field.substr(0, colon);
+    const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
+    if (names.count(name) == 0) {
+      return fields.Error(
+          where,
+          absl::StrCat("has the placeholder {", field, "}, which the epochs' logs do not give"),
+          absl::StrCat("use epoch or one of ", absl::StrJoin(names, ", ")));
+    }
+    static const std::regex kSpec("0?[0-9]*(\\.[0-9]+)?([dfeEgG%])?");
+    std::smatch match;
+    const bool integer = name == "epoch";
+    if (!std::regex_match(spec, match, kSpec) ||
+        (match[2].matched && (match[2].str() == "d") != integer)) {
+      return fields.Error(
+          where, absl::StrCat("has the placeholder {", field, "}, whose format Python refuses"),
+          integer ? "format the epoch as {epoch} or {epoch:02d}"
+                  : absl::StrCat("format the number as {", name, "} or {", name, ":.4f}"));
+    }
+    at = end;
   }
   return absl::OkStatus();
 }
@@ -484,6 +565,14 @@ absl::Status ParseCallbacks(const json& list, absl::string_view source, absl::st
         .Error("fit.callbacks", absl::StrCat("is ", list.dump().substr(0, 60), ", not a list"),
                "write [{\"class_name\": \"EarlyStopping\", \"config\": {\"patience\": 2}}, ...]");
   }
+  // The keys of the epochs' logs: a monitor or a file name's placeholder must be one.
+  std::set<std::string> logged = {"loss"};
+  for (const std::string& metric : job.metrics) logged.insert(metric);
+  if (job.data.test.given() && job.fit.validate) {
+    for (const std::string& name : std::vector<std::string>(logged.begin(), logged.end())) {
+      logged.insert("val_" + name);
+    }
+  }
   bool backup = false;
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string path = absl::StrCat("fit.callbacks[", i, "]");
@@ -495,15 +584,20 @@ absl::Status ParseCallbacks(const json& list, absl::string_view source, absl::st
       callback.config["filename"] = Resolve(c["filename"].get<std::string>(), base_dir);
     } else if (callback.class_name == "TensorBoard") {
       callback.config["log_dir"] = Resolve(c["log_dir"].get<std::string>(), base_dir);
-    }
-    if (c.contains("monitor")) {
-      // Keras would warn at every epoch and do nothing: a monitor the logs lack is refused.
-      std::set<std::string> logged = {"loss"};
-      for (const std::string& metric : job.metrics) logged.insert(metric);
-      const bool validated = job.data.test.given() && job.fit.validate;
-      for (const std::string& name : std::vector<std::string>(logged.begin(), logged.end())) {
-        if (validated) logged.insert("val_" + name);
+    } else if (callback.class_name == "ModelCheckpoint") {
+      std::set<std::string> names = logged;
+      names.insert("epoch");
+      if (absl::Status s = CheckPythonFormat(c["filepath"], names,
+                                             absl::StrCat(path, ".config.filepath"), fields);
+          !s.ok()) {
+        return s;
       }
+      callback.config["filepath"] = Resolve(c["filepath"].get<std::string>(), base_dir);
+    }
+    // ModelCheckpoint reads its monitor only to save the best alone.
+    if (c.contains("monitor") &&
+        (callback.class_name != "ModelCheckpoint" || c["save_best_only"] == true)) {
+      // Keras would warn at every epoch and do nothing: a monitor the logs lack is refused.
       const std::string monitor = c["monitor"];
       if (logged.count(monitor) == 0) {
         const bool needs_test =

@@ -216,6 +216,75 @@ class ReduceLROnPlateau : public Callback {
   int64_t cooldown_counter_ = 0;
 };
 
+// keras.callbacks.ModelCheckpoint: the model in Keras' formats after each epoch, or only
+// after those that improve on the best (save_best_only), to `filepath` with its
+// placeholders filled: a .weights.h5 file (save_weights_only), else an export folder. The
+// best value is replayed from a resumed run's history, so a resume saves only what beats
+// the epochs before it.
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(const json& c)
+      : filepath_(c["filepath"]),
+        monitor_(c["monitor"]),
+        higher_(HigherIsBetter(c["mode"], monitor_)),
+        verbose_(c["verbose"].get<int>() > 0),
+        best_only_(c["save_best_only"]),
+        weights_only_(c["save_weights_only"]),
+        best_(c["initial_value_threshold"].is_number() ? c["initial_value_threshold"].get<double>()
+              : higher_                                ? -std::numeric_limits<double>::infinity()
+                                                       : std::numeric_limits<double>::infinity()) {}
+
+  std::string name() const override { return "ModelCheckpoint"; }
+
+  absl::Status OnTrainBegin(const std::vector<Logs>& history, CallbackHost& /*host*/) override {
+    for (const Logs& logs : history) {
+      const auto current = logs.find(monitor_);
+      if (best_only_ && current != logs.end() && Improves(current->second)) {
+        best_ = current->second;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OnEpochEnd(int epoch, Logs& logs, const EpochLog& /*figures*/,
+                          CallbackHost& host) override {
+    const std::string path = FormatPythonStyle(filepath_, epoch + 1, logs);
+    if (best_only_) {
+      const auto current = logs.find(monitor_);
+      if (current == logs.end()) return absl::OkStatus();
+      const std::string best =
+          std::isfinite(best_) ? absl::StrFormat("%.5f", best_) : PythonFloat(best_);
+      if (!Improves(current->second)) {
+        if (verbose_) {
+          std::fprintf(host.out(), "Epoch %d: %s did not improve from %s\n", epoch + 1,
+                       monitor_.c_str(), best.c_str());
+        }
+        return absl::OkStatus();
+      }
+      if (verbose_) {
+        std::fprintf(host.out(), "Epoch %d: %s improved from %s to %.5f, saving model to %s\n",
+                     epoch + 1, monitor_.c_str(), best.c_str(), current->second, path.c_str());
+      }
+      best_ = current->second;
+    } else if (verbose_) {
+      std::fprintf(host.out(), "Epoch %d: saving model to %s\n", epoch + 1, path.c_str());
+    }
+    if (!host.writes_files()) return absl::OkStatus();
+    return host.SaveModel(path, weights_only_);
+  }
+
+ private:
+  bool Improves(double value) const { return higher_ ? value > best_ : value < best_; }
+
+  const std::string filepath_;
+  const std::string monitor_;
+  const bool higher_;
+  const bool verbose_;
+  const bool best_only_;
+  const bool weights_only_;
+  double best_;
+};
+
 // keras.callbacks.TerminateOnNaN: what every Stratum job does already (a loss or variable
 // that is not finite ends training with TrainingDiverged, the last good checkpoint kept).
 class TerminateOnNaN : public Callback {
@@ -359,6 +428,55 @@ class TensorBoard : public Callback {
 
 }  // namespace
 
+std::string FormatPythonStyle(const std::string& text, int epoch, const Logs& logs) {
+  std::string out;
+  for (size_t at = 0; at < text.size(); ++at) {
+    if ((text[at] == '{' || text[at] == '}') && at + 1 < text.size() && text[at + 1] == text[at]) {
+      out += text[at++];
+      continue;
+    }
+    const size_t end = text[at] == '{' ? text.find('}', at) : std::string::npos;
+    if (end == std::string::npos) {
+      out += text[at];
+      continue;
+    }
+    const std::string field = text.substr(at + 1, end - at - 1);
+    const size_t colon = field.find(':');
+    const std::string name = field.substr(0, colon);
+    std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
+    at = end;
+    if (name == "epoch") {
+      if (!spec.empty() && spec.back() == 'd') spec.pop_back();
+      // Python's {epoch:02d}: padded to the width, with zeros when the width starts with 0.
+      const bool zero = !spec.empty() && spec[0] == '0';
+      const int width = spec.empty() ? 0 : std::atoi(spec.c_str());
+      std::string digits = std::to_string(epoch);
+      if (static_cast<int>(digits.size()) < width) {
+        digits.insert(0, static_cast<size_t>(width) - digits.size(), zero ? '0' : ' ');
+      }
+      out += digits;
+      continue;
+    }
+    const auto value = logs.find(name);
+    const double number = value == logs.end() ? std::nan("") : value->second;
+    if (spec.empty()) {
+      out += PythonFloat(number);
+      continue;
+    }
+    char type = 'g';
+    if (std::isalpha(static_cast<unsigned char>(spec.back())) || spec.back() == '%') {
+      type = spec.back();
+      spec.pop_back();
+    }
+    char buffer[64];
+    const std::string format = absl::StrCat("%", spec, std::string(1, type == '%' ? 'f' : type));
+    std::snprintf(buffer, sizeof(buffer), format.c_str(), type == '%' ? number * 100 : number);
+    out += buffer;
+    if (type == '%') out += '%';
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<Callback>>> MakeCallbacks(
     const std::vector<CallbackSpec>& specs) {
   std::vector<std::unique_ptr<Callback>> callbacks;
@@ -368,6 +486,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Callback>>> MakeCallbacks(
       callbacks.push_back(std::make_unique<EarlyStopping>(c));
     } else if (spec.class_name == "ReduceLROnPlateau") {
       callbacks.push_back(std::make_unique<ReduceLROnPlateau>(c));
+    } else if (spec.class_name == "ModelCheckpoint") {
+      callbacks.push_back(std::make_unique<ModelCheckpoint>(c));
     } else if (spec.class_name == "TerminateOnNaN") {
       callbacks.push_back(std::make_unique<TerminateOnNaN>());
     } else if (spec.class_name == "CSVLogger") {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stratum/checkpoint/keras_export.h"
 #include "stratum/training/callbacks.h"
 #include "stratum/training/evaluate.h"
 #include "stratum/training/fit_state.h"
@@ -275,6 +276,7 @@ class EpochLoop : public CallbackHost {
   absl::Status SetLearningRate(float rate) override;
   absl::StatusOr<std::vector<Tensor>> GetWeights() override;
   absl::Status SetWeights(const std::vector<Tensor>& weights) override;
+  absl::Status SaveModel(const std::string& path, bool weights_only) override;
 
  private:
   absl::Status TrainEpoch(int epoch);
@@ -559,12 +561,12 @@ absl::Status EpochLoop::SetLearningRate(float rate) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<Tensor>> EpochLoop::GetWeights() {
-  std::vector<Tensor> variables;
-  STRATUM_RETURN_IF_ERROR(runner_.GetState(&variables, nullptr));
-  std::vector<Tensor> copies;
-  for (const Tensor& variable : variables) copies.push_back(variable.Clone());
-  return copies;
+absl::StatusOr<std::vector<Tensor>> EpochLoop::GetWeights() { return runner_.CurrentVariables(); }
+
+absl::Status EpochLoop::SaveModel(const std::string& path, bool weights_only) {
+  STRATUM_ASSIGN_OR_RETURN(const std::vector<Tensor> variables, runner_.CurrentVariables());
+  return weights_only ? WriteKerasWeightsFile(options_.model_json, model_, variables, path)
+                      : ExportKerasModel(options_.model_json, model_, variables, path);
 }
 
 absl::Status EpochLoop::SetWeights(const std::vector<Tensor>& weights) {

@@ -332,6 +332,7 @@ absl::StatusOr<FitOptions> FitOptionsFrom(const JobSpec& job) {
   STRATUM_RETURN_IF_ERROR(CheckCallbacksFit(job, *optimizer));
   options.callbacks = spec.callbacks;
   options.metrics = job.metrics;
+  options.model_json = job.model;
   return options;
 }
 

@@ -144,7 +144,10 @@ TEST(MwmsTrainingTest, CallbacksDecideAlikeOnEveryWorkerAndOnlyTheChiefWrites) {
         {{"patience", 1}, {"min_delta", 10}, {"restore_best_weights", true}, {"verbose", 1}}}},
       {{"class_name", "ReduceLROnPlateau"}, {"config", {{"patience", 0}, {"min_delta", 10}}}},
       {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
-      {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}, {"update_freq", 20}}}}};
+      {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}, {"update_freq", 20}}}},
+      {{"class_name", "ModelCheckpoint"},
+       {"config",
+        {{"filepath", dir + "/epoch-{epoch:02d}.weights.h5"}, {"save_weights_only", true}}}}};
   const std::string path = TempPath("mwms_callbacks.json");
   std::ofstream(path) << job.dump();
   const std::string summary = TempPath("mwms_callbacks_summary.json");
@@ -199,6 +202,10 @@ TEST(MwmsTrainingTest, CallbacksDecideAlikeOnEveryWorkerAndOnlyTheChiefWrites) {
                             "/tests/integration/keras_export_check.py " + exported +
                             " --accuracy " + std::to_string(result["test_accuracy"].get<double>());
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  // ModelCheckpoint wrote one weights file per epoch, from the chief alone.
+  EXPECT_TRUE(std::filesystem::exists(dir + "/epoch-01.weights.h5"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/epoch-02.weights.h5"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/epoch-03.weights.h5"));
   RemoveFolder(dir);
 }
 

@@ -230,6 +230,8 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
        {"config", {{"monitor", "val_loss"}, {"patience", 1}, {"min_delta", 10}, {"verbose", 1}}}},
       {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
       {{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir + "/tb"}, {"update_freq", 10}}}},
+      {{"class_name", "ModelCheckpoint"},
+       {"config", {{"filepath", dir + "/best"}, {"save_best_only", true}, {"verbose", 1}}}},
       "TerminateOnNaN"};
   const std::string path = TempPath("ps_callbacks.json");
   std::ofstream(path) << job.dump();
@@ -279,6 +281,16 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
                             "/tests/integration/keras_export_check.py " + exported +
                             " --accuracy " + std::to_string(result["test_accuracy"].get<double>());
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  // ModelCheckpoint kept the epoch of the lowest val_loss, pulled from the PSs then.
+  EXPECT_THAT(output, HasSubstr("Epoch 1: val_loss improved from inf to "));
+  const nlohmann::json& history = result["history"];
+  const nlohmann::json& best =
+      history[0]["val_loss"] <= history[1]["val_loss"] ? history[0] : history[1];
+  const std::string check_best = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
+                                 "/tests/integration/keras_export_check.py " + dir + "/best" +
+                                 " --accuracy " +
+                                 std::to_string(best["val_accuracy"].get<double>());
+  EXPECT_EQ(std::system(check_best.c_str()), 0) << check_best;
   RemoveFolder(dir);
 }
 

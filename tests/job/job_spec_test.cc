@@ -342,7 +342,7 @@ TEST(JobSpecTest, CallbacksAreRefusedByNameWithTheFix) {
   EXPECT_THAT(ErrorOf(WithCallbacks(R"(["ProgbarLogger"])")),
               HasSubstr("job field fit.callbacks[0] is the callback \"ProgbarLogger\", which "
                         "Stratum does not run: use one of BackupAndRestore, CSVLogger, "
-                        "EarlyStopping, ReduceLROnPlateau, TensorBoard, TerminateOnNaN"));
+                        "EarlyStopping, ModelCheckpoint, ReduceLROnPlateau, TensorBoard, TerminateOnNaN"));
   EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "LearningRateScheduler"}])")),
               HasSubstr("give the optimizer's learning_rate a Keras schedule"));
   EXPECT_THAT(
@@ -382,6 +382,28 @@ TEST(JobSpecTest, CallbacksAreRefusedByNameWithTheFix) {
       "BackupAndRestore", "config": {"backup_dir": "/b"}}]}})")),
               HasSubstr("backs up into /b, and the job already has checkpoint.dir /c: give one "
                         "backup folder"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "m.keras"}}])")),
+              HasSubstr("does not write Keras' .keras archive"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "m", "save_weights_only": true}}])")),
+              HasSubstr("the filepath must end in .weights.h5"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "m-{epoch:02d}-{val_auc:.2f}"}}])")),
+              HasSubstr("has the placeholder {val_auc:.2f}, which the epochs' logs do not give"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "m-{val_loss:02d}"}}])")),
+              HasSubstr("has the placeholder {val_loss:02d}, whose format Python refuses"));
+  EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "m", "save_freq": 100}}])")),
+              HasSubstr("saves at epochs' ends"));
+  // Without save_best_only the monitor is not read: no data.test is needed.
+  auto job = ParseJobSpec(WithCallbacks(R"([{"class_name": "ModelCheckpoint",
+      "config": {"filepath": "out/m-{epoch}"}}])",
+                                        /*with_test=*/false),
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->fit.callbacks[0].config["filepath"], "/jobs/out/m-{epoch}");
   EXPECT_THAT(ErrorOf(WithCallbacks(R"({"EarlyStopping": {}})")),
               HasSubstr("fit.callbacks is {\"EarlyStopping\":{}}, not a list"));
 }

@@ -42,6 +42,19 @@ class FakeHost : public CallbackHost {
     restored = true;
     return absl::OkStatus();
   }
+  absl::Status SaveModel(const std::string& path, bool weights_only) override {
+    saved.push_back({path, weights_only, weights});
+    return absl::OkStatus();
+  }
+  struct Saved {
+    std::string path;
+    bool weights_only;
+    float weights;
+    bool operator==(const Saved& other) const {
+      return path == other.path && weights_only == other.weights_only && weights == other.weights;
+    }
+  };
+  std::vector<Saved> saved;
 
   bool writes = true;
   FILE* output = stderr;
@@ -185,6 +198,71 @@ TEST(ReduceLROnPlateauTest, AResumedRunGoesOnAtTheReducedRate) {
   std::vector<Logs> history = {{{"val_loss", 1.0}}, {{"val_loss", 1.0}}, {{"val_loss", 2.0}}};
   ASSERT_TRUE(resumed->OnTrainBegin(history, host).ok());
   EXPECT_FLOAT_EQ(host.rate, 0.00001f);  // reduced after epochs 1 and 2
+}
+
+TEST(ModelCheckpointTest, SavesEveryEpochUnderItsFormattedName) {
+  auto callback = Make({{"class_name", "ModelCheckpoint"},
+                        {"config", {{"filepath", "/out/ckpt-{epoch:02d}-{val_loss:.2f}"}}}});
+  FakeHost host;
+  EXPECT_EQ(Train(*callback, host, "val_loss", {0.5, 0.25, 0.75}), 3);
+  using Saved = FakeHost::Saved;
+  EXPECT_THAT(host.saved, ElementsAre(Saved{"/out/ckpt-01-0.50", false, 0},
+                                      Saved{"/out/ckpt-02-0.25", false, 1},
+                                      Saved{"/out/ckpt-03-0.75", false, 2}));
+}
+
+TEST(ModelCheckpointTest, SaveBestOnlySavesTheEpochsThatImproveAndResumesTheBest) {
+  const nlohmann::json spec = {{"class_name", "ModelCheckpoint"},
+                               {"config",
+                                {{"filepath", "/out/best.weights.h5"},
+                                 {"monitor", "val_accuracy"},
+                                 {"save_best_only", true},
+                                 {"save_weights_only", true}}}};
+  FakeHost host;
+  auto callback = Make(spec);
+  EXPECT_EQ(Train(*callback, host, "val_accuracy", {0.5, 0.7, 0.6, 0.8, 0.8}), 5);
+  using Saved = FakeHost::Saved;
+  // Accuracy is maximized (mode auto); an equal value is no improvement.
+  EXPECT_THAT(host.saved, ElementsAre(Saved{"/out/best.weights.h5", true, 0},
+                                      Saved{"/out/best.weights.h5", true, 1},
+                                      Saved{"/out/best.weights.h5", true, 3}));
+  // Resumed after epoch 2 (best 0.7): epoch 3's 0.6 is not saved, epoch 4's 0.8 is.
+  FakeHost resumed_host;
+  auto resumed = Make(spec);
+  Train(*resumed, resumed_host, "val_accuracy", {0.5, 0.7, 0.6, 0.8},
+        {{{"val_accuracy", 0.5}}, {{"val_accuracy", 0.7}}});
+  EXPECT_THAT(resumed_host.saved, ElementsAre(Saved{"/out/best.weights.h5", true, 3}));
+}
+
+TEST(ModelCheckpointTest, AnInitialValueThresholdMustBeBeatenFirst) {
+  auto callback = Make(
+      {{"class_name", "ModelCheckpoint"},
+       {"config",
+        {{"filepath", "/out/m"}, {"save_best_only", true}, {"initial_value_threshold", 0.3}}}});
+  FakeHost host;
+  Train(*callback, host, "val_loss", {0.5, 0.4, 0.2});
+  ASSERT_EQ(host.saved.size(), 1u);
+  EXPECT_EQ(host.saved[0].weights, 2.0f);
+}
+
+TEST(ModelCheckpointTest, OnlyTheChiefWrites) {
+  auto callback = Make({{"class_name", "ModelCheckpoint"}, {"config", {{"filepath", "/out/m"}}}});
+  FakeHost host;
+  host.writes = false;
+  Train(*callback, host, "val_loss", {0.5, 0.4});
+  EXPECT_TRUE(host.saved.empty());
+}
+
+TEST(FormatPythonStyleTest, FillsPlaceholdersAsPythonsFormatDoes) {
+  const Logs logs = {{"val_loss", 0.123456}, {"accuracy", 0.875}};
+  EXPECT_EQ(FormatPythonStyle("m-{epoch}", 7, logs), "m-7");
+  EXPECT_EQ(FormatPythonStyle("m-{epoch:03d}", 7, logs), "m-007");
+  EXPECT_EQ(FormatPythonStyle("m-{epoch:3d}", 7, logs), "m-  7");
+  EXPECT_EQ(FormatPythonStyle("{val_loss:.2f}", 1, logs), "0.12");
+  EXPECT_EQ(FormatPythonStyle("{val_loss:.3e}", 1, logs), "1.235e-01");
+  EXPECT_EQ(FormatPythonStyle("{accuracy}", 1, logs), "0.875");
+  EXPECT_EQ(FormatPythonStyle("{accuracy:.1%}", 1, logs), "87.5%");
+  EXPECT_EQ(FormatPythonStyle("{{epoch}}-{epoch}", 2, logs), "{epoch}-2");
 }
 
 TEST(PythonFloatTest, WritesWhatPythonsReprWrites) {

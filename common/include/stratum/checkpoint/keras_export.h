@@ -40,6 +40,11 @@ struct KerasWeightsGroup {
 absl::StatusOr<std::vector<KerasWeightsGroup>> KerasWeightsLayout(const nlohmann::json& model_json,
                                                                   const Model& model);
 
+// Writes only the weights file, at `path` (ending in .weights.h5, as Keras' save_weights
+// wants), under a temporary name renamed once whole; its folder is made when missing.
+absl::Status WriteKerasWeightsFile(const nlohmann::json& model_json, const Model& model,
+                                   const std::vector<Tensor>& variables, const std::string& path);
+
 // Writes the export of `model` (built from `model_json`) with the trained `variables` into
 // `dir` (made when missing). Each file is written under a temporary name and renamed, so
 // the folder never holds a half-written one. Errors name the file and the reason.

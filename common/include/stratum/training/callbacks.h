@@ -1,7 +1,7 @@
 // Keras' callbacks of model.fit, as a job's fit.callbacks gives them (CallbackSpec, checked
-// and defaulted by ParseJobSpec): EarlyStopping, ReduceLROnPlateau, TerminateOnNaN,
-// CSVLogger and TensorBoard, with Keras 3's semantics (BackupAndRestore is the job's
-// checkpoint). The one epoch loop runs them, so they behave alike on every strategy.
+// and defaulted by ParseJobSpec): EarlyStopping, ReduceLROnPlateau, ModelCheckpoint,
+// TerminateOnNaN, CSVLogger and TensorBoard, with Keras 3's semantics (BackupAndRestore is the
+// job's checkpoint). The one epoch loop runs them, so they behave alike on every strategy.
 //
 // Their state is a function of the epochs' logs: a run that resumes from a checkpoint
 // replays the epochs before it (OnTrainBegin's history) and goes on as if it had never
@@ -52,6 +52,9 @@ class CallbackHost {
   // A copy of the trained variables, and setting them all (every replica, every worker).
   virtual absl::StatusOr<std::vector<Tensor>> GetWeights() = 0;
   virtual absl::Status SetWeights(const std::vector<Tensor>& weights) = 0;
+  // Writes the model with its trained variables in Keras' formats: the weights file alone at
+  // `path` (.weights.h5), or the export folder `path` (keras_export.h).
+  virtual absl::Status SaveModel(const std::string& path, bool weights_only) = 0;
 };
 
 class Callback {
@@ -80,6 +83,11 @@ class Callback {
   virtual bool stop_training() const { return false; }
   virtual std::string name() const = 0;
 };
+
+// `text` with its Python format placeholders filled ("ckpt-{epoch:02d}-{val_loss:.2f}"),
+// as ModelCheckpoint names its files: `epoch` (from 1) and the logs' values. ParseJobSpec
+// checked the placeholders.
+std::string FormatPythonStyle(const std::string& text, int epoch, const Logs& logs);
 
 // The callbacks of `specs`, in their order. INVALID_ARGUMENT for a class it does not know
 // (ParseJobSpec refuses those first).

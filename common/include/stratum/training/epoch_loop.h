@@ -108,6 +108,16 @@ class StepRunner {
     return absl::UnimplementedError("this step runner has no backup of its own");
   }
 
+  // For callbacks: a copy of the trained variables now (ModelCheckpoint, EarlyStopping's
+  // restore_best_weights). By default GetState's.
+  virtual absl::StatusOr<std::vector<Tensor>> CurrentVariables() {
+    std::vector<Tensor> variables;
+    absl::Status got = GetState(&variables, nullptr);
+    if (!got.ok()) return got;
+    std::vector<Tensor> copies;
+    for (const Tensor& variable : variables) copies.push_back(variable.Clone());
+    return copies;
+  }
   // For callbacks (ReduceLROnPlateau, EarlyStopping's restore_best_weights): the learning
   // rate of the steps from now on, and the variables (every copy, on every worker alike).
   // UNIMPLEMENTED by default.

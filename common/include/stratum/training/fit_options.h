@@ -57,6 +57,9 @@ struct FitOptions {
   std::vector<CallbackSpec> callbacks;
   // compile.metrics: the names the epochs' logs give the accuracy (none: the loss alone).
   std::vector<std::string> metrics;
+  // The job's model as Keras' to_json() gave it, for the models callbacks save
+  // (ModelCheckpoint).
+  nlohmann::json model_json;
 };
 
 }  // namespace stratum
