@@ -5,7 +5,7 @@
 include(CMakePackageConfigHelpers)
 
 install(TARGETS stratum-coordinator stratum-worker stratum-train stratum-ps stratum-launch
-                stratum-data
+                stratum-data stratum-predict
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS stratum_proto stratum_common stratum_ps stratum_worker stratum_coordinator
         EXPORT StratumTargets

@@ -455,6 +455,70 @@ TEST(StratumTrainTest, AFunctionalModelExportsEveryLayerUnderKerasPaths) {
   EXPECT_GT(checked["variables"].get<int>(), 4) << checked.dump();
 }
 
+// Runs stratum-predict with `args` to its end.
+TrainRun RunPredict(const std::vector<std::string>& args) {
+  SubprocessOptions options;
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-predict"};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.forward_fd = -1;
+  options.capture_output = true;
+  auto process = Subprocess::Spawn(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  auto exit = (*process)->Wait(absl::Seconds(60));
+  EXPECT_TRUE(exit.ok()) << exit.status();
+  return {exit.ok() ? *exit : ExitInfo{}, (*process)->output()};
+}
+
+TEST(StratumPredictTest, AnExportedModelPredictsAndEvaluatesAsItTrained) {
+  nlohmann::json job = ExampleJob();
+  job["fit"]["epochs"] = 1;
+  job["fit"]["steps_per_epoch"] = 150;
+  const std::string dir = TempPath("predict_export");
+  RemovedAtEnd cleanup{dir};
+  const std::string job_path = WriteJob(job, "predict");
+  TrainRun trained = RunTrain({"--job=" + job_path, "--progress=none", "--export=" + dir});
+  ASSERT_EQ(trained.exit.exit_code, 0) << trained.output;
+  std::smatch figures;
+  ASSERT_TRUE(std::regex_search(trained.output, figures,
+                                std::regex("test accuracy ([0-9.]+), test loss ([0-9.]+)")))
+      << trained.output;
+  // The job's data.test, and the same IDX files given directly: the figures of training.
+  const std::string npy = dir + "/predictions.npy";
+  TrainRun from_job = RunPredict({"--model=" + dir, "--job=" + job_path, "--output=" + npy});
+  ASSERT_EQ(from_job.exit.exit_code, 0) << from_job.output;
+  const std::string said =
+      "10000 examples: accuracy " + figures[1].str() + ", loss " + figures[2].str();
+  EXPECT_THAT(from_job.output, HasSubstr(said));
+  const std::string csv = dir + "/predictions.csv";
+  TrainRun from_idx = RunPredict(
+      {"--model=" + dir, "--images=/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
+       "--labels=/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", "--output=" + csv});
+  ASSERT_EQ(from_idx.exit.exit_code, 0) << from_idx.output;
+  EXPECT_THAT(from_idx.output, HasSubstr(said));
+  // NumPy reads the .npy: 10000 x 10 probabilities whose argmax agrees with the CSV's
+  // predicted column, row by row.
+  const std::string check =
+      std::string("/usr/bin/python3 -c \"import numpy as np, csv; a = np.load('") + npy +
+      "'); rows = list(csv.reader(open('" + csv +
+      "')))[1:]; assert a.shape == (10000, 10) and a.dtype == np.float32; "
+      "assert [int(r[0]) for r in rows] == list(a.argmax(1)); "
+      "assert np.allclose(a.sum(1), 1, atol=1e-5)\"";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  TrainRun no_data = RunPredict({"--model=" + dir});
+  EXPECT_EQ(no_data.exit.exit_code, 2) << no_data.output;
+  EXPECT_THAT(no_data.output,
+              HasSubstr("give the examples with --job (its data.test) or --images"));
+}
+
+TEST(StratumPredictTest, BadInputIsRefusedNamingTheFix) {
+  TrainRun no_model = RunPredict({"--model=/nonexistent", "--images=x"});
+  EXPECT_EQ(no_model.exit.exit_code, 2) << no_model.output;
+  EXPECT_THAT(no_model.output, HasSubstr("/nonexistent/model.json"));
+  TrainRun bad_output = RunPredict({"--model=/tmp", "--images=x", "--output=out.txt"});
+  EXPECT_EQ(bad_output.exit.exit_code, 2);
+  EXPECT_THAT(bad_output.output, HasSubstr("--output out.txt is neither .csv nor .npy"));
+}
+
 TEST(StratumTrainTest, AnExportFolderItCannotWriteIsRefusedBeforeTraining) {
   nlohmann::json job = ExampleJob();
   TrainRun run = RunTrain({"--job=" + WriteJob(job, "export_refused"), "--export=/proc/nope"});
