@@ -30,11 +30,12 @@ std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
 }
 
-TrainRun RunTrain(const std::vector<std::string>& args,
-                  std::vector<std::pair<std::string, std::string>> env = {}) {
+// Runs `binary` (of the build's bin folder) with `args` to its end (100 s at most).
+TrainRun RunBinary(const std::string& binary, const std::vector<std::string>& args,
+                   std::vector<std::pair<std::string, std::string>> env = {}) {
   SubprocessOptions options;
   options.env = std::move(env);
-  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-train"};
+  options.argv = {std::string(STRATUM_BIN_DIR) + "/" + binary};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
   options.forward_fd = -1;
   options.capture_output = true;
@@ -43,6 +44,11 @@ TrainRun RunTrain(const std::vector<std::string>& args,
   auto exit = (*process)->Wait(absl::Seconds(100));
   EXPECT_TRUE(exit.ok()) << exit.status();
   return {exit.ok() ? *exit : ExitInfo{}, (*process)->output()};
+}
+
+TrainRun RunTrain(const std::vector<std::string>& args,
+                  std::vector<std::pair<std::string, std::string>> env = {}) {
+  return RunBinary("stratum-train", args, std::move(env));
 }
 
 nlohmann::json ExampleJob() {
@@ -455,18 +461,8 @@ TEST(StratumTrainTest, AFunctionalModelExportsEveryLayerUnderKerasPaths) {
   EXPECT_GT(checked["variables"].get<int>(), 4) << checked.dump();
 }
 
-// Runs stratum-predict with `args` to its end.
 TrainRun RunPredict(const std::vector<std::string>& args) {
-  SubprocessOptions options;
-  options.argv = {std::string(STRATUM_BIN_DIR) + "/stratum-predict"};
-  options.argv.insert(options.argv.end(), args.begin(), args.end());
-  options.forward_fd = -1;
-  options.capture_output = true;
-  auto process = Subprocess::Spawn(std::move(options));
-  EXPECT_TRUE(process.ok()) << process.status();
-  auto exit = (*process)->Wait(absl::Seconds(60));
-  EXPECT_TRUE(exit.ok()) << exit.status();
-  return {exit.ok() ? *exit : ExitInfo{}, (*process)->output()};
+  return RunBinary("stratum-predict", args);
 }
 
 TEST(StratumPredictTest, AnExportedModelPredictsAndEvaluatesAsItTrained) {
