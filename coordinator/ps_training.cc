@@ -233,6 +233,10 @@ class ParameterServerJob : public StepRunner {
                         std::vector<std::vector<Tensor>>* /*slots*/) override {
     return absl::OkStatus();
   }
+  // ReduceLROnPlateau: the PSs apply the updates, so they take the rate.
+  absl::Status SetLearningRate(float rate) override {
+    return PsFailure(variables_->SetLearningRate(rate));
+  }
   // What callbacks save (ModelCheckpoint): the variables pulled from the PSs now.
   absl::StatusOr<std::vector<Tensor>> CurrentVariables() override { return variables_->Pull(); }
   // Validation marks a PS failure for recovery; the final test (every epoch reported) ends

@@ -246,6 +246,16 @@ absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
   return FromGrpcStatus(stub_->Assign(&context, request, &response), Peer());
 }
 
+absl::Status PsClient::SetLearningRate(float rate) {
+  proto::SetLearningRateRequest request;
+  *request.mutable_coordinator() = ThisCoordinator(options_);
+  request.set_learning_rate(rate);
+  grpc::ClientContext context;
+  PrepareCall(context, options_.timeout);
+  proto::SetLearningRateResponse response;
+  return FromGrpcStatus(stub_->SetLearningRate(&context, request, &response), Peer());
+}
+
 absl::StatusOr<proto::ListVariablesResponse> PsClient::ListVariables() {
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);

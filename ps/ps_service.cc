@@ -237,6 +237,18 @@ grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest*
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::SetLearningRate(grpc::ServerContext*,
+                                        const proto::SetLearningRateRequest* request,
+                                        proto::SetLearningRateResponse* response) {
+  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+    return ToGrpcStatus(held);
+  }
+  absl::StatusOr<int> changed = store_.SetLearningRate(request->learning_rate());
+  if (!changed.ok()) return ToGrpcStatus(changed.status());
+  response->set_variables(*changed);
+  return grpc::Status::OK;
+}
+
 grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVariablesRequest*,
                                       proto::ListVariablesResponse* response) {
   AppendVariableStatuses(store_, response->mutable_variables());

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/model/optimizer.h"
 #include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
 
@@ -94,9 +95,9 @@ absl::StatusOr<bool> VariableStore::Create(const std::string& name, const Tensor
     if (optimizer != nullptr) variable->info.optimizer = optimizer->name();
     variable->value = initial.Clone();
     if (optimizer != nullptr) variable->slots = optimizer->NewSlots(variable->value);
+    variable->optimizer = std::move(optimizer);
+    variable->optimizer_config = optimizer_config;
   }
-  variable->optimizer = std::move(optimizer);
-  variable->optimizer_config = optimizer_config;
   variables_.emplace(name, std::move(variable));
   return !existed;
 }
@@ -268,6 +269,42 @@ absl::Status VariableStore::CheckGradient(const std::string& name, const Tensor&
     }
   }
   return CheckFinite(name, gradient);
+}
+
+absl::StatusOr<int> VariableStore::SetLearningRate(float rate) {
+  if (!(rate > 0) || !std::isfinite(rate)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learning rate ", rate, " is not a positive number: give the rate to train with"));
+  }
+  std::vector<std::shared_ptr<Variable>> variables;
+  {
+    absl::MutexLock lock(&table_mutex_);
+    for (const auto& [name, variable] : variables_) variables.push_back(variable);
+  }
+  int changed = 0;
+  for (const std::shared_ptr<Variable>& variable : variables) {
+    absl::MutexLock lock(&variable->mutex);
+    if (variable->optimizer == nullptr || variable->optimizer_config == NonTrainableUpdateJson()) {
+      continue;
+    }
+    nlohmann::json spec = variable->optimizer_config;
+    if (spec.is_string()) spec = {{"class_name", spec}, {"config", nlohmann::json::object()}};
+    if (!spec.contains("config") || !spec["config"].is_object())
+      spec["config"] = nlohmann::json::object();
+    if (spec["config"].contains("learning_rate") && spec["config"]["learning_rate"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable \"", variable->info.name,
+          "\" takes its learning rate from a schedule, which sets it at every update: a rate "
+          "cannot be set on it (Keras refuses this too)"));
+    }
+    spec["config"]["learning_rate"] = rate;
+    absl::StatusOr<std::unique_ptr<Optimizer>> made = Optimizer::FromKeras(spec);
+    if (!made.ok()) return made.status();
+    variable->optimizer = *std::move(made);
+    variable->optimizer_config = std::move(spec);
+    ++changed;
+  }
+  return changed;
 }
 
 absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,

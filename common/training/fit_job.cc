@@ -291,14 +291,6 @@ absl::Status CheckCallbacksFit(const JobSpec& job, const Optimizer& optimizer) {
           "constant learning_rate, or leave ReduceLROnPlateau out"));
     }
     if (job.strategy.type != "parameter_server") continue;
-    if (callback.class_name == "ReduceLROnPlateau") {
-      return absl::UnimplementedError(absl::StrCat(
-          field,
-          " changes the learning rate, which the parameter servers take from the job "
-          "when the variables are created and Stratum cannot change on them yet: give the "
-          "optimizer a learning-rate schedule (ExponentialDecay, PiecewiseConstantDecay, ...), "
-          "which the parameter servers step, or train with another strategy"));
-    }
     if (callback.class_name == "EarlyStopping" &&
         callback.config.value("restore_best_weights", false)) {
       return absl::UnimplementedError(absl::StrCat(

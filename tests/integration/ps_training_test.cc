@@ -9,8 +9,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "stratum/checkpoint/safetensors.h"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/testing/tensorboard_events.h"
@@ -224,8 +226,12 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
   job["fit"]["steps_per_epoch"] = 40;
   const std::string dir = TempPath("ps_callbacks");
   RemoveFolder(dir);
-  // min_delta 10: no epoch after the first improves: EarlyStopping stops after epoch 2.
+  // min_delta 10: no epoch after the first improves: EarlyStopping stops after epoch 2, and
+  // ReduceLROnPlateau (patience 0) halves the PSs' rate after it.
+  job["checkpoint"] = {{"dir", dir + "/ckpt"}};
   job["fit"]["callbacks"] = {
+      {{"class_name", "ReduceLROnPlateau"},
+       {"config", {{"patience", 0}, {"min_delta", 10}, {"factor", 0.5}, {"verbose", 1}}}},
       {{"class_name", "EarlyStopping"},
        {"config", {{"monitor", "val_loss"}, {"patience", 1}, {"min_delta", 10}, {"verbose", 1}}}},
       {{"class_name", "CSVLogger"}, {"config", {{"filename", dir + "/log.csv"}}}},
@@ -262,7 +268,27 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(csv, line);) lines.push_back(line);
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0], "epoch,accuracy,loss,val_accuracy,val_loss");
+  EXPECT_EQ(lines[0], "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss");
+  // The PSs took the rate: the checkpoint after epoch 2 saves their optimizer with it.
+  EXPECT_THAT(
+      output,
+      HasSubstr("Epoch 2: ReduceLROnPlateau reducing learning rate to 0.0005000000237487257."));
+  int optimizers_seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/ckpt/ckpt-000000000080")) {
+    if (entry.path().extension() != ".safetensors") continue;
+    absl::StatusOr<TensorFile> file = ReadSafetensors(entry.path().string());
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (const auto& [key, value] : file->metadata) {
+      if (!absl::EndsWith(key, "kernel.optimizer") &&
+          !absl::EndsWith(key, "kernel/part_0.optimizer")) {
+        continue;
+      }
+      EXPECT_FLOAT_EQ(nlohmann::json::parse(value)["config"]["learning_rate"].get<float>(), 0.0005f)
+          << key << ": " << value;
+      ++optimizers_seen;
+    }
+  }
+  EXPECT_GT(optimizers_seen, 0);
   auto scalars = testing::ReadTensorBoardScalars(dir + "/tb");
   ASSERT_TRUE(scalars.ok()) << scalars.status();
   std::vector<double> val_loss;
@@ -297,7 +323,8 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
 TEST(PsTrainingTest, CallbacksThePsCannotServeAreRefusedBeforeTraining) {
   std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/fashion_mnist_ps.json");
   nlohmann::json job = nlohmann::json::parse(file);
-  job["fit"]["callbacks"] = {{{"class_name", "ReduceLROnPlateau"}, {"config", {{"patience", 2}}}}};
+  job["fit"]["callbacks"] = {
+      {{"class_name", "EarlyStopping"}, {"config", {{"restore_best_weights", true}}}}};
   const std::string path = TempPath("ps_reduce_lr.json");
   std::ofstream(path) << job.dump();
   auto cluster = LocalCluster::Start({.num_workers = 1,
@@ -311,8 +338,8 @@ TEST(PsTrainingTest, CallbacksThePsCannotServeAreRefusedBeforeTraining) {
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_NE(exit->exit_code, 0);
   EXPECT_THAT((*cluster)->Output({"chief", 0}),
-              HasSubstr("fit.callbacks[0] (ReduceLROnPlateau) changes the learning rate, which "
-                        "the parameter servers take from the job"));
+              HasSubstr("fit.callbacks[0] (EarlyStopping) sets restore_best_weights, and Stratum "
+                        "cannot put earlier variables back on the parameter servers yet"));
 }
 
 // A table whose shard would not fit one message (1 GiB, unsplit) is refused before any task

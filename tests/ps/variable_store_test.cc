@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/model/optimizer.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/store_checkpoint.h"
 
@@ -50,6 +51,35 @@ TEST(VariableStoreTest, ClipsPerVariableAndRefusesAGlobalNorm) {
   EXPECT_THAT(store.Create("v", Tensor::FromVector<float>({2}, {0, 0}), global).status().message(),
               HasSubstr("use clipnorm (per variable) or clipvalue in parameter-server "
                         "jobs"));
+}
+
+// ReduceLROnPlateau on a PS: the job's variables take the new rate from their next update
+// (Adam's slots kept), the non-trainable variables' update (rate 1) is left alone, and the
+// config a checkpoint saves says the new rate.
+TEST(VariableStoreTest, ASetLearningRateAppliesToTheJobsVariablesFromTheirNextUpdate) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({1}, {0}), kSgd));
+  ASSERT_TRUE(
+      *store.Create("moving_mean", Tensor::FromVector<float>({1}, {0}), NonTrainableUpdateJson()));
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})).ok());
+  absl::StatusOr<int> changed = store.SetLearningRate(0.125f);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(*changed, 1);
+  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})).ok());
+  ASSERT_TRUE(store.ApplyGradient("moving_mean", Tensor::FromVector<float>({1}, {1})).ok());
+  EXPECT_FLOAT_EQ(store.Read("w")->data<float>()[0], -0.5f - 0.125f);
+  EXPECT_FLOAT_EQ(store.Read("moving_mean")->data<float>()[0], -1.0f);  // still rate 1
+  absl::StatusOr<VariableSnapshot> snapshot = store.Snapshot("w");
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_FLOAT_EQ(snapshot->optimizer_config["config"]["learning_rate"].get<float>(), 0.125f);
+  EXPECT_THAT(Message(store.SetLearningRate(-1).status()), HasSubstr("is not a positive number"));
+  VariableStore scheduled;
+  const nlohmann::json schedule = nlohmann::json::parse(R"({"class_name": "SGD", "config":
+      {"learning_rate": {"class_name": "ExponentialDecay", "config":
+      {"initial_learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.5}}}})");
+  ASSERT_TRUE(*scheduled.Create("w", Tensor::FromVector<float>({1}, {0}), schedule));
+  EXPECT_THAT(Message(scheduled.SetLearningRate(0.01f).status()),
+              HasSubstr("takes its learning rate from a schedule"));
 }
 
 TEST(VariableStoreTest, AMissingVariableIsAPsFailureForItsCaller) {

@@ -89,6 +89,8 @@ class PsClient {
   absl::Status Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled = nullptr,
                     const std::vector<RowRead>& row_reads = {});
   absl::Status Assign(const std::vector<NamedValue>& values);
+  // VariableStore::SetLearningRate on this PS.
+  absl::Status SetLearningRate(float rate);
   absl::StatusOr<proto::ListVariablesResponse> ListVariables();
   // Checkpoints: the PS writes / reads `path` on its own file system.
   absl::StatusOr<proto::SaveResponse> Save(const std::string& path);

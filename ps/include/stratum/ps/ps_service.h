@@ -45,6 +45,8 @@ class PsService final : public proto::ParameterServer::Service {
                     proto::PushResponse* response) override;
   grpc::Status Assign(grpc::ServerContext*, const proto::AssignRequest* request,
                       proto::AssignResponse* response) override;
+  grpc::Status SetLearningRate(grpc::ServerContext*, const proto::SetLearningRateRequest* request,
+                               proto::SetLearningRateResponse* response) override;
   grpc::Status ListVariables(grpc::ServerContext*, const proto::ListVariablesRequest* request,
                              proto::ListVariablesResponse* response) override;
   grpc::Status Save(grpc::ServerContext*, const proto::SaveRequest* request,

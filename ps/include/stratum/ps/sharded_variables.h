@@ -44,6 +44,12 @@ class ShardedVariables {
   absl::Status Push(const std::vector<Tensor>& gradients, std::vector<Tensor>* pulled = nullptr,
                     const RowSelection& rows = {}, const RowSelection& next_rows = {});
 
+  // Keras' optimizer.learning_rate = `rate` on every PS that holds shards (ReduceLROnPlateau).
+  absl::Status SetLearningRate(float rate) {
+    return ForEachTask(
+        [&](int task) { return clients_[static_cast<size_t>(task)]->SetLearningRate(rate); });
+  }
+
   const std::vector<ShardSpec>& shards() const { return shards_; }
   int num_ps() const { return static_cast<int>(clients_.size()); }
   PsClient& client(int task) { return *clients_[static_cast<size_t>(task)]; }

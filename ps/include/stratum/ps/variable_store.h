@@ -82,6 +82,12 @@ class VariableStore {
   absl::StatusOr<Tensor> ReadRows(const std::string& name,
                                   const std::vector<int64_t>& indices) const;
   absl::Status Assign(const std::string& name, const Tensor& value);
+  // Keras' optimizer.learning_rate = `rate`: every variable whose optimizer is a job's (not
+  // the non-trainable variables' update) applies its next updates with that constant rate,
+  // its slots as they are; the config it is saved with says so. Returns how many changed.
+  // INVALID_ARGUMENT for a rate that is not positive and finite, or a variable whose
+  // learning rate is a schedule.
+  absl::StatusOr<int> SetLearningRate(float rate);
 
   // One optimizer update with a dense gradient; returns the variable's update count.
   absl::StatusOr<int64_t> ApplyGradient(const std::string& name, const Tensor& gradient);
@@ -120,8 +126,8 @@ class VariableStore {
     VariableInfo info ABSL_GUARDED_BY(mutex);
     Tensor value ABSL_GUARDED_BY(mutex);
     std::vector<Tensor> slots ABSL_GUARDED_BY(mutex);
-    std::unique_ptr<Optimizer> optimizer;  // immutable after creation
-    nlohmann::json optimizer_config;       // immutable after creation
+    std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mutex);
+    nlohmann::json optimizer_config ABSL_GUARDED_BY(mutex);
   };
 
   absl::StatusOr<std::shared_ptr<Variable>> Find(const std::string& name) const;
