@@ -237,6 +237,10 @@ class ParameterServerJob : public StepRunner {
   absl::Status SetLearningRate(float rate) override {
     return PsFailure(variables_->SetLearningRate(rate));
   }
+  // EarlyStopping's restore_best_weights: the PSs take the variables back, slots as they are.
+  absl::Status SetVariables(const std::vector<Tensor>& variables) override {
+    return PsFailure(variables_->Assign(variables));
+  }
   // What callbacks save (ModelCheckpoint): the variables pulled from the PSs now.
   absl::StatusOr<std::vector<Tensor>> CurrentVariables() override { return variables_->Pull(); }
   // Validation marks a PS failure for recovery; the final test (every epoch reported) ends

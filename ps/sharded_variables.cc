@@ -193,6 +193,26 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
   });
 }
 
+absl::Status ShardedVariables::Assign(const std::vector<Tensor>& values) {
+  if (values.size() != names_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assigning ", values.size(), " values to ", names_.size(), " variables"));
+  }
+  return ForEachTask([&](int task) -> absl::Status {
+    std::vector<std::pair<NamedValue, int64_t>> sized;
+    for (size_t s : shards_of_task_[static_cast<size_t>(task)]) {
+      const ShardSpec& shard = shards_[s];
+      NamedValue value{shard.name, RowsOf(values[variable_of_shard_[s]], shard)};
+      const auto bytes = static_cast<int64_t>(value.value.byte_size());
+      sized.emplace_back(std::move(value), bytes);
+    }
+    for (const std::vector<NamedValue>& part : InGroups(std::move(sized))) {
+      STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]->Assign(part));
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& rows) {
   STRATUM_RETURN_IF_ERROR(CheckSelection(rows));
   std::vector<Tensor> values = NewValues(rows);

@@ -290,15 +290,6 @@ absl::Status CheckCallbacksFit(const JobSpec& job, const Optimizer& optimizer) {
           ", which sets it at every step (Keras refuses this too): give the optimizer a "
           "constant learning_rate, or leave ReduceLROnPlateau out"));
     }
-    if (job.strategy.type != "parameter_server") continue;
-    if (callback.class_name == "EarlyStopping" &&
-        callback.config.value("restore_best_weights", false)) {
-      return absl::UnimplementedError(absl::StrCat(
-          field,
-          " sets restore_best_weights, and Stratum cannot put earlier variables back "
-          "on the parameter servers yet: set restore_best_weights false (training still stops "
-          "at the epoch EarlyStopping picks)"));
-    }
   }
   return absl::OkStatus();
 }

@@ -96,6 +96,21 @@ TEST_F(ShardedVariablesTest, PullsAndPushesOnlyTheRowsAStepSelects) {
   EXPECT_EQ((*empty)[0].shape(), Shape({0, 2}));
 }
 
+// EarlyStopping's restore_best_weights on a PS job: whole variables go back, each PS its
+// shards, and come back as they were given.
+TEST_F(ShardedVariablesTest, AssignPutsWholeVariablesBackShardByShard) {
+  std::vector<float> table;
+  for (int i = 0; i < 20; ++i) table.push_back(static_cast<float>(100 - i));
+  const std::vector<Tensor> values = {Tensor::FromVector<float>({10, 2}, table),
+                                      Tensor::FromVector<float>({3}, {7, 8, 9})};
+  ASSERT_TRUE(variables_->Assign(values).ok());
+  auto whole = variables_->Pull();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE((*whole)[0].BitwiseEqual(values[0]));
+  EXPECT_TRUE((*whole)[1].BitwiseEqual(values[1]));
+  EXPECT_FALSE(variables_->Assign({values[0]}).ok());  // one value for two variables
+}
+
 // A selection that is not sorted, unique and within the table is refused before anything
 // travels (its rows would otherwise find no shard, or the wrong place).
 TEST_F(ShardedVariablesTest, ASelectionOutOfOrderOrOutsideTheTableIsRefused) {

@@ -44,6 +44,10 @@ class ShardedVariables {
   absl::Status Push(const std::vector<Tensor>& gradients, std::vector<Tensor>* pulled = nullptr,
                     const RowSelection& rows = {}, const RowSelection& next_rows = {});
 
+  // Sets every variable to `values` (whole, in the order of the names given at
+  // construction), each PS its shards, in requests of at most kRequestBytes; the
+  // optimizers' slots stay (EarlyStopping's restore_best_weights).
+  absl::Status Assign(const std::vector<Tensor>& values);
   // Keras' optimizer.learning_rate = `rate` on every PS that holds shards (ReduceLROnPlateau).
   absl::Status SetLearningRate(float rate) {
     return ForEachTask(
