@@ -30,6 +30,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     exit 1
   fi
   echo "install_node_packages.sh: installing ${missing[*]} from Debian"
+  # The other test set-ups install packages too, and ctest runs them side by side: one
+  # apt-get at a time.
+  exec 9>/tmp/stratum-test-apt.lock
+  flock -w 1200 9
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -15,6 +15,11 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "install_package.sh: $program is missing: install it (apt-get install $package)" >&2
   exit 1
 fi
+# The other test set-ups install packages too, and ctest runs them side by side: one
+# apt-get at a time (the one before may have installed this package meanwhile).
+exec 9>/tmp/stratum-test-apt.lock
+flock -w 1200 9
+[ -x "$program" ] && exit 0
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null
 [ -x "$program" ] || { echo "install_package.sh: $package did not install $program" >&2; exit 1; }
