@@ -354,6 +354,12 @@ absl::StatusOr<FitSummary> EpochLoop::Run() {
   for (const std::unique_ptr<Callback>& callback : callbacks_) {
     STRATUM_RETURN_IF_ERROR(callback->OnTrainEnd(*this));
   }
+  // A callback put other variables in place (restore_best_weights): the job's last
+  // checkpoint is saved again with them, so that a run again of the complete job reports the
+  // model this run reported.
+  if (weights_set_ && trained_epochs_ > 0 && !options_.checkpoint_dir.empty()) {
+    STRATUM_RETURN_IF_ERROR(Backup(summary_.history.back().epoch, 0, StepStats{}));
+  }
   STRATUM_RETURN_IF_ERROR(Test(restored_epochs));
   summary_.examples_per_sec = static_cast<double>(train_examples_) / std::max(train_seconds_, 1e-9);
   STRATUM_RETURN_IF_ERROR(runner_.GetState(&summary_.variables, nullptr));

@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "stratum/testing/tensorboard_events.h"
 #include "stratum/util/subprocess.h"
@@ -406,6 +407,11 @@ TEST(StratumTrainTest, CallbacksStopRestoreReduceAndLogAsKerasDoes) {
   ASSERT_EQ(again.exit.exit_code, 0) << again.output;
   EXPECT_THAT(again.output, HasSubstr("the checkpoint at step 80 completes this job: "
                                       "EarlyStopping stopped its training after epoch 2"));
+  // The checkpoint was saved again with the restored weights: the model evaluated anew is
+  // epoch 1's, as the first run reported.
+  EXPECT_THAT(again.output, HasSubstr(absl::StrFormat("test accuracy %.4f, test loss %.4f",
+                                                      summary["test_accuracy"].get<double>(),
+                                                      summary["test_loss"].get<double>())));
   EXPECT_THAT(again.output, ::testing::Not(HasSubstr("Epoch 3/6")));
 }
 
