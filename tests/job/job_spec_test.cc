@@ -339,10 +339,11 @@ TEST(JobSpecTest, BackupAndRestoreIsTheJobsCheckpoint) {
 }
 
 TEST(JobSpecTest, CallbacksAreRefusedByNameWithTheFix) {
-  EXPECT_THAT(ErrorOf(WithCallbacks(R"(["ProgbarLogger"])")),
-              HasSubstr("job field fit.callbacks[0] is the callback \"ProgbarLogger\", which "
-                        "Stratum does not run: use one of BackupAndRestore, CSVLogger, "
-                        "EarlyStopping, ModelCheckpoint, ReduceLROnPlateau, TensorBoard, TerminateOnNaN"));
+  EXPECT_THAT(
+      ErrorOf(WithCallbacks(R"(["ProgbarLogger"])")),
+      HasSubstr("job field fit.callbacks[0] is the callback \"ProgbarLogger\", which "
+                "Stratum does not run: use one of BackupAndRestore, CSVLogger, "
+                "EarlyStopping, ModelCheckpoint, ReduceLROnPlateau, TensorBoard, TerminateOnNaN"));
   EXPECT_THAT(ErrorOf(WithCallbacks(R"([{"class_name": "LearningRateScheduler"}])")),
               HasSubstr("give the optimizer's learning_rate a Keras schedule"));
   EXPECT_THAT(
