@@ -140,6 +140,30 @@ std::string LongJob(const std::string& example, const std::string& name) {
   return path;
 }
 
+// Starts Prometheus scraping the metrics of `tasks`, then the cluster of `options` (so that
+// Prometheus is ready before the tasks), and expects every query of `wanted` to be seen
+// within 60 s while the job trains, with the output of `main_task` when not. Both, still
+// running, for more queries (nulls when one did not start).
+struct Scraped {
+  std::unique_ptr<PrometheusServer> prometheus;
+  std::unique_ptr<LocalCluster> cluster;  // destroyed first: the tasks stop, then Prometheus
+};
+Scraped ExpectScrapedWhileTraining(LocalClusterOptions options, const std::vector<TaskKey>& tasks,
+                                   const std::vector<std::pair<std::string, size_t>>& wanted,
+                                   const TaskKey& main_task) {
+  const std::vector<std::string> targets = MetricsPorts(tasks, options);
+  auto prometheus = PrometheusServer::Start(targets);
+  EXPECT_TRUE(prometheus.ok()) << prometheus.status();
+  if (!prometheus.ok()) return {};
+  auto cluster = LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return {};
+  const std::vector<std::string> missing = (*prometheus)->WaitFor(wanted, absl::Seconds(60));
+  EXPECT_TRUE(missing.empty()) << "Prometheus never saw: " << absl::StrJoin(missing, "; ") << "\n"
+                               << (*cluster)->Output(main_task);
+  return {*std::move(prometheus), *std::move(cluster)};
+}
+
 TEST(PrometheusTest, ScrapesEveryTaskOfAParameterServerClusterWhileItTrains) {
   LocalClusterOptions options{
       .num_workers = 2,
@@ -147,33 +171,26 @@ TEST(PrometheusTest, ScrapesEveryTaskOfAParameterServerClusterWhileItTrains) {
       .chief = true,
       .args_by_type = {{"chief", {"--job=" + LongJob("fashion_mnist_ps.json", "prometheus_ps")}}},
       .forward_output = false};
-  const std::vector<std::string> targets =
-      MetricsPorts({{"chief", 0}, {"worker", 0}, {"worker", 1}, {"ps", 0}, {"ps", 1}}, options);
-  auto prometheus = PrometheusServer::Start(targets);  // ready before the tasks start
-  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const std::vector<std::string> missing =
-      (*prometheus)
-          ->WaitFor({{"up", 5},
-                     {"stratum_task_info", 5},
-                     {"process_resident_memory_bytes", 5},
-                     {"stratum_training_steps_total", 1},
-                     {"stratum_training_step_seconds_count", 2},  // the workers' closures
-                     {"stratum_worker_closure_steps_total", 2},
-                     {"stratum_coordinator_closures_total", 1},
-                     {"stratum_coordinator_closures_queued >= 0", 1},
-                     {"stratum_ps_updates_total", 2},
-                     {"stratum_ps_pushed_bytes_total", 2},
-                     {"stratum_ps_pulled_bytes_total", 2},
-                     {"stratum_ps_request_seconds_count", 2},
-                     {"stratum_training_epoch", 1}},
-                    absl::Seconds(60));
-  EXPECT_TRUE(missing.empty()) << "Prometheus never saw: " << absl::StrJoin(missing, "; ") << "\n"
-                               << (*cluster)->Output({"chief", 0});
+  const Scraped scraped = ExpectScrapedWhileTraining(
+      options, {{"chief", 0}, {"worker", 0}, {"worker", 1}, {"ps", 0}, {"ps", 1}},
+      {{"up", 5},
+       {"stratum_task_info", 5},
+       {"process_resident_memory_bytes", 5},
+       {"stratum_training_steps_total", 1},
+       {"stratum_training_step_seconds_count", 2},  // the workers' closures
+       {"stratum_worker_closure_steps_total", 2},
+       {"stratum_coordinator_closures_total", 1},
+       {"stratum_coordinator_closures_queued >= 0", 1},
+       {"stratum_ps_updates_total", 2},
+       {"stratum_ps_pushed_bytes_total", 2},
+       {"stratum_ps_pulled_bytes_total", 2},
+       {"stratum_ps_request_seconds_count", 2},
+       {"stratum_training_epoch", 1}},
+      {"chief", 0});
+  ASSERT_NE(scraped.prometheus, nullptr);
   // The tasks are told apart by their own label, whatever the scrape config calls them.
   std::vector<std::string> tasks;
-  for (const auto& [labels, value] : (*prometheus)->Query("stratum_task_info")) {
+  for (const auto& [labels, value] : scraped.prometheus->Query("stratum_task_info")) {
     tasks.push_back(labels["task"]);
   }
   std::sort(tasks.begin(), tasks.end());
@@ -187,22 +204,14 @@ TEST(PrometheusTest, ScrapesTheAllReduceOfMultiWorkerMirroredWorkers) {
                         {"--job=" + LongJob("fashion_mnist_mwms.json", "prometheus_mwms"),
                          "--cluster_timeout=30s"}}},
       .forward_output = false};
-  const std::vector<std::string> targets = MetricsPorts({{"worker", 0}, {"worker", 1}}, options);
-  auto prometheus = PrometheusServer::Start(targets);  // ready before the tasks start
-  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
-  auto cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const std::vector<std::string> missing =
-      (*prometheus)
-          ->WaitFor({{"up", 2},
-                     {"stratum_allreduce_bytes_total", 2},
-                     {"stratum_allreduce_seconds_count", 2},
-                     {"stratum_training_steps_total", 2},
-                     {"stratum_training_step_seconds_count", 2},
-                     {"rate(stratum_training_steps_total[5s])", 2}},
-                    absl::Seconds(60));
-  EXPECT_TRUE(missing.empty()) << "Prometheus never saw: " << absl::StrJoin(missing, "; ") << "\n"
-                               << (*cluster)->Output({"worker", 0});
+  ExpectScrapedWhileTraining(options, {{"worker", 0}, {"worker", 1}},
+                             {{"up", 2},
+                              {"stratum_allreduce_bytes_total", 2},
+                              {"stratum_allreduce_seconds_count", 2},
+                              {"stratum_training_steps_total", 2},
+                              {"stratum_training_step_seconds_count", 2},
+                              {"rate(stratum_training_steps_total[5s])", 2}},
+                             {"worker", 0});
 }
 
 }  // namespace

@@ -14,8 +14,8 @@
 #include "nlohmann/json.hpp"
 #include "stratum/checkpoint/safetensors.h"
 #include "stratum/net/free_port.h"
+#include "stratum/testing/independent_readers.h"
 #include "stratum/testing/local_cluster.h"
-#include "stratum/testing/tensorboard_events.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -312,20 +312,17 @@ TEST(PsTrainingTest, CallbacksStopTheJobAndLogItsEpochsOnTheCoordinator) {
   // The export, pulled from the PSs at the end, reads back in Keras' layout and gives the
   // test accuracy the job reported.
   EXPECT_THAT(output, HasSubstr("exported the model into " + exported));
-  const std::string check = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
-                            "/tests/integration/keras_export_check.py " + exported +
-                            " --accuracy " + std::to_string(result["test_accuracy"].get<double>());
-  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  const absl::Status checked =
+      testing::CheckKerasExport(exported, result["test_accuracy"].get<double>()).status();
+  EXPECT_TRUE(checked.ok()) << checked;
   // ModelCheckpoint kept the epoch of the lowest val_loss, pulled from the PSs then.
   EXPECT_THAT(output, HasSubstr("Epoch 1: val_loss improved from inf to "));
   const nlohmann::json& history = result["history"];
   const nlohmann::json& best =
       history[0]["val_loss"] <= history[1]["val_loss"] ? history[0] : history[1];
-  const std::string check_best = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
-                                 "/tests/integration/keras_export_check.py " + dir + "/best" +
-                                 " --accuracy " +
-                                 std::to_string(best["val_accuracy"].get<double>());
-  EXPECT_EQ(std::system(check_best.c_str()), 0) << check_best;
+  const absl::Status best_checked =
+      testing::CheckKerasExport(dir + "/best", best["val_accuracy"].get<double>()).status();
+  EXPECT_TRUE(best_checked.ok()) << best_checked;
   RemoveFolder(dir);
 }
 

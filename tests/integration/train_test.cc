@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
-#include "stratum/testing/tensorboard_events.h"
+#include "stratum/testing/independent_readers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -415,21 +415,6 @@ TEST(StratumTrainTest, CallbacksStopRestoreReduceAndLogAsKerasDoes) {
   EXPECT_THAT(again.output, ::testing::Not(HasSubstr("Epoch 3/6")));
 }
 
-// Runs tests/integration/keras_export_check.py on an export (with the test accuracy its
-// weights must give, when >= 0); its JSON line, or null with the failure added.
-nlohmann::json CheckKerasExport(const std::string& dir, double accuracy = -1) {
-  std::string command = std::string("/usr/bin/python3 ") + STRATUM_SOURCE_DIR +
-                        "/tests/integration/keras_export_check.py " + dir;
-  if (accuracy >= 0) command += " --accuracy " + std::to_string(accuracy);
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  std::string text;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
-  const int status = pclose(pipe);
-  EXPECT_EQ(status, 0) << text;
-  return status == 0 ? nlohmann::json::parse(text, nullptr, false) : nlohmann::json();
-}
-
 TEST(StratumTrainTest, ExportsTheModelInKerasFormatsThatReadBackAsTrained) {
   nlohmann::json job = ExampleJob();
   job["fit"]["epochs"] = 1;
@@ -446,9 +431,11 @@ TEST(StratumTrainTest, ExportsTheModelInKerasFormatsThatReadBackAsTrained) {
   const nlohmann::json summary = nlohmann::json::parse(summary_file);
   // h5py finds Keras 3's layout, and a NumPy forward pass of the exported weights gives the
   // test accuracy stratum-train reported.
-  const nlohmann::json checked = CheckKerasExport(dir, summary["test_accuracy"].get<double>());
-  EXPECT_EQ(checked["layers"], 3);     // flatten, dense, dense_1
-  EXPECT_EQ(checked["variables"], 4);  // two kernels, two biases
+  absl::StatusOr<nlohmann::json> checked =
+      testing::CheckKerasExport(dir, summary["test_accuracy"].get<double>());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ((*checked)["layers"], 3);     // flatten, dense, dense_1
+  EXPECT_EQ((*checked)["variables"], 4);  // two kernels, two biases
 }
 
 TEST(StratumTrainTest, AFunctionalModelExportsEveryLayerUnderKerasPaths) {
@@ -463,8 +450,9 @@ TEST(StratumTrainTest, AFunctionalModelExportsEveryLayerUnderKerasPaths) {
   TrainRun run = RunTrain(
       {"--job=" + WriteJob(job, "export_functional"), "--progress=none", "--export=" + dir});
   ASSERT_EQ(run.exit.exit_code, 0) << run.output;
-  const nlohmann::json checked = CheckKerasExport(dir);
-  EXPECT_GT(checked["variables"].get<int>(), 4) << checked.dump();
+  absl::StatusOr<nlohmann::json> checked = testing::CheckKerasExport(dir);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_GT((*checked)["variables"].get<int>(), 4) << checked->dump();
 }
 
 TrainRun RunPredict(const std::vector<std::string>& args) {

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/job/job_spec.h"
-#include "stratum/testing/tensorboard_events.h"
+#include "stratum/testing/independent_readers.h"
 #include "stratum/util/number_text.h"
 
 namespace stratum {
