@@ -161,15 +161,6 @@ absl::StatusOr<std::optional<KubernetesClusterOptions>> KubernetesOptionsFromFla
   return options;
 }
 
-TlsFiles TlsFilesFromFlags() {
-  TlsFiles files;
-  files.cert_file = FlagOrEnv(FLAGS_tls_cert, "STRATUM_TLS_CERT");
-  files.key_file = FlagOrEnv(FLAGS_tls_key, "STRATUM_TLS_KEY");
-  files.ca_file = FlagOrEnv(FLAGS_tls_ca, "STRATUM_TLS_CA");
-  files.server_name = FlagOrEnv(FLAGS_tls_server_name, "STRATUM_TLS_SERVER_NAME");
-  return files;
-}
-
 // Whether this task speaks TLS: rpc_layer "grpc+tls" needs the certificates, certificates
 // with rpc_layer "grpc" (plaintext, said explicitly) are a contradiction, and certificates
 // with no rpc_layer (as Kubeflow writes TF_CONFIG) turn TLS on.
@@ -299,6 +290,15 @@ std::string SideListenAddressOrExit(const std::string& binary, const std::string
 }
 
 }  // namespace
+
+TlsFiles TlsFilesFromFlags() {
+  TlsFiles files;
+  files.cert_file = FlagOrEnv(FLAGS_tls_cert, "STRATUM_TLS_CERT");
+  files.key_file = FlagOrEnv(FLAGS_tls_key, "STRATUM_TLS_KEY");
+  files.ca_file = FlagOrEnv(FLAGS_tls_ca, "STRATUM_TLS_CA");
+  files.server_name = FlagOrEnv(FLAGS_tls_server_name, "STRATUM_TLS_SERVER_NAME");
+  return files;
+}
 
 int ReportFatal(const std::string& binary, const absl::Status& status) {
   std::fprintf(stderr, "%s: %s\n", binary.c_str(), std::string(status.message()).c_str());

@@ -55,6 +55,10 @@ struct TaskContext {
   const ChannelOptions& channel_options() const { return channel; }
 };
 
+// The TLS files of --tls_cert, --tls_key, --tls_ca and --tls_server_name, each else from its
+// STRATUM_TLS_* variable (what ResolveTaskOrExit loads; also for tools that dial a cluster).
+TlsFiles TlsFilesFromFlags();
+
 // Resolves this process's task from TF_CONFIG (the environment variable, read here,
 // or --tf_config) or, without one, from the Kubernetes pod settings, and the shared
 // flags; decides TLS (rpc_layer "grpc+tls" or certificate files) and loads the
