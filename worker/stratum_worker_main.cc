@@ -164,6 +164,10 @@ int main(int argc, char** argv) {
                                    .task_types = {stratum::kWorker, stratum::kEvaluator}};
   if (absl::GetFlag(FLAGS_evaluator)) options.forced_type = stratum::kEvaluator;
   if (!absl::GetFlag(FLAGS_evaluator) && !absl::GetFlag(FLAGS_job).empty()) {
+    options.task_types = {stratum::kChief, stratum::kWorker};
+    // The task first: --print_tf_config answers without the job (a pod's job file may not
+    // exist where its TF_CONFIG is checked).
+    const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
     absl::StatusOr<stratum::JobSpec> job = stratum::LoadJobSpec(absl::GetFlag(FLAGS_job));
     if (!job.ok()) return stratum::ReportFatal(options.binary, job.status());
     if (job->strategy.type != "multi_worker_mirrored") {
@@ -175,8 +179,6 @@ int main(int argc, char** argv) {
               "\": start a parameter_server job with stratum-launch --job (its coordinator "
               "drives the workers), a single-process one with stratum-train")));
     }
-    options.task_types = {stratum::kChief, stratum::kWorker};
-    const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
     return stratum::RunMultiWorker(*job, context, shutdown);
   }
   const stratum::TaskContext context = stratum::ResolveTaskOrExit(options);
