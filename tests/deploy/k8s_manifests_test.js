@@ -48,6 +48,8 @@ try {
   process.exit(1);
 }
 const YAML = load('yaml');
+const { render, readYamlDocuments, podSpec, find, containerOf, podEnvironment, podsOf } =
+  require('./k8s_render')({ YAML, namespace: NAMESPACE });
 
 // ---------------------------------------------------------------------------------------
 // Schemas: kubernetes-models' validators (types, required fields, formats) plus a check for
@@ -162,149 +164,6 @@ function validate(object, where) {
   validateAs(`${object.apiVersion}/${object.kind}`, object, `${where} ${object.kind}/${object.metadata.name}`);
 }
 
-// ---------------------------------------------------------------------------------------
-// A renderer of the kustomize features the manifests use. Anything else is refused, so
-// the manifests cannot drift past what this test checks.
-
-const KUSTOMIZATION_KEYS = new Set(['apiVersion', 'kind', 'resources', 'components',
-  'configMapGenerator', 'replicas', 'replacements', 'patches', 'images']);
-
-function readYamlDocuments(file) {
-  return YAML.parseAllDocuments(fs.readFileSync(file, 'utf8')).map((doc) => {
-    if (doc.errors.length) throw new Error(`${file}: ${doc.errors[0].message}`);
-    return doc.toJS();
-  }).filter((doc) => doc !== null);
-}
-
-function readKustomization(dir) {
-  const file = path.join(dir, 'kustomization.yaml');
-  const k = YAML.parse(fs.readFileSync(file, 'utf8'));
-  for (const key of Object.keys(k)) {
-    assert.ok(KUSTOMIZATION_KEYS.has(key), `${file}: "${key}" is not rendered by this test`);
-  }
-  return k;
-}
-
-function matches(object, target) {
-  for (const key of Object.keys(target)) {
-    assert.ok(['kind', 'name', 'group', 'version'].includes(key), `target key ${key} is not rendered`);
-  }
-  if (target.kind && object.kind !== target.kind) return false;
-  if (target.name && object.metadata.name !== target.name) return false;
-  return true;
-}
-
-function pointer(path_) {
-  return path_.split('/').slice(1).map((part) => part.replace(/~1/g, '/').replace(/~0/g, '~'));
-}
-
-function applyJsonPatch(object, operations, where) {
-  assert.ok(Array.isArray(operations), `${where}: only JSON 6902 patches (a list of ops) are rendered`);
-  for (const op of operations) {
-    const parts = pointer(op.path);
-    const last = parts.pop();
-    let parent = object;
-    for (const part of parts) {
-      parent = parent[part];
-      assert.ok(parent !== undefined, `${where}: ${op.path} does not exist`);
-    }
-    if (op.op === 'add') {
-      if (Array.isArray(parent)) parent.splice(last === '-' ? parent.length : Number(last), 0, op.value);
-      else parent[last] = op.value;
-    } else if (op.op === 'replace') {
-      assert.ok(last in parent, `${where}: ${op.path} does not exist`);
-      parent[last] = op.value;
-    } else if (op.op === 'remove') {
-      if (Array.isArray(parent)) parent.splice(Number(last), 1); else delete parent[last];
-    } else {
-      assert.fail(`${where}: op ${op.op} is not rendered`);
-    }
-  }
-}
-
-function getField(object, fieldPath) {
-  return fieldPath.split('.').reduce((value, key) => (value === undefined ? undefined : value[key]), object);
-}
-
-function setField(object, fieldPath, value) {
-  const keys = fieldPath.split('.');
-  const last = keys.pop();
-  const parent = keys.reduce((node, key) => node[key], object);
-  assert.ok(parent && last in parent, `replacement target ${fieldPath} does not exist`);
-  // kustomize keeps a string field a string.
-  parent[last] = typeof parent[last] === 'string' ? String(value) : value;
-}
-
-function generateConfigMap(dir, generator) {
-  const data = {};
-  for (const literal of generator.literals || []) {
-    const eq = literal.indexOf('=');
-    data[literal.slice(0, eq)] = literal.slice(eq + 1);
-  }
-  for (const file of generator.files || []) data[path.basename(file)] = fs.readFileSync(path.join(dir, file), 'utf8');
-  for (const key of Object.keys(generator)) {
-    assert.ok(['name', 'literals', 'files', 'behavior'].includes(key), `configMapGenerator ${key} is not rendered`);
-  }
-  return { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: generator.name }, data };
-}
-
-// Renders the kustomization in `dir` (a Kustomization, or a Component applied to `input`).
-function render(dir, input = []) {
-  const k = readKustomization(dir);
-  let objects = [...input];
-  for (const resource of k.resources || []) {
-    const full = path.join(dir, resource);
-    objects.push(...(fs.statSync(full).isDirectory() ? render(full) : readYamlDocuments(full)));
-  }
-  for (const component of k.components || []) {
-    const full = path.join(dir, component);
-    assert.equal(readKustomization(full).kind, 'Component', `${full} is not a Component`);
-    objects = render(full, objects);
-  }
-  for (const generator of k.configMapGenerator || []) {
-    const generated = generateConfigMap(dir, generator);
-    const existing = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === generator.name);
-    if (generator.behavior === 'merge') {
-      assert.ok(existing, `${dir}: configMapGenerator ${generator.name} merges into nothing`);
-      Object.assign(existing.data, generated.data);
-    } else {
-      assert.ok(!existing, `${dir}: ConfigMap ${generator.name} is generated twice`);
-      objects.push(generated);
-    }
-  }
-  for (const patch of k.patches || []) {
-    const operations = YAML.parse(patch.path ? fs.readFileSync(path.join(dir, patch.path), 'utf8') : patch.patch);
-    const targets = objects.filter((o) => matches(o, patch.target));
-    assert.ok(targets.length > 0, `${dir}: a patch targets nothing (${JSON.stringify(patch.target)})`);
-    for (const target of targets) applyJsonPatch(target, structuredClone(operations), dir);
-  }
-  for (const image of k.images || []) {
-    for (const object of objects) {
-      for (const container of podSpec(object)?.containers || []) {
-        const [name, tag] = container.image.split(':');
-        if (name !== image.name) continue;
-        container.image = `${image.newName || name}:${image.newTag || tag}`;
-      }
-    }
-  }
-  for (const { name, count } of k.replicas || []) {
-    const targets = objects.filter((o) => o.metadata.name === name && o.spec && 'replicas' in o.spec);
-    assert.equal(targets.length, 1, `${dir}: replicas names ${name}, which is not one workload`);
-    targets[0].spec.replicas = count;
-  }
-  for (const replacement of k.replacements || []) {
-    const source = objects.find((o) => matches(o, { kind: replacement.source.kind, name: replacement.source.name }));
-    assert.ok(source, `${dir}: replacement source ${replacement.source.name} does not exist`);
-    const value = getField(source, replacement.source.fieldPath);
-    for (const target of replacement.targets) {
-      const selected = objects.filter((o) => matches(o, target.select));
-      assert.ok(selected.length > 0, `${dir}: a replacement selects nothing`);
-      for (const object of selected) for (const field of target.fieldPaths) setField(object, field, value);
-    }
-  }
-  return objects;
-}
-
 // `kubectl kustomize`, with generated names' hash suffixes taken off; null without kubectl.
 function kubectlKustomize(dir, generatedNames) {
   const run = childProcess.spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8' });
@@ -324,69 +183,8 @@ function kubectlKustomize(dir, generatedNames) {
 
 const byKindAndName = (a, b) => `${a.kind}/${a.metadata.name}`.localeCompare(`${b.kind}/${b.metadata.name}`);
 
-// ---------------------------------------------------------------------------------------
-// The cluster as the rendered manifests make it.
-
-function podSpec(object) {
-  return object.spec && object.spec.template ? object.spec.template.spec : undefined;
-}
-
-function find(objects, kind, name) {
-  const object = objects.find((o) => o.kind === kind && o.metadata.name === name);
-  assert.ok(object, `no ${kind} ${name}`);
-  return object;
-}
-
-function containerOf(object) {
-  const containers = podSpec(object).containers;
-  assert.equal(containers.length, 1, `${object.metadata.name} has one container`);
-  return containers[0];
-}
-
-function configMapsOf(objects, container) {
-  const data = {};
-  for (const source of container.envFrom || []) {
-    Object.assign(data, find(objects, 'ConfigMap', source.configMapRef.name).data);
-  }
-  return data;
-}
-
-// The environment of a pod's container, as the kubelet would set it.
-function podEnvironment(objects, container, podName) {
-  const env = configMapsOf(objects, container);
-  for (const variable of container.env || []) {
-    if ('value' in variable) {
-      env[variable.name] = variable.value;
-    } else {
-      const field = variable.valueFrom.fieldRef.fieldPath;
-      assert.ok(['metadata.name', 'metadata.namespace'].includes(field), `fieldRef ${field}`);
-      env[variable.name] = field === 'metadata.name' ? podName : NAMESPACE;
-    }
-  }
-  return env;
-}
-
 const ROLE_BINARY = { chief: 'stratum-coordinator', worker: 'stratum-worker', ps: 'stratum-ps' };
 
-// Every pod: its role, index, name, DNS name (what Kubernetes gives it) and workload.
-function podsOf(objects) {
-  const pods = [];
-  for (const object of objects) {
-    if (object.kind === 'StatefulSet') {
-      const role = object.metadata.labels['app.kubernetes.io/component'];
-      for (let i = 0; i < object.spec.replicas; i++) {
-        const name = `${object.metadata.name}-${i}`;
-        pods.push({ role, index: i, name, dns: `${name}.${object.spec.serviceName}.${NAMESPACE}.svc`, object });
-      }
-    } else if (object.kind === 'Job') {
-      const spec = podSpec(object);
-      const role = object.metadata.labels['app.kubernetes.io/component'];
-      assert.equal(object.spec.parallelism ?? 1, 1, 'one coordinator pod');
-      pods.push({ role, index: 0, name: spec.hostname, dns: `${spec.hostname}.${spec.subdomain}.${NAMESPACE}.svc`, object });
-    }
-  }
-  return pods;
-}
 
 function runBinary(binary, args, env) {
   const run = childProcess.spawnSync(path.join(BIN, binary), args,
@@ -481,7 +279,7 @@ function checkConsistency(objects, where, { tls = false, gpu = false } = {}) {
     if (tls) {
       const secret = spec.volumes.find((v) => v.name === 'tls' && v.secret);
       assert.ok(secret, `${at}: mounts no TLS Secret`);
-      const env = podEnvironment(objects, container, 'pod');
+      const env = podEnvironment(objects, container, { name: 'pod', index: 0 });
       assert.equal(env.STRATUM_TLS_CERT, `${mounts.tls}/tls.crt`, `${at}: certificate path`);
       assert.equal(env.STRATUM_TLS_KEY, `${mounts.tls}/tls.key`, `${at}: key path`);
       assert.equal(env.STRATUM_TLS_CA, `${mounts.tls}/ca.crt`, `${at}: CA path`);
@@ -524,7 +322,7 @@ function checkTfConfigs(objects, where, { tls = false } = {}) {
   }
   for (const pod of pods) {
     const container = containerOf(pod.object);
-    const env = podEnvironment(objects, container, pod.name);
+    const env = podEnvironment(objects, container, pod);
     const binary = path.basename(container.command[0]);
     const printed = printedTfConfig(binary, container.args || [], env, `${where} pod ${pod.name}`);
     assert.deepEqual(printed.cluster, expected, `${where} pod ${pod.name}: cluster`);
@@ -541,7 +339,36 @@ const RENDERINGS = [
   { dir: 'overlays/cpu' },
   { dir: 'overlays/gpu', gpu: true },
   { dir: 'overlays/cpu-tls', tls: true },
+  { dir: 'mwms', mwms: true },
 ];
+
+// The MultiWorkerMirrored job: an Indexed Job of workers, each training the ConfigMap's job
+// in lock-step, checkpointing to the volume they all mount.
+function checkMwmsConsistency(objects, where) {
+  const cluster = find(objects, 'ConfigMap', 'stratum-cluster').data;
+  const workers = find(objects, 'Job', `${cluster.STRATUM_K8S_NAME_PREFIX}-worker`);
+  const at = `${where} Job/${workers.metadata.name}`;
+  assert.equal(workers.spec.completionMode, 'Indexed', `${at}: one pod per index`);
+  assert.equal(workers.spec.parallelism, workers.spec.completions, `${at}: all workers at once`);
+  assert.equal(cluster.STRATUM_K8S_WORKER_REPLICAS, String(workers.spec.completions), `${at}: replicas`);
+  assert.equal(cluster.STRATUM_K8S_PS_REPLICAS, '0', `${at}: no ps`);
+  assert.equal(cluster.STRATUM_K8S_CHIEF_REPLICAS, '0', `${at}: no chief`);
+  const spec = podSpec(workers);
+  const service = find(objects, 'Service', spec.subdomain);
+  assert.equal(service.spec.clusterIP, 'None', `${at}: the Service is headless`);
+  assert.equal(service.spec.publishNotReadyAddresses, true, `${at}: peers resolve starting pods`);
+  const container = containerOf(workers);
+  assert.deepEqual(container.command, ['/usr/local/bin/stratum-worker'], `${at}: command`);
+  assert.ok(dockerfileBinaries().has(container.command[0]), `${at}: the Dockerfile copies it`);
+  const mounts = Object.fromEntries(container.volumeMounts.map((m) => [m.name, m.mountPath]));
+  assert.ok(container.args.includes(`--job=${mounts.job}/job.json`), `${at}: --job is the ConfigMap's`);
+  const job = JSON.parse(find(objects, 'ConfigMap', 'stratum-job').data['job.json']);
+  assert.equal(job.strategy.type, 'multi_worker_mirrored', `${at}: the job's strategy`);
+  assert.ok(job.checkpoint.dir.startsWith(mounts.checkpoints + '/'), `${at}: checkpoint.dir is on the volume`);
+  for (const probe of ['readinessProbe', 'livenessProbe']) {
+    assert.equal(container[probe]?.grpc?.port, Number(cluster.STRATUM_HEALTH_PORT), `${at}: ${probe}`);
+  }
+}
 
 for (const rendering of RENDERINGS) {
   test(`kustomization ${rendering.dir}`, async (t) => {
@@ -559,7 +386,8 @@ for (const rendering of RENDERINGS) {
       }
       assert.deepEqual([...objects].sort(byKindAndName), real.sort(byKindAndName));
     });
-    await t.test('names, ports and replica counts agree', () => checkConsistency(objects, rendering.dir, rendering));
+    await t.test('names, ports and replica counts agree', () => (rendering.mwms
+      ? checkMwmsConsistency(objects, rendering.dir) : checkConsistency(objects, rendering.dir, rendering)));
     await t.test('every pod computes the same cluster and its own task', () => {
       const pods = checkTfConfigs(objects, rendering.dir, rendering);
       console.log(`# ${rendering.dir}: ${pods.map((p) => `${p.name}=${p.role}:${p.index}`).join(' ')}`);
