@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <string>
 
+#include <grpc/support/log.h>
+
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "stratum/net/health.h"
@@ -35,6 +37,9 @@ constexpr char kUsage[] =
 int main(int argc, char** argv) {
   using namespace stratum;
   ParseFlagsOrExit(argc, argv, kUsage);
+  // gRPC's own error lines (a failed TLS handshake, in OpenSSL's words) would come before
+  // the one sentence below, which already says what failed.
+  gpr_set_log_function([](gpr_log_func_args*) {});
   const std::string address = absl::GetFlag(FLAGS_address);
   if (absl::Status valid =
           CheckDurationFlag("--timeout", absl::GetFlag(FLAGS_timeout), absl::Milliseconds(1),
