@@ -131,6 +131,7 @@ test('docker stop of the whole job leaves a checkpoint that the job resumes from
     await cluster.waitForLog('stratum-chief-0', /Epoch 3\/10/, JOB_MS);
     cluster.stop(PS_PODS);
     const chiefExit = cluster.state('stratum-chief-0').exitCode;
+    console.log(`# after docker stop, the exit codes: ${PS_PODS.map((n) => `${n} ${cluster.state(n).exitCode}`).join(', ')}`);
     assert.notEqual(chiefExit, 137, `the chief was killed before its grace period ran out:\n${cluster.logs('stratum-chief-0')}`);
     const checkpoints = cluster.listVolume('stratum-checkpoints', 'fashion-mnist');
     assert.ok(checkpoints.some((f) => /^ckpt-\d+$/.test(f)), `no checkpoint on the volume: ${checkpoints}`);
