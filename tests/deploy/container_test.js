@@ -193,6 +193,8 @@ test('the MultiWorkerMirrored job of deploy/k8s/mwms trains in containers', { sk
     const workers = cluster.pods.map((p) => p.name);
     assert.deepEqual(workers, ['stratum-worker-0', 'stratum-worker-1']);
     cluster.startAll();
+    // Their readiness probes answer while they train.
+    await cluster.waitUntilServing(workers, 60000);
     for (const name of workers) {
       assert.equal(await cluster.waitForExit(name, JOB_MS), 0, cluster.logs(name));
     }
