@@ -216,7 +216,8 @@ absl::Status CheckpointManager::WriteAndCommit(int64_t step, const nlohmann::jso
   std::vector<uint64_t> save_ids;
   for (int task = 0; task < variables_.num_ps(); ++task) {
     absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
-    if (!saved.ok()) return saved.status();
+    // A PS that restarted since the claim holds no lease either, and refuses the save.
+    if (!saved.ok()) return PsFailure(saved.status());
     STRATUM_RETURN_IF_ERROR(CheckHoldsItsShards(task, step, *saved));
     if (saved->stopping()) stopping.push_back(variables_.client(task).task());
     save_ids.push_back(saved->save_id());

@@ -35,6 +35,7 @@ GrpcWorkerExecutor::~GrpcWorkerExecutor() {
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   proto::LeaveRequest request;
   request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+  request.set_coordinator_secret(setup_.coordinator().secret());
   proto::LeaveResponse response;
   (void)stub_->Leave(&context, request, &response);
 }
@@ -47,6 +48,7 @@ absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closur
   proto::RunClosureRequest request;
   request.set_function(closure.function);
   request.set_coordinator_incarnation(setup_.coordinator_incarnation());
+  request.set_coordinator_secret(setup_.coordinator().secret());
   for (const Tensor& arg : closure.args) TensorToProto(arg, request.add_args());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));

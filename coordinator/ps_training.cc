@@ -414,11 +414,11 @@ absl::Status ParameterServerJob::CreateVariables() {
   }
   if (absl::Status status = PlaceShards(shards_, num_ps_, *policy); !status.ok()) return status;
   std::vector<std::unique_ptr<PsClient>> clients;
-  ps_client_options_ = {
-      .timeout = options_.rpc_timeout,
-      .channel = options_.channel,
-      .coordinator = CoordinatorDescription(cluster_),
-      .coordinator_address = AdvertisedAddress(cluster_, options_.listen_address)};
+  ps_client_options_ = {.timeout = options_.rpc_timeout,
+                        .channel = options_.channel,
+                        .coordinator = CoordinatorDescription(cluster_),
+                        .coordinator_address = AdvertisedAddress(cluster_, options_.listen_address),
+                        .checkpoint_dir = job_.checkpoint.dir};
   for (int task = 0; task < num_ps_; ++task) {
     ps_addresses_.push_back(*cluster_.TaskAddress(kPs, task));
     clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses_.back(),

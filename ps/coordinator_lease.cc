@@ -13,13 +13,36 @@ std::string Ago(absl::Time since) {
   return absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Milliseconds(1)));
 }
 
+// Compares all bytes whatever differs, so the time taken says nothing of the secret.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char difference = 0;
+  for (size_t i = 0; i < a.size(); ++i) difference |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return difference == 0;
+}
+
 }  // namespace
 
 bool CoordinatorLease::HolderSilent() const {
   return holder_ == 0 || absl::Now() - last_heard_ > lease_;
 }
 
-absl::Status CoordinatorLease::RefusalFor(uint64_t incarnation) const {
+absl::Status CoordinatorLease::ForgeryOf(const CoordinatorCredential& caller) const {
+  if (holder_ == 0 || caller.incarnation != holder_ ||
+      SameSecret(caller.secret, holder_claim_.secret)) {
+    return absl::OkStatus();
+  }
+  spdlog::warn("refused a call that names the incarnation {:016x} of {} without its secret",
+               caller.incarnation, holder_claim_.who);
+  return absl::PermissionDeniedError(absl::StrCat(
+      wording_.held, " refuses this call: it names the incarnation of the coordinator that holds ",
+      "it (", holder_claim_.who,
+      ") without that coordinator's secret, and only that coordinator process may act for it"));
+}
+
+absl::Status CoordinatorLease::RefusalFor(const CoordinatorCredential& caller) const {
+  if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;
+  const uint64_t incarnation = caller.incarnation;
   if (auto how = replaced_.find(incarnation); how != replaced_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat(wording_.held, " ", kHeldByAnotherCoordinator, ": ", how->second));
@@ -32,21 +55,23 @@ absl::Status CoordinatorLease::RefusalFor(uint64_t incarnation) const {
 
 absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::Duration wait) {
   if (claimant.incarnation == 0) return absl::OkStatus();
+  const CoordinatorCredential caller{claimant.incarnation, claimant.secret};
   absl::MutexLock lock(&mutex_);
+  if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;
   // Two processes cannot serve on one address of one host: this is the holder restarted.
   const bool restart = holder_ != 0 && holder_ != claimant.incarnation &&
                        !claimant.address.empty() && claimant.address == holder_claim_.address &&
                        claimant.host == holder_claim_.host;
   if (!restart) {
     const absl::Time deadline = absl::Now() + wait;
-    while (!RefusalFor(claimant.incarnation).ok() && !replaced_.contains(claimant.incarnation) &&
+    while (!RefusalFor(caller).ok() && !replaced_.contains(claimant.incarnation) &&
            absl::Now() < deadline) {
       // Woken by Release; else checked again when the holder's lease may have run out.
       mutex_.AwaitWithDeadline(absl::Condition(
                                    +[](uint64_t* holder) { return *holder == 0; }, &holder_),
                                std::min(deadline, last_heard_ + lease_ + absl::Milliseconds(1)));
     }
-    if (absl::Status refused = RefusalFor(claimant.incarnation); !refused.ok()) return refused;
+    if (absl::Status refused = RefusalFor(caller); !refused.ok()) return refused;
   }
   if (holder_ != claimant.incarnation) {
     if (holder_ != 0) {
@@ -67,16 +92,42 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorLease::Heartbeat(uint64_t incarnation) {
+absl::Status CoordinatorLease::Heartbeat(const CoordinatorCredential& caller) {
   absl::MutexLock lock(&mutex_);
-  if (absl::Status refused = RefusalFor(incarnation); !refused.ok()) return refused;
-  if (incarnation != 0 && holder_ == incarnation) last_heard_ = absl::Now();
+  if (absl::Status refused = RefusalFor(caller); !refused.ok()) return refused;
+  if (caller.incarnation != 0 && holder_ == caller.incarnation) last_heard_ = absl::Now();
   return absl::OkStatus();
 }
 
-bool CoordinatorLease::Release(uint64_t incarnation) {
+absl::StatusOr<std::string> CoordinatorLease::HolderCheckpointDir(
+    const CoordinatorCredential& caller, absl::string_view what) {
   absl::MutexLock lock(&mutex_);
-  if (incarnation == 0 || holder_ != incarnation) return false;
+  if (absl::Status refused = RefusalFor(caller); !refused.ok()) return refused;
+  if (holder_ == 0 || holder_ != caller.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is refused: only the coordinator that holds ", wording_.held,
+        " may ask for it, and ",
+        holder_ == 0
+            ? absl::StrCat(kNoCoordinatorHoldsIt, " (a coordinator claims it first, with Watch)")
+            : absl::StrCat(holder_claim_.who, " holds it")));
+  }
+  if (holder_claim_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is refused: the coordinator that holds ", wording_.held,
+        " declared no checkpoint folder when it claimed it, and files are written and read "
+        "only there"));
+  }
+  last_heard_ = absl::Now();
+  return holder_claim_.checkpoint_dir;
+}
+
+bool CoordinatorLease::Release(const CoordinatorCredential& caller) {
+  absl::MutexLock lock(&mutex_);
+  const uint64_t incarnation = caller.incarnation;
+  if (incarnation == 0 || holder_ != incarnation ||
+      !SameSecret(caller.secret, holder_claim_.secret)) {
+    return false;
+  }
   holder_ = 0;
   holder_claim_ = {};
   last_heard_ = absl::InfinitePast();

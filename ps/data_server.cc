@@ -328,7 +328,10 @@ bool PsDataServer::ServeOne(Connection& connection) {
                         connection.shared_memory ? "with" : "without", " shared memory")),
                     header.meta_bytes + header.inline_bytes);
     }
-    absl::StatusOr<std::shared_ptr<SharedSegment>> segment = SharedSegment::Map(passed[0]);
+    // A request and its answer, each within the frame limit, and the client's rounding.
+    const size_t max_segment = 2 * options_.limits.max_bytes + (2u << 20);
+    absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
+        SharedSegment::Map(passed[0], max_segment);
     passed.clear();  // Map() owns the fd now
     if (!segment.ok()) return refuse(segment.status(), header.meta_bytes + header.inline_bytes);
     connection.segment = *std::move(segment);

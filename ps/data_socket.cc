@@ -264,7 +264,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(size_t size
   return segment;
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(int fd) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(int fd, size_t max_size) {
   std::shared_ptr<SharedSegment> segment(new SharedSegment());
   segment->fd_ = fd;
   const int seals = fcntl(fd, F_GET_SEALS);
@@ -277,7 +277,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(int fd) {
     return absl::InvalidArgumentError("the shared segment passed is empty");
   }
   const size_t size = static_cast<size_t>(info.st_size);
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (size > max_size) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the shared segment passed holds ", size, " bytes, more than the ", max_size,
+                     " a request and its answer may take: send smaller requests"));
+  }
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot map the shared segment passed: ", ErrnoText(errno)));

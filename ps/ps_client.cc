@@ -38,13 +38,35 @@ proto::CoordinatorId ThisCoordinator(const PsClientOptions& options) {
                                                  : options.coordinator);
   id.set_address(options.coordinator_address);
   id.set_host(HostName());
+  id.set_secret(ProcessSecret());
+  id.set_checkpoint_dir(options.checkpoint_dir);
   return id;
 }
 
+CoordinatorClaimant ClaimantOf(const proto::CoordinatorId& id) {
+  return {.incarnation = id.incarnation(),
+          .secret = id.secret(),
+          .who = id.description(),
+          .address = id.address(),
+          .host = id.host(),
+          .checkpoint_dir = id.checkpoint_dir()};
+}
+
+CoordinatorCredential CredentialOf(const proto::CoordinatorId& id) {
+  return {id.incarnation(), id.secret()};
+}
+
 absl::Status PsFailure(const absl::Status& status) {
+  if (absl::StartsWith(status.message(), "a parameter server is unavailable: ")) return status;
   // VariableStore::Find's answer: a PS that restarted between two calls holds nothing.
   if (absl::IsNotFound(status) &&
       absl::StrContains(status.message(), "does not exist on this parameter server")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
+  }
+  // A Save or Restore refused by a PS that no coordinator holds: it restarted since the claim.
+  if (absl::IsFailedPrecondition(status) &&
+      absl::StrContains(status.message(), kNoCoordinatorHoldsIt)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
   }
@@ -271,6 +293,7 @@ absl::StatusOr<proto::ListVariablesResponse> PsClient::ListVariables() {
 absl::StatusOr<proto::SaveResponse> PsClient::Save(const std::string& path) {
   proto::SaveRequest request;
   request.set_path(path);
+  *request.mutable_coordinator() = ThisCoordinator(options_);
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::SaveResponse response;

@@ -4,8 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/ps_client.h"
 #include "stratum/ps/ps_metrics.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
@@ -109,7 +111,7 @@ absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request) {
 grpc::Status PsService::CreateVariables(grpc::ServerContext*,
                                         const proto::CreateVariablesRequest* request,
                                         proto::CreateVariablesResponse* response) {
-  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+  if (absl::Status held = lease_.Heartbeat(CredentialOf(request->coordinator())); !held.ok()) {
     return ToGrpcStatus(held);
   }
   for (const proto::VariableDef& def : request->variables()) {
@@ -221,7 +223,7 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
 
 grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest* request,
                                proto::AssignResponse*) {
-  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+  if (absl::Status held = lease_.Heartbeat(CredentialOf(request->coordinator())); !held.ok()) {
     return ToGrpcStatus(held);
   }
   for (const proto::NamedTensor& message : request->values()) {
@@ -240,7 +242,7 @@ grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest*
 grpc::Status PsService::SetLearningRate(grpc::ServerContext*,
                                         const proto::SetLearningRateRequest* request,
                                         proto::SetLearningRateResponse* response) {
-  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
+  if (absl::Status held = lease_.Heartbeat(CredentialOf(request->coordinator())); !held.ok()) {
     return ToGrpcStatus(held);
   }
   absl::StatusOr<int> changed = store_.SetLearningRate(request->learning_rate());
@@ -259,6 +261,12 @@ grpc::Status PsService::ListVariables(grpc::ServerContext*, const proto::ListVar
 
 grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* request,
                              proto::SaveResponse* response) {
+  absl::StatusOr<std::string> folder =
+      lease_.HolderCheckpointDir(CredentialOf(request->coordinator()), "Save");
+  if (!folder.ok()) return ToGrpcStatus(folder.status());
+  if (absl::Status inside = CheckInsideFolder(request->path(), *folder, "Save"); !inside.ok()) {
+    return ToGrpcStatus(inside);
+  }
   // Only a checkpoint begun after the stop holds everything trained before it.
   bool after_stop;
   uint64_t save_id;
@@ -289,8 +297,19 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
 
 grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreRequest* request,
                                 proto::RestoreResponse* response) {
-  if (absl::Status held = lease_.Heartbeat(request->coordinator().incarnation()); !held.ok()) {
-    return ToGrpcStatus(held);
+  absl::StatusOr<std::string> folder =
+      lease_.HolderCheckpointDir(CredentialOf(request->coordinator()), "Restore");
+  if (!folder.ok()) return ToGrpcStatus(folder.status());
+  if (request->rows().empty()) {
+    if (absl::Status inside = CheckInsideFolder(request->path(), *folder, "Restore");
+        !inside.ok()) {
+      return ToGrpcStatus(inside);
+    }
+  }
+  for (const proto::CheckpointFile& source : request->files()) {
+    if (absl::Status inside = CheckInsideFolder(source.path(), *folder, "Restore"); !inside.ok()) {
+      return ToGrpcStatus(inside);
+    }
   }
   absl::StatusOr<TensorFile> file = request->rows().empty()
                                         ? ReadSafetensors(request->path(), request->crc32())
@@ -318,16 +337,14 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
   // one the PS waits for).
   bool left = false;
   if (request->leaving()) {
-    left = lease_.Release(id.incarnation()) || lease_.Heartbeat(id.incarnation()).ok();
+    left = lease_.Release(CredentialOf(id)) || lease_.Heartbeat(CredentialOf(id)).ok();
   } else if (request->claim()) {
     // A holder that just died falls silent within the lease: wait that long for it.
-    if (absl::Status claimed =
-            lease_.Claim({id.incarnation(), id.description(), id.address(), id.host()},
-                         lease_.lease() + absl::Seconds(1));
+    if (absl::Status claimed = lease_.Claim(ClaimantOf(id), lease_.lease() + absl::Seconds(1));
         !claimed.ok()) {
       return ToGrpcStatus(claimed);
     }
-  } else if (absl::Status held = lease_.Heartbeat(id.incarnation()); !held.ok()) {
+  } else if (absl::Status held = lease_.Heartbeat(CredentialOf(id)); !held.ok()) {
     return ToGrpcStatus(held);
   }
   absl::MutexLock lock(&stop_mutex_);

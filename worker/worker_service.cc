@@ -9,6 +9,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/net/status.h"
+#include "stratum/ps/ps_client.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/metrics.h"
@@ -365,9 +366,9 @@ grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJob
   // Claimed before the job is built (the data loaded): a refused coordinator costs nothing.
   // A holder gone quiet (it died, and this is its successor elsewhere) is waited out.
   const proto::CoordinatorId& id = request->coordinator();
-  if (absl::Status claimed = lease_.Claim(
-          {request->coordinator_incarnation(), id.description(), id.address(), id.host()},
-          lease_.lease() + absl::Seconds(1));
+  CoordinatorClaimant claimant = ClaimantOf(id);
+  claimant.incarnation = request->coordinator_incarnation();
+  if (absl::Status claimed = lease_.Claim(claimant, lease_.lease() + absl::Seconds(1));
       !claimed.ok()) {
     return ToGrpcStatus(claimed);
   }
@@ -386,7 +387,9 @@ grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJob
 grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
                                        const proto::RunClosureRequest* request,
                                        proto::RunClosureResponse* response) {
-  if (absl::Status held = lease_.Heartbeat(request->coordinator_incarnation()); !held.ok()) {
+  if (absl::Status held =
+          lease_.Heartbeat({request->coordinator_incarnation(), request->coordinator_secret()});
+      !held.ok()) {
     return ToGrpcStatus(held);
   }
   absl::MutexLock lock(&mutex_);
@@ -426,7 +429,9 @@ grpc::Status WorkerService::RunClosure(grpc::ServerContext*,
 
 grpc::Status WorkerService::Leave(grpc::ServerContext*, const proto::LeaveRequest* request,
                                   proto::LeaveResponse* response) {
-  if (!lease_.Release(request->coordinator_incarnation())) return grpc::Status::OK;
+  if (!lease_.Release({request->coordinator_incarnation(), request->coordinator_secret()})) {
+    return grpc::Status::OK;
+  }
   response->set_left(true);
   std::unique_ptr<WorkerJob> done;  // freed outside the lock
   {

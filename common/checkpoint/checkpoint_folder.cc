@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,34 @@ std::string WhyNotWritable(const std::string& dir) {
 }
 
 }  // namespace
+
+absl::Status CheckInsideFolder(const std::string& path, const std::string& folder,
+                               absl::string_view what) {
+  // Resolved: the existing part of each with its links followed, the rest taken lexically.
+  const auto resolve = [](const std::string& name) -> std::optional<fs::path> {
+    std::error_code error;
+    fs::path full = fs::absolute(name, error);
+    if (error) return std::nullopt;
+    full = fs::weakly_canonical(full, error);
+    if (error) return std::nullopt;
+    full = full.lexically_normal();
+    if (full.has_relative_path() && full.filename().empty()) full = full.parent_path();
+    return full;
+  };
+  const std::optional<fs::path> root = resolve(folder);
+  const std::optional<fs::path> target = resolve(path);
+  if (!root || !target || path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " of \"", path, "\" is refused: it or the folder ", folder, " cannot be resolved"));
+  }
+  const auto [in_root, in_target] =
+      std::mismatch(root->begin(), root->end(), target->begin(), target->end());
+  if (in_root == root->end() && in_target != target->end()) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " of \"", path, "\" is refused: it resolves to ", target->string(),
+                   ", which is not inside the job's checkpoint folder ", root->string(),
+                   ", the only place this server writes and reads checkpoint files"));
+}
 
 absl::Status CheckWritableFolder(const std::string& dir, const std::string& what) {
   const std::string problem = WhyNotWritable(dir);

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <gmock/gmock.h>
@@ -30,8 +31,11 @@ class PsWatcherTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     std::vector<std::unique_ptr<PsClient>> clients;
-    clients.push_back(std::make_unique<PsClient>("ps:0", cluster_->Address({"ps", 0}),
-                                                 PsClientOptions{.timeout = absl::Seconds(5)}));
+    // The checkpoint folder this coordinator declares: where TempPath puts file_.
+    clients.push_back(std::make_unique<PsClient>(
+        "ps:0", cluster_->Address({"ps", 0}),
+        PsClientOptions{.timeout = absl::Seconds(5),
+                        .checkpoint_dir = std::filesystem::path(file_).parent_path().string()}));
     variables_ =
         std::make_unique<ShardedVariables>(std::vector<std::string>{}, std::vector<Shape>{},
                                            std::vector<ShardSpec>{}, std::move(clients));
@@ -98,6 +102,8 @@ TEST_F(PsWatcherTest, APsRestartedAndSignalledAgainBeforeAHeartbeatSawItServingI
   ASSERT_NO_FATAL_FAILURE(SaveAndCommit());
 
   ASSERT_TRUE(cluster_->Restart({"ps", 0}).ok());
+  // The coordinator's recovery claims a restarted PS again before it saves there.
+  ASSERT_TRUE(watcher_->Claim().ok());
   ASSERT_NO_FATAL_FAILURE(StopPs());
   EXPECT_EQ(Stopping(), "ps:0");
   ASSERT_NO_FATAL_FAILURE(SaveAndCommit());

@@ -8,7 +8,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -26,6 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::LocalCluster;
+using testing::RemoveFolder;
 using testing::TempPath;
 
 const nlohmann::json kSgd =
@@ -38,14 +42,18 @@ class PsServiceTest : public ::testing::Test {
         {.num_workers = 1, .num_ps = 1, .not_started = {{"worker", 0}}, .forward_output = false});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
-    client_ = std::make_unique<PsClient>("ps:0", cluster_->Address({"ps", 0}),
-                                         PsClientOptions{.timeout = absl::Seconds(5)});
+    client_ = std::make_unique<PsClient>("ps:0", cluster_->Address({"ps", 0}), client_options_);
     auto created = client_->CreateVariables(
         {{"w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4})}, {"b", Tensor::Scalar(1)}}, kSgd);
     ASSERT_TRUE(created.ok()) << created.status();
   }
 
   Tensor Value(const std::string& name) { return (*client_->Pull({name}))[0]; }
+
+  // This test's process is the coordinator; its checkpoint folder is where TempPath puts files.
+  const PsClientOptions client_options_{
+      .timeout = absl::Seconds(5),
+      .checkpoint_dir = std::filesystem::path(TempPath("x")).parent_path().string()};
 
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<PsClient> client_;
@@ -168,15 +176,94 @@ TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRef
   EXPECT_TRUE(Value("w").BitwiseEqual(mine));
 }
 
+// Hardening case 4: the holder's incarnation is public (GetTaskStatus reports it, and so
+// does the launcher's table); without the holder's secret, a call that names it is refused
+// and logged, and the variables stay as they are.
+TEST_F(PsServiceTest, TheHoldersIncarnationWithoutItsSecretChangesNothing) {
+  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  const Tensor before = Value("w");
+  auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
+  proto::CoordinatorId forged = ThisCoordinator(client_options_);
+  forged.set_secret("guessed");
+  proto::AssignRequest assign;
+  *assign.mutable_coordinator() = forged;
+  proto::NamedTensor* value = assign.add_values();
+  value->set_name("w");
+  TensorToProto(Tensor::FromVector<float>({2, 2}, {NAN, 0, 0, 0}), value->mutable_tensor());
+  grpc::ClientContext assign_context;
+  proto::AssignResponse assigned;
+  const grpc::Status status = stub->Assign(&assign_context, assign, &assigned);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("without that coordinator's secret"));
+  proto::SaveRequest save;
+  *save.mutable_coordinator() = forged;
+  save.set_path(TempPath("forged.safetensors"));
+  grpc::ClientContext save_context;
+  proto::SaveResponse saved;
+  EXPECT_EQ(stub->Save(&save_context, save, &saved).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_FALSE(std::filesystem::exists(save.path()));
+  EXPECT_TRUE(Value("w").BitwiseEqual(before));
+  EXPECT_THAT(cluster_->Output({"ps", 0}), HasSubstr("refused a call that names the incarnation"));
+  // The holder itself goes on.
+  ASSERT_TRUE(client_->Assign({{"w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})}}).ok());
+}
+
+// Hardening case 3: Save and Restore touch files only inside the checkpoint folder the
+// holder declared, whatever path they name (absolute, "..", a link that leads out), and
+// only for the holder; a file outside keeps its contents and mode.
+TEST_F(PsServiceTest, SaveAndRestoreStayInsideTheHoldersCheckpointFolder) {
+  const std::string folder = TempPath("confined_checkpoints");
+  RemoveFolder(folder);
+  std::filesystem::create_directories(folder);
+  const std::string outside = TempPath("outside_the_folder");
+  { std::ofstream(outside) << "precious"; }
+  ASSERT_EQ(chmod(outside.c_str(), 0600), 0);
+  std::filesystem::create_symlink(outside, folder + "/link");
+  PsClientOptions options = client_options_;
+  options.checkpoint_dir = folder;
+  PsClient coordinator("ps:0", cluster_->Address({"ps", 0}), options);
+  // No coordinator holds the PS yet: nothing is saved, even inside the folder.
+  auto unheld = coordinator.Save(folder + "/ps-0.safetensors");
+  EXPECT_EQ(unheld.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(unheld.status().message()), HasSubstr("no coordinator holds it"));
+  ASSERT_TRUE(
+      coordinator.Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  for (const std::string& path : {outside, folder + "/../outside_the_folder", folder + "/link",
+                                  std::string("/etc/stratum-test-never-written"), folder}) {
+    auto saved = coordinator.Save(path);
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kPermissionDenied) << path;
+    EXPECT_THAT(std::string(saved.status().message()),
+                HasSubstr("which is not inside the job's checkpoint folder"))
+        << path;
+    auto restored = coordinator.Restore(path, 0);
+    EXPECT_EQ(restored.code(), absl::StatusCode::kPermissionDenied) << path;
+  }
+  std::ifstream kept(outside);
+  std::string contents;
+  kept >> contents;
+  EXPECT_EQ(contents, "precious");
+  struct stat info {};
+  ASSERT_EQ(stat(outside.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  // Inside the folder, the holder saves and restores.
+  auto saved = coordinator.Save(folder + "/ps-0.safetensors");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(coordinator.Restore(folder + "/ps-0.safetensors", saved->crc32()).ok());
+  std::remove(outside.c_str());
+  RemoveFolder(folder);
+}
+
 // Hardening case 6: a Restore that names a FIFO is refused at once, and the PS still stops
 // on SIGTERM (was: open() blocked for a writer, and SIGTERM never ended the PS).
 TEST_F(PsServiceTest, ARestoreOfAFifoIsRefusedAtOnce) {
   const std::string fifo = TempPath("restore_fifo");
   unlink(fifo.c_str());
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
   auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
   proto::RestoreRequest restore;
-  restore.mutable_coordinator()->set_incarnation(ProcessIncarnation());
+  *restore.mutable_coordinator() = ThisCoordinator(client_options_);
   restore.set_path(fifo);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -290,7 +377,7 @@ TEST(PsServiceDataPathTest, APsWithoutADataPathServesOverGrpc) {
 // checkpoints watches it serves on, says it is stopping, and exits once a checkpoint begun
 // after the signal is committed: its own file written is not enough.
 TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
-  auto watched = client_->Watch(/*saves_checkpoints=*/true);
+  auto watched = client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true);
   ASSERT_TRUE(watched.ok()) << watched.status();
   EXPECT_FALSE(watched->stopping());
   ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());

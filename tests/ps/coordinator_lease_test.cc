@@ -12,8 +12,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const CoordinatorClaimant kFirst = {11, "first", "a:1", "host-a"};
-const CoordinatorClaimant kSecond = {22, "second", "b:2", "host-b"};
+const CoordinatorClaimant kFirst = {
+    .incarnation = 11, .secret = "secret-a", .who = "first", .address = "a:1", .host = "host-a"};
+const CoordinatorClaimant kSecond = {
+    .incarnation = 22, .secret = "secret-b", .who = "second", .address = "b:2", .host = "host-b"};
+
+CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
+  return {claimant.incarnation, claimant.secret};
+}
 
 TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom) {
   CoordinatorLease lease(absl::Milliseconds(300));
@@ -25,12 +31,12 @@ TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom)
                         " (first), heard from "));
   EXPECT_THAT(std::string(refused.message()), HasSubstr("stop that one first"));
   // Nor may it change the variables or heartbeat meanwhile; an anonymous caller neither.
-  EXPECT_FALSE(lease.Heartbeat(kSecond.incarnation).ok());
-  EXPECT_FALSE(lease.Heartbeat(0).ok());
+  EXPECT_FALSE(lease.Heartbeat(Of(kSecond)).ok());
+  EXPECT_FALSE(lease.Heartbeat({}).ok());
   // The holder's heartbeats keep it through a wait longer than the lease.
   std::thread heartbeats([&lease] {
     for (int i = 0; i < 8; ++i) {
-      EXPECT_TRUE(lease.Heartbeat(kFirst.incarnation).ok());
+      EXPECT_TRUE(lease.Heartbeat(Of(kFirst)).ok());
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
@@ -41,32 +47,86 @@ TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom)
 TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
   CoordinatorLease lease(absl::Milliseconds(200));
   // Heartbeats do not claim: a PS nobody holds answers them, and stays free.
-  EXPECT_TRUE(lease.Heartbeat(kSecond.incarnation).ok());
+  EXPECT_TRUE(lease.Heartbeat(Of(kSecond)).ok());
   ASSERT_TRUE(lease.Claim(kFirst).ok());
   const absl::Time start = absl::Now();
   EXPECT_TRUE(lease.Claim(kSecond, absl::Seconds(5)).ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // once the holder fell silent
-  EXPECT_TRUE(lease.Release(kSecond.incarnation));
-  for (const absl::Status& back : {lease.Heartbeat(kFirst.incarnation), lease.Claim(kFirst)}) {
+  EXPECT_TRUE(lease.Release(Of(kSecond)));
+  for (const absl::Status& back : {lease.Heartbeat(Of(kFirst)), lease.Claim(kFirst)}) {
     EXPECT_THAT(std::string(back.message()),
                 HasSubstr("second took it over after this coordinator was silent for "));
   }
-  EXPECT_FALSE(lease.Release(kFirst.incarnation));
+  EXPECT_FALSE(lease.Release(Of(kFirst)));
 }
 
 TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnce) {
   CoordinatorLease lease(absl::Seconds(60));
   ASSERT_TRUE(lease.Claim(kFirst).ok());
-  EXPECT_FALSE(lease.Release(kSecond.incarnation));  // not the holder's: nothing changes
+  EXPECT_FALSE(lease.Release(Of(kSecond)));  // not the holder's: nothing changes
   EXPECT_FALSE(lease.Claim(kSecond).ok());
-  EXPECT_TRUE(lease.Release(kFirst.incarnation));
+  EXPECT_TRUE(lease.Release(Of(kFirst)));
   EXPECT_TRUE(lease.Claim(kSecond).ok());
   // The same address on another host is another coordinator, not a restart.
-  EXPECT_FALSE(lease.Claim({33, "elsewhere", "b:2", "host-c"}).ok());
-  EXPECT_TRUE(lease.Claim({44, "second, restarted", "b:2", "host-b"}).ok());
-  EXPECT_THAT(std::string(lease.Heartbeat(kSecond.incarnation).message()),
+  EXPECT_FALSE(
+      lease.Claim({.incarnation = 33, .who = "elsewhere", .address = "b:2", .host = "host-c"})
+          .ok());
+  EXPECT_TRUE(
+      lease
+          .Claim(
+              {.incarnation = 44, .who = "second, restarted", .address = "b:2", .host = "host-b"})
+          .ok());
+  EXPECT_THAT(std::string(lease.Heartbeat(Of(kSecond)).message()),
               HasSubstr("second, restarted took it over: it serves on this coordinator's address "
                         "on the same host"));
+}
+
+// The holder's incarnation is public (status calls report it); without the holder's secret
+// a call that names it is refused, whatever it asks, and the holder keeps the PS.
+TEST(CoordinatorLeaseTest, TheHoldersIncarnationWithoutItsSecretIsRefused) {
+  CoordinatorLease lease(absl::Seconds(60));
+  ASSERT_TRUE(lease
+                  .Claim({.incarnation = 11,
+                          .secret = "secret-a",
+                          .who = "first",
+                          .address = "a:1",
+                          .host = "host-a",
+                          .checkpoint_dir = "/ckpt"})
+                  .ok());
+  for (const std::string& wrong :
+       {std::string(), std::string("secret-b"), std::string("secret-")}) {
+    const CoordinatorCredential forged{11, wrong};
+    const absl::Status refused = lease.Heartbeat(forged);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("names the incarnation of the coordinator that holds it (first) "
+                          "without that coordinator's secret"));
+    EXPECT_EQ(lease.HolderCheckpointDir(forged, "Save").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_FALSE(lease.Release(forged));
+    EXPECT_EQ(lease.Claim({.incarnation = 11, .secret = wrong, .who = "forger"}).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_TRUE(lease.Heartbeat(Of(kFirst)).ok());
+  const absl::StatusOr<std::string> folder = lease.HolderCheckpointDir(Of(kFirst), "Save");
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  EXPECT_EQ(*folder, "/ckpt");
+}
+
+// Files are the holder's alone: no holder, another holder, or a holder that declared no
+// checkpoint folder, and Save and Restore are refused.
+TEST(CoordinatorLeaseTest, OnlyTheHolderWithACheckpointFolderGetsOne) {
+  CoordinatorLease lease(absl::Seconds(60));
+  const absl::StatusOr<std::string> nobody = lease.HolderCheckpointDir(Of(kSecond), "Save");
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(nobody.status().message()),
+              HasSubstr("Save is refused: only the coordinator that holds this parameter server "
+                        "may ask for it, and no coordinator holds it"));
+  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  EXPECT_THAT(std::string(lease.HolderCheckpointDir(Of(kSecond), "Restore").status().message()),
+              HasSubstr("is held by another coordinator"));
+  EXPECT_THAT(std::string(lease.HolderCheckpointDir(Of(kFirst), "Save").status().message()),
+              HasSubstr("declared no checkpoint folder"));
 }
 
 }  // namespace

@@ -391,7 +391,7 @@ TEST(SharedSegmentTest, OnlySealedSegmentsAreMapped) {
   const int fd = memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 4096), 0);
-  absl::StatusOr<std::shared_ptr<SharedSegment>> mapped = SharedSegment::Map(fd);
+  absl::StatusOr<std::shared_ptr<SharedSegment>> mapped = SharedSegment::Map(fd, 1 << 20);
   EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(mapped.status()), HasSubstr("not a memfd sealed"));
 
@@ -399,10 +399,22 @@ TEST(SharedSegmentTest, OnlySealedSegmentsAreMapped) {
   ASSERT_TRUE(made.ok()) << made.status();
   EXPECT_NE(ftruncate((*made)->fd(), 0), 0);  // it cannot shrink under a peer
   (*made)->data()[5] = 42;
-  absl::StatusOr<std::shared_ptr<SharedSegment>> peer = SharedSegment::Map(dup((*made)->fd()));
+  absl::StatusOr<std::shared_ptr<SharedSegment>> peer =
+      SharedSegment::Map(dup((*made)->fd()), 1 << 20);
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ((*peer)->size(), size_t{1} << 20);
   EXPECT_EQ((*peer)->data()[5], 42);
+}
+
+// Hardening case 7: a peer's segment larger than its requests may carry is not mapped (a
+// same-host client could otherwise make a PS map, and keep, gigabytes).
+TEST(SharedSegmentTest, ASegmentLargerThanTheLimitIsRefused) {
+  absl::StatusOr<std::shared_ptr<SharedSegment>> made = SharedSegment::Create(4 << 20);
+  ASSERT_TRUE(made.ok()) << made.status();
+  absl::StatusOr<std::shared_ptr<SharedSegment>> mapped =
+      SharedSegment::Map(dup((*made)->fd()), 1 << 20);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(mapped.status()), HasSubstr("holds 4194304 bytes, more than the 1048576"));
 }
 
 // A fake PS data endpoint: says hello, then does what `after_hello` says.

@@ -38,6 +38,7 @@ class PsServiceStopTest : public ::testing::Test {
     request.set_saves_checkpoints(true);
     request.set_claim(claim);
     request.mutable_coordinator()->set_incarnation(kCoordinator);
+    request.mutable_coordinator()->set_checkpoint_dir(dir_);
     request.set_committed_save(committed_save);
     proto::WatchResponse ignored;
     return service_.Watch(nullptr, &request, response != nullptr ? response : &ignored);
@@ -46,6 +47,7 @@ class PsServiceStopTest : public ::testing::Test {
   proto::SaveResponse Save(const std::string& name) {
     proto::SaveRequest request;
     request.set_path(dir_ + "/" + name);
+    request.mutable_coordinator()->set_incarnation(kCoordinator);
     proto::SaveResponse response;
     const grpc::Status status = service_.Save(nullptr, &request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();

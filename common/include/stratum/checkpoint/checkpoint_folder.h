@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
@@ -23,6 +24,13 @@ namespace stratum {
 absl::Status CheckWritableFolder(const std::string& dir, const std::string& what);
 // The same for the folder a file will be written into (e.g. what = "--summary_json").
 absl::Status CheckWritableFileFolder(const std::string& path, const std::string& what);
+
+// OK when `path` is inside `folder` once both are resolved as this process sees them
+// (absolute, symbolic links followed, "." and ".." taken out); PERMISSION_DENIED naming
+// `what` (e.g. "Save"), the path, what it resolves to and the folder otherwise. For servers
+// that write or read files a client names (a parameter server's checkpoint files).
+absl::Status CheckInsideFolder(const std::string& path, const std::string& folder,
+                               absl::string_view what);
 
 // Held by the one job that writes a checkpoint folder, for as long as it runs: an flock on
 // "<dir>/.lock", which the kernel releases when the process ends however it ends, so a

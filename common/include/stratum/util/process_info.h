@@ -14,6 +14,11 @@ const char* StratumVersion();
 // A random, non-zero 64-bit id drawn once per process.
 uint64_t ProcessIncarnation();
 
+// 16 random bytes drawn once per process from the kernel (getrandom), which the process
+// never publishes: a coordinator proves with it that a call comes from the coordinator that
+// claimed a parameter server or worker (its incarnation is public: status calls report it).
+const std::string& ProcessSecret();
+
 // This machine's host name ("?" when it cannot be read), read once.
 const std::string& HostName();
 

@@ -7,7 +7,13 @@
 // closures keep that claim. Another coordinator may claim the PS only once the holder has
 // been silent for the lease (it died, or stalled: it is then refused for good and stops),
 // or at once when it is the holder restarted (a new process serving on the holder's address
-// on the same host). Thread-safe.
+// on the same host).
+//
+// A coordinator's incarnation is public (status calls report it), so a call that names the
+// holder's incarnation must also carry the holder's secret (ProcessSecret(), sent in every
+// call, never published): one that does not is refused with PERMISSION_DENIED and logged.
+// What touches files (Save, Restore) is the holder's alone, and only inside the checkpoint
+// folder it declared when it claimed. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -26,9 +34,18 @@ namespace stratum {
 // holds nothing and is let through wherever no other coordinator holds the PS).
 struct CoordinatorClaimant {
   uint64_t incarnation = 0;
+  std::string secret;   // that coordinator process's secret (see above)
   std::string who;      // for people, e.g. "the coordinator chief:0 at host:port, pid 12 on h"
   std::string address;  // where it serves (TF_CONFIG's chief address), "" when it does not
   std::string host;     // the host it runs on
+  // Its job's checkpoint folder ("" when it writes none): Save and Restore stay inside it.
+  std::string checkpoint_dir;
+};
+
+// A caller as it proves who it is: the incarnation it names and the secret it presents.
+struct CoordinatorCredential {
+  uint64_t incarnation = 0;
+  std::string secret;
 };
 
 // How a refusal names what is held, and why two coordinators must not share it.
@@ -50,17 +67,28 @@ class CoordinatorLease {
                      absl::Duration wait = absl::ZeroDuration());
   // A heartbeat, or a call that changes the PS's variables: OK (and the hold kept) for the
   // holder, and for anyone while no live coordinator holds the PS; FAILED_PRECONDITION for
-  // a coordinator that another took the PS over from, or while another holds it.
-  absl::Status Heartbeat(uint64_t incarnation);
+  // a coordinator that another took the PS over from, or while another holds it;
+  // PERMISSION_DENIED for the holder's incarnation without its secret.
+  absl::Status Heartbeat(const CoordinatorCredential& caller);
+  // The checkpoint folder of the holder, for a call that writes or reads files: OK only for
+  // the holder itself (FAILED_PRECONDITION while no coordinator holds it or another does,
+  // or when the holder declared no folder; PERMISSION_DENIED as for Heartbeat). `what` names
+  // the call in the refusal, e.g. "Save".
+  absl::StatusOr<std::string> HolderCheckpointDir(const CoordinatorCredential& caller,
+                                                  absl::string_view what);
   // The holder is done with the PS: another coordinator may take it at once. False when
-  // `incarnation` did not hold it (then nothing changes).
-  bool Release(uint64_t incarnation);
+  // `caller` did not hold it (then nothing changes).
+  bool Release(const CoordinatorCredential& caller);
 
   absl::Duration lease() const { return lease_; }
 
  private:
   bool HolderSilent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::Status RefusalFor(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status RefusalFor(const CoordinatorCredential& caller) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The holder's incarnation without the holder's secret: PERMISSION_DENIED, logged.
+  absl::Status ForgeryOf(const CoordinatorCredential& caller) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const absl::Duration lease_;
   const LeaseWording wording_;
@@ -75,5 +103,8 @@ class CoordinatorLease {
 
 // Part of every refusal, for callers that tell it from other failed preconditions.
 inline constexpr char kHeldByAnotherCoordinator[] = "is held by another coordinator";
+// Part of a refusal of Save or Restore by a PS that no coordinator holds: one that the
+// caller had claimed has restarted since.
+inline constexpr char kNoCoordinatorHoldsIt[] = "no coordinator holds it";
 
 }  // namespace stratum

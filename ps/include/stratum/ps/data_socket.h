@@ -84,9 +84,11 @@ class SharedSegment {
  public:
   // A new segment of `size` bytes, sealed at that size.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(size_t size);
-  // Maps a segment a peer passed (takes `fd` and closes it). INVALID_ARGUMENT when it is
-  // not a memfd sealed against shrinking and growing.
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(int fd);
+  // Maps a segment a peer passed (takes `fd` and closes it), its pages faulted in as they are
+  // used. INVALID_ARGUMENT when it is not a memfd sealed against shrinking and growing;
+  // RESOURCE_EXHAUSTED when it is larger than `max_size` (a peer cannot make this process map
+  // more than its requests may carry).
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(int fd, size_t max_size);
   ~SharedSegment();
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;

@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
+#include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/data_path.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor.h"
@@ -38,11 +39,19 @@ struct PsClientOptions {
   // stratum/ps/coordinator_lease.h); "" for "a coordinator with pid N".
   std::string coordinator;
   std::string coordinator_address;  // where it serves, "" when it does not
+  // The job's checkpoint folder, declared when the coordinator claims a PS: the PS saves
+  // and restores only files inside it ("": the job writes no checkpoints).
+  std::string checkpoint_dir;
 };
 
 // This process as a coordinator names itself to the parameter servers and workers it
 // claims (stratum/ps/coordinator_lease.h).
 proto::CoordinatorId ThisCoordinator(const PsClientOptions& options);
+
+// A coordinator as a PS or worker takes it from a request: to claim with, and to prove a
+// call is its own (stratum/ps/coordinator_lease.h).
+CoordinatorClaimant ClaimantOf(const proto::CoordinatorId& id);
+CoordinatorCredential CredentialOf(const proto::CoordinatorId& id);
 
 struct NamedValue {
   std::string name;
