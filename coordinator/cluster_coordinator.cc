@@ -177,9 +177,25 @@ void ClusterCoordinator::CountDown(size_t worker, int change) {
 }
 
 void ClusterCoordinator::CheckEveryWorkerDown() {
-  if (!error_.ok() || absl::Now() - every_worker_down_since_ <= options_.worker_recovery_timeout) {
+  if (!error_.ok() || every_worker_down_since_ == absl::InfiniteFuture()) return;
+  // Every worker left out (each answers, and cannot set the job up): none will come back
+  // by itself, so the job ends now, with their reasons.
+  std::vector<std::string> reasons;
+  absl::Status first;
+  for (const auto& worker : workers_) {
+    const absl::Status left_out = worker->LeftOut();
+    if (left_out.ok()) break;
+    if (first.ok()) first = left_out;
+    reasons.emplace_back(left_out.message());
+  }
+  if (reasons.size() == workers_.size()) {
+    error_ = absl::Status(first.code(), absl::StrCat("no worker can set the job up, so no closure "
+                                                     "can run: ",
+                                                     absl::StrJoin(reasons, "; ")));
+    CancelQueued(absl::CancelledError(absl::StrCat("cancelled: ", error_.message())));
     return;
   }
+  if (absl::Now() - every_worker_down_since_ <= options_.worker_recovery_timeout) return;
   std::vector<std::string> names;
   for (const auto& worker : workers_) names.push_back(worker->name());
   error_ = absl::UnavailableError(absl::StrCat(

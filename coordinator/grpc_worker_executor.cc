@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
@@ -82,7 +83,32 @@ void GrpcWorkerExecutor::Cancel() {
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }
 
+absl::Status GrpcWorkerExecutor::LeftOut() const {
+  absl::MutexLock lock(&left_out_mutex_);
+  return left_out_;
+}
+
 absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& stop) {
+  uint64_t refused_by = 0;
+  {
+    absl::MutexLock lock(&left_out_mutex_);
+    if (!left_out_.ok()) refused_by = left_out_incarnation_;
+  }
+  if (refused_by != 0 || !LeftOut().ok()) {
+    // Left out: the process that could not set the job up will not by itself; its restart
+    // (another incarnation on the address) may.
+    while (!stop) {
+      absl::StatusOr<TaskReport> report = GetTaskReport(address_, absl::Seconds(1), channel_);
+      if (report.ok() && report->incarnation != refused_by) {
+        spdlog::info("{} restarted; it will be set up anew", name());
+        absl::MutexLock lock(&left_out_mutex_);
+        left_out_ = absl::OkStatus();
+        return absl::OkStatus();
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return absl::CancelledError("stopping");
+  }
   bool said = false;
   while (!stop) {
     if (CheckHealth(address_, absl::Seconds(1), channel_).ok()) {
@@ -105,7 +131,22 @@ absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   proto::SetupJobResponse response;
   absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
-  if (!status.ok()) return Classify(status, generation_, /*locked=*/true);
+  if (!status.ok()) {
+    const bool refused_the_job = !absl::IsUnavailable(status) &&
+                                 !absl::IsDeadlineExceeded(status) && !absl::IsCancelled(status) &&
+                                 !absl::StrContains(status.message(), kHeldByAnotherCoordinator);
+    if (!refused_the_job) return Classify(status, generation_, /*locked=*/true);
+    // It answered, and cannot build the job where the coordinator could: its own data,
+    // memory or files. Left out until it restarts; the others go on.
+    absl::StatusOr<TaskReport> report = GetTaskReport(address_, absl::Seconds(1), channel_);
+    const std::string why(absl::StripPrefix(status.message(), absl::StrCat(name(), ": ")));
+    spdlog::warn("{} cannot set the job up, so it is left out until it restarts: {}", name(), why);
+    absl::MutexLock lock(&left_out_mutex_);
+    left_out_ = absl::Status(status.code(), absl::StrCat(name(), " cannot set the job up: ", why));
+    left_out_incarnation_ = report.ok() ? report->incarnation : 0;
+    return absl::UnavailableError(
+        absl::StrCat(name(), " is left out: it cannot set the job up: ", why));
+  }
   set_up_ = true;
   return ++generation_;
 }

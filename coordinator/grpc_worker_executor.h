@@ -2,7 +2,8 @@
 // gRPC (proto::WorkerService). It sets the job up on the worker on first use and again
 // after the worker restarted (lost its job) or was unreachable, and classifies the worker's
 // failures for the coordinator: UNAVAILABLE (down) and ABORTED (restarted) run the closure
-// elsewhere; FAILED_PRECONDITION when another coordinator holds the worker ends the job.
+// elsewhere; FAILED_PRECONDITION when another coordinator holds the worker ends the job. A
+// worker that answers but cannot set the job up is left out (LeftOut) until it restarts.
 // Internal to coordinator/ (the PS training job builds one per worker).
 //
 // Thread safety: Execute, Cancel and WaitUntilAvailable may be called from several of the
@@ -48,6 +49,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override;
   void Cancel() override;
   absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override;
+  absl::Status LeftOut() const override;
 
  private:
   // Sets the job up on the worker unless it is set up already, and returns the set-up's
@@ -69,6 +71,11 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   std::unique_ptr<proto::WorkerService::Stub> stub_;
   absl::Mutex setup_mutex_;
   bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
+  // Why the worker is left out (OK: it is not), and the worker process that refused: it is
+  // tried again once another process (a restart) serves on its address.
+  mutable absl::Mutex left_out_mutex_;
+  absl::Status left_out_ ABSL_GUARDED_BY(left_out_mutex_);
+  uint64_t left_out_incarnation_ ABSL_GUARDED_BY(left_out_mutex_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
   absl::Mutex mutex_;
   bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;

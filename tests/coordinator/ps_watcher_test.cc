@@ -31,11 +31,11 @@ class PsWatcherTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     std::vector<std::unique_ptr<PsClient>> clients;
+    PsClientOptions options;
+    options.timeout = absl::Seconds(5);
     // The checkpoint folder this coordinator declares: where TempPath puts file_.
-    clients.push_back(std::make_unique<PsClient>(
-        "ps:0", cluster_->Address({"ps", 0}),
-        PsClientOptions{.timeout = absl::Seconds(5),
-                        .checkpoint_dir = std::filesystem::path(file_).parent_path().string()}));
+    options.checkpoint_dir = std::filesystem::path(file_).parent_path().string();
+    clients.push_back(std::make_unique<PsClient>("ps:0", cluster_->Address({"ps", 0}), options));
     variables_ =
         std::make_unique<ShardedVariables>(std::vector<std::string>{}, std::vector<Shape>{},
                                            std::vector<ShardSpec>{}, std::move(clients));

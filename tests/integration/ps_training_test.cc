@@ -380,6 +380,67 @@ TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRe
   EXPECT_THAT((*cluster)->Output({"worker", 1}), HasSubstr("job set up by coordinator"));
 }
 
+// Words that start a task in a mount namespace of its own where Fashion-MNIST's folder is
+// an empty tmpfs: it cannot read the job's data, as a worker on a machine without the data
+// set (or with a broken mount) would. Empty (the test skips) where that cannot be made.
+std::vector<std::string> WithoutTheDataSet() {
+  const std::string hide =
+      "mount -t tmpfs none /usr/share/datasets/fashion-mnist && exec \"$0\" \"$@\"";
+  const std::vector<std::string> words = {"/usr/bin/unshare", "--mount", "--",
+                                          "/bin/sh",          "-c",      hide};
+  std::vector<std::string> probe = words;
+  probe.insert(probe.end(), {"/bin/sh", "-c",
+                             "test ! -e /usr/share/datasets/fashion-mnist/"
+                             "train-images-idx3-ubyte.gz"});
+  absl::StatusOr<std::unique_ptr<Subprocess>> run =
+      Subprocess::Spawn({.argv = probe, .forward_fd = -1});
+  if (!run.ok()) return {};
+  absl::StatusOr<ExitInfo> exit = (*run)->Wait(absl::Seconds(10));
+  if (!exit.ok() || !exit->success()) return {};
+  return words;
+}
+
+// Hardening case 9: a worker that cannot set the job up (its data cannot be read) is left
+// out, named with the reason, and the job trains on the others; it fails, with the
+// workers' reasons, only when no worker can.
+TEST(PsTrainingTest, AWorkerThatCannotSetTheJobUpIsLeftOutAndTheOthersTrain) {
+  const std::vector<std::string> hidden = WithoutTheDataSet();
+  if (hidden.empty()) GTEST_SKIP() << "no mount namespace can be made here (needs root)";
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(2, 100, "ps_left_out_job")}}},
+       .wrapper_by_task = {{{"worker", 1}, hidden}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  EXPECT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("Epoch 2/2"));
+  EXPECT_THAT(output, HasSubstr("worker:1 at " + (*cluster)->Address({"worker", 1}) +
+                                " cannot set the job up, so it is left out until it restarts"));
+  EXPECT_THAT(output, HasSubstr("train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(output, ::testing::ContainsRegex(testing::kTestFigures));
+
+  auto none = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 1,
+       .chief = true,
+       .args_by_type = {{"chief", {"--job=" + WriteJob(2, 100, "ps_no_worker_job")}}},
+       .wrapper_by_task = {{{"worker", 0}, hidden}},
+       .forward_output = false});
+  ASSERT_TRUE(none.ok()) << none.status();
+  const absl::Time start = absl::Now();
+  auto failed = (*none)->WaitForExit({"chief", 0}, absl::Seconds(60));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_FALSE(failed->success());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // not the recovery timeout
+  EXPECT_THAT((*none)->Output({"chief", 0}),
+              HasSubstr("no worker can set the job up, so no closure can run: worker:0 at"));
+}
+
 TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(50, 100, "ps_dies_job"), 50, {}, 1);
   ASSERT_NE(cluster, nullptr);

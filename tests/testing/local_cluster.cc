@@ -85,7 +85,11 @@ absl::Status LocalCluster::StartTask(const PlannedTask& task) {
   for (const auto& [key, env] : options_.env_by_task) {
     if (key == task.task) process.env.insert(process.env.end(), env.begin(), env.end());
   }
-  STRATUM_ASSIGN_OR_RETURN(processes_[task.task], stratum::StartTask(task, process));
+  PlannedTask wrapped = task;
+  for (const auto& [key, words] : options_.wrapper_by_task) {
+    if (key == task.task) wrapped.argv.insert(wrapped.argv.begin(), words.begin(), words.end());
+  }
+  STRATUM_ASSIGN_OR_RETURN(processes_[task.task], stratum::StartTask(wrapped, process));
   return absl::OkStatus();
 }
 

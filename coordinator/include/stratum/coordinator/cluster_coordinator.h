@@ -80,6 +80,10 @@ class WorkerExecutor {
   // Ends the closures running on this worker now (Execute returns CANCELLED) and refuses
   // new ones: the coordinator is shutting down and will not wait for a stuck worker.
   virtual void Cancel() {}
+  // Why this worker is left out of the job, when it answers but cannot run it (it could not
+  // set the job up: its data cannot be read, say), until it restarts; OK otherwise. Its
+  // closures run elsewhere meanwhile; the job fails only when every worker is left out.
+  virtual absl::Status LeftOut() const { return absl::OkStatus(); }
 };
 
 struct ClusterCoordinatorOptions {

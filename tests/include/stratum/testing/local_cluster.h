@@ -43,6 +43,10 @@ struct LocalClusterOptions {
   std::vector<std::pair<std::string, std::vector<std::string>>> args_by_type;
   // Environment variables set for one task, on top of this process's own.
   std::vector<std::pair<TaskKey, std::vector<std::pair<std::string, std::string>>>> env_by_task;
+  // Words put before one task's command line, which must end by running it (as `env` or
+  // `unshare --mount sh -c '...; exec "$0" "$@"'` do), at every start and restart: e.g. a
+  // mount namespace in which that task alone cannot see some files.
+  std::vector<std::pair<TaskKey, std::vector<std::string>>> wrapper_by_task;
   // Where the binaries are; default: the build's bin folder.
   std::string bin_dir;
   absl::Duration healthy_timeout = absl::Seconds(30);
