@@ -93,7 +93,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::st
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: never written through a link planted at the temporary name.
+  const int fd =
+      open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ",
                                                       std::strerror(errno),
