@@ -216,8 +216,7 @@ absl::Status CheckpointManager::WriteAndCommit(int64_t step, const nlohmann::jso
   std::vector<uint64_t> save_ids;
   for (int task = 0; task < variables_.num_ps(); ++task) {
     absl::StatusOr<proto::SaveResponse> saved = saves[static_cast<size_t>(task)].get();
-    // A PS that restarted since the claim holds no lease either, and refuses the save.
-    if (!saved.ok()) return PsFailure(saved.status());
+    if (!saved.ok()) return saved.status();
     STRATUM_RETURN_IF_ERROR(CheckHoldsItsShards(task, step, *saved));
     if (saved->stopping()) stopping.push_back(variables_.client(task).task());
     save_ids.push_back(saved->save_id());

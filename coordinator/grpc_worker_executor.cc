@@ -94,7 +94,7 @@ absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& sto
     absl::MutexLock lock(&left_out_mutex_);
     if (!left_out_.ok()) refused_by = left_out_incarnation_;
   }
-  if (refused_by != 0 || !LeftOut().ok()) {
+  if (refused_by != 0) {
     // Left out: the process that could not set the job up will not by itself; its restart
     // (another incarnation on the address) may.
     while (!stop) {
@@ -127,25 +127,36 @@ absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
   if (set_up_) return generation_;
   // A worker that lost its job may have been set up by another coordinator since.
   if (generation_ > 0) STRATUM_RETURN_IF_ERROR(may_set_up_again_());
+  // The process asked (read first: one that restarts meanwhile is another, not left out).
+  const absl::StatusOr<TaskReport> asked = GetTaskReport(address_, absl::Seconds(1), channel_);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   proto::SetupJobResponse response;
   absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
   if (!status.ok()) {
-    const bool refused_the_job = !absl::IsUnavailable(status) &&
-                                 !absl::IsDeadlineExceeded(status) && !absl::IsCancelled(status) &&
-                                 !absl::StrContains(status.message(), kHeldByAnotherCoordinator);
+    // The worker's own answer about the job (its data, memory, files), as opposed to a
+    // transport fault, a lease or a restart, which Classify handles.
+    const bool refused_the_job =
+        asked.ok() && (absl::IsInvalidArgument(status) || absl::IsNotFound(status) ||
+                       absl::IsResourceExhausted(status) || absl::IsDataLoss(status) ||
+                       absl::IsOutOfRange(status) || absl::IsUnimplemented(status) ||
+                       absl::IsPermissionDenied(status) ||
+                       (absl::IsFailedPrecondition(status) &&
+                        !absl::StrContains(status.message(), kHeldByAnotherCoordinator)));
     if (!refused_the_job) return Classify(status, generation_, /*locked=*/true);
-    // It answered, and cannot build the job where the coordinator could: its own data,
-    // memory or files. Left out until it restarts; the others go on.
-    absl::StatusOr<TaskReport> report = GetTaskReport(address_, absl::Seconds(1), channel_);
+    // It cannot build the job where the coordinator could: left out until it restarts; the
+    // others go on.
     const std::string why(absl::StripPrefix(status.message(), absl::StrCat(name(), ": ")));
     spdlog::warn("{} cannot set the job up, so it is left out until it restarts: {}", name(), why);
     absl::MutexLock lock(&left_out_mutex_);
     left_out_ = absl::Status(status.code(), absl::StrCat(name(), " cannot set the job up: ", why));
-    left_out_incarnation_ = report.ok() ? report->incarnation : 0;
+    left_out_incarnation_ = asked->incarnation;
     return absl::UnavailableError(
         absl::StrCat(name(), " is left out: it cannot set the job up: ", why));
+  }
+  {
+    absl::MutexLock lock(&left_out_mutex_);
+    left_out_ = absl::OkStatus();  // set up after all (another thread, a restart)
   }
   set_up_ = true;
   return ++generation_;

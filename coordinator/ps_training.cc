@@ -464,6 +464,8 @@ void ParameterServerJob::ConnectWorkers() {
     setup.set_job_base_dir(job_base_dir_);
     setup.set_coordinator_incarnation(ProcessIncarnation());
     *setup.mutable_coordinator() = ThisCoordinator(ps_client_options_);
+    // The workers' own secret: the one the PSs check stays with this process.
+    setup.mutable_coordinator()->set_secret(ProcessWorkerSecret());
     setup.set_ps_timeout_ms(absl::ToInt64Milliseconds(options_.ps_timeout));
     for (const std::string& address : ps_addresses_) setup.add_ps_addresses(address);
     for (const ShardSpec& shard : shards_) {

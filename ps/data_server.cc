@@ -2,6 +2,7 @@
 // checks it, applies it to the VariableStore and answers.
 #include <unistd.h>
 
+#include <cstdint>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -328,8 +329,11 @@ bool PsDataServer::ServeOne(Connection& connection) {
                         connection.shared_memory ? "with" : "without", " shared memory")),
                     header.meta_bytes + header.inline_bytes);
     }
-    // A request and its answer, each within the frame limit, and the client's rounding.
-    const size_t max_segment = 2 * options_.limits.max_bytes + (2u << 20);
+    // A request and its answer, each within the frame limit, with room for the client's
+    // rounding and alignment (saturating: a limit near the top of size_t stays one).
+    const size_t max_bytes = options_.limits.max_bytes;
+    const size_t max_segment =
+        max_bytes > (SIZE_MAX - (64u << 20)) / 2 ? SIZE_MAX : 2 * max_bytes + (64u << 20);
     absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
         SharedSegment::Map(passed[0], max_segment);
     passed.clear();  // Map() owns the fd now

@@ -56,17 +56,25 @@ CoordinatorCredential CredentialOf(const proto::CoordinatorId& id) {
   return {id.incarnation(), id.secret()};
 }
 
+namespace {
+
+// A Save or Restore refused by a PS that no coordinator holds: it restarted since this
+// coordinator claimed it, and lost the job's variables with its lease.
+absl::Status LostIfUnheld(absl::Status status) {
+  if (!absl::IsFailedPrecondition(status) ||
+      !absl::StrContains(status.message(), kNoCoordinatorHoldsIt)) {
+    return status;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
+}
+
+}  // namespace
+
 absl::Status PsFailure(const absl::Status& status) {
-  if (absl::StartsWith(status.message(), "a parameter server is unavailable: ")) return status;
   // VariableStore::Find's answer: a PS that restarted between two calls holds nothing.
   if (absl::IsNotFound(status) &&
       absl::StrContains(status.message(), "does not exist on this parameter server")) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
-  }
-  // A Save or Restore refused by a PS that no coordinator holds: it restarted since the claim.
-  if (absl::IsFailedPrecondition(status) &&
-      absl::StrContains(status.message(), kNoCoordinatorHoldsIt)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
   }
@@ -299,7 +307,7 @@ absl::StatusOr<proto::SaveResponse> PsClient::Save(const std::string& path) {
   proto::SaveResponse response;
   if (absl::Status status = FromGrpcStatus(stub_->Save(&context, request, &response), Peer());
       !status.ok()) {
-    return status;
+    return LostIfUnheld(status);
   }
   return response;
 }
@@ -336,7 +344,7 @@ absl::Status PsClient::SendRestore(proto::RestoreRequest& request) {
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);
   proto::RestoreResponse response;
-  return FromGrpcStatus(stub_->Restore(&context, request, &response), Peer());
+  return LostIfUnheld(FromGrpcStatus(stub_->Restore(&context, request, &response), Peer()));
 }
 
 absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, bool leaving,

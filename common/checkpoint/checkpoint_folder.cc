@@ -92,7 +92,10 @@ absl::Status CheckInsideFolder(const std::string& path, const std::string& folde
   };
   const std::optional<fs::path> root = resolve(folder);
   const std::optional<fs::path> target = resolve(path);
-  if (!root || !target || path.empty()) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is refused: it names no file"));
+  }
+  if (!root || !target) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " of \"", path, "\" is refused: it or the folder ", folder, " cannot be resolved"));
   }

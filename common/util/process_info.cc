@@ -40,22 +40,33 @@ const char* StratumVersion() { return kStratumVersion; }
 
 uint64_t ProcessIncarnation() { return Facts().incarnation; }
 
-const std::string& ProcessSecret() {
-  static const std::string* const secret = [] {
-    std::string bytes(16, '\0');
-    size_t filled = 0;
-    while (filled < bytes.size()) {
-      const ssize_t got = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
-      if (got > 0) {
-        filled += static_cast<size_t>(got);
-      } else if (errno != EINTR) {
-        // No kernel randomness (a very old kernel): the C++ library's device instead.
-        std::random_device device;
-        for (; filled < bytes.size(); ++filled) bytes[filled] = static_cast<char>(device());
-      }
+namespace {
+
+std::string RandomSecret() {
+  std::string bytes(16, '\0');
+  size_t filled = 0;
+  while (filled < bytes.size()) {
+    const ssize_t got = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (got > 0) {
+      filled += static_cast<size_t>(got);
+    } else if (errno != EINTR) {
+      // No kernel randomness (a very old kernel): the C++ library's device instead.
+      std::random_device device;
+      for (; filled < bytes.size(); ++filled) bytes[filled] = static_cast<char>(device());
     }
-    return new std::string(std::move(bytes));
-  }();
+  }
+  return bytes;
+}
+
+}  // namespace
+
+const std::string& ProcessSecret() {
+  static const std::string* const secret = new std::string(RandomSecret());
+  return *secret;
+}
+
+const std::string& ProcessWorkerSecret() {
+  static const std::string* const secret = new std::string(RandomSecret());
   return *secret;
 }
 

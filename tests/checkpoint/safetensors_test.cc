@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
@@ -439,6 +440,39 @@ TEST(CheckpointFolderTest, ADamagedFolderIsSetAsideUnderAFreeNameNeverOverAnEarl
     EXPECT_TRUE(std::filesystem::exists(kept)) << kept;
   }
   std::filesystem::remove_all(dir);
+}
+
+// What a server confines a client's paths to: inside the folder, component by component,
+// links followed, relative paths as this process resolves them.
+TEST(CheckpointFolderTest, CheckInsideFolderKeepsPathsInsideTheFolder) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / absl::StrCat("inside_folder_", getpid());
+  fs::remove_all(base);
+  fs::create_directories(base / "ckpt" / "ckpt-1");
+  fs::create_directories(base / "ckpt-evil");
+  fs::create_symlink(base / "ckpt-evil", base / "ckpt" / "out");
+  const std::string folder = (base / "ckpt").string();
+  for (const std::string& inside :
+       {folder + "/ckpt-1/ps-0.safetensors", folder + "/new/ps-0.safetensors",
+        folder + "/./ckpt-1/../ckpt-1/x", folder + "//ckpt-1/x"}) {
+    EXPECT_TRUE(CheckInsideFolder(inside, folder + "/", "Save").ok()) << inside;
+  }
+  for (const std::string& outside :
+       {(base / "ckpt-evil" / "x").string(), folder + "/../ckpt-evil/x", folder + "/out/x", folder,
+        folder + "/ckpt-1/../..", std::string("/etc/passwd")}) {
+    const absl::Status refused = CheckInsideFolder(outside, folder, "Save");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << outside;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("is not inside the job's checkpoint folder"));
+  }
+  EXPECT_EQ(CheckInsideFolder("", folder, "Save").code(), absl::StatusCode::kInvalidArgument);
+  // A relative path and folder resolve against this process's working folder alike.
+  const fs::path was = fs::current_path();
+  fs::current_path(base);
+  EXPECT_TRUE(CheckInsideFolder("ckpt/ckpt-1/x", "ckpt", "Restore").ok());
+  EXPECT_FALSE(CheckInsideFolder("ckpt-evil/x", "ckpt", "Restore").ok());
+  fs::current_path(was);
+  fs::remove_all(base);
 }
 
 }  // namespace

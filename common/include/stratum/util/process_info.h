@@ -18,6 +18,10 @@ uint64_t ProcessIncarnation();
 // never publishes: a coordinator proves with it that a call comes from the coordinator that
 // claimed a parameter server or worker (its incarnation is public: status calls report it).
 const std::string& ProcessSecret();
+// Another 16 random bytes, which a coordinator hands the workers it sets up (they check its
+// closures with it): a worker learns nothing that lets it act as the coordinator towards the
+// parameter servers.
+const std::string& ProcessWorkerSecret();
 
 // This machine's host name ("?" when it cannot be read), read once.
 const std::string& HostName();
