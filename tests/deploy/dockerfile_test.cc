@@ -1,9 +1,9 @@
 // deploy/docker/Dockerfile, checked without a Docker engine (container_test builds and runs
-// the image where one runs): it is read instruction by instruction and held against the set-up script, the
-// CMake targets and the binaries of this build. Two stages on debian:12; the build stage
-// runs deploy/setup.sh with only settings the script knows; the runtime stage copies
-// binaries that are CMake executables, installs the Debian package of every shared
-// library they link (ldd and dpkg -S on this build) and runs as a non-root user.
+// the image where one runs): it is read instruction by instruction and held against the set-up
+// script, the CMake targets and the binaries of this build. Two stages on debian:12; the build
+// stage runs deploy/setup.sh with only settings the script knows; the runtime stage copies binaries
+// that are CMake executables, installs the Debian package of every shared library they link (ldd
+// and dpkg -S on this build) and runs as a non-root user.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
