@@ -339,6 +339,19 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
   if (request->leaving()) {
     left = lease_.Release(CredentialOf(id)) || lease_.Heartbeat(CredentialOf(id)).ok();
   } else if (request->claim()) {
+    // A folder is inside (or is) the root when a name in it is strictly inside the root.
+    if (!checkpoint_root_.empty() && !id.checkpoint_dir().empty()) {
+      if (absl::Status inside =
+              CheckInsideFolder(id.checkpoint_dir() + "/checkpoint", checkpoint_root_, "A claim");
+          !inside.ok()) {
+        return ToGrpcStatus(absl::PermissionDeniedError(
+            absl::StrCat("this parameter server refuses the claim of ", id.description(),
+                         ": its checkpoint folder ", id.checkpoint_dir(),
+                         " is outside --checkpoint_root ", checkpoint_root_,
+                         ", the only place this PS writes and reads checkpoints: set the "
+                         "job's checkpoint.dir inside it")));
+      }
+    }
     // A holder that just died falls silent within the lease: wait that long for it.
     if (absl::Status claimed = lease_.Claim(ClaimantOf(id), lease_.lease() + absl::Seconds(1));
         !claimed.ok()) {

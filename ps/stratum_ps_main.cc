@@ -20,6 +20,10 @@ ABSL_FLAG(bool, data_path, true,
           "Serve pushes and pulls also on a raw socket beside gRPC (shared memory for workers "
           "on this host), announced through gRPC; off with TLS, which it does not speak");
 ABSL_FLAG(int, data_port, 0, "The data path's TCP port; 0: any free port");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "The folder every job's checkpoint folder must be in: a coordinator that claims this "
+          "PS with a checkpoint folder elsewhere is refused, so Save and Restore touch nothing "
+          "outside it; empty: any folder the claiming coordinator declares");
 ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(20),
           "After SIGTERM, how long to serve on while the coordinator saves the job's state "
           "(it is told at once); less than the pod's terminationGracePeriodSeconds");
@@ -87,6 +91,7 @@ int main(int argc, char** argv) {
   }
   stratum::PsService service(
       store, data_server != nullptr ? data_server->endpoint() : stratum::DataPathEndpoint{});
+  service.SetCheckpointRoot(absl::GetFlag(FLAGS_checkpoint_root));
   const int code = stratum::ServeUntilShutdown(context, shutdown, {&service}, [&service] {
     WaitForTheCoordinatorsSave(service, absl::GetFlag(FLAGS_stop_timeout));
   });

@@ -254,6 +254,38 @@ TEST_F(PsServiceTest, SaveAndRestoreStayInsideTheHoldersCheckpointFolder) {
   RemoveFolder(folder);
 }
 
+// With --checkpoint_root, a claim whose checkpoint folder is elsewhere is refused: whoever
+// claims a PS that no coordinator holds cannot make it write outside that root.
+TEST(PsServiceRootTest, AClaimOfAFolderOutsideTheCheckpointRootIsRefused) {
+  const std::string root = TempPath("checkpoint_root");
+  RemoveFolder(root);
+  std::filesystem::create_directories(root + "/job");
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .not_started = {{"worker", 0}},
+                                      .args_by_type = {{"ps", {"--checkpoint_root=" + root}}},
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const std::string& elsewhere : {std::string("/"), TempPath("not_the_root"), root + "/.."}) {
+    PsClientOptions options;
+    options.timeout = absl::Seconds(5);
+    options.checkpoint_dir = elsewhere;
+    PsClient outsider("ps:0", (*cluster)->Address({"ps", 0}), options);
+    auto claimed = outsider.Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true);
+    EXPECT_EQ(claimed.status().code(), absl::StatusCode::kPermissionDenied) << elsewhere;
+    EXPECT_THAT(std::string(claimed.status().message()), HasSubstr("is outside --checkpoint_root"));
+  }
+  for (const std::string& inside : {root, root + "/job"}) {
+    PsClientOptions options;
+    options.timeout = absl::Seconds(5);
+    options.checkpoint_dir = inside;
+    PsClient coordinator("ps:0", (*cluster)->Address({"ps", 0}), options);
+    ASSERT_TRUE(coordinator.Watch(true, false, /*claim=*/true).ok()) << inside;
+    ASSERT_TRUE(coordinator.Watch(true, /*leaving=*/true).ok());
+  }
+  RemoveFolder(root);
+}
+
 // Hardening case 6: a Restore that names a FIFO is refused at once, and the PS still stops
 // on SIGTERM (was: open() blocked for a writer, and SIGTERM never ended the PS).
 TEST_F(PsServiceTest, ARestoreOfAFifoIsRefusedAtOnce) {

@@ -37,6 +37,10 @@ class PsService final : public proto::ParameterServer::Service {
         lease_(lease),
         next_save_id_(ProcessIncarnation()) {}
 
+  // Claims must declare a checkpoint folder inside `root` ("" bounds nothing). Call before
+  // serving.
+  void SetCheckpointRoot(std::string root) { checkpoint_root_ = std::move(root); }
+
   grpc::Status CreateVariables(grpc::ServerContext*, const proto::CreateVariablesRequest* request,
                                proto::CreateVariablesResponse* response) override;
   grpc::Status Pull(grpc::ServerContext*, const proto::PullRequest* request,
@@ -74,6 +78,7 @@ class PsService final : public proto::ParameterServer::Service {
   VariableStore& store_;
   const DataPathEndpoint data_path_;
   CoordinatorLease lease_;
+  std::string checkpoint_root_;
   mutable absl::Mutex stop_mutex_;
   bool stopping_ ABSL_GUARDED_BY(stop_mutex_) = false;
   // The saves begun after BeginStopping whose files are written (their SaveResponse.save_id),
