@@ -224,8 +224,13 @@ absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condit
   }
 }
 
+PerWorkerValues ClusterCoordinator::CreatePerWorkerDataset(std::string dataset) {
+  absl::MutexLock lock(&mutex_);
+  return PerWorkerValues{++next_per_worker_id_, std::move(dataset)};
+}
+
 absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
-    std::string function, std::vector<Tensor> args) {
+    std::string function, std::vector<ClosureArg> args) {
   absl::MutexLock lock(&mutex_);
   if (!error_.ok()) return TakeError();
   if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {

@@ -50,7 +50,15 @@ absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closur
   request.set_function(closure.function);
   request.set_coordinator_incarnation(setup_.coordinator_incarnation());
   request.set_coordinator_secret(setup_.coordinator().secret());
-  for (const Tensor& arg : closure.args) TensorToProto(arg, request.add_args());
+  for (const ClosureArg& arg : closure.args) {
+    proto::ClosureArgument* sent = request.add_args();
+    if (const Tensor* tensor = arg.tensor()) {
+      TensorToProto(*tensor, sent->mutable_tensor());
+    } else {
+      sent->mutable_per_worker()->set_id(arg.per_worker()->id);
+      sent->mutable_per_worker()->set_dataset(arg.per_worker()->dataset);
+    }
+  }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   {

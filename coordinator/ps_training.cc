@@ -13,8 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "grpc_worker_executor.h"
 #include "proto/worker.pb.h"
+#include "ps_job_setup.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/keras_export.h"
 #include "stratum/coordinator/checkpoint_manager.h"
@@ -44,13 +44,6 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// This coordinator as the parameter servers name it when they refuse another one.
-std::string CoordinatorDescription(const ClusterSpec& cluster) {
-  absl::StatusOr<std::string> address = cluster.TaskAddress(kChief, 0);
-  return absl::StrCat("the coordinator chief:0", address.ok() ? " at " + *address : "", ", pid ",
-                      getpid(), " on ", HostName());
 }
 
 // Which process each parameter server is (its TaskService incarnation), asked before
@@ -114,14 +107,6 @@ int64_t FinishedSteps(const ScheduledSteps& scheduled) {
     if (value->status() == RemoteValueStatus::kReady) finished += steps;
   }
   return finished;
-}
-
-// The chief's TF_CONFIG host (what others reach it by) with the port it serves on.
-std::string AdvertisedAddress(const ClusterSpec& cluster, const std::string& listen_address) {
-  const std::string address = cluster.TaskAddress(kChief, 0).value_or("");
-  const std::string port = SplitHostPort(listen_address).port;
-  if (address.empty() || port.empty()) return address;
-  return WithPort(address, port);
 }
 
 }  // namespace
@@ -398,21 +383,14 @@ absl::Status ParameterServerJob::BuildModel() {
 }
 
 absl::Status ParameterServerJob::CreateVariables() {
-  absl::StatusOr<PartitionerSpec> partitioner =
-      PartitionerFromJson(job_.strategy.variable_partitioner);
-  if (!partitioner.ok()) return partitioner.status();
-  absl::StatusOr<PlacementPolicy> policy = PlacementPolicyFromName(options_.placement);
-  if (!policy.ok()) return policy.status();
+  STRATUM_ASSIGN_OR_RETURN(shards_, PlaceModelVariables(*model_, job_.strategy.variable_partitioner,
+                                                        options_.placement, num_ps_));
   std::vector<std::string> names;
   std::vector<Shape> shapes;
   for (const VariableSpec& variable : model_->variables()) {
     names.push_back(variable.name);
     shapes.push_back(variable.shape);
-    for (ShardSpec& shard : ShardVariable(variable.name, variable.shape, *partitioner)) {
-      shards_.push_back(std::move(shard));
-    }
   }
-  if (absl::Status status = PlaceShards(shards_, num_ps_, *policy); !status.ok()) return status;
   std::vector<std::unique_ptr<PsClient>> clients;
   ps_client_options_ = {.timeout = options_.rpc_timeout,
                         .channel = options_.channel,
@@ -457,32 +435,17 @@ absl::Status ParameterServerJob::RestoreLatestCheckpoint() {
 }
 
 void ParameterServerJob::ConnectWorkers() {
-  std::vector<std::unique_ptr<WorkerExecutor>> executors;
-  for (int index : cluster_.task_indices(kWorker)) {
-    proto::SetupJobRequest setup;
-    setup.set_job_json(job_json_);
-    setup.set_job_base_dir(job_base_dir_);
-    setup.set_coordinator_incarnation(ProcessIncarnation());
-    *setup.mutable_coordinator() = ThisCoordinator(ps_client_options_);
-    // The workers' own secret: the one the PSs check stays with this process.
-    setup.mutable_coordinator()->set_secret(ProcessWorkerSecret());
-    setup.set_ps_timeout_ms(absl::ToInt64Milliseconds(options_.ps_timeout));
-    for (const std::string& address : ps_addresses_) setup.add_ps_addresses(address);
-    for (const ShardSpec& shard : shards_) {
-      proto::VariablePlacement* placement = setup.add_placements();
-      placement->set_variable(shard.variable);
-      placement->set_shard(shard.name);
-      placement->set_ps_task(shard.ps_task);
-      placement->set_first_row(shard.first_row);
-      placement->set_rows(shard.shape.rank() == 0 ? 1 : shard.shape.dim(0));
-    }
-    setup.set_num_workers(num_workers_);
-    setup.set_worker_index(index);
-    PsWatcher* ps_watcher = &*ps_watcher_;
-    executors.push_back(std::make_unique<GrpcWorkerExecutor>(
-        absl::StrCat("worker:", index), *cluster_.TaskAddress(kWorker, index), std::move(setup),
-        options_.rpc_timeout, options_.channel, [ps_watcher] { return ps_watcher->CheckHold(); }));
-  }
+  WorkerSetup setup{.job_json = job_json_,
+                    .job_base_dir = job_base_dir_,
+                    .ps_addresses = ps_addresses_,
+                    .shards = shards_,
+                    .ps_client = ps_client_options_,
+                    .ps_timeout = options_.ps_timeout,
+                    .rpc_timeout = options_.rpc_timeout,
+                    .channel = options_.channel};
+  PsWatcher* ps_watcher = &*ps_watcher_;
+  std::vector<std::unique_ptr<WorkerExecutor>> executors =
+      MakeWorkerExecutors(cluster_, setup, [ps_watcher] { return ps_watcher->CheckHold(); });
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.closures_per_worker = std::max(1, options_.closures_per_worker);
   coordinator_options.cancel = options_.cancel;

@@ -698,10 +698,54 @@ absl::Status ParseStrategy(const json& object, absl::string_view source, Strateg
   return absl::OkStatus();
 }
 
+// The job's "data" object into job.data (the strategy already parsed).
+absl::Status ParseData(const json& root, absl::string_view source, absl::string_view base_dir,
+                       JobSpec& job) {
+  Fields data(root["data"], "data", source);
+  if (absl::Status s = data.CheckObject(); !s.ok()) return s;
+  if (absl::Status s = data.CheckKnown({"train", "test", "rescale", "auto_shard_policy"});
+      !s.ok()) {
+    return s;
+  }
+  if (!root["data"].contains("train")) {
+    return data.Error("data.train", "is missing", "give the training images and labels");
+  }
+  if (absl::Status s =
+          ParseSource(root["data"]["train"], "data.train", source, base_dir, job.data.train);
+      !s.ok()) {
+    return s;
+  }
+  if (root["data"].contains("test")) {
+    if (absl::Status s =
+            ParseSource(root["data"]["test"], "data.test", source, base_dir, job.data.test);
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (absl::Status s : {data.Get("rescale", job.data.rescale),
+                         data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
+    if (!s.ok()) return s;
+  }
+  // Lock-step workers run the steps their counted data fills: one that skipped a damaged
+  // file would run out early and leave the others waiting in an all-reduce.
+  if (job.strategy.type == "multi_worker_mirrored" && job.data.train.read.ignore_errors) {
+    return data.Error("data.train.ignore_errors", "is true for a multi_worker_mirrored job",
+                      "its workers train in lock-step on data counted before training, so a "
+                      "worker that skipped a damaged file would leave the others waiting: "
+                      "repair or remove the file, and leave ignore_errors out");
+  }
+  if (root["data"].contains("rescale") && !(job.data.rescale > 0)) {
+    return data.Error("data.rescale", absl::StrCat("is ", job.data.rescale),
+                      "use a positive factor, such as 0.00392156862745098 (1/255) for pixels");
+  }
+
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
-                                     absl::string_view base_dir) {
+                                     absl::string_view base_dir, JobSpecOptions options) {
   STRATUM_ASSIGN_OR_RETURN(
       const json root,
       ParseJsonText(json_text, absl::StrCat(source, ": the job"), source, "fix the file"));
@@ -755,48 +799,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
     }
   }
 
-  if (!root.contains("data")) {
+  if (!root.contains("data") && options.needs_data) {
     return top.Error(
         "data", "is missing",
         "add \"data\": {\"train\": {\"images\": ..., \"labels\": ...}, \"test\": {...}}");
   }
-  Fields data(root["data"], "data", source);
-  if (absl::Status s = data.CheckObject(); !s.ok()) return s;
-  if (absl::Status s = data.CheckKnown({"train", "test", "rescale", "auto_shard_policy"});
-      !s.ok()) {
-    return s;
-  }
-  if (!root["data"].contains("train")) {
-    return data.Error("data.train", "is missing", "give the training images and labels");
-  }
-  if (absl::Status s =
-          ParseSource(root["data"]["train"], "data.train", source, base_dir, job.data.train);
-      !s.ok()) {
-    return s;
-  }
-  if (root["data"].contains("test")) {
-    if (absl::Status s =
-            ParseSource(root["data"]["test"], "data.test", source, base_dir, job.data.test);
-        !s.ok()) {
-      return s;
-    }
-  }
-  for (absl::Status s : {data.Get("rescale", job.data.rescale),
-                         data.Get("auto_shard_policy", job.data.auto_shard_policy)}) {
-    if (!s.ok()) return s;
-  }
-  // Lock-step workers run the steps their counted data fills: one that skipped a damaged
-  // file would run out early and leave the others waiting in an all-reduce.
-  if (job.strategy.type == "multi_worker_mirrored" && job.data.train.read.ignore_errors) {
-    return data.Error("data.train.ignore_errors", "is true for a multi_worker_mirrored job",
-                      "its workers train in lock-step on data counted before training, so a "
-                      "worker that skipped a damaged file would leave the others waiting: "
-                      "repair or remove the file, and leave ignore_errors out");
-  }
-  if (root["data"].contains("rescale") && !(job.data.rescale > 0)) {
-    return data.Error("data.rescale", absl::StrCat("is ", job.data.rescale),
-                      "use a positive factor, such as 0.00392156862745098 (1/255) for pixels");
-  }
+  if (root.contains("data")) STRATUM_RETURN_IF_ERROR(ParseData(root, source, base_dir, job));
 
   if (root.contains("fit")) {
     Fields fit(root["fit"], "fit", source);

@@ -39,7 +39,7 @@ class FakeWorker : public WorkerExecutor {
       ++executed_;
     }
     if (closure.function == "raise") return absl::InvalidArgumentError("the step raised");
-    Tensor out = closure.args[0].Clone();
+    Tensor out = closure.args[0].tensor()->Clone();
     out.Flat() += 1.0f;
     return ClosureOutputs{out};
   }

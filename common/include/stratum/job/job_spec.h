@@ -112,10 +112,16 @@ struct JobSpec {
   CheckpointSpec checkpoint;
 };
 
+struct JobSpecOptions {
+  // A job must say its data; one whose workers run user closures alone may leave "data"
+  // out (their datasets come from the functions registered on them).
+  bool needs_data = true;
+};
+
 // Parses a job. `source` names it in errors (the file path); relative data paths are
 // resolved against `base_dir`. Each error is one sentence naming the field and the fix.
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_view source,
-                                     absl::string_view base_dir = "");
+                                     absl::string_view base_dir = "", JobSpecOptions options = {});
 
 // Reads and parses a job file.
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,9 +37,31 @@
 
 namespace stratum {
 
+// tf.distribute's PerWorkerValues: one value per worker, each worker's its own. As a
+// closure's argument, the worker that runs the closure takes its own. Made by
+// ClusterCoordinator::CreatePerWorkerDataset: each worker's iterator over the dataset that
+// the function registered on it as `dataset` builds (WorkerFunctions::RegisterDataset).
+struct PerWorkerValues {
+  int64_t id = 0;
+  std::string dataset;
+};
+
+// One argument of a closure: a tensor (the same for every worker) or per-worker values.
+class ClosureArg {
+ public:
+  ClosureArg(Tensor tensor) : value_(std::move(tensor)) {}           // NOLINT: implicit
+  ClosureArg(PerWorkerValues values) : value_(std::move(values)) {}  // NOLINT: implicit
+  // nullptr when the argument is of the other kind.
+  const Tensor* tensor() const { return std::get_if<Tensor>(&value_); }
+  const PerWorkerValues* per_worker() const { return std::get_if<PerWorkerValues>(&value_); }
+
+ private:
+  std::variant<Tensor, PerWorkerValues> value_;
+};
+
 struct Closure {
-  std::string function;  // a step function registered on the workers, e.g. "train_step"
-  std::vector<Tensor> args;
+  std::string function;  // a function registered on the workers, e.g. "train_step"
+  std::vector<ClosureArg> args;
   int64_t id = 0;    // assigned by Schedule
   int attempts = 0;  // workers it has been tried on
 };
@@ -106,7 +129,12 @@ class ClusterCoordinator {
 
   // Queues a closure. Returns the first closure error not yet raised, if there is one.
   absl::StatusOr<std::shared_ptr<RemoteValue>> Schedule(std::string function,
-                                                        std::vector<Tensor> args);
+                                                        std::vector<ClosureArg> args);
+  // tf.distribute's create_per_worker_dataset: per-worker iterators over the dataset that
+  // the function registered on the workers as `dataset` builds. Nothing travels now: each
+  // worker builds its dataset on the first closure that takes these values, once, and
+  // again after it restarted (its job set up anew); an unknown name fails that closure.
+  PerWorkerValues CreatePerWorkerDataset(std::string dataset);
   // Waits until nothing is queued or in flight; returns the first error not yet raised.
   // DEADLINE_EXCEEDED after `timeout`, saying how many closures are still pending.
   absl::Status Join(absl::Duration timeout = absl::InfiniteDuration());
@@ -149,6 +177,7 @@ class ClusterCoordinator {
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mutex_);
   int in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t next_per_worker_id_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t retried_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mutex_);     // raised once, then cleared
   bool draining_ ABSL_GUARDED_BY(mutex_) = false;  // Drain: closures are not run again

@@ -1,32 +1,26 @@
-// WorkerService: what a worker of a parameter-server job does for the coordinator.
-// SetupJob builds the job's model, the worker's own dataset (shuffled with a per-worker
-// seed, repeated) and its PS connections; RunClosure runs a named step function:
-//   train_step(steps): for each step, pull the variables from the PS tasks (in parallel),
-//     run the local replicas as a MirroredStrategy, sum their gradients, push them (in
-//     parallel); returns [loss_sum, correct, examples].
-// A closure from a coordinator incarnation the worker was not set up by is refused with
-// FAILED_PRECONDITION ("not set up"), so a restarted worker is set up again, never used
-// half-built. One coordinator at a time holds the worker (CoordinatorLease: its SetupJob
-// claims it, its closures keep the claim, Leave ends it): another one is refused, naming
-// the holder, while the holder's closures come; it takes over once the holder has been
-// silent for the lease, or at once when it is the holder restarted. The PS clients dial with
-// `channel` (the task's TLS settings). Thread-safe (closures run one at a time).
+// WorkerService: the gRPC face of a parameter-server job's worker (proto::WorkerService),
+// a thin adapter over PsWorker (worker/ps_worker.h), which holds the logic: SetupJob
+// builds the job, RunClosure runs the built-in train_step or a function the worker program
+// registered (WorkerFunctions), Leave drops the job. Thread-safe.
 #pragma once
 
 #include <memory>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/worker.grpc.pb.h"
 #include "stratum/net/channel.h"
-#include "stratum/ps/coordinator_lease.h"
+#include "stratum/worker/worker_functions.h"
 
 namespace stratum {
 
-class WorkerJob;
+class PsWorker;
 
 class WorkerService final : public proto::WorkerService::Service {
  public:
-  explicit WorkerService(ChannelOptions channel = {}, absl::Duration lease = absl::Seconds(5));
+  // `channel`: how the worker reaches the PSs (TLS); `lease`: how long a silent
+  // coordinator keeps its claim on the worker; `functions`: the worker program's own.
+  explicit WorkerService(ChannelOptions channel = {}, absl::Duration lease = absl::Seconds(5),
+                         WorkerFunctions functions = {});
   ~WorkerService() override;
 
   grpc::Status SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
@@ -37,10 +31,7 @@ class WorkerService final : public proto::WorkerService::Service {
                      proto::LeaveResponse* response) override;
 
  private:
-  const ChannelOptions channel_;
-  CoordinatorLease lease_;
-  absl::Mutex mutex_;
-  std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mutex_);
+  std::unique_ptr<PsWorker> worker_;
 };
 
 }  // namespace stratum
