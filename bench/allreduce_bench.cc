@@ -24,10 +24,10 @@
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
 #include "stratum/worker/collective/collectives.h"
-#include "stratum/worker/collective/tcp_transport.h"
 #include "stratum/worker/coordination_grpc_service.h"
 #include "stratum/worker/coordination_service.h"
 #include "stratum/worker/multi_worker_job.h"
+#include "worker/collective/tcp_transport.h"
 
 ABSL_FLAG(int, rank, -1, "This process's rank (set by the parent)");
 ABSL_FLAG(int, size, 0, "Number of processes (set by the parent)");

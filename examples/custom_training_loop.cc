@@ -13,9 +13,9 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/training/evaluate.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
-#include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 ABSL_FLAG(int, epochs, 3, "Epochs to train");

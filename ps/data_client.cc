@@ -8,7 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "stratum/ps/data_path.h"
+#include "data_path.h"
 
 namespace stratum {
 

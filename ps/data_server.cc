@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "stratum/ps/data_path.h"
+#include "data_path.h"
 #include "stratum/ps/ps_metrics.h"
 
 namespace stratum {

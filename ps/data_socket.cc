@@ -1,4 +1,4 @@
-#include "stratum/ps/data_socket.h"
+#include "data_socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -1,4 +1,4 @@
-#include "stratum/ps/data_wire.h"
+#include "data_wire.h"
 
 #include <cstring>
 #include <type_traits>

@@ -1,5 +1,7 @@
 #include "stratum/ps/ps_client.h"
 
+#include "data_path.h"
+
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <unistd.h>

@@ -12,7 +12,7 @@
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/task_main.h"
-#include "stratum/ps/data_path.h"
+#include "data_path.h"
 #include "stratum/ps/ps_service.h"
 #include "stratum/util/flags.h"
 

@@ -37,6 +37,30 @@ g++ -O1 "$work/app/custom_training_loop.cc" $(pkg-config --cflags --libs stratum
 grep -Eq "^epoch 1: train loss [0-9.]+, test accuracy 0\.[5-9]" "$work/pc.out"
 echo "install_test: built and ran with pkg-config --cflags --libs stratum"
 
+# A parameter-server program pair (a worker program's own closures, a coordinator program)
+# builds against the package too, two compilers at once.
+cp "$source/examples/ps_custom_loop.h" "$source/examples/ps_custom_loop_worker.cc" \
+  "$source/examples/ps_custom_loop_coordinator.cc" "$work/app/"
+pids=()
+for program in ps_custom_loop_worker ps_custom_loop_coordinator; do
+  # shellcheck disable=SC2046
+  g++ -O0 "$work/app/$program.cc" $(pkg-config --cflags --libs stratum) -o "$work/app/$program" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$work/app/ps_custom_loop_worker" --help | grep -q "train_step_fn"
+echo "install_test: the parameter-server custom loop's programs built with pkg-config"
+
+# Wire internals stay out of the public headers.
+for internal in stratum/ps/data_wire.h stratum/ps/data_socket.h stratum/ps/data_path.h \
+  stratum/worker/collective/tcp_transport.h; do
+  if [ -e "$work/prefix/include/$internal" ]; then
+    echo "install_test: $internal is installed, but it is an internal of its component" >&2
+    exit 1
+  fi
+done
+echo "install_test: no wire internals among the installed headers"
+
 # The installed binaries run from the prefix.
 "$work/prefix/bin/stratum-launch" --dry-run --chief --workers 1 --ps 1 | grep -q "stratum-coordinator"
 echo "install_test: the installed stratum-launch plans a cluster of the installed binaries"

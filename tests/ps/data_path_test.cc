@@ -1,7 +1,7 @@
 // The parameter server's raw data path in one process: a PsDataServer over a VariableStore
 // and PsDataClients on loopback, once through shared memory and once over TCP; hand-made
 // frames for what a broken or hostile client sends; fake servers that die or go silent.
-#include "stratum/ps/data_path.h"
+#include "ps/data_path.h"
 
 #include <sys/mman.h>
 #include <sys/resource.h>

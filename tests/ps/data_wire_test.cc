@@ -1,4 +1,4 @@
-#include "stratum/ps/data_wire.h"
+#include "ps/data_wire.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

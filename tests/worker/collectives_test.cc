@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stratum/worker/collective/tcp_transport.h"
+#include "worker/collective/tcp_transport.h"
 
 namespace stratum {
 namespace {

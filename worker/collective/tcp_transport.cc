@@ -1,4 +1,4 @@
-#include "stratum/worker/collective/tcp_transport.h"
+#include "tcp_transport.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

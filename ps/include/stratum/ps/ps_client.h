@@ -21,11 +21,12 @@
 #include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/ps/coordinator_lease.h"
-#include "stratum/ps/data_path.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
+
+class PsDataClient;  // the raw data path's client, internal to ps/
 
 struct PsClientOptions {
   absl::Duration timeout = absl::Seconds(30);

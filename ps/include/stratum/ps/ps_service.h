@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "proto/ps.grpc.pb.h"
 #include "stratum/ps/coordinator_lease.h"
-#include "stratum/ps/data_path.h"
+#include "stratum/ps/data_path_endpoint.h"
 #include "stratum/ps/variable_store.h"
 #include "stratum/util/process_info.h"
 

@@ -34,20 +34,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "stratum/ps/data_socket.h"
-#include "stratum/ps/data_wire.h"
+#include "data_socket.h"
+#include "data_wire.h"
+#include "stratum/ps/data_path_endpoint.h"
 #include "stratum/ps/variable_store.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
-
-// What a PS announces through gRPC.
-struct DataPathEndpoint {
-  int tcp_port = 0;       // 0: no data path
-  std::string unix_name;  // abstract Unix socket for same-host clients; "" for none
-  uint64_t token = 0;     // a client presents it in its hello
-  uint64_t max_bytes = 0;
-};
 
 struct PsDataServerOptions {
   std::string host = "127.0.0.1";  // where the TCP listener binds; "::" for all
