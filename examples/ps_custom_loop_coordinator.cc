@@ -21,6 +21,8 @@
 
 ABSL_FLAG(int, epochs, 3, "Epochs to train");
 ABSL_FLAG(int, steps_per_epoch, 300, "Closures (one step each) scheduled per epoch");
+ABSL_FLAG(absl::Duration, cluster_timeout, absl::Minutes(2),
+          "How long to wait for every parameter server and worker to answer");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST folder, for the test set evaluated here");
 
@@ -43,6 +45,7 @@ int main(int argc, char** argv) {
   ParameterServerClusterOptions options;
   options.channel = context.channel_options();
   options.cancel = &shutdown.notification();
+  options.cluster_timeout = absl::GetFlag(FLAGS_cluster_timeout);
   auto cluster = ParameterServerCluster::Create(context.resolver.cluster_spec(),
                                                 ps_custom_loop::kJob, options);
   if (!cluster.ok()) return ReportFatal(binary, cluster.status());

@@ -483,7 +483,7 @@ absl::StatusOr<ClosureArguments> PsWorker::Arguments(const proto::RunClosureRequ
       if (build == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "dataset function \"", per_worker.dataset(),
-            "\" is not registered on this worker (it has: ", functions_.DatasetNames(),
+            "\" is not registered on this worker (it has ", functions_.DatasetNames(),
             "): register it with WorkerFunctions::RegisterDataset in the worker program"));
       }
       InputContext input{.num_input_pipelines = job_->num_workers,
@@ -541,11 +541,13 @@ absl::StatusOr<proto::RunClosureResponse> PsWorker::RunClosure(
   } else {
     const WorkerFunction* function = functions_.Find(request.function());
     if (function == nullptr) {
+      const std::string names = functions_.Names();
       return absl::NotFoundError(absl::StrCat(
-          "function \"", request.function(),
-          "\" is not registered on this worker (it has: ", functions_.Names(),
-          ", and the built-in train_step): register it with WorkerFunctions::Register in the "
-          "worker program, or schedule one it has"));
+          "function \"", request.function(), "\" is not registered on this worker (it has ",
+          names == "none" ? "only the built-in train_step"
+                          : absl::StrCat(names, ", and the built-in train_step"),
+          "): register it with WorkerFunctions::Register in the worker program, or schedule "
+          "one it has"));
     }
     STRATUM_ASSIGN_OR_RETURN(const ClosureArguments arguments, Arguments(request));
     JobContext context(*job_);

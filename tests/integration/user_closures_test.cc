@@ -103,7 +103,7 @@ TEST(UserClosuresTest, ClosuresAreRefusedByNameAndTheirErrorsReachTheProgram) {
   absl::Status unknown = raised("no_such_fn", {train});
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
   EXPECT_THAT(unknown.message(),
-              HasSubstr("function \"no_such_fn\" is not registered on this worker (it has: "
+              HasSubstr("function \"no_such_fn\" is not registered on this worker (it has "
                         "train_step_fn, and the built-in train_step)"));
   absl::Status tensor = raised("train_step_fn", {Tensor::Scalar(1.0f)});
   EXPECT_EQ(tensor.code(), absl::StatusCode::kInvalidArgument) << tensor;
@@ -115,7 +115,7 @@ TEST(UserClosuresTest, ClosuresAreRefusedByNameAndTheirErrorsReachTheProgram) {
   absl::Status dataset = raised("train_step_fn", {coordinator.CreatePerWorkerDataset("tset")});
   EXPECT_EQ(dataset.code(), absl::StatusCode::kNotFound) << dataset;
   EXPECT_THAT(dataset.message(),
-              HasSubstr("dataset function \"tset\" is not registered on this worker (it has: "
+              HasSubstr("dataset function \"tset\" is not registered on this worker (it has "
                         "train)"));
   absl::Status builtin = raised("train_step", {Tensor::Scalar(1.0f)});
   EXPECT_EQ(builtin.code(), absl::StatusCode::kInvalidArgument) << builtin;

@@ -126,12 +126,12 @@ TEST_F(PsWorkerTest, UnknownNamesAndWrongArgumentsAreRefusedByName) {
   auto unknown = worker_.RunClosure(Closure("step", 1, "s"));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.status().message(),
-              HasSubstr("function \"step\" is not registered on this worker (it has: fail, next, "
+              HasSubstr("function \"step\" is not registered on this worker (it has fail, next, "
                         "and the built-in train_step)"));
   proto::RunClosureRequest dataset = Closure("next", 1, "s");
   AddPerWorker(dataset, 1, "letters");
   EXPECT_THAT(worker_.RunClosure(dataset).status().message(),
-              HasSubstr("dataset function \"letters\" is not registered on this worker (it has: "
+              HasSubstr("dataset function \"letters\" is not registered on this worker (it has "
                         "numbers)"));
   proto::RunClosureRequest tensor = Closure("next", 1, "s");
   TensorToProto(Tensor::Scalar(1.0f), tensor.add_args()->mutable_tensor());
