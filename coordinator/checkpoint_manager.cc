@@ -11,6 +11,7 @@
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -185,10 +186,11 @@ absl::Status CheckpointManager::CheckHoldsItsShards(int task, int64_t step,
   for (const ShardSpec& shard : variables_.shards()) {
     if (shard.ps_task != task || held.contains(shard.name)) continue;
     PsClient& client = variables_.client(task);
-    return absl::FailedPreconditionError(
-        absl::StrCat("a parameter server is unavailable: ", kPsLostItsVariables, ": ",
-                     client.task(), " at ", client.address(), " saved no \"", shard.name,
-                     "\" for the checkpoint at step ", step, ", which is not committed"));
+    return WithErrorKind(absl::FailedPreconditionError(absl::StrCat(
+                             "a parameter server is unavailable: ", kPsLostItsVariables, ": ",
+                             client.task(), " at ", client.address(), " saved no \"", shard.name,
+                             "\" for the checkpoint at step ", step, ", which is not committed")),
+                         ErrorKind::kPsLostItsVariables);
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "stratum/util/counted.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
 
 namespace stratum {
@@ -143,9 +144,9 @@ void ClusterCoordinator::WorkerLoop(size_t worker) {
                                                       "\" failed on ", pending.closure.attempts,
                                                       " workers in a row, last on ",
                                                       executor.name(), ": ", what))
-                : absl::Status(result.status().code(),
-                               absl::StrCat("closure \"", pending.closure.function, "\" on ",
-                                            executor.name(), ": ", what));
+                // The closure's own error keeps what it is (its ErrorKind).
+                : Rewrapped(result.status(), absl::StrCat("closure \"", pending.closure.function,
+                                                          "\" on ", executor.name(), ": ", what));
         pending.value->Set(error);
         if (error_.ok()) {
           error_ = error;

@@ -3,14 +3,13 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "stratum/net/health.h"
 #include "stratum/net/status.h"
-#include "stratum/ps/coordinator_lease.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -150,7 +149,7 @@ absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
                        absl::IsOutOfRange(status) || absl::IsUnimplemented(status) ||
                        absl::IsPermissionDenied(status) ||
                        (absl::IsFailedPrecondition(status) &&
-                        !absl::StrContains(status.message(), kHeldByAnotherCoordinator)));
+                        !IsErrorKind(status, ErrorKind::kHeldByAnotherCoordinator)));
     if (!refused_the_job) return Classify(status, generation_, /*locked=*/true);
     // It cannot build the job where the coordinator could: left out until it restarts; the
     // others go on.
@@ -172,13 +171,11 @@ absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
 
 absl::Status GrpcWorkerExecutor::Classify(const absl::Status& status, uint64_t generation,
                                           bool locked) {
-  if (absl::IsFailedPrecondition(status) &&
-      absl::StrContains(status.message(), kHeldByAnotherCoordinator)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(status.message(), "; this coordinator stops and leaves the job to it"));
+  if (IsErrorKind(status, ErrorKind::kHeldByAnotherCoordinator)) {
+    return Rewrapped(status, absl::StrCat(status.message(),
+                                          "; this coordinator stops and leaves the job to it"));
   }
-  const bool lost =
-      (absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not set up"));
+  const bool lost = IsErrorKind(status, ErrorKind::kNotSetUp);
   const bool down =
       absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsCancelled(status);
   if (!lost && !down) return status;
@@ -187,7 +184,8 @@ absl::Status GrpcWorkerExecutor::Classify(const absl::Status& status, uint64_t g
     if (!locked) lock.emplace(&setup_mutex_);
     if (generation_ == generation) set_up_ = false;
   }
-  return lost ? absl::AbortedError(status.message()) : absl::UnavailableError(status.message());
+  return Rewrapped(status, lost ? absl::StatusCode::kAborted : absl::StatusCode::kUnavailable,
+                   status.message());
 }
 
 }  // namespace stratum

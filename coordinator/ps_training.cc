@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/worker.pb.h"
@@ -35,6 +34,7 @@
 #include "stratum/training/fit_job.h"
 #include "stratum/training/training_status.h"
 #include "stratum/util/counted.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/json_text.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
@@ -359,8 +359,8 @@ absl::StatusOr<FitSummary> ParameterServerJob::Run() {
   absl::StatusOr<FitSummary> trained = TrainEpochs();
   while (!trained.ok()) {
     const absl::Status& failure = trained.status();
-    const bool ps_failed =
-        absl::StrContains(failure.message(), "a parameter server is unavailable");
+    const bool ps_failed = IsErrorKind(failure, ErrorKind::kPsUnavailable) ||
+                           IsErrorKind(failure, ErrorKind::kPsLostItsVariables);
     // Once every epoch is reported, only the test is left: its failure ends the job.
     if (!ps_failed || logged_epochs_ >= job_.fit.epochs) return failure;
     STRATUM_RETURN_IF_ERROR(RecoverFromPsFailure(failure));
@@ -752,7 +752,7 @@ absl::Status ParameterServerJob::RecoverFromPsFailure(absl::Status failure) {
     const bool every_ps_kept_its_state = EveryPsKeptItsState(back);
     // A variable missing on a PS that never restarted was never there: training again
     // would meet it again.
-    if (every_ps_kept_its_state && absl::StrContains(failure.message(), kPsLostItsVariables)) {
+    if (every_ps_kept_its_state && IsErrorKind(failure, ErrorKind::kPsLostItsVariables)) {
       return absl::FailedPreconditionError(absl::StrCat(
           failure.message(),
           "; yet every parameter server is the process this coordinator "

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "stratum/ps/coordinator_lease.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 
@@ -139,14 +139,11 @@ void PsWatcher::Observed(int task, const proto::WatchResponse& answer, uint64_t 
 }
 
 void PsWatcher::Heard(const absl::Status& watched) {
-  if (!absl::IsFailedPrecondition(watched) ||
-      !absl::StrContains(watched.message(), kHeldByAnotherCoordinator)) {
-    return;
-  }
+  if (!IsErrorKind(watched, ErrorKind::kHeldByAnotherCoordinator)) return;
   absl::MutexLock lock(&mutex_);
   if (!lost_.ok()) return;
-  lost_ = absl::FailedPreconditionError(
-      absl::StrCat(watched.message(), "; this coordinator stops and leaves the job to it"));
+  lost_ = Rewrapped(watched, absl::StrCat(watched.message(),
+                                          "; this coordinator stops and leaves the job to it"));
 }
 
 }  // namespace stratum

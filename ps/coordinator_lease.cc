@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
@@ -44,13 +45,15 @@ absl::Status CoordinatorLease::RefusalFor(const CoordinatorCredential& caller) c
   if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;
   const uint64_t incarnation = caller.incarnation;
   if (auto how = replaced_.find(incarnation); how != replaced_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(wording_.held, " ", kHeldByAnotherCoordinator, ": ", how->second));
+    return WithErrorKind(absl::FailedPreconditionError(absl::StrCat(
+                             wording_.held, " ", kHeldByAnotherCoordinator, ": ", how->second)),
+                         ErrorKind::kHeldByAnotherCoordinator);
   }
   if (holder_ == 0 || holder_ == incarnation || HolderSilent()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(wording_.held, " ", kHeldByAnotherCoordinator,
-                                                    " (", holder_claim_.who, "), heard from ",
-                                                    Ago(last_heard_), " ago: ", wording_.why));
+  return WithErrorKind(absl::FailedPreconditionError(absl::StrCat(
+                           wording_.held, " ", kHeldByAnotherCoordinator, " (", holder_claim_.who,
+                           "), heard from ", Ago(last_heard_), " ago: ", wording_.why)),
+                       ErrorKind::kHeldByAnotherCoordinator);
 }
 
 absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::Duration wait) {
@@ -104,12 +107,14 @@ absl::StatusOr<std::string> CoordinatorLease::HolderCheckpointDir(
   absl::MutexLock lock(&mutex_);
   if (absl::Status refused = RefusalFor(caller); !refused.ok()) return refused;
   if (holder_ == 0 || holder_ != caller.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is refused: only the coordinator that holds ", wording_.held,
-        " may ask for it, and ",
-        holder_ == 0
-            ? absl::StrCat(kNoCoordinatorHoldsIt, " (a coordinator claims it first, with Watch)")
-            : absl::StrCat(holder_claim_.who, " holds it")));
+    return WithErrorKind(
+        absl::FailedPreconditionError(
+            absl::StrCat(what, " is refused: only the coordinator that holds ", wording_.held,
+                         " may ask for it, and ",
+                         holder_ == 0 ? absl::StrCat(kNoCoordinatorHoldsIt,
+                                                     " (a coordinator claims it first, with Watch)")
+                                      : absl::StrCat(holder_claim_.who, " holds it"))),
+        holder_ == 0 ? ErrorKind::kNoCoordinatorHoldsIt : ErrorKind::kHeldByAnotherCoordinator);
   }
   if (holder_claim_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "data_path.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 
@@ -367,8 +368,9 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op, std::vector<T
   if (response.op_or_code != 0) {
     if (response.inline_bytes > 0) return absl::DataLossError("an error answer carries tensors");
     *answered = true;
-    return absl::Status(static_cast<absl::StatusCode>(response.op_or_code),
-                        absl::StrCat(peer_, ": ", parsed->message));
+    return WithErrorKind(absl::Status(static_cast<absl::StatusCode>(response.op_or_code),
+                                      absl::StrCat(peer_, ": ", parsed->message)),
+                         static_cast<ErrorKind>(response.error_kind));
   }
   if (parsed->values.size() != expected) {
     return absl::DataLossError(absl::StrCat("the answer carries ", parsed->values.size(),

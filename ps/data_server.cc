@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "data_path.h"
 #include "stratum/ps/ps_metrics.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 
@@ -45,6 +46,7 @@ absl::Status Respond(DataSocket& socket, uint64_t id, const absl::Status& status
   FrameHeader header;
   header.magic = data_wire::kResponseMagic;
   header.op_or_code = static_cast<uint32_t>(status.code());
+  header.error_kind = static_cast<uint32_t>(ErrorKindOf(status));
   header.id = id;
   header.flags = closing ? data_wire::kClosing : 0;
   header.meta_bytes = static_cast<uint32_t>(encoded.size());

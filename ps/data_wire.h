@@ -68,7 +68,7 @@ struct FrameHeader {
   uint32_t flags = 0;       // requests: kPullAfter, kNewSegment; responses: kClosing
   uint32_t timeout_ms = 0;  // requests: the client's deadline, from when it sent the header
   uint32_t meta_bytes = 0;
-  uint32_t reserved = 0;
+  uint32_t error_kind = 0;  // responses: the error's ErrorKind (stratum/util/error_kind.h)
   uint64_t inline_bytes = 0;
 };
 static_assert(sizeof(FrameHeader) == 40);

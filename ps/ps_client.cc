@@ -1,12 +1,12 @@
 #include "stratum/ps/ps_client.h"
 
 #include "data_path.h"
+#include "stratum/util/error_kind.h"
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <unistd.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"
@@ -63,22 +63,22 @@ namespace {
 // A Save or Restore refused by a PS that no coordinator holds: it restarted since this
 // coordinator claimed it, and lost the job's variables with its lease.
 absl::Status LostIfUnheld(absl::Status status) {
-  if (!absl::IsFailedPrecondition(status) ||
-      !absl::StrContains(status.message(), kNoCoordinatorHoldsIt)) {
-    return status;
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
+  if (!IsErrorKind(status, ErrorKind::kNoCoordinatorHoldsIt)) return status;
+  return WithErrorKind(
+      absl::FailedPreconditionError(absl::StrCat(
+          "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message())),
+      ErrorKind::kPsLostItsVariables);
 }
 
 }  // namespace
 
 absl::Status PsFailure(const absl::Status& status) {
   // VariableStore::Find's answer: a PS that restarted between two calls holds nothing.
-  if (absl::IsNotFound(status) &&
-      absl::StrContains(status.message(), "does not exist on this parameter server")) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message()));
+  if (IsErrorKind(status, ErrorKind::kVariableMissing)) {
+    return WithErrorKind(
+        absl::FailedPreconditionError(absl::StrCat(
+            "a parameter server is unavailable: ", kPsLostItsVariables, ": ", status.message())),
+        ErrorKind::kPsLostItsVariables);
   }
   // A PS that shuts down (SIGTERM) cancels the calls it is serving: no caller of PsClient
   // cancels its own calls, so CANCELLED is the PS going away.
@@ -86,8 +86,9 @@ absl::Status PsFailure(const absl::Status& status) {
       !absl::IsCancelled(status)) {
     return status;
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("a parameter server is unavailable: ", status.message()));
+  return WithErrorKind(absl::FailedPreconditionError(
+                           absl::StrCat("a parameter server is unavailable: ", status.message())),
+                       ErrorKind::kPsUnavailable);
 }
 
 PsClient::PsClient(std::string task, std::string address, PsClientOptions options)

@@ -9,10 +9,10 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "data_path.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/task_main.h"
-#include "data_path.h"
 #include "stratum/ps/ps_service.h"
 #include "stratum/util/flags.h"
 

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
 #include "stratum/util/status_macros.h"
 
@@ -107,10 +108,12 @@ absl::StatusOr<std::shared_ptr<VariableStore::Variable>> VariableStore::Find(
   absl::ReaderMutexLock lock(&table_mutex_);
   auto it = variables_.find(name);
   if (it == variables_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("variable \"", name,
-                     "\" does not exist on this parameter server: create it first "
-                     "(the coordinator creates every variable before training)"));
+    return WithErrorKind(
+        absl::NotFoundError(absl::StrCat("variable \"", name,
+                                         "\" does not exist on this parameter server: create it "
+                                         "first (the coordinator creates every variable before "
+                                         "training)")),
+        ErrorKind::kVariableMissing);
   }
   return it->second;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "stratum/net/status.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/coordination_grpc_service.h"
 
@@ -208,8 +209,10 @@ void CoordinationAgent::HeartbeatLoop() {
     if (status.ok() && response.error_code() != 0) {
       // The job's first failure, which names its task ("worker:2 failed: ..."), as the
       // answer to ReportError gives it: the same words whichever way it is learnt.
-      SetClusterError(absl::Status(static_cast<absl::StatusCode>(response.error_code()),
-                                   response.error_message()));
+      absl::Status first(static_cast<absl::StatusCode>(response.error_code()),
+                         response.error_message());
+      PayloadsFromProto(response.error_payloads(), first);
+      SetClusterError(std::move(first));
       return;
     }
     if (status.ok()) {
@@ -307,6 +310,7 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   SetTask(options_.task, request.mutable_task());
   request.set_error_code(static_cast<int>(error.code()));
   request.set_error_message(std::string(error.message()));
+  PayloadsToProto(error, request.mutable_error_payloads());
   grpc::ClientContext context;
   // Best effort and bounded tightly: the task is on its way out, and a leader that does
   // not answer (gone, or cut off by the network) would hold it for the whole rpc_timeout;
@@ -320,6 +324,7 @@ absl::Status CoordinationAgent::ReportError(const absl::Status& error) {
   if (cluster_error_.ok()) {
     cluster_error_ = absl::Status(static_cast<absl::StatusCode>(response.cluster_error_code()),
                                   response.cluster_error_message());
+    PayloadsFromProto(response.cluster_error_payloads(), cluster_error_);
   }
   return absl::OkStatus();
 }

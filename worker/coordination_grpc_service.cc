@@ -78,6 +78,7 @@ grpc::Status GrpcCoordinationService::Heartbeat(grpc::ServerContext*,
       service_.Heartbeat(FromProto(request->task()), request->incarnation());
   response->set_error_code(static_cast<int>(status.code()));
   response->set_error_message(std::string(status.message()));
+  PayloadsToProto(status, response->mutable_error_payloads());
   return grpc::Status::OK;
 }
 
@@ -116,13 +117,15 @@ grpc::Status GrpcCoordinationService::WaitAtBarrier(grpc::ServerContext* context
 grpc::Status GrpcCoordinationService::ReportError(grpc::ServerContext* context,
                                                   const proto::ReportErrorRequest* request,
                                                   proto::ReportErrorResponse* response) {
-  const absl::Status reported = service_.ReportError(
-      FromProto(request->task()),
-      absl::Status(static_cast<absl::StatusCode>(request->error_code()), request->error_message()));
+  absl::Status error(static_cast<absl::StatusCode>(request->error_code()),
+                     request->error_message());
+  PayloadsFromProto(request->error_payloads(), error);
+  const absl::Status reported = service_.ReportError(FromProto(request->task()), error);
   if (!reported.ok()) return Answer(context, reported);
   const absl::Status first = service_.cluster_error();
   response->set_cluster_error_code(static_cast<int>(first.code()));
   response->set_cluster_error_message(std::string(first.message()));
+  PayloadsToProto(first, response->mutable_cluster_error_payloads());
   return grpc::Status::OK;
 }
 

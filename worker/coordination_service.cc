@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
@@ -265,8 +266,9 @@ absl::Status CoordinationService::ReportError(const TaskKey& task, const absl::S
         absl::StrCat(task.ToString(), " reported an error without one (status OK)"));
   }
   (*info)->state = TaskState::kError;
-  SetClusterError(
-      absl::Status(error.code(), absl::StrCat(task.ToString(), " failed: ", error.message())));
+  SetClusterError(WithErrorKind(
+      absl::Status(error.code(), absl::StrCat(task.ToString(), " failed: ", error.message())),
+      ErrorKind::kTaskFailed, task.ToString(), error.message()));
   return absl::OkStatus();
 }
 

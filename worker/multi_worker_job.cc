@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collective/tcp_transport.h"
@@ -18,6 +17,7 @@
 #include "stratum/net/host_port.h"
 #include "stratum/training/fit_job.h"
 #include "stratum/util/counted.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/coordination_client.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -231,17 +231,18 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
 
 absl::Status AsSeenByThisWorker(const absl::Status& first, const std::string& self,
                                 const absl::Status& error) {
-  if (first.ok()) return error;
-  // The first failure as the coordination service words it: "worker:2 failed: <cause>".
-  constexpr absl::string_view kFailed = " failed: ";
-  const absl::string_view message = first.message();
-  const size_t failed = message.find(kFailed);
-  if (failed == absl::string_view::npos) return error;
-  const absl::string_view task = message.substr(0, failed);
-  const absl::string_view cause = message.substr(failed + kFailed.size());
-  if (task == self || absl::StrContains(error.message(), cause)) return error;
-  return absl::Status(first.code(),
-                      absl::StrCat(message, "; ", self, " stopped as a result: ", error.message()));
+  // The first failure as the coordination service reports it: the task that failed, and
+  // that task's own error (its cause).
+  if (!IsErrorKind(first, ErrorKind::kTaskFailed)) return error;
+  const std::string task = ErrorTaskOf(first);
+  // This worker's error is the first failure (its own, or learnt from the service), or the
+  // same error the first task met (every worker checks the job alike): said once.
+  const bool same = task == self ||
+                    (IsErrorKind(error, ErrorKind::kTaskFailed) && ErrorTaskOf(error) == task) ||
+                    (error.code() == first.code() && error.message() == ErrorCauseOf(first));
+  if (same) return error;
+  return Rewrapped(
+      first, absl::StrCat(first.message(), "; ", self, " stopped as a result: ", error.message()));
 }
 
 TaskKey MultiWorkerLeader(const ClusterSpec& cluster) {

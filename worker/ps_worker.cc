@@ -13,6 +13,7 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/sharded_variables.h"
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
@@ -516,9 +517,10 @@ absl::StatusOr<proto::RunClosureResponse> PsWorker::RunClosure(
       lease_.Heartbeat({request.coordinator_incarnation(), request.coordinator_secret()}));
   absl::MutexLock lock(&mutex_);
   if (job_ == nullptr || job_->incarnation != request.coordinator_incarnation()) {
-    return absl::FailedPreconditionError(
-        "not set up: this worker has no job from this coordinator (it may have restarted); "
-        "send SetupJob first");
+    return WithErrorKind(absl::FailedPreconditionError(
+                             "not set up: this worker has no job from this coordinator (it may "
+                             "have restarted); send SetupJob first"),
+                         ErrorKind::kNotSetUp);
   }
   absl::StatusOr<std::vector<Tensor>> outputs;
   if (request.function() == "train_step") {

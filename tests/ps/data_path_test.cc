@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
@@ -188,6 +189,8 @@ TEST_P(DataPathTest, BadPushesAreRefusedAndChangeNothing) {
   expect_refused(client->Push({"b", "w"}, {Filled(2, 1), nan}, nullptr),
                  absl::StatusCode::kInvalidArgument, "NaN or Inf");
   expect_refused(client->Pull({"b", "nope"}).status(), absl::StatusCode::kNotFound, "\"nope\"");
+  // What the refusal is crosses the data path with it (a restarted PS lacks variables).
+  EXPECT_EQ(ErrorKindOf(client->Pull({"nope"}).status()), ErrorKind::kVariableMissing);
 
   EXPECT_TRUE(store_.Read("b")->BitwiseEqual(Tensor::FromVector<float>({2}, {1, 2})));
   EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));

@@ -5,32 +5,51 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/util/error_kind.h"
+#include "stratum/worker/coordination_service.h"
+
 namespace stratum {
 namespace {
 
 const absl::Status kClosed = absl::UnavailableError(
     "all-reduce of 4096 bytes over 3 workers: worker:1 at 127.0.0.1:5 closed the connection");
 
+// The first failure as the coordination service reports it.
+absl::Status Failed(int worker, const absl::Status& cause) {
+  CoordinationService service({.tasks = {{kWorker, 0}, {kWorker, 1}, {kWorker, 2}}});
+  EXPECT_TRUE(service.ReportError({kWorker, worker}, cause).ok());
+  return service.cluster_error();
+}
+
 TEST(AsSeenByThisWorkerTest, AWorkerThatFailedFirstOrAloneReportsItsOwnError) {
   EXPECT_EQ(AsSeenByThisWorker(absl::OkStatus(), "worker:0", kClosed), kClosed);
-  const absl::Status mine = absl::UnavailableError("worker:0 failed: disk full");
+  const absl::Status mine = Failed(0, absl::UnavailableError("disk full"));
   EXPECT_EQ(AsSeenByThisWorker(mine, "worker:0", kClosed), kClosed);
+  // Words alone say nothing: a status without the service's payload is not a failure of
+  // the job's.
+  EXPECT_EQ(AsSeenByThisWorker(absl::InternalError("worker:2 failed: out of memory"), "worker:0",
+                               kClosed),
+            kClosed);
 }
 
 TEST(AsSeenByThisWorkerTest, AFailureThatFollowedAnotherNamesTheFirstOneFirst) {
-  const absl::Status first = absl::InternalError("worker:2 failed: out of memory");
-  EXPECT_EQ(AsSeenByThisWorker(first, "worker:0", kClosed),
-            absl::InternalError("worker:2 failed: out of memory; worker:0 stopped as a result: "
-                                "all-reduce of 4096 bytes over 3 workers: worker:1 at 127.0.0.1:5 "
-                                "closed the connection"));
+  const absl::Status first = Failed(2, absl::InternalError("out of memory"));
+  const absl::Status seen = AsSeenByThisWorker(first, "worker:0", kClosed);
+  EXPECT_EQ(seen.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(seen.message(),
+            "worker:2 failed: out of memory; worker:0 stopped as a result: all-reduce of 4096 "
+            "bytes over 3 workers: worker:1 at 127.0.0.1:5 closed the connection");
+  // It still says which task failed first.
+  EXPECT_EQ(ErrorTaskOf(seen), "worker:2");
 }
 
 // Every worker checks the job alike: the same refusal is said once, not once per worker.
 TEST(AsSeenByThisWorkerTest, TheSameErrorAsTheFirstFailureIsSaidOnce) {
   const absl::Status refusal = absl::FailedPreconditionError("NCCL needs a GPU of its own");
-  const absl::Status first =
-      absl::FailedPreconditionError("worker:0 failed: NCCL needs a GPU of its own");
+  const absl::Status first = Failed(0, refusal);
   EXPECT_EQ(AsSeenByThisWorker(first, "worker:1", refusal), refusal);
+  // The first failure itself, as a wait on the service returned it: said once too.
+  EXPECT_EQ(AsSeenByThisWorker(first, "worker:1", first), first);
 }
 
 // A sparse worker job trains like a dense one: its workers in index order, the first leading.

@@ -64,7 +64,8 @@ struct NamedValue {
 // A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED), that shut
 // down during the call (CANCELLED), or that lacks a variable the job created on it (it
 // restarted between two calls), is the job's problem, not the caller's:
-// FAILED_PRECONDITION "a parameter server is unavailable: ...", which the coordinator
+// FAILED_PRECONDITION "a parameter server is unavailable: ..." of ErrorKind kPsUnavailable
+// (kPsLostItsVariables when it lost the job's variables), which the coordinator
 // answers by waiting for it and re-seeding it from the last checkpoint (a worker must not
 // retry such a closure elsewhere). Other errors unchanged.
 absl::Status PsFailure(const absl::Status& status);
