@@ -19,6 +19,7 @@
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/json_text.h"
 
 namespace stratum {
@@ -74,7 +75,7 @@ TEST(SafetensorsTest, RoundTripsTensorsAndMetadata) {
 
 TEST(SafetensorsTest, TheLayoutIsTheSafetensorsFormat) {
   const std::string path = Path("layout.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {{{"x", Tensor::FromVector<float>({1}, {1.5f})}}, {}}).ok());
+  ASSERT_OK(WriteSafetensors(path, {{{"x", Tensor::FromVector<float>({1}, {1.5f})}}, {}}));
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t length = 0;
@@ -99,7 +100,7 @@ TEST(SafetensorsTest, AFifoIsRefusedWithoutBlocking) {
 TEST(SafetensorsTest, CorruptFilesAreNamedAndRefused) {
   const std::string path = Path("corrupt.safetensors");
   auto written = WriteSafetensors(path, {{{"x", Tensor(DType::kFloat32, {4})}}, {}});
-  ASSERT_TRUE(written.ok());
+  ASSERT_OK(written);
   EXPECT_THAT(std::string(ReadSafetensors(path, written->crc32 + 1).status().message()),
               HasSubstr("its checksum is"));
   std::ofstream(path, std::ios::binary | std::ios::trunc) << "garbage";
@@ -131,7 +132,7 @@ TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
   EXPECT_FALSE(WriteSafetensors("/nonexistent/folder/x.safetensors", {}).ok());
   const std::string path = Path("keep.safetensors");
   auto first = WriteSafetensors(path, {{{"x", Tensor::Scalar(1)}}, {}});
-  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first);
   // A write that cannot finish (the temporary file's name is taken by a folder) fails
   // without touching the existing file.
   const std::string blocker = path + ".tmp." + std::to_string(getpid());
@@ -158,7 +159,7 @@ TEST(SafetensorsTest, AWriteRemovesTheTemporaryFilesOfDeadWriters) {
   const std::string alive = path + ".tmp." + std::to_string(getppid());
   const std::string other = dir + "/summary.json.tmp." + std::to_string(dead);
   for (const std::string& file : {left, alive, other}) std::ofstream(file) << "partial";
-  ASSERT_TRUE(WriteFileAtomically(path, "whole\n").ok());
+  ASSERT_OK(WriteFileAtomically(path, "whole\n"));
   EXPECT_FALSE(std::filesystem::exists(left));
   EXPECT_TRUE(std::filesystem::exists(alive));
   EXPECT_TRUE(std::filesystem::exists(other));  // another file's: left to its own writes
@@ -171,11 +172,11 @@ TEST(SafetensorsTest, AWriteRemovesTheTemporaryFilesOfDeadWriters) {
 TEST(CheckpointFolderTest, ALostPointerFileIsDamageNotANewJob) {
   const std::string dir = Path("ckpt_layout");
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 5).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 5));
   EXPECT_FALSE(LatestCheckpointFolder(dir)->has_value());  // a half-written folder only
-  ASSERT_TRUE(CommitCheckpoint(dir, 5, {{"step", 5}}, 3).ok());
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 10).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 10, {{"step", 10}}, 3).ok());
+  ASSERT_OK(CommitCheckpoint(dir, 5, {{"step", 5}}, 3));
+  ASSERT_OK(CreateCheckpointFolder(dir, 10));
+  ASSERT_OK(CommitCheckpoint(dir, 10, {{"step", 10}}, 3));
   EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 10));
 
   std::filesystem::remove(dir + "/checkpoint");
@@ -197,22 +198,22 @@ TEST(CheckpointFolderTest, ALostPointerFileIsDamageNotANewJob) {
 TEST(CheckpointFolderTest, PruningCountsOnlyCompleteCheckpoints) {
   const std::string dir = Path("ckpt_prune");
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 100, {{"step", 100}}, 1).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 100));
+  ASSERT_OK(CommitCheckpoint(dir, 100, {{"step", 100}}, 1));
   for (int step : {50, 200}) {
-    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
+    ASSERT_OK(CreateCheckpointFolder(dir, step));
     std::ofstream(CheckpointFolder(dir, step) + "/state.safetensors.tmp.999") << "partial";
   }
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 150).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 150, {{"step", 150}}, 1).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 150));
+  ASSERT_OK(CommitCheckpoint(dir, 150, {{"step", 150}}, 1));
   EXPECT_EQ(**LatestCheckpointFolder(dir), CheckpointFolder(dir, 150));
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 150) + "/manifest.json"));
   for (int gone : {50, 100, 200}) {
     EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, gone))) << gone;
   }
   // With room for two, the previous complete one stays too.
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 300).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 300, {{"step", 300}}, 2).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 300));
+  ASSERT_OK(CommitCheckpoint(dir, 300, {{"step", 300}}, 2));
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 150)));
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 300)));
   std::filesystem::remove_all(dir);
@@ -226,7 +227,7 @@ TEST(CheckpointFolderTest, AFailedSaveNamesTheCheckpointStillIntactAndLeavesNoFo
   const std::string dir = Path("ckpt_not_saved");
   std::filesystem::remove_all(dir);
   const absl::Status full = absl::FailedPreconditionError("cannot write x: No space left");
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 100));
   absl::Status first = CheckpointNotSaved(dir, 100, full);
   EXPECT_EQ(first.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(first.message()),
@@ -234,9 +235,9 @@ TEST(CheckpointFolderTest, AFailedSaveNamesTheCheckpointStillIntactAndLeavesNoFo
                 " holds no earlier checkpoint");
   EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 100)));
 
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 100, {{"step", 100}}, 3).ok());
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 200).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 100));
+  ASSERT_OK(CommitCheckpoint(dir, 100, {{"step", 100}}, 3));
+  ASSERT_OK(CreateCheckpointFolder(dir, 200));
   absl::Status later = CheckpointNotSaved(dir, 200, absl::InternalError("cannot write y: EIO"));
   EXPECT_EQ(later.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(later.message()),
@@ -256,8 +257,8 @@ TEST(CheckpointFolderTest, AnEditedOrMistypedManifestIsDamage) {
   const std::string dir = Path("ckpt_manifest");
   std::filesystem::remove_all(dir);
   for (int step : {100, 200}) {
-    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
-    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}, {"epoch", 1}}, 3).ok());
+    ASSERT_OK(CreateCheckpointFolder(dir, step));
+    ASSERT_OK(CommitCheckpoint(dir, step, {{"step", step}, {"epoch", 1}}, 3));
   }
   auto manifest = ReadCheckpointManifest(CheckpointFolder(dir, 200));
   ASSERT_TRUE(manifest.ok()) << manifest.status();
@@ -295,7 +296,7 @@ TEST(CheckpointFolderTest, AnEditedOrMistypedManifestIsDamage) {
 TEST(CheckpointFolderTest, ANanFigureRoundTripsThroughTheManifest) {
   const std::string dir = Path("ckpt_nan");
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 7).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 7));
   const double nan = std::numeric_limits<double>::quiet_NaN();
   ASSERT_TRUE(
       CommitCheckpoint(dir, 7, {{"step", 7}, {"loss", nan}, {"accuracy", 0.1234567890123}}, 1)
@@ -324,7 +325,7 @@ TEST(CheckpointFolderTest, OneJobAtATimeWritesAFolder) {
                           std::to_string(getpid()) + " on "));
     EXPECT_THAT(std::string(second.status().message()), HasSubstr("another checkpoint.dir"));
   }
-  EXPECT_TRUE(LockCheckpointFolder(dir, absl::ZeroDuration()).ok());
+  EXPECT_OK(LockCheckpointFolder(dir, absl::ZeroDuration()));
   std::filesystem::remove_all(dir);
 }
 
@@ -350,8 +351,8 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
   const std::string dir = Path("ckpt_fallback");
   std::filesystem::remove_all(dir);
   for (int step : {5, 10, 15}) {
-    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
-    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}}, 3).ok());
+    ASSERT_OK(CreateCheckpointFolder(dir, step));
+    ASSERT_OK(CommitCheckpoint(dir, step, {{"step", step}}, 3));
   }
   std::vector<std::string> tried;
   // 15 has a bad checksum, 10 lost a file, 5 is intact.
@@ -386,8 +387,8 @@ TEST(CheckpointFolderTest, ADamagedLatestFallsBackToTheNewestIntactOne) {
   EXPECT_TRUE(std::filesystem::exists(CheckpointFolder(dir, 5)));
 
   // A corrupt "checkpoint" file: the newest intact folder is restored, and named again.
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 20).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 20, {{"step", 20}}, 5).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 20));
+  ASSERT_OK(CommitCheckpoint(dir, 20, {{"step", 20}}, 5));
   std::ofstream(dir + "/checkpoint") << "junk";
   tried.clear();
   restored = RestoreNewestIntact(dir, restore);
@@ -412,8 +413,8 @@ TEST(CheckpointFolderTest, ADamagedFolderIsSetAsideUnderAFreeNameNeverOverAnEarl
   const std::string dir = Path("ckpt_damaged_again");
   std::filesystem::remove_all(dir);
   for (int step : {5, 10}) {
-    ASSERT_TRUE(CreateCheckpointFolder(dir, step).ok());
-    ASSERT_TRUE(CommitCheckpoint(dir, step, {{"step", step}}, 3).ok());
+    ASSERT_OK(CreateCheckpointFolder(dir, step));
+    ASSERT_OK(CommitCheckpoint(dir, step, {{"step", step}}, 3));
   }
   const std::string aside = CheckpointFolder(dir, 10) + ".damaged";
   for (const std::string& earlier : {aside, aside + ".2"}) {
@@ -434,8 +435,8 @@ TEST(CheckpointFolderTest, ADamagedFolderIsSetAsideUnderAFreeNameNeverOverAnEarl
   EXPECT_FALSE(std::filesystem::exists(CheckpointFolder(dir, 10)));
   EXPECT_THAT(log.Text(), HasSubstr("the damaged one is kept as " + aside + ".3"));
   // Pruning counts none of them: they stay through later saves.
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 20).ok());
-  ASSERT_TRUE(CommitCheckpoint(dir, 20, {{"step", 20}}, 1).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 20));
+  ASSERT_OK(CommitCheckpoint(dir, 20, {{"step", 20}}, 1));
   for (const std::string& kept : {aside, aside + ".2", aside + ".3"}) {
     EXPECT_TRUE(std::filesystem::exists(kept)) << kept;
   }
@@ -469,7 +470,7 @@ TEST(CheckpointFolderTest, CheckInsideFolderKeepsPathsInsideTheFolder) {
   // A relative path and folder resolve against this process's working folder alike.
   const fs::path was = fs::current_path();
   fs::current_path(base);
-  EXPECT_TRUE(CheckInsideFolder("ckpt/ckpt-1/x", "ckpt", "Restore").ok());
+  EXPECT_OK(CheckInsideFolder("ckpt/ckpt-1/x", "ckpt", "Restore"));
   EXPECT_FALSE(CheckInsideFolder("ckpt-evil/x", "ckpt", "Restore").ok());
   fs::current_path(was);
   fs::remove_all(base);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/devices.h"
 
 namespace stratum {
@@ -163,7 +164,7 @@ TEST(TFConfigClusterResolverTest, OverriddenTaskIsValidatedToo) {
 
 TEST(TFConfigClusterResolverTest, NumAcceleratorsMatchesVisibleGpus) {
   auto resolver = TFConfigClusterResolver::Create(Config(R"({"type": "worker", "index": 0})"));
-  ASSERT_TRUE(resolver.ok());
+  ASSERT_OK(resolver);
   EXPECT_EQ(resolver->num_accelerators(), VisibleGpuCount());
   EXPECT_GE(resolver->num_accelerators(), 0);
 }

@@ -1,4 +1,5 @@
 #include "stratum/cluster/cluster_spec.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -46,7 +47,7 @@ TEST(ClusterSpecTest, ToJsonRoundTripsBothForms) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->ToJson(), text);
   auto again = ClusterSpec::FromJson(spec->ToJson());
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(*again, *spec);
 }
 
@@ -119,12 +120,12 @@ TEST(ClusterSpecValidationTest, RejectsBadAddresses) {
 }
 
 TEST(ClusterSpecValidationTest, AcceptsIpv6AndNames) {
-  EXPECT_TRUE(ValidateAddress("[::1]:2222").ok());
-  EXPECT_TRUE(ValidateAddress("[fe80::1:2]:2222").ok());
-  EXPECT_TRUE(ValidateAddress("worker-0.worker.default.svc:2222").ok());
-  EXPECT_TRUE(ValidateAddress("worker-0.worker.default.svc.:2222").ok());  // fully qualified
-  EXPECT_TRUE(ValidateAddress("trainer_worker_1:2222").ok());              // Docker Compose names
-  EXPECT_TRUE(ValidateAddress("10.0.0.1:65535").ok());
+  EXPECT_OK(ValidateAddress("[::1]:2222"));
+  EXPECT_OK(ValidateAddress("[fe80::1:2]:2222"));
+  EXPECT_OK(ValidateAddress("worker-0.worker.default.svc:2222"));
+  EXPECT_OK(ValidateAddress("worker-0.worker.default.svc.:2222"));  // fully qualified
+  EXPECT_OK(ValidateAddress("trainer_worker_1:2222"));              // Docker Compose names
+  EXPECT_OK(ValidateAddress("10.0.0.1:65535"));
 }
 
 // What resolves as nothing, or as something else, is refused before any task waits on it
@@ -191,13 +192,13 @@ TEST(ClusterSpecValidationTest, RejectsOneSocketSpelledTwoWays) {
 
 TEST(ValidateTaskTest, AcceptsTasksOfTheCluster) {
   auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1", "w:2"], "ps": ["p:1"]})"));
-  EXPECT_TRUE(ValidateTask(*spec, "worker", 1).ok());
-  EXPECT_TRUE(ValidateTask(*spec, "ps", 0).ok());
+  EXPECT_OK(ValidateTask(*spec, "worker", 1));
+  EXPECT_OK(ValidateTask(*spec, "ps", 0));
 }
 
 TEST(ValidateTaskTest, EvaluatorMayBeOutsideTheCluster) {
   auto spec = ClusterSpec::FromJson(Json(R"({"worker": ["w:1"]})"));
-  EXPECT_TRUE(ValidateTask(*spec, "evaluator", 0).ok());
+  EXPECT_OK(ValidateTask(*spec, "evaluator", 0));
 }
 
 TEST(ValidateTaskTest, RejectsUnknownType) {

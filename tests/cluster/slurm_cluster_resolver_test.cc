@@ -109,7 +109,8 @@ TEST(UnionClusterResolverTest, JoinsTheJobsAndTakesTheTaskFromTheFirstThatHasOne
   workers.SetTask("worker", 1, "w:2");
   auto a = SimpleClusterResolver::Create(ps);
   auto b = SimpleClusterResolver::Create(workers, "worker", 1);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   absl::StatusOr<UnionClusterResolver> both = UnionClusterResolver::Create({&*a, &*b});
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->cluster_spec().num_tasks("ps"), 1);

@@ -130,12 +130,12 @@ void ExpectResumesWithOtherShards(int num_ps, int64_t num_shards) {
     }
     initial.push_back(std::move(value));
   }
-  ASSERT_TRUE(saved->variables->Create(initial, Each(initial, kAdam)).ok());
-  ASSERT_TRUE(saved->variables->Push(Gradients(1)).ok());
-  ASSERT_TRUE(saved->variables->Push(Gradients(-0.5f)).ok());
+  ASSERT_OK(saved->variables->Create(initial, Each(initial, kAdam)));
+  ASSERT_OK(saved->variables->Push(Gradients(1)));
+  ASSERT_OK(saved->variables->Push(Gradients(-0.5f)));
   const std::string dir = TestDir();
   CheckpointManager checkpoints(dir, /*max_to_keep=*/3, *saved->variables);
-  ASSERT_TRUE(checkpoints.Save(2).ok());
+  ASSERT_OK(checkpoints.Save(2));
   const absl::StatusOr<std::vector<Tensor>> at_save = saved->variables->Pull();
   ASSERT_TRUE(at_save.ok()) << at_save.status();
 
@@ -146,7 +146,7 @@ void ExpectResumesWithOtherShards(int num_ps, int64_t num_shards) {
             static_cast<size_t>(num_shards + std::min<int64_t>(num_shards, 3)));
   std::vector<Tensor> zeros;
   for (const Shape& shape : kShapes) zeros.emplace_back(DType::kFloat32, shape);
-  ASSERT_TRUE(resumed->variables->Create(zeros, Each(zeros, kAdam)).ok());
+  ASSERT_OK(resumed->variables->Create(zeros, Each(zeros, kAdam)));
   CheckpointManager resumed_checkpoints(dir, /*max_to_keep=*/3, *resumed->variables);
   const absl::StatusOr<std::optional<int64_t>> step = resumed_checkpoints.RestoreLatest();
   ASSERT_TRUE(step.ok()) << step.status();
@@ -174,8 +174,8 @@ void ExpectResumesWithOtherShards(int num_ps, int64_t num_shards) {
   // in the vectorized loop; rows that resumed without their slots and step would be off by
   // about the learning rate.
   std::vector<Tensor> went_on, resumed_went_on;
-  ASSERT_TRUE(saved->variables->Push(Gradients(0.25f), &went_on).ok());
-  ASSERT_TRUE(resumed->variables->Push(Gradients(0.25f), &resumed_went_on).ok());
+  ASSERT_OK(saved->variables->Push(Gradients(0.25f), &went_on));
+  ASSERT_OK(resumed->variables->Push(Gradients(0.25f), &resumed_went_on));
   for (size_t v = 0; v < kNames.size(); ++v) {
     EXPECT_LT((resumed_went_on[v].Flat() - went_on[v].Flat()).abs().maxCoeff(), 1e-6f) << kNames[v];
     EXPECT_FALSE(went_on[v].BitwiseEqual((*at_save)[v])) << kNames[v];
@@ -198,10 +198,10 @@ TEST(CheckpointManagerTest, ACheckpointOfAnotherModelIsRefusedNamingTheVariable)
   ASSERT_TRUE(saved.ok()) << saved.status();
   std::vector<Tensor> zeros;
   for (const Shape& shape : kShapes) zeros.emplace_back(DType::kFloat32, shape);
-  ASSERT_TRUE(saved->variables->Create(zeros, Each(zeros, kAdam)).ok());
+  ASSERT_OK(saved->variables->Create(zeros, Each(zeros, kAdam)));
   const std::string dir = TestDir();
   CheckpointManager checkpoints(dir, /*max_to_keep=*/3, *saved->variables);
-  ASSERT_TRUE(checkpoints.Save(5).ok());
+  ASSERT_OK(checkpoints.Save(5));
 
   absl::StatusOr<Job> wider = StartJob(3, kNames, {Shape{7, 4}, Shape{4}}, FixedShards(3));
   ASSERT_TRUE(wider.ok()) << wider.status();
@@ -216,7 +216,7 @@ TEST(CheckpointManagerTest, ACheckpointOfAnotherModelIsRefusedNamingTheVariable)
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("holds \"dense/kernel\" as [7, 3], but this job's model has "
                                  "[7, 4]")));
-  EXPECT_TRUE(CheckLatestCheckpointHoldsModel(dir, kNames, kShapes).ok());
+  EXPECT_OK(CheckLatestCheckpointHoldsModel(dir, kNames, kShapes));
 
   absl::StatusOr<Job> renamed =
       StartJob(2, {"dense/kernel", "dense_1/bias"}, kShapes, FixedShards(2));
@@ -240,7 +240,7 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
   ASSERT_TRUE(ps.ok()) << ps.status();
   std::vector<std::unique_ptr<PsClient>> clients;
   clients.push_back(std::make_unique<PsClient>("ps:0", (*ps)->address(), CoordinatorOptions()));
-  ASSERT_TRUE(clients.back()->Watch(true, false, /*claim=*/true).ok());
+  ASSERT_OK(clients.back()->Watch(true, false, /*claim=*/true));
   ShardedVariables variables({"w"}, {Shape{2}},
                              {ShardSpec{.name = "w", .variable = "w", .shape = Shape{2}}},
                              std::move(clients));
@@ -251,9 +251,9 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
                                        "/checkpoint_manager_test_", getpid());
   std::filesystem::remove_all(dir);
   CheckpointManager checkpoints(dir, /*max_to_keep=*/3, variables);
-  ASSERT_TRUE(checkpoints.Save(10).ok());
+  ASSERT_OK(checkpoints.Save(10));
 
-  ASSERT_TRUE((*ps)->Restart().ok());
+  ASSERT_OK((*ps)->Restart());
   EXPECT_THAT(checkpoints.Save(20),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("a parameter server is unavailable: "),
@@ -267,7 +267,7 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
 
   // Claimed again, re-seeded and restored (as the coordinator recovers), the PS holds the
   // state of step 10 again.
-  ASSERT_TRUE(variables.client(0).Watch(true, false, /*claim=*/true).ok());
+  ASSERT_OK(variables.client(0).Watch(true, false, /*claim=*/true));
   ASSERT_TRUE(
       variables.Create({Tensor::FromVector<float>({2}, {0, 0})}, std::vector<nlohmann::json>{kSgd})
           .ok());

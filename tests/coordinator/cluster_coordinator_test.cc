@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -116,10 +117,10 @@ TEST(ClusterCoordinatorTest, ScheduleReturnsRemoteValuesThatBecomeReady) {
   std::vector<std::shared_ptr<RemoteValue>> values;
   for (int i = 0; i < 20; ++i) {
     auto value = f.coordinator->Schedule("train_step", {Tensor::Scalar(float(i))});
-    ASSERT_TRUE(value.ok());
+    ASSERT_OK(value);
     values.push_back(*value);
   }
-  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
   EXPECT_TRUE(*f.coordinator->Done());
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(values[i]->status(), RemoteValueStatus::kReady);
@@ -138,14 +139,13 @@ TEST(ClusterCoordinatorTest, AClosureOnAWorkerThatDiesRunsElsewhereAndTheWorkerC
   // While worker:0 is down, worker:1 carries on.
   absl::SleepFor(absl::Milliseconds(30));
   f.fakes[0]->Restart();
-  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
   for (int i = 0; i < 30; ++i) EXPECT_EQ(Output(values[i]), i + 1);  // every closure ran
   EXPECT_GE(f.coordinator->retried_closures(), 1);
   // worker:0 took closures again after its restart.
   const int before = f.fakes[0]->executed();
-  for (int i = 0; i < 30; ++i)
-    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
-  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  for (int i = 0; i < 30; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
+  ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
   EXPECT_GT(f.fakes[0]->executed(), before);
 }
 
@@ -169,9 +169,9 @@ TEST(ClusterCoordinatorTest, TheFirstErrorIsRaisedOnceAndTheQueueIsCancelled) {
   }
   EXPECT_GE(cancelled, 1);
   // Raised once: the coordinator works again afterwards.
-  EXPECT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  EXPECT_OK(f.coordinator->Join(absl::Seconds(10)));
   auto value = f.coordinator->Schedule("step", {Tensor::Scalar(4)});
-  ASSERT_TRUE(value.ok());
+  ASSERT_OK(value);
   EXPECT_EQ(Output(*value), 5);
 }
 
@@ -179,13 +179,11 @@ TEST(ClusterCoordinatorTest, ScheduleBlocksOnlyWhenTheQueueIsFull) {
   Fixture f(1, {.max_queue_size = 2});
   f.fakes[0]->delay_ = absl::Milliseconds(200);
   const absl::Time start = absl::Now();
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(150));  // room: no waiting for steps
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));  // full: waited for a slot
-  ASSERT_TRUE(f.coordinator->Join(absl::Seconds(10)).ok());
+  ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
 }
 
 TEST(ClusterCoordinatorTest, AClosureThatKillsEveryWorkerBecomesAnError) {
@@ -215,7 +213,7 @@ TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
   absl::Notification cancel;
   Fixture f(1, {.max_queue_size = 1, .cancel = &cancel});
   f.fakes[0]->DieOnNextCall();  // and never restarted
-  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
   std::thread signal([&cancel] {
     absl::SleepFor(absl::Milliseconds(300));
     cancel.Notify();
@@ -252,7 +250,7 @@ TEST(ClusterCoordinatorTest, EveryWorkerDownPastTheRecoveryTimeoutIsAnErrorNamin
   auto value = *g.coordinator->Schedule("step", {Tensor::Scalar(0)});
   absl::SleepFor(absl::Milliseconds(200));
   g.fakes[1]->Restart();
-  EXPECT_TRUE(g.coordinator->Join(absl::Seconds(10)).ok());
+  EXPECT_OK(g.coordinator->Join(absl::Seconds(10)));
   EXPECT_EQ(Output(value), 1.0f);
 }
 
@@ -266,7 +264,7 @@ TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedO
   // One closure in flight on each worker.
   while (f.fakes[0]->started_ == 0 || f.fakes[1]->started_ == 0)
     absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_TRUE(f.coordinator->Drain(absl::Seconds(10)).ok());
+  ASSERT_OK(f.coordinator->Drain(absl::Seconds(10)));
   int ready = 0, cancelled = 0;
   for (const auto& value : values) {
     ASSERT_NE(value->status(), RemoteValueStatus::kNotReady);
@@ -278,7 +276,7 @@ TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedO
   EXPECT_EQ(f.coordinator->retried_closures(), 0);
   EXPECT_EQ(f.fakes[0]->executed(), 1);
   // Nothing was raised to the program.
-  EXPECT_TRUE(f.coordinator->Join(absl::Seconds(1)).ok());
+  EXPECT_OK(f.coordinator->Join(absl::Seconds(1)));
 }
 
 // A closure stuck on a worker (blocked by a frozen PS until its 30 s RPC deadline) does not
@@ -288,7 +286,7 @@ TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedO
 TEST(ClusterCoordinatorTest, ShuttingDownCancelsAClosureStuckOnAWorker) {
   Fixture f(1);
   f.fakes[0]->HangOnNextCall();
-  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
   while (f.fakes[0]->started_ == 0) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(f.coordinator->Drain(absl::Milliseconds(100)).code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -300,13 +298,13 @@ TEST(ClusterCoordinatorTest, ShuttingDownCancelsAClosureStuckOnAWorker) {
 TEST(ClusterCoordinatorTest, JoinHasADeadlineThatSaysWhatIsPending) {
   Fixture f(1);
   f.fakes[0]->DieOnNextCall();  // and never restarted
-  ASSERT_TRUE(f.coordinator->Schedule("step", {Tensor::Scalar(0)}).ok());
+  ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
   absl::Status joined = f.coordinator->Join(absl::Milliseconds(200));
   EXPECT_EQ(joined.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(joined.message()), HasSubstr("1 closures queued and 0 in flight"));
   EXPECT_FALSE(*f.coordinator->Done());
   auto value = f.coordinator->Schedule("step", {Tensor::Scalar(0)});
-  ASSERT_TRUE(value.ok());
+  ASSERT_OK(value);
   EXPECT_EQ((*value)->Fetch(absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }

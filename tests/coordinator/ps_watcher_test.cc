@@ -12,6 +12,7 @@
 
 #include "stratum/coordinator/ps_watcher.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -41,7 +42,7 @@ class PsWatcherTest : public ::testing::Test {
                                            std::vector<ShardSpec>{}, std::move(clients));
     watcher_ = std::make_unique<PsWatcher>(
         *variables_, PsWatcherOptions{.saves_checkpoints = true, .interval = absl::Hours(1)});
-    ASSERT_TRUE(watcher_->Claim().ok());
+    ASSERT_OK(watcher_->Claim());
   }
   void TearDown() override { std::remove(file_.c_str()); }
 
@@ -49,8 +50,8 @@ class PsWatcherTest : public ::testing::Test {
   // process, so that the watcher hears nothing meanwhile).
   void StopPs() {
     PsClient other("ps:0", cluster_->Address({"ps", 0}), {.timeout = absl::Seconds(5)});
-    ASSERT_TRUE(other.Watch(/*saves_checkpoints=*/true).ok());  // it waits for a save
-    ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+    ASSERT_OK(other.Watch(/*saves_checkpoints=*/true));  // it waits for a save
+    ASSERT_OK(cluster_->Signal({"ps", 0}, SIGTERM));
     for (int i = 0; i < 100; ++i) {
       auto answer = other.Watch(true);
       ASSERT_TRUE(answer.ok()) << answer.status();
@@ -65,7 +66,7 @@ class PsWatcherTest : public ::testing::Test {
   std::string Stopping() {
     std::string stopping;
     for (int i = 0; i < 40 && stopping.empty(); ++i) {
-      EXPECT_TRUE(watcher_->CheckHold().ok());
+      EXPECT_OK(watcher_->CheckHold());
       stopping = watcher_->TakeStopping();
       if (stopping.empty()) absl::SleepFor(absl::Milliseconds(50));
     }
@@ -97,13 +98,13 @@ class PsWatcherTest : public ::testing::Test {
 TEST_F(PsWatcherTest, APsRestartedAndSignalledAgainBeforeAHeartbeatSawItServingIsANewStop) {
   ASSERT_NO_FATAL_FAILURE(StopPs());
   EXPECT_EQ(Stopping(), "ps:0");
-  ASSERT_TRUE(watcher_->CheckHold().ok());
+  ASSERT_OK(watcher_->CheckHold());
   EXPECT_EQ(watcher_->TakeStopping(), "");  // asked once per stop
   ASSERT_NO_FATAL_FAILURE(SaveAndCommit());
 
-  ASSERT_TRUE(cluster_->Restart({"ps", 0}).ok());
+  ASSERT_OK(cluster_->Restart({"ps", 0}));
   // The coordinator's recovery claims a restarted PS again before it saves there.
-  ASSERT_TRUE(watcher_->Claim().ok());
+  ASSERT_OK(watcher_->Claim());
   ASSERT_NO_FATAL_FAILURE(StopPs());
   EXPECT_EQ(Stopping(), "ps:0");
   ASSERT_NO_FATAL_FAILURE(SaveAndCommit());
@@ -115,7 +116,7 @@ TEST_F(PsWatcherTest, AStopIsAskedASaveAgainAfterTheSaveFailed) {
   ASSERT_NO_FATAL_FAILURE(StopPs());
   EXPECT_EQ(Stopping(), "ps:0");
   watcher_->SaveFailed("ps:0");
-  ASSERT_TRUE(watcher_->CheckHold().ok());
+  ASSERT_OK(watcher_->CheckHold());
   EXPECT_EQ(watcher_->TakeStopping(), "ps:0");
   watcher_->SaveFailed("ps:0");
   ASSERT_NO_FATAL_FAILURE(SaveAndCommit());

@@ -20,6 +20,7 @@
 #include "stratum/cuda/device.h"
 #include "stratum/cuda/replica.h"
 #include "stratum/testing/gpu_replica.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
 
@@ -77,7 +78,7 @@ class GpuFixture {
   }
   // Waits for the stream, checks the device's status, and copies n floats back.
   std::vector<float> Download(const float* p, int64_t n) {
-    EXPECT_TRUE(stream_.Synchronize().ok());
+    EXPECT_OK(stream_.Synchronize());
     const absl::Status status = device_->TakeStatus();
     EXPECT_TRUE(status.ok()) << status;
     std::vector<float> v(static_cast<size_t>(n));
@@ -353,7 +354,7 @@ TEST(CudaDeviceTest, EmbeddingOpsMatchTheCpu) {
     STRATUM_CUDA_CHECK(cudaStreamEndCapture(gpu.stream(), &graph));
     cudaGraphDestroy(graph);
     EXPECT_TRUE(gpu.device().has_pending());
-    ASSERT_TRUE(gpu.mutable_device().PreparePending().ok());
+    ASSERT_OK(gpu.mutable_device().PreparePending());
     EXPECT_FALSE(gpu.device().has_pending());
     // Captured again, now with its scratch, and replayed.
     STRATUM_CUDA_CHECK(cudaStreamBeginCapture(gpu.stream(), cudaStreamCaptureModeThreadLocal));
@@ -468,13 +469,13 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   options.allow_tf32 = false;
   auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
   std::vector<Tensor> cpu_vars = model.InitialVariables(4);
-  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  ASSERT_OK(replica->SetState(cpu_vars, {}, 0));
   auto ws = model.NewWorkspace(1);
 
   StepInput first{device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
-  ASSERT_TRUE(replica->EnqueueTrainStep(first, 1.0f / batch, false).ok());
+  ASSERT_OK(replica->EnqueueTrainStep(first, 1.0f / batch, false));
   std::vector<Tensor> gpu_grads, cpu_grads;
-  ASSERT_TRUE(replica->GetGradients(&gpu_grads).ok());
+  ASSERT_OK(replica->GetGradients(&gpu_grads));
   ASSERT_TRUE(model
                   .TrainStep(cpu_vars, Rows(data.images, 0, batch, scale),
                              Labels(data.labels, 0, batch), loss, 1.0f / batch, *ws, cpu_grads)
@@ -482,13 +483,13 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   testing::ExpectClose(gpu_grads, cpu_grads, "first step's gradients", 1e-3f, &model);
 
   // Steps 1..4 (batches 1, 0, 1, 0 of the order) with updates, from the same start.
-  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  ASSERT_OK(replica->SetState(cpu_vars, {}, 0));
   std::vector<std::vector<Tensor>> cpu_slots;
   for (int64_t step = 1; step <= 4; ++step) {
-    ASSERT_TRUE(replica->ResetStep(step % 2).ok());
+    ASSERT_OK(replica->ResetStep(step % 2));
     StepInput input{
         device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
-    ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
+    ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / batch, true));
     const int64_t rows_first = (step % 2) * batch;
     ASSERT_TRUE(model
                     .TrainStep(cpu_vars, Rows(data.images, rows_first, batch, scale),
@@ -499,7 +500,7 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   }
   std::vector<Tensor> gpu_vars;
   std::vector<std::vector<Tensor>> gpu_slots;
-  ASSERT_TRUE(replica->GetState(&gpu_vars, &gpu_slots).ok());
+  ASSERT_OK(replica->GetState(&gpu_vars, &gpu_slots));
   testing::ExpectClose(gpu_vars, cpu_vars, "variables after 4 SGD steps", 1e-3f, &model);
   ASSERT_EQ(gpu_slots.size(), cpu_slots.size());
   for (size_t v = 0; v < cpu_slots.size(); ++v) {
@@ -517,8 +518,8 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   EXPECT_TRUE(moved);
 
   // Evaluation (moving statistics) of a partial batch, eagerly (no graph).
-  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 4).ok());
-  ASSERT_TRUE(replica->EnqueueEvaluate(*device_data, 0, 20, scale).ok());
+  ASSERT_OK(replica->SetState(cpu_vars, {}, 4));
+  ASSERT_OK(replica->EnqueueEvaluate(*device_data, 0, 20, scale));
   const StepStats gpu_eval = *replica->TakeMetrics(true);
   const StepStats cpu_eval = *model.Evaluate(cpu_vars, Rows(data.images, 0, 20, scale),
                                              Labels(data.labels, 0, 20), loss, *ws);
@@ -546,7 +547,7 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
   for (int r = 0; r < 2; ++r) {
     options.seed = 1 + r;
     replicas.push_back(*Replica::Create(model, loss, *optimizer, allocator, options));
-    ASSERT_TRUE(replicas.back()->SetState(initial, {}, 0).ok());
+    ASSERT_OK(replicas.back()->SetState(initial, {}, 0));
   }
   auto all_reduce = *MakeDeviceAllReduce("HierarchicalCopyAllReduce", 1, {0, 0}, {&allocator},
                                          replicas[0]->flat_size());
@@ -559,13 +560,13 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
     }
     std::vector<ReplicaBuffer> buffers = {{replicas[0]->gradients(), &replicas[0]->stream()},
                                           {replicas[1]->gradients(), &replicas[1]->stream()}};
-    ASSERT_TRUE(all_reduce->AllReduce(buffers, replicas[0]->flat_size()).ok());
-    ASSERT_TRUE(replicas[0]->EnqueueUpdate().ok());
-    ASSERT_TRUE(replicas[1]->EnqueueUpdate().ok());
+    ASSERT_OK(all_reduce->AllReduce(buffers, replicas[0]->flat_size()));
+    ASSERT_OK(replicas[0]->EnqueueUpdate());
+    ASSERT_OK(replicas[1]->EnqueueUpdate());
   }
   std::vector<Tensor> a, b;
-  ASSERT_TRUE(replicas[0]->GetState(&a, nullptr).ok());
-  ASSERT_TRUE(replicas[1]->GetState(&b, nullptr).ok());
+  ASSERT_OK(replicas[0]->GetState(&a, nullptr));
+  ASSERT_OK(replicas[1]->GetState(&b, nullptr));
   for (size_t v = 0; v < a.size(); ++v) {
     EXPECT_EQ(std::memcmp(a[v].data<float>(), b[v].data<float>(),
                           static_cast<size_t>(a[v].num_elements()) * sizeof(float)),
@@ -630,15 +631,15 @@ TEST(ReplicaEmbeddingTest, TrainsStepForStepAsTheCpuModel) {
   options.max_batch = batch;
   auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
   std::vector<Tensor> cpu_vars = model.InitialVariables(6);
-  ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+  ASSERT_OK(replica->SetState(cpu_vars, {}, 0));
   auto ws = model.NewWorkspace(1);
   std::vector<std::vector<Tensor>> cpu_slots;
   std::vector<Tensor> cpu_grads, gpu_grads;
   for (int64_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(replica->ResetStep(step % 2).ok());
+    ASSERT_OK(replica->ResetStep(step % 2));
     StepInput input{
         device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), 1.0f};
-    ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
+    ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / batch, true));
     const int64_t first = (step % 2) * batch;
     ASSERT_TRUE(model
                     .TrainStep(cpu_vars, Rows(data.images, first, batch, 1.0f),
@@ -646,13 +647,13 @@ TEST(ReplicaEmbeddingTest, TrainsStepForStepAsTheCpuModel) {
                                cpu_grads)
                     .ok());
     if (step == 0) {
-      ASSERT_TRUE(replica->GetGradients(&gpu_grads).ok());
+      ASSERT_OK(replica->GetGradients(&gpu_grads));
       testing::ExpectClose(gpu_grads, cpu_grads, "first step's gradients", 1e-4f, &model);
     }
     optimizer->Apply(cpu_vars, cpu_grads, cpu_slots, step, model.variables());
   }
   std::vector<Tensor> gpu_vars;
-  ASSERT_TRUE(replica->GetState(&gpu_vars, nullptr).ok());
+  ASSERT_OK(replica->GetState(&gpu_vars, nullptr));
   testing::ExpectClose(gpu_vars, cpu_vars, "variables after 4 SGD steps", 1e-4f, &model);
 }
 

@@ -375,7 +375,7 @@ TEST(GpuMultiWorkerJobTest, AKilledNcclPeerEndsTheSurvivorWithAnErrorThatNamesIt
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 2/50", absl::Seconds(120)))
       << (*cluster)->Output({"worker", 0});
-  ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+  ASSERT_OK((*cluster)->Kill({"worker", 1}));
   const absl::Time killed = absl::Now();
   auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();

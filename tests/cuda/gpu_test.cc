@@ -19,6 +19,7 @@
 #include "stratum/cuda/replica.h"
 #include "stratum/testing/functional_json.h"
 #include "stratum/testing/gpu_replica.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/devices.h"
 #include "stratum/worker/fit.h"
 #include "stratum/worker/mirrored_strategy.h"
@@ -80,7 +81,7 @@ TEST(CudaCheckTest, NamesTheCallFileLineAndError) {
   EXPECT_THAT(blas.message(), HasSubstr("CUBLAS_STATUS_INVALID_VALUE"));
   const absl::Status nccl = STRATUM_CUDA_STATUS_(NcclStatus, ncclInvalidArgument);
   EXPECT_THAT(nccl.message(), HasSubstr("ncclInvalidArgument failed at"));
-  EXPECT_TRUE(STRATUM_CUDA_STATUS_(CudaStatus, cudaSuccess).ok());
+  EXPECT_OK(STRATUM_CUDA_STATUS_(CudaStatus, cudaSuccess));
 }
 
 TEST(CachingAllocatorTest, ReusesFreedBlocksOfTheSizeClass) {
@@ -168,11 +169,11 @@ TEST(ReplicaTest, GradientsAndMetricsMatchTheCpuModel) {
     options.max_batch = n;
     auto replica = *Replica::Create(model, c.loss, *optimizer, allocator, options);
     const std::vector<Tensor> variables = model.InitialVariables(3);
-    ASSERT_TRUE(replica->SetState(variables, {}, 0).ok());
+    ASSERT_OK(replica->SetState(variables, {}, 0));
     StepInput input{device_data.get(), order.as<int32_t>(), n, 0, static_cast<int>(n), scale};
-    ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / n, false).ok());
+    ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / n, false));
     std::vector<Tensor> gpu_grads;
-    ASSERT_TRUE(replica->GetGradients(&gpu_grads).ok());
+    ASSERT_OK(replica->GetGradients(&gpu_grads));
     const StepStats gpu_stats = *replica->TakeMetrics(false);
 
     auto ws = model.NewWorkspace(1);
@@ -230,18 +231,18 @@ TEST(ReplicaTest, EveryOptimizerUpdateMatchesKeras) {
     options.max_batch = batch;
     auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
     std::vector<Tensor> cpu_vars = model.InitialVariables(5);
-    ASSERT_TRUE(replica->SetState(cpu_vars, {}, 0).ok());
+    ASSERT_OK(replica->SetState(cpu_vars, {}, 0));
     std::vector<std::vector<Tensor>> cpu_slots;
     std::vector<Tensor> grads;
     auto ws = model.NewWorkspace(1);
     // Three steps through the CUDA graph path (steps 0 and 1 of the order, then 0 again).
     for (int64_t step = 0; step < 3; ++step) {
       if (step == 2) {
-        ASSERT_TRUE(replica->ResetStep(0).ok());
+        ASSERT_OK(replica->ResetStep(0));
       }
       StepInput input{
           device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
-      ASSERT_TRUE(replica->EnqueueTrainStep(input, 1.0f / batch, true).ok());
+      ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / batch, true));
       const int64_t first = (step % 2) * batch;
       ASSERT_TRUE(model
                       .TrainStep(cpu_vars, Rows(data.images, first, batch, scale),
@@ -251,7 +252,7 @@ TEST(ReplicaTest, EveryOptimizerUpdateMatchesKeras) {
     }
     std::vector<Tensor> gpu_vars;
     std::vector<std::vector<Tensor>> gpu_slots;
-    ASSERT_TRUE(replica->GetState(&gpu_vars, &gpu_slots).ok());
+    ASSERT_OK(replica->GetState(&gpu_vars, &gpu_slots));
     ExpectClose(gpu_vars, cpu_vars, "variables", 1e-4f);
     ASSERT_EQ(gpu_slots.size(), cpu_slots.size());
     for (size_t v = 0; v < cpu_slots.size(); ++v) {
@@ -281,7 +282,7 @@ TEST(MirroredReplicasTest, LogicalGpusKeepBitIdenticalVariables) {
     for (int r = 0; r < 3; ++r) {  // two mirrored, one on the whole batch
       options.max_batch = r == 2 ? batch : batch / 2;
       replicas.push_back(*Replica::Create(model, loss, *optimizer, allocator, options));
-      ASSERT_TRUE(replicas.back()->SetState(initial, {}, 0).ok());
+      ASSERT_OK(replicas.back()->SetState(initial, {}, 0));
     }
     auto all_reduce =
         *MakeDeviceAllReduce(op_name, 1, {0, 0}, {&allocator}, replicas[0]->flat_size());
@@ -294,17 +295,17 @@ TEST(MirroredReplicasTest, LogicalGpusKeepBitIdenticalVariables) {
       }
       std::vector<ReplicaBuffer> buffers = {{replicas[0]->gradients(), &replicas[0]->stream()},
                                             {replicas[1]->gradients(), &replicas[1]->stream()}};
-      ASSERT_TRUE(all_reduce->AllReduce(buffers, replicas[0]->flat_size()).ok());
-      ASSERT_TRUE(replicas[0]->EnqueueUpdate().ok());
-      ASSERT_TRUE(replicas[1]->EnqueueUpdate().ok());
+      ASSERT_OK(all_reduce->AllReduce(buffers, replicas[0]->flat_size()));
+      ASSERT_OK(replicas[0]->EnqueueUpdate());
+      ASSERT_OK(replicas[1]->EnqueueUpdate());
       StepInput whole{device_data.get(),       order.as<int32_t>(), batch, 0,
                       static_cast<int>(batch), 1.0f / 255};
-      ASSERT_TRUE(replicas[2]->EnqueueTrainStep(whole, 1.0f / batch, true).ok());
+      ASSERT_OK(replicas[2]->EnqueueTrainStep(whole, 1.0f / batch, true));
     }
     std::vector<Tensor> a, b, single;
-    ASSERT_TRUE(replicas[0]->GetState(&a, nullptr).ok());
-    ASSERT_TRUE(replicas[1]->GetState(&b, nullptr).ok());
-    ASSERT_TRUE(replicas[2]->GetState(&single, nullptr).ok());
+    ASSERT_OK(replicas[0]->GetState(&a, nullptr));
+    ASSERT_OK(replicas[1]->GetState(&b, nullptr));
+    ASSERT_OK(replicas[2]->GetState(&single, nullptr));
     for (size_t v = 0; v < a.size(); ++v) {
       EXPECT_EQ(std::memcmp(a[v].data<float>(), b[v].data<float>(),
                             static_cast<size_t>(a[v].num_elements()) * sizeof(float)),

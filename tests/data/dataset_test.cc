@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "idx_writer.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -304,7 +305,7 @@ TEST(DatasetTest, PrefetchDeliversUpstreamExceptionsAsInternal) {
                    })
                    .Prefetch(2);
   std::unique_ptr<Iterator> it = ds.MakeIterator();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(it->GetNext().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(it->GetNext());
   absl::StatusOr<std::optional<Element>> next = it->GetNext();
   ASSERT_FALSE(next.ok());
   EXPECT_EQ(next.status().code(), absl::StatusCode::kInternal);

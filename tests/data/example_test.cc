@@ -61,7 +61,7 @@ TEST(ExampleTest, ParsesWhatProtobufWritesIntoTheSpecsTensors) {
        {{"type", "FixedLenFeature"}, {"dtype", "float32"}, {"shape", {3}}, {"default_value", 2.5}}},
   }));
   Element out;
-  ASSERT_TRUE(parser.Parse(MakeExample(), out).ok());
+  ASSERT_OK(parser.Parse(MakeExample(), out));
   ASSERT_EQ(out.size(), 5u);  // key order: dense, ids, image, label, missing
   EXPECT_EQ(out[0].shape(), Shape({2, 2}));
   EXPECT_THAT(Values<float>(out[0]), ElementsAre(0.5f, -1.25f, 3.0f, 4.0f));
@@ -97,7 +97,7 @@ TEST(ExampleTest, ReadsUnpackedListsAndTheLastOfRepeatedKeysAsProtobufDoes) {
   const ExampleParser parser(Specs({{"x", {{"dtype", "float32"}, {"shape", {2}}}},
                                     {"y", {{"dtype", "int64"}, {"shape", json::array()}}}}));
   Element out;
-  ASSERT_TRUE(parser.Parse(record, out).ok());
+  ASSERT_OK(parser.Parse(record, out));
   EXPECT_THAT(Values<float>(out[0]), ElementsAre(1.5f, 2.5f));
   EXPECT_THAT(Values<int64_t>(out[1]), ElementsAre(5));
 }

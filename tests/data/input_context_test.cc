@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "idx_writer.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -98,7 +99,7 @@ TEST(InputContextTest, FileAndAutoOnInMemoryData) {
   EXPECT_THAT(Message(file.status()), AllOf(HasSubstr("reads no files"),
                                             HasSubstr("FromTensorSlices(8)"), HasSubstr("DATA")));
   absl::StatusOr<Dataset> automatic = AutoShard(ds, AutoShardPolicy::kAuto, 2, 1);
-  ASSERT_TRUE(automatic.ok());
+  ASSERT_OK(automatic);
   EXPECT_THAT(Values(*automatic), ElementsAre(1, 3, 5, 7));
 }
 
@@ -115,7 +116,8 @@ TEST(InputContextTest, FileShardsSplitTheFilesOverWorkers) {
 
   absl::StatusOr<Dataset> w0 = AutoShard(ds, AutoShardPolicy::kFile, 2, 0);
   absl::StatusOr<Dataset> w1 = AutoShard(ds, AutoShardPolicy::kFile, 2, 1);
-  ASSERT_TRUE(w0.ok() && w1.ok());
+  ASSERT_OK(w0);
+  ASSERT_OK(w1);
   EXPECT_THAT(w0->source_files(),
               ElementsAre(pairs[0].first, pairs[0].second, pairs[2].first, pairs[2].second));
   EXPECT_THAT(w1->source_files(), ElementsAre(pairs[1].first, pairs[1].second));
@@ -127,7 +129,7 @@ TEST(InputContextTest, FileShardsSplitTheFilesOverWorkers) {
   EXPECT_EQ(AutoShard(ds, AutoShardPolicy::kAuto, 3, 2)->source_files(),
             std::vector<std::string>({pairs[2].first, pairs[2].second}));
   absl::StatusOr<Dataset> data = AutoShard(ds, AutoShardPolicy::kAuto, 4, 1);
-  ASSERT_TRUE(data.ok());
+  ASSERT_OK(data);
   EXPECT_THAT(data->DebugString(), HasSubstr("FromIdxFiles(3 file pairs) -> Shard(4, 1)"));
   EXPECT_THAT(Values(*data, 1), ElementsAre(1, 21));  // elements 1 and 5 of 6
 

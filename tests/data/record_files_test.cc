@@ -123,7 +123,7 @@ TEST(RecordFilesTest, FileShardingGivesEachWorkerItsFilesAndTheirCount) {
   const Dataset dataset =
       RecordFilesDataset(files, format, {.record_counts = *CountRecords(files, *format)});
   absl::StatusOr<Dataset> worker1 = AutoShard(dataset, AutoShardPolicy::kAuto, 2, 1);
-  ASSERT_TRUE(worker1.ok());
+  ASSERT_OK(worker1);
   EXPECT_THAT(worker1->source_files(), ElementsAre(files[1], files[3]));
   EXPECT_EQ(*worker1->Cardinality(), 6);
   EXPECT_THAT(Labels(*worker1), ElementsAre(3, 4, 5, 9, 10, 11));

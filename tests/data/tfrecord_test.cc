@@ -117,17 +117,17 @@ TEST(TFRecordTest, WriterRoundTripsEveryCompressionBitForBit) {
     const std::string path = dir.path() + "/" + CompressionName(compression);
     auto writer = TFRecordWriter::Open(path, compression);
     ASSERT_TRUE(writer.ok()) << writer.status();
-    for (const std::string& r : records) ASSERT_TRUE((*writer)->Write(r).ok());
+    for (const std::string& r : records) ASSERT_OK((*writer)->Write(r));
     struct stat info {};
     EXPECT_NE(::stat(path.c_str(), &info), 0) << "the file appears only when it is whole";
-    ASSERT_TRUE((*writer)->Close().ok());
+    ASSERT_OK((*writer)->Close());
     EXPECT_EQ(ReadAll(path, compression), records) << CompressionName(compression);
     EXPECT_EQ(*CountTFRecords(path, compression), 300);
   }
   // The uncompressed file is exactly the framing of the records.
   auto writer = TFRecordWriter::Open(dir.path() + "/hand", Compression::kNone);
-  for (const char* r : {"hello", "", "tf.data"}) ASSERT_TRUE((*writer)->Write(r).ok());
-  ASSERT_TRUE((*writer)->Close().ok());
+  for (const char* r : {"hello", "", "tf.data"}) ASSERT_OK((*writer)->Write(r));
+  ASSERT_OK((*writer)->Close());
   std::ifstream in(dir.path() + "/hand", std::ios::binary);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), kThreeRecords);
 }
@@ -136,7 +136,7 @@ TEST(TFRecordTest, AWriterNotClosedLeavesNoFile) {
   TempDir dir;
   {
     auto writer = TFRecordWriter::Open(dir.path() + "/partial", Compression::kGzip);
-    ASSERT_TRUE((*writer)->Write("x").ok());
+    ASSERT_OK((*writer)->Write("x"));
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }

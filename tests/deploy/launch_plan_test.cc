@@ -10,6 +10,7 @@
 #include <set>
 
 #include "stratum/cluster/cluster_resolver.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -51,7 +52,7 @@ TEST(LaunchPlanTest, WithMetricsEveryTaskServesThemOnAPortOfItsOwn) {
   }
   EXPECT_EQ(ports.size(), 8u);  // 4 gRPC ports and 4 metrics ports, all different
   auto plain = PlanLocalCluster({.num_workers = 1, .num_ps = 0});
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   EXPECT_TRUE(plain->tasks.front().metrics_address.empty());
 }
 
@@ -61,7 +62,7 @@ TEST(LaunchPlanTest, BinariesFollowTheRoles) {
   EXPECT_EQ(BinaryFor("evaluator"), "stratum-worker");
   EXPECT_EQ(BinaryFor("ps"), "stratum-ps");
   auto plan = PlanLocalCluster({.num_workers = 1, .num_ps = 0, .evaluator = true});
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   EXPECT_THAT(plan->tasks.back().argv, ::testing::Contains("--evaluator"));
   EXPECT_EQ(plan->main_task, (TaskKey{"worker", 0}));
 }
@@ -71,7 +72,7 @@ TEST(LaunchPlanTest, AddsArgumentsByType) {
   options.all_args = {"--log_level=debug"};
   options.args_by_type = {{"chief", {"--cluster_timeout=5s"}}};
   auto plan = PlanLocalCluster(options);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   for (const PlannedTask& task : plan->tasks) {
     EXPECT_THAT(task.argv, ::testing::Contains("--log_level=debug"));
     EXPECT_EQ(std::count(task.argv.begin(), task.argv.end(), "--cluster_timeout=5s"),
@@ -124,7 +125,7 @@ TEST(LaunchPlanTest, AnIpv6LoopbackHostGivesBracketedAddresses) {
 
 TEST(LaunchPlanTest, DryRunPrintsCopyableShellLines) {
   auto plan = PlanLocalCluster({.num_workers = 1, .num_ps = 1, .chief = true, .bin_dir = "/b"});
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   const std::string text = FormatDryRun(*plan);
   EXPECT_THAT(text, HasSubstr("# ps:0 on " + plan->tasks[0].address + "\n"));
   EXPECT_THAT(text, HasSubstr("TF_CONFIG='" + plan->tasks[0].tf_config + "' /b/stratum-ps"));

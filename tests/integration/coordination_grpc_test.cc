@@ -101,7 +101,7 @@ TEST_F(CoordinationGrpcTest, AgentsExchangeKeysAndMeetAtABarrier) {
   for (int i = 0; i < kTasks; ++i) {
     threads.emplace_back([&, i] {
       CoordinationAgent& agent = *agents_[i];
-      ASSERT_TRUE(agent.SetKeyValue(absl::StrCat("addr/", i), absl::StrCat("host", i)).ok());
+      ASSERT_OK(agent.SetKeyValue(absl::StrCat("addr/", i), absl::StrCat("host", i)));
       absl::StatusOr<std::string> value =
           agent.GetKeyValue(absl::StrCat("addr/", (i + 1) % kTasks), absl::Seconds(5));
       ASSERT_TRUE(value.ok()) << value.status();
@@ -116,7 +116,7 @@ TEST_F(CoordinationGrpcTest, AgentsExchangeKeysAndMeetAtABarrier) {
   EXPECT_THAT(agents_[0]->TryGetKeyValue("nope").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("key \"nope\" is not set")));
   EXPECT_NE(agents_[0]->incarnation(), agents_[1]->incarnation());
-  for (const auto& agent : agents_) EXPECT_TRUE(agent->cluster_error().ok());
+  for (const auto& agent : agents_) EXPECT_OK(agent->cluster_error());
 }
 
 TEST_F(CoordinationGrpcTest, BarrierTimeoutNamesTheMissingTaskAndTheLeader) {
@@ -146,7 +146,7 @@ TEST_F(CoordinationGrpcTest, AReportedErrorReachesEveryAgent) {
   absl::Status barrier;
   std::thread waiter([&] { barrier = agents_[0]->WaitAtBarrier("step/7", absl::Seconds(30)); });
   absl::SleepFor(absl::Milliseconds(50));
-  ASSERT_TRUE(agents_[1]->ReportError(absl::InternalError("NCCL error: unhandled")).ok());
+  ASSERT_OK(agents_[1]->ReportError(absl::InternalError("NCCL error: unhandled")));
   waiter.join();
   const auto failed =
       StatusIs(absl::StatusCode::kInternal, HasSubstr("worker:1 failed: NCCL error: unhandled"));
@@ -178,7 +178,7 @@ TEST_F(CoordinationGrpcTest, AStoppedAgentIsNamedAfterTheHeartbeatTimeout) {
 
 TEST_F(CoordinationGrpcTest, ADisconnectedAgentIsNotReportedDead) {
   ConnectAll();
-  ASSERT_TRUE(agents_[2]->Disconnect().ok());
+  ASSERT_OK(agents_[2]->Disconnect());
   absl::SleepFor(kHeartbeatTimeout + absl::Milliseconds(300));
   EXPECT_TRUE(service_->cluster_error().ok()) << service_->cluster_error();
   EXPECT_THAT(agents_[0]->WaitAtBarrier("final", absl::Seconds(5)),

@@ -14,6 +14,7 @@
 
 #include "nlohmann/json.hpp"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -189,13 +190,13 @@ TEST(LaunchTest, ParameterServerSettingsAndTlsFilesReachTheTasks) {
   auto launcher = Launch({"--dry-run", "--job=" + job.path, "--placement=round_robin",
                           "--closures_per_worker=2", "--tls_ca=ca.pem", "--tls_cert=/c.pem",
                           "--tls_key=/k.pem"});
-  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(launcher->Wait(absl::Seconds(10)));
   const std::string output = launcher->output();
   EXPECT_THAT(output, HasSubstr("--placement=round_robin --closures_per_worker=2"));
   EXPECT_THAT(output, HasSubstr("STRATUM_TLS_CERT=/c.pem STRATUM_TLS_KEY=/k.pem STRATUM_TLS_CA=" +
                                 std::filesystem::current_path().string() + "/ca.pem TF_CONFIG="));
   launcher = Launch({"--dry-run", "--chief", "--placement=round_robin"});
-  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(launcher->Wait(absl::Seconds(10)));
   EXPECT_THAT(launcher->output(),
               HasSubstr("--placement and --closures_per_worker are the chief's settings for a "
                         "parameter_server job: pass them with --job of such a job"));
@@ -204,7 +205,7 @@ TEST(LaunchTest, ParameterServerSettingsAndTlsFilesReachTheTasks) {
 TEST(LaunchTest, DryRunPrintsEveryTaskAndStartsNothing) {
   auto launcher = Launch({"--dry-run", "--chief", "--workers", "2", "--ps", "2"});
   auto exit = launcher->Wait(absl::Seconds(10));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 0);
   const std::string output = launcher->output();
   for (const char* task : {"# chief:0 on 127.0.0.1:", "# worker:1 on 127.0.0.1:", "# ps:1 on"}) {
@@ -223,7 +224,7 @@ TEST(LaunchTest, SigtermStopsEveryChild) {
   ASSERT_EQ(pids.size(), 4u);
   launcher->Signal(SIGTERM);
   auto exit = launcher->Wait(absl::Seconds(10));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 128 + SIGTERM);
   EXPECT_THAT(launcher->output(), HasSubstr("[launch] signal 15: stopping 4 tasks"));
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
@@ -254,7 +255,7 @@ TEST(LaunchTest, RestartsAServerThatDiesReportsItAndStopsOnCtrlC) {
       << launcher->output();
   launcher->Signal(SIGINT);
   auto exit = launcher->Wait(absl::Seconds(10));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 128 + SIGINT);
   EXPECT_TRUE(AllGone(pids, absl::Seconds(1)));
   EXPECT_TRUE(AllGone(restarted, absl::Seconds(1)));
@@ -268,7 +269,7 @@ TEST(LaunchTest, APsJobOutlivesAKilledParameterServer) {
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
   ASSERT_EQ(kill(ChildPids(launcher->output()).at("ps:1"), SIGKILL), 0);
   auto exit = launcher->Wait(absl::Seconds(90));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("[launch] started ps:1 on "));
@@ -288,7 +289,7 @@ TEST(LaunchTest, APsJobOutlivesAParameterServerStoppedFromOutside) {
   const int ps = ChildPids(launcher->output()).at("ps:1");
   ASSERT_EQ(kill(ps, SIGTERM), 0);
   auto exit = launcher->Wait(absl::Seconds(90));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("ps:1 is stopping (it got a signal): saved the state at step"));
@@ -310,7 +311,7 @@ TEST(LaunchTest, AMultiWorkerJobOutlivesAKilledWorker) {
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/4", 1, absl::Seconds(60))) << launcher->output();
   ASSERT_EQ(kill(ChildPids(launcher->output()).at("worker:1"), SIGKILL), 0);
   auto exit = launcher->Wait(absl::Seconds(120));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("[launch] worker:1 (pid"));
@@ -332,7 +333,7 @@ TEST(LaunchTest, AFailedMultiWorkerJobExitsWithWorkerZerosCode) {
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/40", 1, absl::Seconds(60))) << launcher->output();
   ASSERT_EQ(kill(ChildPids(launcher->output()).at("worker:1"), SIGKILL), 0);
   auto exit = launcher->Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_THAT(output, HasSubstr("the job is not started again (it failed 1 time)"));
   // worker:0 notices its peer is gone and fails on its own (1), before the launcher would
@@ -346,7 +347,7 @@ TEST(LaunchTest, CtrlCStopsTheChiefFirstSoThatItSavesTheJobWhileTheServersAreUp)
   ASSERT_TRUE(WaitForOutput(*launcher, "Epoch 1/50", 1, absl::Seconds(60))) << launcher->output();
   launcher->Signal(SIGINT);
   auto exit = launcher->Wait(absl::Seconds(30));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 128 + SIGINT) << output;
   // The chief saved what it trained: the parameter servers were still up.
@@ -363,7 +364,7 @@ TEST(LaunchTest, TheEvaluatorEvaluatesTheFinalCheckpointBeforeItStops) {
   const JobFile job("launch_eval", 2, 0);
   auto launcher = Launch({"--job=" + job.path, "--workers=1", "--ps=1", "--evaluator"});
   auto exit = launcher->Wait(absl::Seconds(90));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = launcher->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
   std::ifstream file(job.checkpoints + "/evaluation.json");
@@ -378,7 +379,7 @@ TEST(LaunchTest, ChildrenDieWithAKilledLauncher) {
   ASSERT_TRUE(WaitForOutput(*launcher, "serving on", 2)) << launcher->output();
   const auto pids = ChildPids(launcher->output());
   launcher->Signal(SIGKILL);
-  ASSERT_TRUE(launcher->Wait(absl::Seconds(5)).ok());
+  ASSERT_OK(launcher->Wait(absl::Seconds(5)));
   EXPECT_TRUE(AllGone(pids, absl::Seconds(10)));
 }
 
@@ -408,7 +409,7 @@ TEST_F(LaunchExitCodeTest, ExitCodeIsTheChiefsAndTheRestAreStopped) {
   WriteScript("stratum-ps", "exec sleep 60");
   auto launcher = Launch({"--chief", "--workers=2", "--ps=1", "--bin_dir=" + dir_});
   auto exit = launcher->Wait(absl::Seconds(20));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 7) << launcher->output();
   EXPECT_THAT(launcher->output(), HasSubstr("[chief:0] failing"));
   EXPECT_TRUE(AllGone(ChildPids(launcher->output()), absl::Seconds(1)));
@@ -420,7 +421,7 @@ TEST_F(LaunchExitCodeTest, WithoutAChiefTheExitCodeIsWorkerZeros) {
   WriteScript("stratum-ps", "exec sleep 60");
   auto launcher = Launch({"--workers=2", "--ps=1", "--bin_dir=" + dir_});
   auto exit = launcher->Wait(absl::Seconds(20));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 3) << launcher->output();
 }
 
@@ -446,7 +447,7 @@ TEST_F(LaunchExitCodeTest, ASecondSignalWhileStoppingExitsAtOnceAndSaysSo) {
 TEST_F(LaunchExitCodeTest, MissingBinaryIsAUsageError) {
   auto launcher = Launch({"--workers=1", "--ps=0", "--bin_dir=" + dir_});
   auto exit = launcher->Wait(absl::Seconds(20));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   EXPECT_EQ(exit->exit_code, 2);
   EXPECT_THAT(launcher->output(), HasSubstr("cannot start worker:0: cannot run " + dir_ +
                                             "/stratum-worker: No such file or directory"));
@@ -456,7 +457,7 @@ TEST_F(LaunchExitCodeTest, MissingBinaryIsAUsageError) {
 std::string RefusedOutput(const std::vector<std::string>& args) {
   auto launcher = Launch(args);
   auto exit = launcher->Wait(absl::Seconds(10));
-  EXPECT_TRUE(exit.ok());
+  EXPECT_OK(exit);
   if (exit.ok()) {
     EXPECT_EQ(exit->exit_code, 2);
   }
@@ -475,10 +476,10 @@ TEST(LaunchUsageTest, ParameterServersForAMultiWorkerMirroredJobAreRefused) {
                         "--ps 2 asks for some"));
   // Without --ps it starts none, and a parameter_server cluster still gets 2 by default.
   auto launcher = Launch({"--job=" + job, "--dry-run"});
-  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(launcher->Wait(absl::Seconds(10)));
   EXPECT_THAT(launcher->output(), ::testing::Not(HasSubstr("# ps:")));
   launcher = Launch({"--dry-run"});
-  ASSERT_TRUE(launcher->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(launcher->Wait(absl::Seconds(10)));
   EXPECT_THAT(launcher->output(), HasSubstr("# ps:1 on"));
 }
 

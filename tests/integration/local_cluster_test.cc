@@ -9,6 +9,7 @@
 
 #include "stratum/cluster/cluster_resolver.h"
 #include "stratum/net/health.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum::testing {
 namespace {
@@ -23,7 +24,7 @@ TEST(LocalClusterTest, StartsHealthyTasksWithTheirTfConfig) {
     EXPECT_THAT(address, ::testing::StartsWith("127.0.0.1:"));
     EXPECT_TRUE(CheckHealth(address, absl::Seconds(5)).ok()) << task.ToString();
     auto report = GetTaskReport(address, absl::Seconds(5));
-    ASSERT_TRUE(report.ok());
+    ASSERT_OK(report);
     EXPECT_EQ(report->task, task);
     EXPECT_EQ(report->pid, (*cluster)->Pid(task));
     auto resolver = TFConfigClusterResolver::Create((*cluster)->TfConfig(task));
@@ -39,18 +40,18 @@ TEST(LocalClusterTest, KillAndRestartGiveANewIncarnationOnTheSameAddress) {
   const TaskKey worker{"worker", 1};
   const std::string address = (*cluster)->Address(worker);
   auto before = GetTaskReport(address, absl::Seconds(5));
-  ASSERT_TRUE(before.ok());
+  ASSERT_OK(before);
 
-  ASSERT_TRUE((*cluster)->Kill(worker).ok());
+  ASSERT_OK((*cluster)->Kill(worker));
   EXPECT_EQ((*cluster)->Pid(worker), 0);
   EXPECT_FALSE(CheckHealth(address, absl::Seconds(1)).ok());
 
-  ASSERT_TRUE((*cluster)->Restart(worker).ok());
+  ASSERT_OK((*cluster)->Restart(worker));
   auto after = GetTaskReport(address, absl::Seconds(5));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_NE(after->incarnation, before->incarnation);
   EXPECT_NE(after->pid, before->pid);
-  EXPECT_TRUE((*cluster)->WaitHealthy(absl::Seconds(10)).ok());
+  EXPECT_OK((*cluster)->WaitHealthy(absl::Seconds(10)));
 }
 
 TEST(LocalClusterTest, NotStartedTasksCanBeStartedLater) {
@@ -59,8 +60,8 @@ TEST(LocalClusterTest, NotStartedTasksCanBeStartedLater) {
   const std::string ps = (*cluster)->Address({"ps", 0});
   EXPECT_FALSE(ps.empty());
   EXPECT_FALSE(CheckHealth(ps, absl::Milliseconds(500)).ok());
-  ASSERT_TRUE((*cluster)->Restart({"ps", 0}).ok());
-  EXPECT_TRUE(CheckHealth(ps, absl::Seconds(5)).ok());
+  ASSERT_OK((*cluster)->Restart({"ps", 0}));
+  EXPECT_OK(CheckHealth(ps, absl::Seconds(5)));
 }
 
 TEST(LocalClusterTest, DestructionLeavesNoProcess) {
@@ -99,7 +100,7 @@ TEST(LocalClusterTest, ATaskThatExitsWhileWaitedForEndsTheWaitAtOnce) {
 TEST(LocalClusterTest, OutputsAgreeNamesTheTaskThatDiffers) {
   auto cluster = LocalCluster::Start({.num_workers = 2, .forward_output = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  EXPECT_TRUE((*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, "serving on").ok());
+  EXPECT_OK((*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, "serving on"));
   // Every process draws its own incarnation.
   const absl::Status differ =
       (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, "incarnation [0-9a-f]+");

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/testing/network_hosts.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -79,7 +80,7 @@ TEST(MultiHostTest, MwmsWorkersSplitByTheNetworkBothStopWithinSecondsNamingTheOt
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/50", absl::Seconds(60)))
       << (*cluster)->Output({"worker", 0});
-  ASSERT_TRUE((*hosts)->Disconnect(1).ok());
+  ASSERT_OK((*hosts)->Disconnect(1));
   // Nothing arrives and nothing is refused. worker:0's coordination service finds worker:1
   // silent, worker:1 finds the service silent (10 s of missed heartbeats each), and each
   // stops its all-reduce with an error naming the worker it lost.
@@ -111,13 +112,13 @@ TEST(MultiHostTest, PsJobFinishesWhenAWorkersHostIsCutOffAndTakesItBackWhenRecon
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/30", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*hosts)->Disconnect(kWorker1Host).ok());
+  ASSERT_OK((*hosts)->Disconnect(kWorker1Host));
   // The closure in flight on worker:1 gets no answer and no reset; the coordinator notices
   // the silent connection and runs it on worker:0, which trains on meanwhile.
   const std::string down = "worker:1 at " + (*cluster)->Address({"worker", 1}) + " is down";
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, down, absl::Seconds(40)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*hosts)->Reconnect(kWorker1Host).ok());
+  ASSERT_OK((*hosts)->Reconnect(kWorker1Host));
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
   ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"chief", 0});
   const std::string output = (*cluster)->Output({"chief", 0});
@@ -140,7 +141,7 @@ TEST(MultiHostTest, APsWhoseHostIsCutOffIsReportedByNameNotWaitedFor) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*hosts)->Disconnect(1).ok());
+  ASSERT_OK((*hosts)->Disconnect(1));
   const absl::Time cut = absl::Now();
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"chief", 0});

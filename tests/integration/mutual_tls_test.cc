@@ -21,6 +21,7 @@
 #include "stratum/net/free_port.h"
 #include "stratum/net/health.h"
 #include "stratum/ps/ps_client.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -158,7 +159,7 @@ class TlsPsTest : public TlsTest {
 };
 
 TEST_F(TlsPsTest, ClientWithTheClustersCertificateIsServed) {
-  EXPECT_TRUE(CheckHealth(address_, absl::Seconds(5), Tls(Cluster())).ok());
+  EXPECT_OK(CheckHealth(address_, absl::Seconds(5), Tls(Cluster())));
   PsClient client("ps:0", address_, {.timeout = absl::Seconds(5), .channel = Tls(Cluster())});
   auto created = client.CreateVariables({{"w", Tensor::FromVector<float>({2}, {1, 2})}}, kSgd);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -204,13 +205,13 @@ TEST_F(TlsPsTest, ClientRefusesAServerFromAnotherCa) {
 TEST_F(TlsPsTest, ServerNameOverrideChecksThatName) {
   // The certificate is for "stratum": dialled at 127.0.0.1 and checked as "stratum", it
   // passes; checked as another name, it does not.
-  EXPECT_TRUE(CheckHealth(address_, absl::Seconds(5), Tls(Cluster(), "stratum")).ok());
+  EXPECT_OK(CheckHealth(address_, absl::Seconds(5), Tls(Cluster(), "stratum")));
   EXPECT_EQ(CheckHealth(address_, absl::Seconds(3), Tls(Cluster(), "ps.example")).code(),
             absl::StatusCode::kUnavailable);
 }
 
 TEST_F(TlsPsTest, PlaintextHealthPortAnswersProbesOnly) {
-  EXPECT_TRUE(CheckHealth(health_address_, absl::Seconds(5)).ok());
+  EXPECT_OK(CheckHealth(health_address_, absl::Seconds(5)));
   auto stub = proto::TaskService::NewStub(MakeChannel(health_address_));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -221,7 +222,7 @@ TEST_F(TlsPsTest, PlaintextHealthPortAnswersProbesOnly) {
 
 TEST_F(TlsPsTest, HealthPortStopsWithTheServer) {
   ps_->Signal(SIGTERM);
-  ASSERT_TRUE(ps_->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(ps_->Wait(absl::Seconds(10)));
   EXPECT_FALSE(CheckHealth(health_address_, absl::Seconds(1)).ok());
   ps_.reset();
 }

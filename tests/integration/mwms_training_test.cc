@@ -15,6 +15,7 @@
 #include "stratum/net/free_port.h"
 #include "stratum/testing/independent_readers.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/util/subprocess.h"
 
@@ -322,7 +323,7 @@ TEST(MwmsTrainingTest, AWorkerStoppedDuringStartUpIsNamedByTheOthers) {
     }
     const TaskKey stopped{"worker", stopped_index};
     const absl::Time stopped_at = absl::Now();
-    ASSERT_TRUE((*cluster)->Signal(stopped, SIGTERM).ok());
+    ASSERT_OK((*cluster)->Signal(stopped, SIGTERM));
     auto exit = (*cluster)->WaitForExit(stopped, absl::Seconds(10));
     ASSERT_TRUE(exit.ok()) << exit.status();
     EXPECT_EQ(exit->ShellCode(), 128 + SIGTERM) << (*cluster)->Output(stopped);
@@ -356,7 +357,7 @@ TEST(MwmsTrainingTest, EverySurvivorNamesTheWorkerThatDiedNotTheOnesThatLeftAfte
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/40", absl::Seconds(60)))
       << (*cluster)->Output({"worker", 0});
-  ASSERT_TRUE((*cluster)->Kill({"worker", 2}).ok());
+  ASSERT_OK((*cluster)->Kill({"worker", 2}));
   for (const TaskKey& survivor : {TaskKey{"worker", 0}, TaskKey{"worker", 1}}) {
     auto exit = (*cluster)->WaitForExit(survivor, absl::Seconds(30));
     ASSERT_TRUE(exit.ok()) << exit.status();
@@ -412,7 +413,7 @@ TEST(MwmsTrainingTest, AKilledWorkerStopsTheOthersAndTheRestartedJobResumesToThe
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/3", absl::Seconds(60)))
         << (*cluster)->Output({"worker", 0});
-    ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+    ASSERT_OK((*cluster)->Kill({"worker", 1}));
     // worker:0 does not hang: it stops, naming the worker that is gone.
     const absl::Time killed = absl::Now();
     auto exit = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(30));
@@ -457,9 +458,9 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
   pid_t dead = 0;
   {
     auto gone = Subprocess::Spawn({.argv = {"/bin/true"}});
-    ASSERT_TRUE(gone.ok());
+    ASSERT_OK(gone);
     dead = (*gone)->pid();
-    ASSERT_TRUE((*gone)->Wait(absl::Seconds(10)).ok());
+    ASSERT_OK((*gone)->Wait(absl::Seconds(10)));
   }
   const std::string stale = absl::StrCat(std::filesystem::temp_directory_path().string(),
                                          "/stratum-backup-worker-1-", dead);
@@ -471,10 +472,11 @@ TEST(MwmsTrainingTest, ASigtermStopsEveryWorkerAtOneStepWithTheStateSavedAndTheJ
     ASSERT_TRUE((*cluster)->WaitForOutput({"worker", 0}, "Epoch 1/6", absl::Seconds(60)))
         << (*cluster)->Output({"worker", 0});
     // As Kubernetes evicts one pod: only worker:1 gets the signal.
-    ASSERT_TRUE((*cluster)->Signal({"worker", 1}, SIGTERM).ok());
+    ASSERT_OK((*cluster)->Signal({"worker", 1}, SIGTERM));
     auto signalled = (*cluster)->WaitForExit({"worker", 1}, absl::Seconds(30));
     auto other = (*cluster)->WaitForExit({"worker", 0}, absl::Seconds(30));
-    ASSERT_TRUE(signalled.ok() && other.ok());
+    ASSERT_OK(signalled);
+    ASSERT_OK(other);
     const std::string output0 = (*cluster)->Output({"worker", 0});
     const std::string output1 = (*cluster)->Output({"worker", 1});
     EXPECT_EQ(signalled->ShellCode(), 128 + SIGTERM) << output1;

@@ -22,6 +22,7 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -67,7 +68,7 @@ TEST_F(PsServiceTest, PushThenPullInOneCall) {
   EXPECT_TRUE(pulled[0].BitwiseEqual(Tensor::FromVector<float>({2, 2}, {0, 1, 2, 3})));
   EXPECT_TRUE(Value("w").BitwiseEqual(pulled[0]));
   auto list = client_->ListVariables();
-  ASSERT_TRUE(list.ok());
+  ASSERT_OK(list);
   EXPECT_EQ(list->variables_size(), 2);
   EXPECT_EQ(list->total_bytes(), 20);
 }
@@ -85,14 +86,14 @@ TEST_F(PsServiceTest, CreateIsIdempotentAndConflictsAreNamed) {
 // A new job's coordinator on long-lived parameter servers: what an earlier job trained
 // (value, update count; even another shape) does not leak into the new one.
 TEST_F(PsServiceTest, CreateWithReplaceStartsExistingVariablesAfresh) {
-  ASSERT_TRUE(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}).ok());
+  ASSERT_OK(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}));
   const Tensor initial = Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8});
   auto replaced = client_->CreateVariables({{"w", initial}}, kSgd, /*replace=*/true);
   ASSERT_TRUE(replaced.ok()) << replaced.status();
   EXPECT_FALSE((*replaced)[0]);
   EXPECT_TRUE(Value("w").BitwiseEqual(initial));
   auto list = client_->ListVariables();
-  ASSERT_TRUE(list.ok());
+  ASSERT_OK(list);
   for (const auto& variable : list->variables()) {
     if (variable.name() == "w") {
       EXPECT_EQ(variable.updates(), 0);
@@ -143,7 +144,7 @@ TEST_F(PsServiceTest, BadRequestsAreRefusedAndChangeNothing) {
 // While a coordinator holds the PS, another one's Assign or Restore (a coordinator that was
 // taken over, or a second job by mistake) is refused and changes nothing.
 TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRefused) {
-  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  ASSERT_OK(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true));
   const Tensor before = Value("w");
   auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
   proto::CoordinatorId other;
@@ -172,7 +173,7 @@ TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRef
   EXPECT_TRUE(Value("w").BitwiseEqual(before));
   // The holder's own Assign goes through.
   const Tensor mine = Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8});
-  ASSERT_TRUE(client_->Assign({{"w", mine}}).ok());
+  ASSERT_OK(client_->Assign({{"w", mine}}));
   EXPECT_TRUE(Value("w").BitwiseEqual(mine));
 }
 
@@ -180,7 +181,7 @@ TEST_F(PsServiceTest, AssignAndRestoreFromACoordinatorThatDoesNotHoldThePsAreRef
 // does the launcher's table); without the holder's secret, a call that names it is refused
 // and logged, and the variables stay as they are.
 TEST_F(PsServiceTest, TheHoldersIncarnationWithoutItsSecretChangesNothing) {
-  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  ASSERT_OK(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true));
   const Tensor before = Value("w");
   auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
   proto::CoordinatorId forged = ThisCoordinator(client_options_);
@@ -206,7 +207,7 @@ TEST_F(PsServiceTest, TheHoldersIncarnationWithoutItsSecretChangesNothing) {
   EXPECT_TRUE(Value("w").BitwiseEqual(before));
   EXPECT_THAT(cluster_->Output({"ps", 0}), HasSubstr("refused a call that names the incarnation"));
   // The holder itself goes on.
-  ASSERT_TRUE(client_->Assign({{"w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})}}).ok());
+  ASSERT_OK(client_->Assign({{"w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})}}));
 }
 
 // Hardening case 3: Save and Restore touch files only inside the checkpoint folder the
@@ -249,7 +250,7 @@ TEST_F(PsServiceTest, SaveAndRestoreStayInsideTheHoldersCheckpointFolder) {
   // Inside the folder, the holder saves and restores.
   auto saved = coordinator.Save(folder + "/ps-0.safetensors");
   ASSERT_TRUE(saved.ok()) << saved.status();
-  EXPECT_TRUE(coordinator.Restore(folder + "/ps-0.safetensors", saved->crc32()).ok());
+  EXPECT_OK(coordinator.Restore(folder + "/ps-0.safetensors", saved->crc32()));
   std::remove(outside.c_str());
   RemoveFolder(folder);
 }
@@ -281,7 +282,7 @@ TEST(PsServiceRootTest, AClaimOfAFolderOutsideTheCheckpointRootIsRefused) {
     options.checkpoint_dir = inside;
     PsClient coordinator("ps:0", (*cluster)->Address({"ps", 0}), options);
     ASSERT_TRUE(coordinator.Watch(true, false, /*claim=*/true).ok()) << inside;
-    ASSERT_TRUE(coordinator.Watch(true, /*leaving=*/true).ok());
+    ASSERT_OK(coordinator.Watch(true, /*leaving=*/true));
   }
   RemoveFolder(root);
 }
@@ -292,7 +293,7 @@ TEST_F(PsServiceTest, ARestoreOfAFifoIsRefusedAtOnce) {
   const std::string fifo = TempPath("restore_fifo");
   unlink(fifo.c_str());
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true).ok());
+  ASSERT_OK(client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true));
   auto stub = proto::ParameterServer::NewStub(MakeChannel(cluster_->Address({"ps", 0})));
   proto::RestoreRequest restore;
   *restore.mutable_coordinator() = ThisCoordinator(client_options_);
@@ -304,7 +305,7 @@ TEST_F(PsServiceTest, ARestoreOfAFifoIsRefusedAtOnce) {
   EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("it is not a regular file"));
   unlink(fifo.c_str());
-  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  ASSERT_OK(cluster_->Signal({"ps", 0}, SIGTERM));
   auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();
 }
@@ -321,11 +322,11 @@ TEST_F(PsServiceTest, OversizedMessagesAreRefusedAndThePsLivesOn) {
   proto::PushResponse response;
   grpc::Status status = stub->Push(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
-  EXPECT_TRUE(client_->Pull({"w"}).ok());
+  EXPECT_OK(client_->Pull({"w"}));
 }
 
 TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadline) {
-  ASSERT_TRUE(cluster_->Kill({"ps", 0}).ok());
+  ASSERT_OK(cluster_->Kill({"ps", 0}));
   const absl::Time start = absl::Now();
   auto pulled = client_->Pull({"w"});
   EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable);
@@ -342,14 +343,14 @@ Tensor Filled(int64_t elements, float value) {
 
 TEST_F(PsServiceTest, LargeTensorsTakeTheDataPathAndAgreeWithGrpc) {
   constexpr int64_t kElements = 1 << 20;  // 4 MiB
-  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
+  ASSERT_OK(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd));
   const std::string address = cluster_->Address({"ps", 0});
   PsClient tcp("ps:0", address, {.timeout = absl::Seconds(5), .shared_memory = false});
   PsClient grpc("ps:0", address, {.timeout = absl::Seconds(5), .data_path_min_bytes = -1});
   float expected = 1;
   for (PsClient* client : {client_.get(), &tcp, &grpc}) {
     std::vector<Tensor> pulled;
-    ASSERT_TRUE(client->Push({{"big", Filled(kElements, 2)}}, &pulled).ok());
+    ASSERT_OK(client->Push({{"big", Filled(kElements, 2)}}, &pulled));
     expected -= 1;  // 0.5 * 2
     ASSERT_EQ(pulled.size(), 1u);
     EXPECT_TRUE((pulled[0].Flat() == expected).all()) << client->transport();
@@ -361,7 +362,7 @@ TEST_F(PsServiceTest, LargeTensorsTakeTheDataPathAndAgreeWithGrpc) {
   EXPECT_EQ(tcp.transport(), "tcp");
   EXPECT_EQ(grpc.transport(), "grpc");
   auto list = client_->ListVariables();
-  ASSERT_TRUE(list.ok());
+  ASSERT_OK(list);
   for (const proto::VariableStatus& variable : list->variables()) {
     if (variable.name() == "big") {
       EXPECT_EQ(variable.updates(), 3);
@@ -371,10 +372,10 @@ TEST_F(PsServiceTest, LargeTensorsTakeTheDataPathAndAgreeWithGrpc) {
 
 TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadlineOnTheDataPath) {
   constexpr int64_t kElements = 1 << 20;
-  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
-  ASSERT_TRUE(client_->Push({{"big", Filled(kElements, 1)}}).ok());
+  ASSERT_OK(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd));
+  ASSERT_OK(client_->Push({{"big", Filled(kElements, 1)}}));
   ASSERT_EQ(client_->transport(), "shared memory");
-  ASSERT_TRUE(cluster_->Kill({"ps", 0}).ok());
+  ASSERT_OK(cluster_->Kill({"ps", 0}));
   const absl::Time start = absl::Now();
   const absl::Status status = client_->Push({{"big", Filled(kElements, 1)}});
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -382,10 +383,10 @@ TEST_F(PsServiceTest, ADeadPsIsNamedWithinTheDeadlineOnTheDataPath) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(6));
 
   // A PS that comes back has a new data path; the client finds it.
-  ASSERT_TRUE(cluster_->Restart({"ps", 0}).ok());
-  ASSERT_TRUE(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd).ok());
+  ASSERT_OK(cluster_->Restart({"ps", 0}));
+  ASSERT_OK(client_->CreateVariables({{"big", Filled(kElements, 1)}}, kSgd));
   std::vector<Tensor> pulled;
-  ASSERT_TRUE(client_->Push({{"big", Filled(kElements, 2)}}, &pulled).ok());
+  ASSERT_OK(client_->Push({{"big", Filled(kElements, 2)}}, &pulled));
   EXPECT_TRUE((pulled[0].Flat() == 0).all());
   EXPECT_EQ(client_->transport(), "shared memory");
 }
@@ -412,7 +413,7 @@ TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
   auto watched = client_->Watch(/*saves_checkpoints=*/true, /*leaving=*/false, /*claim=*/true);
   ASSERT_TRUE(watched.ok()) << watched.status();
   EXPECT_FALSE(watched->stopping());
-  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  ASSERT_OK(cluster_->Signal({"ps", 0}, SIGTERM));
   bool stopping = false;
   for (int i = 0; i < 50 && !stopping; ++i) {
     absl::SleepFor(absl::Milliseconds(100));
@@ -422,9 +423,9 @@ TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
   }
   ASSERT_TRUE(stopping);
   // Still serving: the coordinator's last pushes and its save get through.
-  ASSERT_TRUE(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}).ok());
+  ASSERT_OK(client_->Push({{"w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})}}));
   absl::SleepFor(absl::Seconds(1));
-  ASSERT_TRUE(client_->Watch(true).ok());
+  ASSERT_OK(client_->Watch(true));
   EXPECT_FALSE(cluster_->WaitForExit({"ps", 0}, absl::ZeroDuration()).ok());
   const std::string file = TempPath("stopping_ps.safetensors");
   auto saved = client_->Save(file);
@@ -448,10 +449,10 @@ TEST_F(PsServiceTest, ASigtermedPsServesOnUntilItsWatchingCoordinatorSaves) {
 // No coordinator that saves watches (none ever did, or it said it is leaving): nothing to
 // wait for, the PS stops at once as any server.
 TEST_F(PsServiceTest, ASigtermedPsThatNoSavingCoordinatorWatchesStopsAtOnce) {
-  ASSERT_TRUE(client_->Watch(/*saves_checkpoints=*/true).ok());
-  ASSERT_TRUE(client_->Watch(true, /*leaving=*/true).ok());
+  ASSERT_OK(client_->Watch(/*saves_checkpoints=*/true));
+  ASSERT_OK(client_->Watch(true, /*leaving=*/true));
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(cluster_->Signal({"ps", 0}, SIGTERM).ok());
+  ASSERT_OK(cluster_->Signal({"ps", 0}, SIGTERM));
   auto exit = cluster_->WaitForExit({"ps", 0}, absl::Seconds(10));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 0);
@@ -479,7 +480,7 @@ TEST(PsServiceStopTest, ASigtermedPsStopsAfterItsStopTimeoutWhenNoSaveComes) {
   });
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time start = absl::Now();
-  ASSERT_TRUE((*cluster)->Signal({"ps", 0}, SIGTERM).ok());
+  ASSERT_OK((*cluster)->Signal({"ps", 0}, SIGTERM));
   auto exit = (*cluster)->WaitForExit({"ps", 0}, absl::Seconds(10));
   done = true;
   watcher.join();

@@ -16,6 +16,7 @@
 #include "stratum/net/free_port.h"
 #include "stratum/testing/independent_readers.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -97,7 +98,7 @@ std::unique_ptr<Subprocess> SpawnCoordinator(const std::string& tf_config, const
 // chief's output.
 std::string ExpectATakeoverOfTheSilentChief(LocalCluster& cluster, const std::string& tf_config,
                                             const std::string& job) {
-  EXPECT_TRUE(cluster.Signal({"chief", 0}, SIGSTOP).ok());
+  EXPECT_OK(cluster.Signal({"chief", 0}, SIGSTOP));
   auto takeover = SpawnCoordinator(tf_config, job);
   std::string output = "(not started)";
   bool succeeded = false;
@@ -106,7 +107,7 @@ std::string ExpectATakeoverOfTheSilentChief(LocalCluster& cluster, const std::st
     output = exit.ok() ? takeover->output() : exit.status().ToString();
     succeeded = exit.ok() && exit->success();
   }
-  EXPECT_TRUE(cluster.Signal({"chief", 0}, SIGCONT).ok());
+  EXPECT_OK(cluster.Signal({"chief", 0}, SIGCONT));
   EXPECT_TRUE(succeeded) << output;
   EXPECT_THAT(output, HasSubstr("Epoch 2/2"));
   auto first_exit = cluster.WaitForExit({"chief", 0}, absl::Seconds(60));
@@ -364,7 +365,7 @@ TEST(PsTrainingTest, AKilledWorkerIsRetriedAroundAndTakesClosuresAgainAfterItsRe
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/8", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());
+  ASSERT_OK((*cluster)->Kill({"worker", 1}));
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "worker:1 at", absl::Seconds(30)))
       << (*cluster)->Output({"chief", 0});
   const absl::Status restarted = (*cluster)->Restart({"worker", 1});
@@ -444,7 +445,7 @@ TEST(PsTrainingTest, AWorkerThatCannotSetTheJobUpIsLeftOutAndTheOthersTrain) {
 TEST(PsTrainingTest, AKilledPsIsReportedByNameNotWaitedFor) {
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(50, 100, "ps_dies_job"), 50, {}, 1);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_OK(cluster->Kill({"ps", 1}));
   const absl::Time killed = absl::Now();
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -486,8 +487,8 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/3", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"chief", 0}).ok());
-  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  ASSERT_OK((*cluster)->Kill({"chief", 0}));
+  ASSERT_OK((*cluster)->Restart({"chief", 0}));
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = (*cluster)->Output({"chief", 0});
@@ -501,7 +502,7 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   ExpectThreeWholeEpochs(summary, output);
   // Run once more, the checkpoint completes the job: it is evaluated, not trained again,
   // and its record of the epochs is the summary's.
-  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  ASSERT_OK((*cluster)->Restart({"chief", 0}));
   exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string again = (*cluster)->Output({"chief", 0});
@@ -534,7 +535,7 @@ TEST(PsTrainingTest, ARestartedCoordinatorResumesFromTheLastCheckpoint) {
   nlohmann::json sgd_job = nlohmann::json::parse(adam_file);
   sgd_job["compile"]["optimizer"] = "sgd";
   std::ofstream(job) << sgd_job.dump();
-  ASSERT_TRUE((*cluster)->Restart({"chief", 0}).ok());
+  ASSERT_OK((*cluster)->Restart({"chief", 0}));
   exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 2) << (*cluster)->Output({"chief", 0});
@@ -604,10 +605,10 @@ TEST(PsTrainingTest, ARestartedPsIsReseededFromTheLastCheckpointAndTrainingGoesO
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_back_job", checkpoints, 50), 3,
                                         {"--summary_json=" + summary});
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_OK(cluster->Kill({"ps", 1}));
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
-  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 1}));
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = cluster->Output({"chief", 0});
@@ -636,11 +637,11 @@ TEST(PsTrainingTest, WorkersThatFailedOnADownPsReachItAtOnceWhenItIsBack) {
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(3, 100, "ps_grpc_back_job", checkpoints, 50), 3,
                                         {}, 2, {"--data_path=false"});
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_OK(cluster->Kill({"ps", 1}));
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
   absl::SleepFor(absl::Seconds(3));  // the back-off grows to its longest while the PS is down
-  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 1}));
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = cluster->Output({"chief", 0});
@@ -731,10 +732,10 @@ TEST(PsTrainingTest, AnEpochTrainedAgainAfterARollbackSaysSo) {
   const std::string checkpoints = TempPath("ckpt_ps_again");
   auto cluster = LongJobPastItsFirstEpoch("ps_again_job", checkpoints);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_OK(cluster->Kill({"ps", 1}));
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
-  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 1}));
   // No checkpoint yet (every_steps is past the end): training starts again from step 0.
   EXPECT_TRUE(cluster->WaitForOutput(
       {"chief", 0}, "Epoch 1/50 (trained again from step 0 after the rollback) - 100 steps",
@@ -753,10 +754,10 @@ TEST(PsTrainingTest, AStalledPsThatAnswersAgainLosesNoTraining) {
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(20, 100, "ps_stall_job", checkpoints, 5000), 20,
                                         {"--summary_json=" + summary, "--ps_timeout=1s"});
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGSTOP).ok());
+  ASSERT_OK(cluster->Signal({"ps", 1}, SIGSTOP));
   const bool waited =
       cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30));
-  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGCONT).ok());
+  ASSERT_OK(cluster->Signal({"ps", 1}, SIGCONT));
   ASSERT_TRUE(waited) << cluster->Output({"chief", 0});
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -788,10 +789,10 @@ TEST(PsTrainingTest, APsThatRestartedBetweenTwoPushesIsReseededToo) {
   RemoveFolder(checkpoints);
   auto cluster = PsJobPastItsFirstEpoch(WriteJob(20, 100, "ps_quick_job", checkpoints, 50), 20);
   ASSERT_NE(cluster, nullptr);
-  for (int w = 0; w < 2; ++w) ASSERT_TRUE(cluster->Signal({"worker", w}, SIGSTOP).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_OK(cluster->Signal({"worker", w}, SIGSTOP));
   const absl::Status killed = cluster->Kill({"ps", 1});
   const absl::Status restarted = killed.ok() ? cluster->Restart({"ps", 1}) : killed;
-  for (int w = 0; w < 2; ++w) ASSERT_TRUE(cluster->Signal({"worker", w}, SIGCONT).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_OK(cluster->Signal({"worker", w}, SIGCONT));
   ASSERT_TRUE(restarted.ok()) << restarted;
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -812,16 +813,16 @@ TEST(PsTrainingTest, APsThatFailsWhileAnotherIsReseededIsWaitedForToo) {
   auto cluster =
       PsJobPastItsFirstEpoch(WriteJob(20, 100, "ps_twice_job", checkpoints, 50), 20, {}, 1);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Kill({"ps", 0}).ok());
+  ASSERT_OK(cluster->Kill({"ps", 0}));
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
   // ps:0 answers again, and ps:1 dies as the coordinator re-seeds them (or just before).
-  ASSERT_TRUE(cluster->Restart({"ps", 0}).ok());
-  ASSERT_TRUE(cluster->Kill({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 0}));
+  ASSERT_OK(cluster->Kill({"ps", 1}));
   absl::SleepFor(absl::Seconds(2));
   ASSERT_FALSE(cluster->WaitForExit({"chief", 0}, absl::ZeroDuration()).ok())
       << "the coordinator gave up: " << cluster->Output({"chief", 0});
-  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 1}));
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(90));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = cluster->Output({"chief", 0});
@@ -843,10 +844,10 @@ TEST(PsTrainingTest, ASigtermStopsTheCoordinatorWhileNoWorkerIsUp) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "Epoch 1/50", absl::Seconds(60)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Kill({"worker", 0}).ok());
+  ASSERT_OK((*cluster)->Kill({"worker", 0}));
   ASSERT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "is down", absl::Seconds(30)))
       << (*cluster)->Output({"chief", 0});
-  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
+  ASSERT_OK((*cluster)->Signal({"chief", 0}, SIGTERM));
   const absl::Time signalled = absl::Now();
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -860,7 +861,7 @@ TEST(PsTrainingTest, ASigtermedCoordinatorSavesTheStepsThatFinishedAndResumesThe
   const std::string checkpoints = TempPath("stop_ckpt");
   auto cluster = LongJobPastItsFirstEpoch("stop_job", checkpoints);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Signal({"chief", 0}, SIGTERM).ok());
+  ASSERT_OK(cluster->Signal({"chief", 0}, SIGTERM));
   auto exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(30));
   ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = cluster->Output({"chief", 0});
@@ -873,7 +874,7 @@ TEST(PsTrainingTest, ASigtermedCoordinatorSavesTheStepsThatFinishedAndResumesThe
   std::ifstream pointer(checkpoints + "/checkpoint");
   EXPECT_EQ(nlohmann::json::parse(pointer, nullptr, false)["step"], step);
 
-  ASSERT_TRUE(cluster->Restart({"chief", 0}).ok());
+  ASSERT_OK(cluster->Restart({"chief", 0}));
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "resumed from the checkpoint at step",
                                      absl::Seconds(60)))
       << cluster->Output({"chief", 0});
@@ -890,7 +891,7 @@ void ExpectASigtermedPsToLoseNothing(const std::string& name, int every_steps) {
   const std::string checkpoints = TempPath(name + "_ckpt");
   auto cluster = LongJobPastItsFirstEpoch(name, checkpoints, every_steps);
   ASSERT_NE(cluster, nullptr);
-  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGTERM).ok());
+  ASSERT_OK(cluster->Signal({"ps", 1}, SIGTERM));
   auto ps_exit = cluster->WaitForExit({"ps", 1}, absl::Seconds(30));
   ASSERT_TRUE(ps_exit.ok()) << ps_exit.status();
   EXPECT_EQ(ps_exit->exit_code, 0) << cluster->Output({"ps", 1});
@@ -902,7 +903,7 @@ void ExpectASigtermedPsToLoseNothing(const std::string& name, int every_steps) {
   // Restarted once the chief waits for it, as an evicted pod comes back.
   ASSERT_TRUE(cluster->WaitForOutput({"chief", 0}, "for it to come back", absl::Seconds(30)))
       << cluster->Output({"chief", 0});
-  ASSERT_TRUE(cluster->Restart({"ps", 1}).ok());
+  ASSERT_OK(cluster->Restart({"ps", 1}));
   ASSERT_TRUE(
       cluster->WaitForOutput({"chief", 0}, "the parameter servers are back", absl::Seconds(60)))
       << cluster->Output({"chief", 0});
@@ -937,7 +938,7 @@ TEST(PsTrainingTest, ASigtermedPsIsNotReleasedByASaveWhoseCommitFailed) {
   auto cluster = LongJobPastItsFirstEpoch("ps_commit_fails_job", checkpoints);
   ASSERT_NE(cluster, nullptr);
   std::filesystem::create_directories(checkpoints + "/checkpoint/in_the_way");
-  ASSERT_TRUE(cluster->Signal({"ps", 1}, SIGTERM).ok());
+  ASSERT_OK(cluster->Signal({"ps", 1}, SIGTERM));
   auto chief_exit = cluster->WaitForExit({"chief", 0}, absl::Seconds(30));
   ASSERT_TRUE(chief_exit.ok()) << chief_exit.status();
   const std::string chief = cluster->Output({"chief", 0});
@@ -963,7 +964,7 @@ TEST(PsTrainingTest, EveryTaskSigtermedAtOnceStillSavesTheJobsState) {
   ASSERT_NE(cluster, nullptr);
   const std::vector<TaskKey> tasks = {
       {"ps", 0}, {"ps", 1}, {"worker", 0}, {"worker", 1}, {"chief", 0}};
-  for (const TaskKey& task : tasks) ASSERT_TRUE(cluster->Signal(task, SIGTERM).ok());
+  for (const TaskKey& task : tasks) ASSERT_OK(cluster->Signal(task, SIGTERM));
   for (const TaskKey& task : tasks) {
     auto exit = cluster->WaitForExit(task, absl::Seconds(30));
     ASSERT_TRUE(exit.ok()) << task.ToString() << ": " << exit.status();

@@ -17,6 +17,7 @@
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/net/free_port.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -276,7 +277,7 @@ TEST(RoleBinariesTest, TheCoordinatorRefusesAMissingDataFileBeforeItWaitsForTheC
 // model split over another number of ps tasks would be restored re-split.
 TEST(RoleBinariesTest, TheCoordinatorRefusesACheckpointOfAnotherModelBeforeItWaitsForTheCluster) {
   const std::string dir = ::testing::TempDir() + "/other_model_ckpt_" + std::to_string(getpid());
-  ASSERT_TRUE(CreateCheckpointFolder(dir, 100).ok());
+  ASSERT_OK(CreateCheckpointFolder(dir, 100));
   const nlohmann::json shard = {{"variable", "dense/kernel"},
                                 {"shard", "dense/kernel"},
                                 {"ps_task", 0},
@@ -286,7 +287,7 @@ TEST(RoleBinariesTest, TheCoordinatorRefusesACheckpointOfAnotherModelBeforeItWai
                                    {"step", 100},
                                    {"files", nlohmann::json::array()},
                                    {"shards", nlohmann::json::array({shard})}};
-  ASSERT_TRUE(CommitCheckpoint(dir, 100, manifest, 3).ok());
+  ASSERT_OK(CommitCheckpoint(dir, 100, manifest, 3));
   BinaryRun run = RunChangedJobWithoutCluster(
       "stratum-coordinator", kChiefOfAClusterThatIsDown, "fashion_mnist_ps.json",
       [&](nlohmann::json& job) { job["checkpoint"]["dir"] = dir; });
@@ -329,7 +330,7 @@ TEST(RoleBinariesTest, AClusterTimeoutUnderASecondIsAUsageError) {
 
 TEST(RoleBinariesTest, FlagsOverrideTheTask) {
   auto port = PickFreePort();
-  ASSERT_TRUE(port.ok());
+  ASSERT_OK(port);
   const std::string address = "127.0.0.1:" + std::to_string(*port);
   // TF_CONFIG says worker:0, the flag says worker:5, which does not exist.
   BinaryRun run = RunBinary("stratum-worker", {"--task_index=5"},
@@ -378,7 +379,7 @@ TEST(RoleBinariesTest, SigtermAndSigintStopEveryServerWithinFiveSeconds) {
       {{"worker", 0}, SIGTERM}, {{"ps", 0}, SIGINT}, {{"evaluator", 0}, SIGTERM}};
   for (const auto& [task, signal] : stops) {
     const absl::Time start = absl::Now();
-    ASSERT_TRUE((*cluster)->Signal(task, signal).ok());
+    ASSERT_OK((*cluster)->Signal(task, signal));
     auto exit = (*cluster)->WaitForExit(task, absl::Seconds(5));
     ASSERT_TRUE(exit.ok()) << task.ToString() << ": " << exit.status();
     EXPECT_TRUE(exit->success()) << task.ToString() << " " << exit->ToString();
@@ -398,7 +399,7 @@ TEST(RoleBinariesTest, SigtermStopsACoordinatorThatIsStillWaiting) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::SleepFor(absl::Milliseconds(500));  // let it start waiting
   const absl::Time start = absl::Now();
-  ASSERT_TRUE((*cluster)->Signal({"chief", 0}, SIGTERM).ok());
+  ASSERT_OK((*cluster)->Signal({"chief", 0}, SIGTERM));
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(5));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 1);

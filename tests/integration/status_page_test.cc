@@ -17,6 +17,7 @@
 #include "stratum/net/free_port.h"
 #include "stratum/net/http_server.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -122,7 +123,7 @@ TEST(StatusPageTest, ABrowserShowsTheClusterAndCurvesThatGrowWhileItTrains) {
 
 TEST(StatusPageTest, APortInUseIsRefusedWithTheFlagToChange) {
   absl::StatusOr<int> port = PickFreePort();
-  ASSERT_TRUE(port.ok());
+  ASSERT_OK(port);
   auto holder = HttpServer::Start(absl::StrCat("127.0.0.1:", *port), {});
   ASSERT_TRUE(holder.ok()) << holder.status();
   auto cluster =

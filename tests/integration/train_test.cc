@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "stratum/testing/independent_readers.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -161,7 +162,7 @@ TEST(StratumTrainTest, DrawsAProgressBarOnATerminal) {
   auto process = Subprocess::Spawn(std::move(options));
   ASSERT_TRUE(process.ok()) << process.status();
   auto exit = (*process)->Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.ok());
+  ASSERT_OK(exit);
   const std::string output = (*process)->output();
   EXPECT_EQ(exit->exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("Epoch 1/1"));

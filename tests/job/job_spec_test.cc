@@ -1,5 +1,6 @@
 #include "stratum/job/job_spec.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/json_depth.h"
 
 #include <gmock/gmock.h>
@@ -169,7 +170,7 @@ TEST(JobSpecTest, ValuesThatCannotBeMeantAreRefusedWithTheFix) {
               HasSubstr("fit.steps_per_epoch is 4611686018427387904: use 0 (one pass over the "
                         "training data) or a number of steps up to 1000000000000"));
   job["fit"] = {{"steps_per_epoch", 1000000000000}};
-  EXPECT_TRUE(ParseJobSpec(job.dump(), "job.json", "/jobs").ok());
+  EXPECT_OK(ParseJobSpec(job.dump(), "job.json", "/jobs"));
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {

@@ -14,6 +14,7 @@
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/testing/functional_json.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -149,9 +150,9 @@ TEST(BatchNormalizationTest, TrainingNormalizesByTheBatchAndStepsTheMovingStatis
   // Moving statistics elsewhere: the step moves them 10% of the way to the batch's.
   vars[2] = Random(Shape({3}), 11);
   vars[3] = Random(Shape({3}), 12, 2, 0.1f);
-  ASSERT_TRUE(model.TrainStep(vars, x, y, loss, 1.0f / 6, *ws, grads, 0.25f).ok());
+  ASSERT_OK(model.TrainStep(vars, x, y, loss, 1.0f / 6, *ws, grads, 0.25f));
   auto again = model.TrainStep(vars, x, y, loss, 1.0f / 6, *ws, grads, 0.25f);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_NEAR(again->loss_sum, trained->loss_sum, 1e-4 * trained->loss_sum)
       << "the moving statistics do not enter a training step";
   for (int64_t c = 0; c < 3; ++c) {
@@ -162,7 +163,7 @@ TEST(BatchNormalizationTest, TrainingNormalizesByTheBatchAndStepsTheMovingStatis
   }
   // Applied by any optimizer, the step is subtracted as it is.
   auto adam = Optimizer::FromKeras("adam");
-  ASSERT_TRUE(adam.ok());
+  ASSERT_OK(adam);
   std::vector<Tensor> updated;
   for (const Tensor& v : vars) updated.push_back(v.Clone());
   std::vector<std::vector<Tensor>> slots;
@@ -194,7 +195,8 @@ TEST(BatchNormalizationTest, AFrozenLayerRunsInInferenceModeAndNothingMoves) {
   std::vector<Tensor> grads;
   auto trained = model.TrainStep(vars, x, y, loss, 1.0f / 5, *ws, grads);
   auto evaluated = model.Evaluate(vars, x, y, loss, *ws);
-  ASSERT_TRUE(trained.ok() && evaluated.ok());
+  ASSERT_OK(trained);
+  ASSERT_OK(evaluated);
   EXPECT_NEAR(trained->loss_sum, evaluated->loss_sum, 1e-5 * evaluated->loss_sum);
   for (size_t v = 2; v < 6; ++v) {
     for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(grads[v].data<float>()[c], 0.0f);
@@ -227,17 +229,17 @@ TEST(BatchNormalizationTest, SyncBatchNormalizationIsTheSynchronizedLayer) {
   layer["config"]["synchronized"] = true;
   EXPECT_THAT(Model::FromKerasJson(Sequential({3}, {layer})).status().message(),
               HasSubstr("SyncBatchNormalization is always synchronized"));
-  EXPECT_TRUE(Model::FromKerasJson(Sequential({3}, {BatchNorm({{"synchronized", true}})})).ok());
+  EXPECT_OK(Model::FromKerasJson(Sequential({3}, {BatchNorm({{"synchronized", true}})})));
   // Regularizers on gamma and beta count as on any variable.
   const Model regularized = Build({3}, {{"gamma_regularizer", "l2"}, {"beta_regularizer", "l1"}});
   EXPECT_EQ(regularized.variables()[0].l2, 0.01);
   EXPECT_EQ(regularized.variables()[1].l1, 0.01);
   // Local statistics run on GPUs; statistics synchronized over GPU replicas do not yet: such
   // a model trains on the CPU, saying why. Frozen, the layer syncs nothing.
-  EXPECT_TRUE(Build({3}, json::object()).CheckRunsOnGpu().ok());
+  EXPECT_OK(Build({3}, json::object()).CheckRunsOnGpu());
   EXPECT_THAT(Build({3}, {{"synchronized", true}}).CheckRunsOnGpu().message(),
               HasSubstr("\"bn\" (BatchNormalization) has no CUDA kernel yet"));
-  EXPECT_TRUE(Build({3}, {{"synchronized", true}, {"trainable", false}}).CheckRunsOnGpu().ok());
+  EXPECT_OK(Build({3}, {{"synchronized", true}, {"trainable", false}}).CheckRunsOnGpu());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/model/model.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -139,7 +140,7 @@ TEST(ConvLayersTest, MaxPoolingRoutesATiedGradientToTheFirstMaximum) {
   auto ws = model.NewWorkspace(0);
   std::vector<Tensor> grads;
   const std::vector<Tensor> vars = model.InitialVariables(1);
-  ASSERT_TRUE(model.TrainStep(vars, x, y, Loss::MeanSquaredError(), 1.0f, *ws, grads).ok());
+  ASSERT_OK(model.TrainStep(vars, x, y, Loss::MeanSquaredError(), 1.0f, *ws, grads));
   // d/d(out) = 2 * 3; the first pixel's (1, 2) times it.
   EXPECT_FLOAT_EQ(grads[0].data<float>()[0], 6.0f);
   EXPECT_FLOAT_EQ(grads[0].data<float>()[1], 12.0f);

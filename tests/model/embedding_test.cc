@@ -12,6 +12,7 @@
 #include "stratum/device/device.h"
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -149,7 +150,7 @@ TEST(EmbeddingTest, AStepOnTheRowsItReadsMatchesTheStepOnTheWholeTable) {
   ASSERT_TRUE(model->variables()[0].row_sparse);
   EXPECT_FALSE(model->variables()[1].row_sparse);
   auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
-  ASSERT_TRUE(loss.ok());
+  ASSERT_OK(loss);
   const std::vector<Tensor> whole = model->InitialVariables(3);
   // 60 and -1 lie outside the table; 7 and 49 appear twice.
   const Tensor x =
@@ -175,7 +176,7 @@ TEST(EmbeddingTest, AStepOnTheRowsItReadsMatchesTheStepOnTheWholeTable) {
     std::copy_n(whole[0].data<float>() + (*rows)[i] * 3, 3, given[0].data<float>() + i * 3);
   }
   auto sparse_ws = model->NewWorkspace(1);
-  ASSERT_TRUE(sparse_ws->SetVariableRows(0, *rows).ok());
+  ASSERT_OK(sparse_ws->SetVariableRows(0, *rows));
   std::vector<Tensor> sparse_grads;
   auto sparse = model->TrainStep(given, x, y, *loss, 1.0f / 3, *sparse_ws, sparse_grads);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
@@ -203,7 +204,7 @@ TEST(EmbeddingTest, AStepOnTheRowsItReadsMatchesTheStepOnTheWholeTable) {
   EXPECT_THAT(std::string(model->Predict(whole, x, *sparse_ws).status().message()),
               HasSubstr("(the rows the workspace was given)"));
   sparse_ws->ClearVariableRows();
-  EXPECT_TRUE(model->Predict(whole, x, *sparse_ws).ok());
+  EXPECT_OK(model->Predict(whole, x, *sparse_ws));
 
   EXPECT_THAT(std::string(sparse_ws->SetVariableRows(0, {3, 3}).message()),
               HasSubstr("not sorted, unique and within its 50 rows"));

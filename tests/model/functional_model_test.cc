@@ -12,6 +12,7 @@
 
 #include "stratum/model/model.h"
 #include "stratum/testing/functional_json.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -70,7 +71,7 @@ TEST(FunctionalModelTest, BuildsTheTwoInputResidualModelFromBothForms) {
     EXPECT_THAT(summary, HasSubstr(" top (InputLayer)"));
     EXPECT_THAT(summary, HasSubstr("['mix[0][0]', 'top_dense[0][0]', 'bottom_dense[0][0]']"));
     // Every layer's math is the Device interface's, which the CUDA device implements.
-    EXPECT_TRUE(model.CheckRunsOnGpu().ok());
+    EXPECT_OK(model.CheckRunsOnGpu());
   }
 }
 
@@ -84,7 +85,8 @@ TEST(FunctionalModelTest, BothFormsComputeTheSameValues) {
   auto ws3 = keras3.NewWorkspace(0);
   auto a = keras2.Predict(vars, x, *ws2);
   auto b = keras3.Predict(vars, x, *ws3);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_TRUE(a->BitwiseEqual(*b));
 }
 
@@ -164,7 +166,8 @@ TEST(FunctionalModelTest, ALinearGraphTrainsAsTheSequentialModelDoes) {
   std::vector<Tensor> ga, gb;
   auto sa = a.TrainStep(vars, x, y, loss, 1.0f / 6, *ws_a, ga);
   auto sb = b.TrainStep(vars, x, y, loss, 1.0f / 6, *ws_b, gb);
-  ASSERT_TRUE(sa.ok() && sb.ok());
+  ASSERT_OK(sa);
+  ASSERT_OK(sb);
   EXPECT_EQ(sa->loss_sum, sb->loss_sum);
   ASSERT_EQ(ga.size(), gb.size());
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].BitwiseEqual(gb[i])) << i;

@@ -12,6 +12,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -77,7 +78,7 @@ TEST(IntegerLookupTest, FeedsAnEmbeddingThatTrainsOnTheCpu) {
   EXPECT_THAT(std::string(model->CheckRunsOnGpu().message()),
               HasSubstr("(IntegerLookup) has no CUDA kernel yet"));
   auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
-  ASSERT_TRUE(loss.ok());
+  ASSERT_OK(loss);
   auto ws = model->NewWorkspace(1);
   std::vector<Tensor> variables = model->InitialVariables(1), gradients;
   const Tensor x = Tensor::FromVector<float>({2, 4}, {3, 1, 4, 15, 9, 2, 6, 5});

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/model/model.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -65,7 +66,7 @@ TEST(LossTest, BinaryCrossentropyMatchesKeras) {
   // Probabilities 0.8 (label 1) and 0.3 (label 1), ids as uint8.
   const Tensor p = Tensor::FromVector<float>({2, 1}, {0.8f, 0.3f});
   const Tensor ids = Tensor::FromVector<uint8_t>({2}, {1, 1});
-  ASSERT_TRUE(loss->ValidateTargets(ids, 2, 1).ok());
+  ASSERT_OK(loss->ValidateTargets(ids, 2, 1));
   std::vector<float> grad(2);
   StepStats stats = loss->Compute(p.Matrix(), nullptr, ids, 0.5f, grad.data());
   EXPECT_NEAR(stats.loss_sum, -std::log(0.8) - std::log(0.3), 1e-6);
@@ -84,7 +85,7 @@ TEST(LossTest, BinaryCrossentropyMatchesKeras) {
   ASSERT_TRUE(logits.ok()) << logits.status();
   const Tensor z = Tensor::FromVector<float>({2, 1}, {0.5f, -30.0f});
   const Tensor labels = Tensor::FromVector<float>({2}, {0, 0});
-  ASSERT_TRUE(logits->ValidateTargets(labels, 2, 1).ok());
+  ASSERT_OK(logits->ValidateTargets(labels, 2, 1));
   stats = logits->Compute(z.Matrix(), nullptr, labels, 1, grad.data());
   EXPECT_NEAR(stats.loss_sum, 0.5 + std::log1p(std::exp(-0.5)) + std::log1p(std::exp(-30.0)), 1e-6);
   EXPECT_EQ(stats.correct, 1);  // 0.5 > 0 says 1; -30 says 0
@@ -127,7 +128,7 @@ TEST(LossTest, SparseProbabilitiesAreClippedLikeKeras) {
   const Loss loss = Loss::SparseCategoricalCrossentropy();
   const Tensor p = Tensor::FromVector<float>(Shape({2, 3}), {0.2f, 0.7f, 0.1f, 1.0f, 0.0f, 0.0f});
   const Tensor y = Tensor::FromVector<int64_t>(Shape({2}), {1, 1});
-  ASSERT_TRUE(loss.ValidateTargets(y, 2, 3).ok());
+  ASSERT_OK(loss.ValidateTargets(y, 2, 3));
   std::vector<float> grad(6);
   const StepStats stats = loss.Compute(p.Matrix(), nullptr, y, 0.5f, grad.data());
   // Example 1: the label's probability 0 is clipped to 1e-7: -log(1e-7 / (1 - 1e-7 + 2e-7)).
@@ -154,7 +155,7 @@ TEST(LossTest, MeanSquaredErrorAndBinaryAccuracy) {
   const Loss loss = Loss::MeanSquaredError();
   const Tensor p = Tensor::FromVector<float>(Shape({2, 1}), {0.8f, 0.4f});
   const Tensor t = Tensor::FromVector<float>(Shape({2}), {1.0f, 1.0f});
-  ASSERT_TRUE(loss.ValidateTargets(t, 2, 1).ok());
+  ASSERT_OK(loss.ValidateTargets(t, 2, 1));
   std::vector<float> grad(2);
   const StepStats stats = loss.Compute(p.Matrix(), nullptr, t, 0.5f, grad.data());
   EXPECT_NEAR(stats.loss_sum, 0.04 + 0.36, 1e-6);
@@ -194,16 +195,16 @@ TEST(LossTest, FusedSoftmaxCrossEntropyStaysFiniteOnHugeLogits) {
   // logits (with a warning), so the values are the same.
   auto from_logits =
       model.TrainStep(vars, x, y, Loss::SparseCategoricalCrossentropy(true), 0.5f, *ws, grads);
-  ASSERT_TRUE(from_logits.ok());
+  ASSERT_OK(from_logits);
   EXPECT_EQ(from_logits->loss_sum, sparse->loss_sum);
   const Tensor onehot = Tensor::FromVector<float>(Shape({2, 3}), {0, 1, 0, 0, 0, 1});
   auto categorical =
       model.TrainStep(vars, x, onehot, Loss::CategoricalCrossentropy(), 0.5f, *ws, grads);
-  ASSERT_TRUE(categorical.ok());
+  ASSERT_OK(categorical);
   EXPECT_NEAR(categorical->loss_sum, 2000.0, 1e-2);
   for (const Tensor& g : grads) EXPECT_TRUE(g.Flat().isFinite().all());
   auto evaluated = model.Evaluate(vars, x, y, Loss::SparseCategoricalCrossentropy(), *ws);
-  ASSERT_TRUE(evaluated.ok());
+  ASSERT_OK(evaluated);
   EXPECT_NEAR(evaluated->loss_sum, 2000.0, 1e-2);
   EXPECT_EQ(evaluated->correct, 1);
 }
@@ -223,22 +224,22 @@ TEST(LossTest, ModelsRefuseFromLogitsOnASoftmaxOutput) {
                 "output (layer \"out\") is a softmax, so it gives probabilities, not logits: set "
                 "from_logits to false, or make the last layer's activation linear"));
   EXPECT_FALSE(dense.CheckLoss(Loss::CategoricalCrossentropy(true)).ok());
-  EXPECT_TRUE(dense.CheckLoss(Loss::SparseCategoricalCrossentropy()).ok());
-  EXPECT_TRUE(dense.CheckLoss(Loss::MeanSquaredError()).ok());
+  EXPECT_OK(dense.CheckLoss(Loss::SparseCategoricalCrossentropy()));
+  EXPECT_OK(dense.CheckLoss(Loss::MeanSquaredError()));
   const Model activation = model(R"({"class_name": "Dense", "config": {"units": 3}},
       {"class_name": "Activation", "config": {"name": "probs", "activation": "softmax"}},
       {"class_name": "Dropout", "config": {"rate": 0.5}})");
   EXPECT_THAT(std::string(activation.CheckLoss(Loss::CategoricalCrossentropy(true)).message()),
               HasSubstr("the model's output (layer \"probs\") is a softmax"));
   const Model logits = model(R"({"class_name": "Dense", "config": {"units": 3}})");
-  EXPECT_TRUE(logits.CheckLoss(Loss::SparseCategoricalCrossentropy(true)).ok());
-  EXPECT_TRUE(logits.CheckLoss(Loss::CategoricalCrossentropy(true)).ok());
+  EXPECT_OK(logits.CheckLoss(Loss::SparseCategoricalCrossentropy(true)));
+  EXPECT_OK(logits.CheckLoss(Loss::CategoricalCrossentropy(true)));
 }
 
 TEST(LossTest, ValidatesTargets) {
   const Loss sparse = Loss::SparseCategoricalCrossentropy();
-  EXPECT_TRUE(sparse.ValidateTargets(Tensor(DType::kUInt8, Shape({4})), 4, 10).ok());
-  EXPECT_TRUE(sparse.ValidateTargets(Tensor(DType::kInt32, Shape({4, 1})), 4, 10).ok());
+  EXPECT_OK(sparse.ValidateTargets(Tensor(DType::kUInt8, Shape({4})), 4, 10));
+  EXPECT_OK(sparse.ValidateTargets(Tensor(DType::kInt32, Shape({4, 1})), 4, 10));
   EXPECT_EQ(std::string(sparse.ValidateTargets(Tensor(DType::kInt32, Shape({3})), 4, 10).message()),
             "y is int32[3], but sparse_categorical_crossentropy takes one class id per example: "
             "pass y of shape [4]");
@@ -247,7 +248,7 @@ TEST(LossTest, ValidatesTargets) {
           sparse.ValidateTargets(Tensor::FromVector<int32_t>(Shape({1}), {-1}), 1, 10).message()),
       HasSubstr("y[0] is -1, outside the 10 classes"));
   const Loss categorical = Loss::CategoricalCrossentropy();
-  EXPECT_TRUE(categorical.ValidateTargets(Tensor(DType::kFloat32, Shape({4, 10})), 4, 10).ok());
+  EXPECT_OK(categorical.ValidateTargets(Tensor(DType::kFloat32, Shape({4, 10})), 4, 10));
   EXPECT_EQ(
       std::string(categorical.ValidateTargets(Tensor(DType::kInt64, Shape({4})), 4, 10).message()),
       "y is int64[4], but categorical_crossentropy takes float32 targets of shape [4, 10] "

@@ -11,6 +11,7 @@
 #include "stratum/model/loss.h"
 #include "stratum/model/model.h"
 #include "stratum/testing/functional_json.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -120,7 +121,7 @@ TEST_P(GradientTest, MatchesFiniteDifferences) {
   };
   auto ws = model.NewWorkspace(5);
   std::vector<Tensor> grads;
-  ASSERT_TRUE(model.TrainStep(vars, x, y, loss, scale, *ws, grads).ok());
+  ASSERT_OK(model.TrainStep(vars, x, y, loss, scale, *ws, grads));
 
   constexpr float kStep = 2e-3f;
   int checked = 0;

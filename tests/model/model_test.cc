@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/model/optimizer.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -413,7 +414,7 @@ TEST(ModelDropoutTest, InvertedDropoutInTrainingIdentityInInference) {
   EXPECT_NEAR(fraction_kept, 0.75, 0.03);
   // Evaluate is inference: out == x, loss = 4 per example.
   auto eval = model.Evaluate({}, x, y, Loss::MeanSquaredError(), *ws);
-  ASSERT_TRUE(eval.ok());
+  ASSERT_OK(eval);
   EXPECT_DOUBLE_EQ(eval->loss_sum, 8.0);
   // Masks differ from step to step, and between workspaces with different seeds.
   auto again = model.TrainStep({}, x, y, Loss::MeanSquaredError(), 1.0f, *ws, grads);
@@ -442,7 +443,8 @@ TEST(ModelStepTest, LossScaleScalesGradientsNotTheLossSum) {
   std::vector<Tensor> g_local, g_global;
   auto s1 = model.TrainStep(vars, b.x, b.y, loss, 1.0f / 16, *ws, g_local);
   auto s2 = model.TrainStep(vars, b.x, b.y, loss, 1.0f / 64, *ws, g_global);
-  ASSERT_TRUE(s1.ok() && s2.ok());
+  ASSERT_OK(s1);
+  ASSERT_OK(s2);
   EXPECT_EQ(s1->loss_sum, s2->loss_sum);
   EXPECT_EQ(s1->examples, 16);
   EXPECT_GT(s1->loss_sum / 16, 1.5);  // about log(10) at initialization
@@ -468,7 +470,7 @@ TEST(ModelStepTest, EvaluateAndPredictAgree) {
   const Batch b = RandomBatch(8, 3);
   auto ws = model.NewWorkspace(0);
   auto predicted = model.Predict(vars, b.x, *ws);
-  ASSERT_TRUE(predicted.ok());
+  ASSERT_OK(predicted);
   EXPECT_EQ(predicted->shape(), Shape({8, 10}));
   double loss_sum = 0;
   int64_t correct = 0;
@@ -481,12 +483,12 @@ TEST(ModelStepTest, EvaluateAndPredictAgree) {
     correct += arg == b.y.data<int32_t>()[i];
   }
   auto stats = model.Evaluate(vars, b.x, b.y, Loss::SparseCategoricalCrossentropy(), *ws);
-  ASSERT_TRUE(stats.ok());
+  ASSERT_OK(stats);
   EXPECT_NEAR(stats->loss_sum, loss_sum, 1e-4);
   EXPECT_EQ(stats->correct, correct);
   // Flattened inputs are accepted too.
   auto flat = model.Predict(vars, *b.x.Reshape(Shape({8, 784})), *ws);
-  ASSERT_TRUE(flat.ok());
+  ASSERT_OK(flat);
   EXPECT_TRUE(flat->BitwiseEqual(*predicted));
 }
 
@@ -494,7 +496,7 @@ TEST(ModelStepTest, TrainingReducesTheLoss) {
   const Model model = MustParse(kKeras3Json);
   std::vector<Tensor> vars = model.InitialVariables(7);
   auto adam = Optimizer::FromKeras("adam");
-  ASSERT_TRUE(adam.ok());
+  ASSERT_OK(adam);
   const Batch b = RandomBatch(32, 4);
   auto ws = model.NewWorkspace(0);
   std::vector<Tensor> grads;
@@ -503,7 +505,7 @@ TEST(ModelStepTest, TrainingReducesTheLoss) {
   double first = 0, last = 0;
   for (int step = 0; step < 50; ++step) {
     auto stats = model.TrainStep(vars, b.x, b.y, loss, 1.0f / 32, *ws, grads);
-    ASSERT_TRUE(stats.ok());
+    ASSERT_OK(stats);
     (*adam)->Apply(vars, grads, slots, step);
     if (step == 0) first = stats->loss_sum;
     last = stats->loss_sum;
@@ -555,11 +557,11 @@ TEST(ModelStepTest, WorkspaceGrowsOnlyWhenTheBatchGrows) {
   std::vector<Tensor> grads;
   const Loss loss = Loss::SparseCategoricalCrossentropy();
   const Batch big = RandomBatch(64, 1), small = RandomBatch(10, 2);
-  ASSERT_TRUE(model.TrainStep(vars, small.x, small.y, loss, 1, *ws, grads).ok());
+  ASSERT_OK(model.TrainStep(vars, small.x, small.y, loss, 1, *ws, grads));
   EXPECT_EQ(ws->capacity(), 10);
   const void* grad_buffer = grads[0].raw_data();
-  ASSERT_TRUE(model.TrainStep(vars, big.x, big.y, loss, 1, *ws, grads).ok());
-  ASSERT_TRUE(model.TrainStep(vars, small.x, small.y, loss, 1, *ws, grads).ok());
+  ASSERT_OK(model.TrainStep(vars, big.x, big.y, loss, 1, *ws, grads));
+  ASSERT_OK(model.TrainStep(vars, small.x, small.y, loss, 1, *ws, grads));
   EXPECT_EQ(ws->capacity(), 64);
   EXPECT_EQ(grads[0].raw_data(), grad_buffer);  // gradients are reused, not reallocated
 }
@@ -570,7 +572,7 @@ TEST(ModelThroughputTest, ReferenceModelTrainStepPlusAdam) {
   const Model model = MustParse(kKeras3Json);
   std::vector<Tensor> vars = model.InitialVariables(1);
   auto adam = Optimizer::FromKeras("adam");
-  ASSERT_TRUE(adam.ok());
+  ASSERT_OK(adam);
   std::vector<std::vector<Tensor>> slots;
   for (const Tensor& v : vars) slots.push_back((*adam)->NewSlots(v));
   const Batch b = RandomBatch(64, 9);
@@ -642,7 +644,8 @@ TEST(ModelRegularizerTest, AddsKerasRegularizationToLossAndGradients) {
   std::vector<Tensor> g_plain, g_reg;
   auto s_plain = plain.TrainStep(vars, x, y, loss, 0.5f, *ws_plain, g_plain, 0.25f);
   auto s_reg = regularized.TrainStep(vars, x, y, loss, 0.5f, *ws_reg, g_reg, 0.25f);
-  ASSERT_TRUE(s_plain.ok() && s_reg.ok());
+  ASSERT_OK(s_plain);
+  ASSERT_OK(s_reg);
   const double reg = 0.1 * vars[0].Flat().square().sum() + 0.01 * vars[1].Flat().abs().sum();
   EXPECT_NEAR(regularized.RegularizationLoss(vars), reg, 1e-6);
   EXPECT_NEAR(s_reg->loss_sum - s_plain->loss_sum, 2 * reg, 1e-5);

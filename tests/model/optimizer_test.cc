@@ -1,6 +1,7 @@
 // Optimizer updates against Keras' formulas evaluated by hand (in double), defaults, and the
 // refusal of options Stratum does not implement.
 #include "stratum/model/optimizer.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <cmath>
 #include <functional>
@@ -287,7 +288,7 @@ TEST(OptimizerTest, WeightDecayShrinksTheVariableBeforeTheUpdate) {
   EXPECT_FALSE((*adamw)->ZeroGradientChangesNothing());
   auto adam =
       Optimizer::FromKeras(json{{"class_name", "Adam"}, {"config", {{"learning_rate", 0.1}}}});
-  ASSERT_TRUE(adam.ok());
+  ASSERT_OK(adam);
   Tensor decayed = Tensor::FromVector<float>({2}, {1.0f, -2.0f});
   Tensor plain =
       Tensor::FromVector<float>({2}, {1.0f * (1 - 0.004f * 0.1f), -2.0f * (1 - 0.004f * 0.1f)});
@@ -304,7 +305,7 @@ TEST(OptimizerTest, WeightDecayShrinksTheVariableBeforeTheUpdate) {
   // weight_decay on SGD: var * (1 - 0.5 * 0.1) - 0.1 * g.
   auto sgd = Optimizer::FromKeras(
       json{{"class_name", "SGD"}, {"config", {{"learning_rate", 0.1}, {"weight_decay", 0.5}}}});
-  ASSERT_TRUE(sgd.ok());
+  ASSERT_OK(sgd);
   Tensor w = Tensor::FromVector<float>({1}, {2.0f});
   std::vector<Tensor> none;
   (*sgd)->ApplyDense(w, Tensor::FromVector<float>({1}, {1.0f}), none, 0);

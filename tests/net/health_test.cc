@@ -15,6 +15,7 @@
 #include "stratum/net/channel.h"
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/subprocess.h"
 
@@ -52,7 +53,7 @@ TEST(FreePortTest, PicksDifferentPortsThatCanBeBound) {
   EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
   EXPECT_EQ(sorted.size(), 300u);
   EXPECT_FALSE(PickFreePorts(1, "not-an-address").ok());
-  EXPECT_TRUE(PickFreePort("localhost").ok());  // the loopback, as TF_CONFIG may name it
+  EXPECT_OK(PickFreePort("localhost"));  // the loopback, as TF_CONFIG may name it
   EXPECT_THAT(std::string(PickFreePort("not-an-address").status().message()),
               ::testing::HasSubstr("give an IP address such as 127.0.0.1 or ::1, or localhost"));
 }
@@ -71,7 +72,7 @@ std::unique_ptr<Subprocess> HoldClaimElsewhere(int port) {
 }
 
 TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
-  ASSERT_TRUE(PickFreePort().ok());  // makes the claim folder
+  ASSERT_OK(PickFreePort());  // makes the claim folder
   // Below the range PickFreePort draws from, so no test beside this one claims it.
   const int port = 10000 + getpid() % 10000;
   std::unique_ptr<Subprocess> holder = HoldClaimElsewhere(port);
@@ -85,7 +86,7 @@ TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
 
   // The kernel drops the claim with its process, however it ends.
   holder->Signal(SIGKILL);
-  ASSERT_TRUE(holder->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(holder->Wait(absl::Seconds(10)));
   EXPECT_TRUE(ClaimPort(port));
   EXPECT_FALSE(ClaimPort(port)) << "a claim is held once, also within one process";
   std::unique_ptr<Subprocess> refused = HoldClaimElsewhere(port);
@@ -98,7 +99,7 @@ TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
 TEST(TaskServerTest, ServesHealthAndTaskStatus) {
   const std::string address = FreeAddress();
   auto server = Serve({"worker", 3}, address);
-  EXPECT_TRUE(CheckHealth(address, absl::Seconds(5)).ok());
+  EXPECT_OK(CheckHealth(address, absl::Seconds(5)));
   auto report = GetTaskReport(address, absl::Seconds(5));
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->task, (TaskKey{"worker", 3}));
@@ -112,7 +113,7 @@ TEST(TaskServerTest, ServesHealthAndTaskStatus) {
 TEST(TaskServerTest, HealthFailsAfterShutdown) {
   const std::string address = FreeAddress();
   auto server = Serve({"ps", 0}, address);
-  ASSERT_TRUE(CheckHealth(address, absl::Seconds(5)).ok());
+  ASSERT_OK(CheckHealth(address, absl::Seconds(5)));
   server->Shutdown(absl::Seconds(1));
   EXPECT_EQ(CheckHealth(address, absl::Seconds(1)).code(), absl::StatusCode::kUnavailable);
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -23,7 +24,7 @@ CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
 
 TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom) {
   CoordinatorLease lease(absl::Milliseconds(300));
-  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  ASSERT_OK(lease.Claim(kFirst));
   const absl::Status refused = lease.Claim(kSecond);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.message()),
@@ -36,7 +37,7 @@ TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom)
   // The holder's heartbeats keep it through a wait longer than the lease.
   std::thread heartbeats([&lease] {
     for (int i = 0; i < 8; ++i) {
-      EXPECT_TRUE(lease.Heartbeat(Of(kFirst)).ok());
+      EXPECT_OK(lease.Heartbeat(Of(kFirst)));
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
@@ -47,10 +48,10 @@ TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom)
 TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
   CoordinatorLease lease(absl::Milliseconds(200));
   // Heartbeats do not claim: a PS nobody holds answers them, and stays free.
-  EXPECT_TRUE(lease.Heartbeat(Of(kSecond)).ok());
-  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  EXPECT_OK(lease.Heartbeat(Of(kSecond)));
+  ASSERT_OK(lease.Claim(kFirst));
   const absl::Time start = absl::Now();
-  EXPECT_TRUE(lease.Claim(kSecond, absl::Seconds(5)).ok());
+  EXPECT_OK(lease.Claim(kSecond, absl::Seconds(5)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // once the holder fell silent
   EXPECT_TRUE(lease.Release(Of(kSecond)));
   for (const absl::Status& back : {lease.Heartbeat(Of(kFirst)), lease.Claim(kFirst)}) {
@@ -62,11 +63,11 @@ TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
 
 TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnce) {
   CoordinatorLease lease(absl::Seconds(60));
-  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  ASSERT_OK(lease.Claim(kFirst));
   EXPECT_FALSE(lease.Release(Of(kSecond)));  // not the holder's: nothing changes
   EXPECT_FALSE(lease.Claim(kSecond).ok());
   EXPECT_TRUE(lease.Release(Of(kFirst)));
-  EXPECT_TRUE(lease.Claim(kSecond).ok());
+  EXPECT_OK(lease.Claim(kSecond));
   // The same address on another host is another coordinator, not a restart.
   EXPECT_FALSE(
       lease.Claim({.incarnation = 33, .who = "elsewhere", .address = "b:2", .host = "host-c"})
@@ -107,7 +108,7 @@ TEST(CoordinatorLeaseTest, TheHoldersIncarnationWithoutItsSecretIsRefused) {
     EXPECT_EQ(lease.Claim({.incarnation = 11, .secret = wrong, .who = "forger"}).code(),
               absl::StatusCode::kPermissionDenied);
   }
-  EXPECT_TRUE(lease.Heartbeat(Of(kFirst)).ok());
+  EXPECT_OK(lease.Heartbeat(Of(kFirst)));
   const absl::StatusOr<std::string> folder = lease.HolderCheckpointDir(Of(kFirst), "Save");
   ASSERT_TRUE(folder.ok()) << folder.status();
   EXPECT_EQ(*folder, "/ckpt");
@@ -122,7 +123,7 @@ TEST(CoordinatorLeaseTest, OnlyTheHolderWithACheckpointFolderGetsOne) {
   EXPECT_THAT(std::string(nobody.status().message()),
               HasSubstr("Save is refused: only the coordinator that holds this parameter server "
                         "may ask for it, and no coordinator holds it"));
-  ASSERT_TRUE(lease.Claim(kFirst).ok());
+  ASSERT_OK(lease.Claim(kFirst));
   EXPECT_THAT(std::string(lease.HolderCheckpointDir(Of(kSecond), "Restore").status().message()),
               HasSubstr("is held by another coordinator"));
   EXPECT_THAT(std::string(lease.HolderCheckpointDir(Of(kFirst), "Save").status().message()),

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/error_kind.h"
 
 namespace stratum {
@@ -49,7 +50,7 @@ DataSocket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
   EXPECT_TRUE(socket.ok()) << socket.status();
   data_wire::Hello hello;
   hello.token = token;
-  EXPECT_TRUE(socket->Send({{&hello, sizeof(hello)}}, Soon()).ok());
+  EXPECT_OK(socket->Send({{&hello, sizeof(hello)}}, Soon()));
   return *std::move(socket);
 }
 
@@ -99,7 +100,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, DataPathTest, ::testing::Bool(),
 TEST_P(DataPathTest, PushesAndPullsALargeTensor) {
   auto client = Client();
   std::vector<Tensor> pulled;
-  ASSERT_TRUE(client->Push({"w"}, {Filled(kElements, 2)}, &pulled).ok());
+  ASSERT_OK(client->Push({"w"}, {Filled(kElements, 2)}, &pulled));
   EXPECT_EQ(client->transport(), GetParam() ? "shared memory" : "tcp");
   ASSERT_EQ(pulled.size(), 1u);
   EXPECT_EQ(pulled[0].shape(), Shape({kElements}));
@@ -108,11 +109,11 @@ TEST_P(DataPathTest, PushesAndPullsALargeTensor) {
 
   // Values handed out stay as they were: later calls reuse memory only once it is free.
   const Tensor first = pulled[0];
-  ASSERT_TRUE(client->Push({"w"}, {Filled(kElements, 2)}, &pulled).ok());
+  ASSERT_OK(client->Push({"w"}, {Filled(kElements, 2)}, &pulled));
   EXPECT_TRUE(AllEqual(first, 0));
   EXPECT_TRUE(AllEqual(pulled[0], -1));
 
-  ASSERT_TRUE(client->Push({"w", "b"}, {Filled(kElements, 2), Filled(2, 2)}, nullptr).ok());
+  ASSERT_OK(client->Push({"w", "b"}, {Filled(kElements, 2), Filled(2, 2)}, nullptr));
   absl::StatusOr<std::vector<Tensor>> values = client->Pull({"b", "w"});
   ASSERT_TRUE(values.ok()) << values.status();
   ASSERT_EQ(values->size(), 2u);
@@ -196,7 +197,7 @@ TEST_P(DataPathTest, BadPushesAreRefusedAndChangeNothing) {
   EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
   EXPECT_EQ(store_.refused_non_finite(), 2);
   // The connection is still good.
-  EXPECT_TRUE(client->Push({"b"}, {Filled(2, 2)}, nullptr).ok());
+  EXPECT_OK(client->Push({"b"}, {Filled(2, 2)}, nullptr));
   EXPECT_EQ(store_.Info("b")->updates, 1);
 }
 
@@ -207,7 +208,7 @@ TEST_P(DataPathTest, OversizedPushesAreRefusedAndTheServerLivesOn) {
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_THAT(Message(status), HasSubstr("over the limit of 1048576"));
   EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
-  EXPECT_TRUE(client->Push({"b"}, {Filled(2, 2)}, nullptr).ok());
+  EXPECT_OK(client->Push({"b"}, {Filled(2, 2)}, nullptr));
 
   // A client that knows the limit refuses before sending.
   auto careful = Client({.limits = {.max_bytes = 1 << 20}});
@@ -277,7 +278,7 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   DataSocket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
   data_wire::HelloReply reply;
   EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
-  EXPECT_TRUE(kept[0].Receive(&reply, sizeof(reply), Soon()).ok());
+  EXPECT_OK(kept[0].Receive(&reply, sizeof(reply), Soon()));
 }
 
 TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
@@ -287,7 +288,7 @@ TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
     threads.emplace_back([&] {
       for (int i = 0; i < 25; ++i) {
         std::vector<Tensor> pulled;
-        EXPECT_TRUE(client->Push({"b"}, {Filled(2, 0.5)}, &pulled).ok());
+        EXPECT_OK(client->Push({"b"}, {Filled(2, 0.5)}, &pulled));
         EXPECT_EQ(pulled.size(), 1u);
       }
     });
@@ -299,7 +300,7 @@ TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
 
 TEST_P(DataPathTest, ShutdownClosesIdleConnectionsAndRefusesNewCalls) {
   auto client = Client();
-  ASSERT_TRUE(client->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+  ASSERT_OK(client->Push({"b"}, {Filled(2, 1)}, nullptr));
   const absl::Time start = absl::Now();
   server_->Shutdown();
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
@@ -318,7 +319,7 @@ TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
   {
     DataSocket socket = RawConnection(server_->endpoint(), server_->endpoint().token);
     data_wire::HelloReply reply;
-    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     ASSERT_EQ(reply.code, 0u);
     data_wire::RequestMeta meta;
     meta.tensors.push_back({.name = "w", .shape = Shape({kElements})});
@@ -338,7 +339,7 @@ TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
                     .ok());
   }  // the client dies here, half-way
   auto client = Client();
-  ASSERT_TRUE(client->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+  ASSERT_OK(client->Push({"b"}, {Filled(2, 1)}, nullptr));
   EXPECT_EQ(store_.Info("w")->updates, 0);
   EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
 }
@@ -348,9 +349,9 @@ TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
   {
     DataSocket socket = RawConnection(endpoint, endpoint.token);
     data_wire::HelloReply reply;
-    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     const char http[] = "GET / HTTP/1.1\r\nHost: ps\r\n\r\n\r\n\r\n";
-    ASSERT_TRUE(socket.Send({{const_cast<char*>(http), 40}}, Soon()).ok());
+    ASSERT_OK(socket.Send({{const_cast<char*>(http), 40}}, Soon()));
     const absl::Status status = ReadResponse(socket);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(Message(status), HasSubstr("does not speak Stratum's data path"));
@@ -360,7 +361,7 @@ TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
   {
     DataSocket socket = RawConnection(endpoint, endpoint.token);
     data_wire::HelloReply reply;
-    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     data_wire::RequestMeta meta;
     meta.tensors.push_back({.name = "w", .shape = Shape({-4})});
     const std::string encoded = data_wire::EncodeRequestMeta(meta);
@@ -383,11 +384,11 @@ TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
   {
     DataSocket socket = RawConnection(endpoint, endpoint.token + 1);
     data_wire::HelloReply reply;
-    ASSERT_TRUE(socket.Receive(&reply, sizeof(reply), Soon()).ok());
+    ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     EXPECT_EQ(reply.code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied));
   }
   EXPECT_TRUE(AllEqual(*store_.Read("w"), 1));
-  EXPECT_TRUE(Client()->Push({"b"}, {Filled(2, 1)}, nullptr).ok());
+  EXPECT_OK(Client()->Push({"b"}, {Filled(2, 1)}, nullptr));
 }
 
 TEST(SharedSegmentTest, OnlySealedSegmentsAreMapped) {
@@ -490,7 +491,7 @@ TEST(DataPathPeerTest, APsThatNeverAnswersIsNamedAtTheDeadline) {
 
 TEST(DataPathPeerTest, NothingListeningIsNotSent) {
   int port = 0;
-  { ASSERT_TRUE(ListenTcp("127.0.0.1", 0, &port).ok()); }  // free again
+  { ASSERT_OK(ListenTcp("127.0.0.1", 0, &port)); }  // free again
   PsDataClient client("ps:0 at 127.0.0.1:2222", "127.0.0.1", {.tcp_port = port, .token = 1},
                       {.shared_memory = false});
   DataCallOutcome outcome;

@@ -1,4 +1,5 @@
 #include "ps/data_wire.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -75,7 +76,7 @@ TEST(DataWireTest, HeadersAreChecked) {
   FrameHeader header;
   header.magic = kRequestMagic;
   header.op_or_code = static_cast<uint32_t>(Op::kPush);
-  EXPECT_TRUE(CheckHeader(header, kRequestMagic, Limits()).ok());
+  EXPECT_OK(CheckHeader(header, kRequestMagic, Limits()));
 
   FrameHeader http = header;
   std::memcpy(&http.magic, "GET ", 4);
@@ -96,12 +97,12 @@ TEST(DataWireTest, HeadersAreChecked) {
 
 TEST(DataWireTest, PlacementMustAddUpAndStayInsideTheSegment) {
   const Limits limits;
-  EXPECT_TRUE(CheckPlacement({Ref("a", {4}), Ref("b", {2})}, 24, 0, limits).ok());
+  EXPECT_OK(CheckPlacement({Ref("a", {4}), Ref("b", {2})}, 24, 0, limits));
   EXPECT_THAT(Message(CheckPlacement({Ref("a", {4})}, 20, 0, limits)),
               HasSubstr("carries 20 inline bytes but its tensors need 16"));
   EXPECT_THAT(Message(CheckPlacement({Ref("a", {4}, Location::kShared)}, 0, 0, limits)),
               HasSubstr("the connection has none"));
-  EXPECT_TRUE(CheckPlacement({Ref("a", {4}, Location::kShared, 64)}, 0, 80, limits).ok());
+  EXPECT_OK(CheckPlacement({Ref("a", {4}, Location::kShared, 64)}, 0, 80, limits));
   EXPECT_THAT(Message(CheckPlacement({Ref("a", {4}, Location::kShared, 72)}, 0, 80, limits)),
               HasSubstr("does not lie aligned inside the shared segment of 80 bytes"));
   EXPECT_THAT(Message(CheckPlacement({Ref("a", {4}, Location::kShared, 2)}, 0, 80, limits)),

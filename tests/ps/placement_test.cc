@@ -1,4 +1,5 @@
 #include "stratum/ps/placement.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -55,7 +56,7 @@ TEST(PartitionerTest, RowsSplitLikeDivAndShardsAreNamedPartI) {
 TEST(PartitionerTest, ParsesTheJobsPartitionerAndRefusesNonsense) {
   auto spec = PartitionerFromJson(
       nlohmann::json::parse(R"({"type": "min_size", "min_shard_bytes": 1024, "max_shards": 4})"));
-  ASSERT_TRUE(spec.ok());
+  ASSERT_OK(spec);
   EXPECT_EQ(spec->kind, Kind::kMinSize);
   EXPECT_EQ(spec->max_shards, 4);
   EXPECT_EQ(PartitionerFromJson(nullptr)->kind, Kind::kNone);
@@ -74,7 +75,7 @@ TEST(PartitionerTest, ParsesTheJobsPartitionerAndRefusesNonsense) {
 
 TEST(PlacementTest, RoundRobinIsTensorFlowsOrder) {
   std::vector<ShardSpec> shards(5);
-  ASSERT_TRUE(PlaceShards(shards, 2, PlacementPolicy::kRoundRobin).ok());
+  ASSERT_OK(PlaceShards(shards, 2, PlacementPolicy::kRoundRobin));
   EXPECT_EQ(shards[0].ps_task, 0);
   EXPECT_EQ(shards[1].ps_task, 1);
   EXPECT_EQ(shards[4].ps_task, 0);
@@ -99,8 +100,8 @@ TEST(PlacementTest, BalancedBytesEvensOutWhatRoundRobinDoesNot) {
     return bytes;
   };
   std::vector<ShardSpec> round_robin = shards, balanced = shards;
-  ASSERT_TRUE(PlaceShards(round_robin, 2, PlacementPolicy::kRoundRobin).ok());
-  ASSERT_TRUE(PlaceShards(balanced, 2, PlacementPolicy::kBalancedBytes).ok());
+  ASSERT_OK(PlaceShards(round_robin, 2, PlacementPolicy::kRoundRobin));
+  ASSERT_OK(PlaceShards(balanced, 2, PlacementPolicy::kBalancedBytes));
   const auto rr = load(round_robin), bb = load(balanced);
   EXPECT_LE(std::abs(bb[0] - bb[1]), std::abs(rr[0] - rr[1]));
   EXPECT_LE(std::abs(bb[0] - bb[1]), 2560);  // within the largest small shard

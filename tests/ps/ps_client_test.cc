@@ -5,6 +5,7 @@
 
 #include "stratum/ps/ps_client.h"
 #include "stratum/testing/in_process_ps.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -25,7 +26,7 @@ TEST(PsClientTest, APsThatIsBackIsReachedAtOnceByAClientWhoseConnectionFailed) {
   const std::string address = (*ps)->address();
   PsClient client("ps:0", address, {.timeout = absl::Seconds(5)});
   const std::vector<NamedValue> initial = {{"w", Tensor::FromVector<float>({2}, {1, 2})}};
-  ASSERT_TRUE(client.CreateVariables(initial, kSgd).ok());
+  ASSERT_OK(client.CreateVariables(initial, kSgd));
   (*ps)->Stop();
   const absl::Time stopped = absl::Now();
   const absl::Status down = client.Pull({"w"}).status();
@@ -35,7 +36,7 @@ TEST(PsClientTest, APsThatIsBackIsReachedAtOnceByAClientWhoseConnectionFailed) {
   EXPECT_THAT(std::string(down.message()), ::testing::HasSubstr("ps:0 at " + address));
   EXPECT_LT(absl::Now() - stopped, 2 * kReconnectWait + absl::Milliseconds(500));
   absl::SleepFor(absl::Seconds(2));  // the back-off grows to its longest while the PS is down
-  ASSERT_TRUE((*ps)->Restart().ok());
+  ASSERT_OK((*ps)->Restart());
   const absl::Time start = absl::Now();
   const absl::StatusOr<std::vector<bool>> created = client.CreateVariables(initial, kSgd);
   EXPECT_TRUE(created.ok()) << created.status();

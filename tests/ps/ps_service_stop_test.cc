@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/ps/ps_service.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -25,10 +26,10 @@ constexpr absl::Duration kWatchWindow = absl::Seconds(30);
 class PsServiceStopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(store_.Create("w", Tensor::FromVector<float>({2}, {1, 2}), nullptr).ok());
+    ASSERT_OK(store_.Create("w", Tensor::FromVector<float>({2}, {1, 2}), nullptr));
     std::filesystem::create_directories(dir_);
     // A coordinator that saves checkpoints holds the PS and watches it.
-    ASSERT_TRUE(Watch(/*committed_save=*/0, nullptr, /*claim=*/true).ok());
+    ASSERT_OK(Watch(/*committed_save=*/0, nullptr, /*claim=*/true));
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -70,12 +71,12 @@ TEST_F(PsServiceStopTest, AStoppingPsWaitsUntilTheSaveThatHoldsItsStateIsCommitt
   // fail to): going now would lose what was trained since the last committed one.
   EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
   proto::WatchResponse answer;
-  ASSERT_TRUE(Watch(/*committed_save=*/0, &answer).ok());
+  ASSERT_OK(Watch(/*committed_save=*/0, &answer));
   EXPECT_TRUE(answer.stopping());
   EXPECT_FALSE(answer.saved());
   EXPECT_EQ(answer.incarnation(), ProcessIncarnation());
 
-  ASSERT_TRUE(Watch(saved.save_id(), &answer).ok());
+  ASSERT_OK(Watch(saved.save_id(), &answer));
   EXPECT_TRUE(answer.saved());
   EXPECT_THAT(service_.StopNeedNotWait(kWatchWindow),
               HasSubstr("the coordinator saved the job's state"));
@@ -87,16 +88,16 @@ TEST_F(PsServiceStopTest, OnlyTheCommitOfASaveBegunAfterTheSignalEndsTheWait) {
   const proto::SaveResponse before = Save("before.safetensors");
   EXPECT_FALSE(before.stopping());
   service_.BeginStopping();
-  ASSERT_TRUE(Watch(before.save_id()).ok());
+  ASSERT_OK(Watch(before.save_id()));
   EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
 
   const proto::SaveResponse failed = Save("failed.safetensors");  // its commit fails
   const proto::SaveResponse after = Save("after.safetensors");
   EXPECT_NE(failed.save_id(), after.save_id());
   EXPECT_NE(before.save_id(), after.save_id());
-  ASSERT_TRUE(Watch(after.save_id() + 1000).ok());
+  ASSERT_OK(Watch(after.save_id() + 1000));
   EXPECT_EQ(service_.StopNeedNotWait(kWatchWindow), "");
-  ASSERT_TRUE(Watch(after.save_id()).ok());
+  ASSERT_OK(Watch(after.save_id()));
   EXPECT_THAT(service_.StopNeedNotWait(kWatchWindow),
               HasSubstr("the coordinator saved the job's state"));
 }
@@ -111,7 +112,7 @@ TEST_F(PsServiceStopTest, ACoordinatorLeavingWithoutACommitEndsTheWaitWithoutASa
   leaving.set_leaving(true);
   leaving.mutable_coordinator()->set_incarnation(kCoordinator);
   proto::WatchResponse answer;
-  ASSERT_TRUE(service_.Watch(nullptr, &leaving, &answer).ok());
+  ASSERT_OK(service_.Watch(nullptr, &leaving, &answer));
   const std::string why = service_.StopNeedNotWait(kWatchWindow);
   EXPECT_THAT(why, HasSubstr("was not committed"));
   EXPECT_THAT(why, ::testing::Not(HasSubstr("saved the job's state")));
@@ -136,7 +137,7 @@ TEST_F(PsServiceStopTest, ASilentCoordinatorIsWaitedForUntilItsAddressRefusesCon
   request.mutable_coordinator()->set_incarnation(kCoordinator);
   request.mutable_coordinator()->set_address(absl::StrCat("127.0.0.1:", ntohs(address.sin_port)));
   proto::WatchResponse answer;
-  ASSERT_TRUE(service_.Watch(nullptr, &request, &answer).ok());
+  ASSERT_OK(service_.Watch(nullptr, &request, &answer));
   service_.BeginStopping();
   absl::SleepFor(absl::Milliseconds(20));
   // Silent for longer than the window, but still there.

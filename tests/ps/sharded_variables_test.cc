@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/testing/in_process_ps.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -50,7 +51,7 @@ class ShardedVariablesTest : public ::testing::Test {
     for (int i = 0; i < 20; ++i) table.push_back(static_cast<float>(i));
     initial_ = {Tensor::FromVector<float>({10, 2}, table),
                 Tensor::FromVector<float>({3}, {1, 2, 3})};
-    ASSERT_TRUE(variables_->Create(initial_, std::vector<nlohmann::json>{kSgd, kSgd}).ok());
+    ASSERT_OK(variables_->Create(initial_, std::vector<nlohmann::json>{kSgd, kSgd}));
   }
 
   std::vector<std::unique_ptr<InProcessPs>> servers_;
@@ -103,7 +104,7 @@ TEST_F(ShardedVariablesTest, AssignPutsWholeVariablesBackShardByShard) {
   for (int i = 0; i < 20; ++i) table.push_back(static_cast<float>(100 - i));
   const std::vector<Tensor> values = {Tensor::FromVector<float>({10, 2}, table),
                                       Tensor::FromVector<float>({3}, {7, 8, 9})};
-  ASSERT_TRUE(variables_->Assign(values).ok());
+  ASSERT_OK(variables_->Assign(values));
   auto whole = variables_->Pull();
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE((*whole)[0].BitwiseEqual(values[0]));
@@ -137,7 +138,7 @@ TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
                &back, {{"emb/part_1", {0, 9}}});
   EXPECT_THAT(std::string(push.message()), ::testing::HasSubstr("row 9 of variable"));
   auto whole = variables_->Pull();
-  ASSERT_TRUE(whole.ok());
+  ASSERT_OK(whole);
   EXPECT_TRUE((*whole)[0].BitwiseEqual(initial_[0]));
 }
 
@@ -167,7 +168,7 @@ TEST(ShardedVariablesLargeTest, ATableLargerThanARequestTravelsInSeveralAndComes
   for (int64_t i = 0; i < initial.num_elements(); ++i) {
     initial.data<float>()[i] = static_cast<float>(i % 1000);
   }
-  ASSERT_TRUE(variables.Create({initial}, std::vector<nlohmann::json>{kSgd}).ok());
+  ASSERT_OK(variables.Create({initial}, std::vector<nlohmann::json>{kSgd}));
   auto pulled = variables.Pull();
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   EXPECT_TRUE((*pulled)[0].BitwiseEqual(initial));

@@ -9,6 +9,7 @@
 #include "stratum/model/optimizer.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/store_checkpoint.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -24,11 +25,11 @@ TEST(VariableStoreTest, CreateReadAssign) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4}), kSgd));
   auto value = store.Read("w");
-  ASSERT_TRUE(value.ok());
+  ASSERT_OK(value);
   EXPECT_TRUE(value->BitwiseEqual(Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4})));
-  ASSERT_TRUE(store.Assign("w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})).ok());
+  ASSERT_OK(store.Assign("w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})));
   auto rows = store.ReadRows("w", {1, 1, 0});
-  ASSERT_TRUE(rows.ok());
+  ASSERT_OK(rows);
   EXPECT_TRUE(rows->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {7, 8, 7, 8, 5, 6})));
   EXPECT_EQ(store.total_bytes(), 16);
 }
@@ -42,7 +43,7 @@ TEST(VariableStoreTest, ClipsPerVariableAndRefusesAGlobalNorm) {
   const nlohmann::json clipped = {{"class_name", "SGD"},
                                   {"config", {{"learning_rate", 1.0}, {"clipnorm", 1.0}}}};
   ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2}, {0, 0}), clipped));
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {3, 4})).ok());
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {3, 4})));
   auto value = store.Read("w");
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_FLOAT_EQ(value->data<float>()[0], -0.6f);
@@ -61,16 +62,16 @@ TEST(VariableStoreTest, ASetLearningRateAppliesToTheJobsVariablesFromTheirNextUp
   ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({1}, {0}), kSgd));
   ASSERT_TRUE(
       *store.Create("moving_mean", Tensor::FromVector<float>({1}, {0}), NonTrainableUpdateJson()));
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})).ok());
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})));
   absl::StatusOr<int> changed = store.SetLearningRate(0.125f);
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_EQ(*changed, 1);
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})).ok());
-  ASSERT_TRUE(store.ApplyGradient("moving_mean", Tensor::FromVector<float>({1}, {1})).ok());
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({1}, {1})));
+  ASSERT_OK(store.ApplyGradient("moving_mean", Tensor::FromVector<float>({1}, {1})));
   EXPECT_FLOAT_EQ(store.Read("w")->data<float>()[0], -0.5f - 0.125f);
   EXPECT_FLOAT_EQ(store.Read("moving_mean")->data<float>()[0], -1.0f);  // still rate 1
   absl::StatusOr<VariableSnapshot> snapshot = store.Snapshot("w");
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_OK(snapshot);
   EXPECT_FLOAT_EQ(snapshot->optimizer_config["config"]["learning_rate"].get<float>(), 0.125f);
   EXPECT_THAT(Message(store.SetLearningRate(-1).status()), HasSubstr("is not a positive number"));
   VariableStore scheduled;
@@ -107,7 +108,7 @@ TEST(VariableStoreTest, ACallThatAStoppingPsCancelledIsAPsFailure) {
 TEST(VariableStoreTest, ReadIntoCopiesWhereTheCallerSays) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("w", Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4}), kSgd));
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})).ok());
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2, 2}, {2, 2, 2, 2})));
   std::vector<float> out(4);
   auto info = store.ReadInto("w", [&](const VariableInfo& info) -> void* {
     EXPECT_EQ(info.shape, Shape({2, 2}));
@@ -133,7 +134,7 @@ TEST(VariableStoreTest, NonFiniteValuesAreFoundAnywhereAndExtremeFiniteOnesPass)
   gradient.data<float>()[1] = -std::numeric_limits<float>::max();
   gradient.data<float>()[2] = std::numeric_limits<float>::denorm_min();
   gradient.data<float>()[3] = -0.0f;
-  EXPECT_TRUE(store.CheckGradient("w", gradient, nullptr).ok());
+  EXPECT_OK(store.CheckGradient("w", gradient, nullptr));
   for (float bad :
        {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
         std::numeric_limits<float>::infinity()}) {
@@ -152,7 +153,7 @@ TEST(VariableStoreTest, CreateIsIdempotentAndConflictsAreNamed) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("w", Tensor(DType::kFloat32, {3}), kSgd));
   auto again = store.Create("w", Tensor(DType::kFloat32, {3}), kSgd);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_FALSE(*again);
   auto conflict = store.Create("w", Tensor(DType::kFloat32, {4}), kSgd);
   EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
@@ -164,9 +165,9 @@ TEST(VariableStoreTest, CreateIsIdempotentAndConflictsAreNamed) {
 
 TEST(VariableStoreTest, ApplyGradientUsesTheOptimizerAndCounts) {
   VariableStore store;
-  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {1, 1}), kSgd).ok());
+  ASSERT_OK(store.Create("w", Tensor::FromVector<float>({2}, {1, 1}), kSgd));
   auto count = store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, -2}));
-  ASSERT_TRUE(count.ok());
+  ASSERT_OK(count);
   EXPECT_EQ(*count, 1);
   EXPECT_TRUE(store.Read("w")->BitwiseEqual(Tensor::FromVector<float>({2}, {0.5f, 2})));
   EXPECT_EQ(store.Info("w")->updates, 1);
@@ -175,7 +176,7 @@ TEST(VariableStoreTest, ApplyGradientUsesTheOptimizerAndCounts) {
 TEST(VariableStoreTest, BadRequestsAreRefusedAndChangeNothing) {
   VariableStore store;
   const Tensor initial = Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4});
-  ASSERT_TRUE(store.Create("w", initial, kSgd).ok());
+  ASSERT_OK(store.Create("w", initial, kSgd));
   EXPECT_EQ(store.Read("nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(store.ApplyGradient("nope", initial).status()),
               HasSubstr("variable \"nope\" does not exist on this parameter server"));
@@ -218,15 +219,15 @@ TEST(VariableStoreTest, RowGradientsUpdateTheirRowsAndSlotsAsADenseUpdateOfThose
   const nlohmann::json adam = {{"class_name", "Adam"}, {"config", {{"learning_rate", 0.1}}}};
   VariableStore store;
   const Tensor initial = Tensor::FromVector<float>({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
-  ASSERT_TRUE(store.Create("emb", initial, adam).ok());
+  ASSERT_OK(store.Create("emb", initial, adam));
   ASSERT_TRUE(
       store.ApplyRowGradients("emb", {1, 3}, Tensor::FromVector<float>({2, 2}, {1, -1, 2, 0.5f}))
           .ok());
-  ASSERT_TRUE(store.ApplyRowGradients("emb", {3}, Tensor::FromVector<float>({1, 2}, {-1, 1})).ok());
+  ASSERT_OK(store.ApplyRowGradients("emb", {3}, Tensor::FromVector<float>({1, 2}, {-1, 1})));
 
   // The same two updates, dense, on rows 1 and 3 alone.
   auto optimizer = Optimizer::FromKeras(adam);
-  ASSERT_TRUE(optimizer.ok());
+  ASSERT_OK(optimizer);
   Tensor row1 = Tensor::FromVector<float>({1, 2}, {3, 4});
   Tensor row3 = Tensor::FromVector<float>({1, 2}, {7, 8});
   std::vector<Tensor> slots1 = (*optimizer)->NewSlots(row1);
@@ -235,7 +236,7 @@ TEST(VariableStoreTest, RowGradientsUpdateTheirRowsAndSlotsAsADenseUpdateOfThose
   (*optimizer)->ApplyDense(row3, Tensor::FromVector<float>({1, 2}, {2, 0.5f}), slots3, 0);
   (*optimizer)->ApplyDense(row3, Tensor::FromVector<float>({1, 2}, {-1, 1}), slots3, 1);
   auto snapshot = store.Snapshot("emb");
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_OK(snapshot);
   const float* value = snapshot->value.data<float>();
   EXPECT_EQ(value[0], 1);
   EXPECT_EQ(value[1], 2);
@@ -258,7 +259,7 @@ TEST(VariableStoreTest, RowGradientsAreClippedTogether) {
   const nlohmann::json sgd = {{"class_name", "SGD"},
                               {"config", {{"learning_rate", 1.0}, {"clipnorm", 1.0}}}};
   VariableStore store;
-  ASSERT_TRUE(store.Create("emb", Tensor(DType::kFloat32, {3, 1}), sgd).ok());
+  ASSERT_OK(store.Create("emb", Tensor(DType::kFloat32, {3, 1}), sgd));
   // Rows 0 and 2 get 3 and 4 (norm 5, scaled by 1/5); row 0 twice (1 + 2), in any order.
   ASSERT_TRUE(
       store.ApplyRowGradients("emb", {2, 0, 0}, Tensor::FromVector<float>({3, 1}, {4, 1, 2})).ok());
@@ -274,13 +275,13 @@ TEST(VariableStoreTest, WeightDecayShrinksWhatAnUpdateTouches) {
   const nlohmann::json sgd = {{"class_name", "SGD"},
                               {"config", {{"learning_rate", 0.1}, {"weight_decay", 0.5}}}};
   VariableStore store;
-  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {2, 4}), sgd).ok());
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 0})).ok());
+  ASSERT_OK(store.Create("w", Tensor::FromVector<float>({2}, {2, 4}), sgd));
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 0})));
   const Tensor w = *store.Read("w");
   EXPECT_FLOAT_EQ(w.data<float>()[0], 2 * 0.95f - 0.1f);
   EXPECT_FLOAT_EQ(w.data<float>()[1], 4 * 0.95f);
-  ASSERT_TRUE(store.Create("emb", Tensor::FromVector<float>({2, 1}, {2, 4}), sgd).ok());
-  ASSERT_TRUE(store.ApplyRowGradients("emb", {1}, Tensor::FromVector<float>({1, 1}, {1})).ok());
+  ASSERT_OK(store.Create("emb", Tensor::FromVector<float>({2, 1}, {2, 4}), sgd));
+  ASSERT_OK(store.ApplyRowGradients("emb", {1}, Tensor::FromVector<float>({1, 1}, {1})));
   const Tensor emb = *store.Read("emb");
   EXPECT_FLOAT_EQ(emb.data<float>()[0], 2);
   EXPECT_FLOAT_EQ(emb.data<float>()[1], 4 * 0.95f - 0.1f);
@@ -288,7 +289,7 @@ TEST(VariableStoreTest, WeightDecayShrinksWhatAnUpdateTouches) {
 
 TEST(VariableStoreTest, AScalarHasNoRows) {
   VariableStore store;
-  ASSERT_TRUE(store.Create("s", Tensor::Scalar(1), "sgd").ok());
+  ASSERT_OK(store.Create("s", Tensor::Scalar(1), "sgd"));
   EXPECT_THAT(std::string(store.ReadRows("s", {0}).status().message()),
               HasSubstr("is a scalar, which has no rows"));
   EXPECT_THAT(std::string(store.ApplyRowGradients("s", {0}, Tensor::FromVector<float>({1}, {1}))
@@ -299,24 +300,24 @@ TEST(VariableStoreTest, AScalarHasNoRows) {
 
 TEST(VariableStoreTest, WithoutAnOptimizerGradientsAreRefused) {
   VariableStore store;
-  ASSERT_TRUE(store.Create("step", Tensor::Scalar(0), nullptr).ok());
+  ASSERT_OK(store.Create("step", Tensor::Scalar(0), nullptr));
   EXPECT_EQ(store.ApplyGradient("step", Tensor::Scalar(1)).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(store.Assign("step", Tensor::Scalar(7)).ok());
+  EXPECT_OK(store.Assign("step", Tensor::Scalar(7)));
 }
 
 TEST(VariableStoreTest, SnapshotAndRestoreKeepSlotsAndCounts) {
   VariableStore store;
-  ASSERT_TRUE(store.Create("w", Tensor::FromVector<float>({2}, {1, 2}), "adam").ok());
+  ASSERT_OK(store.Create("w", Tensor::FromVector<float>({2}, {1, 2}), "adam"));
   for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.1f, -0.2f})).ok());
+    ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.1f, -0.2f})));
   auto snapshot = store.Snapshot("w");
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_OK(snapshot);
   EXPECT_EQ(snapshot->slot_names, (std::vector<std::string>{"m", "v"}));
   VariableStore other;
-  ASSERT_TRUE(other.Restore(*snapshot).ok());
-  ASSERT_TRUE(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})).ok());
-  ASSERT_TRUE(other.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})).ok());
+  ASSERT_OK(other.Restore(*snapshot));
+  ASSERT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})));
+  ASSERT_OK(other.ApplyGradient("w", Tensor::FromVector<float>({2}, {0.3f, 0.3f})));
   EXPECT_TRUE(other.Read("w")->BitwiseEqual(*store.Read("w")));
   EXPECT_EQ(other.Info("w")->updates, 4);
 }
@@ -325,22 +326,22 @@ TEST(VariableStoreTest, SnapshotAndRestoreKeepSlotsAndCounts) {
 // rate after a divergence, say) and the checkpoint's slots; another optimizer is refused.
 TEST(VariableStoreTest, RestoreKeepsTheJobsOptimizerAndRefusesAnotherKind) {
   VariableStore trained;
-  ASSERT_TRUE(trained.Create("w", Tensor::FromVector<float>({2}, {1, 2}), kSgd).ok());
-  ASSERT_TRUE(trained.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  ASSERT_OK(trained.Create("w", Tensor::FromVector<float>({2}, {1, 2}), kSgd));
+  ASSERT_OK(trained.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})));
   auto snapshot = trained.Snapshot("w");
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_OK(snapshot);
   // The job now has a learning rate of 0: the restored variable must not move.
   VariableStore resumed;
   const nlohmann::json still =
       nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 0.0}})");
-  ASSERT_TRUE(resumed.Create("w", Tensor::FromVector<float>({2}, {0, 0}), still).ok());
-  ASSERT_TRUE(resumed.Restore(*snapshot).ok());
-  ASSERT_TRUE(resumed.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  ASSERT_OK(resumed.Create("w", Tensor::FromVector<float>({2}, {0, 0}), still));
+  ASSERT_OK(resumed.Restore(*snapshot));
+  ASSERT_OK(resumed.ApplyGradient("w", Tensor::FromVector<float>({2}, {1, 1})));
   EXPECT_TRUE(resumed.Read("w")->BitwiseEqual(Tensor::FromVector<float>({2}, {0.5f, 1.5f})));
   EXPECT_EQ(resumed.Info("w")->updates, 2);
   // Another kind of optimizer has other slots: refused, naming both.
   VariableStore other;
-  ASSERT_TRUE(other.Create("w", Tensor::FromVector<float>({2}, {0, 0}), "adam").ok());
+  ASSERT_OK(other.Create("w", Tensor::FromVector<float>({2}, {0, 0}), "adam"));
   const absl::Status refused = other.Restore(*snapshot);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Message(refused),
@@ -363,9 +364,9 @@ TEST(VariableStoreTest, RestoreKeepsTheJobsOptimizerAndRefusesAnotherKind) {
 // (the coordinator then falls back to the checkpoint before it).
 TEST(VariableStoreTest, ACheckpointFileWithValuesThatAreNotFiniteRestoresNothing) {
   VariableStore trained;
-  ASSERT_TRUE(trained.Create("a", Tensor::FromVector<float>({2}, {1, 2}), "adam").ok());
-  ASSERT_TRUE(trained.Create("b", Tensor::FromVector<float>({2}, {3, 4}), "adam").ok());
-  ASSERT_TRUE(trained.ApplyGradient("a", Tensor::FromVector<float>({2}, {1, 1})).ok());
+  ASSERT_OK(trained.Create("a", Tensor::FromVector<float>({2}, {1, 2}), "adam"));
+  ASSERT_OK(trained.Create("b", Tensor::FromVector<float>({2}, {3, 4}), "adam"));
+  ASSERT_OK(trained.ApplyGradient("a", Tensor::FromVector<float>({2}, {1, 1})));
   for (const std::string& damaged : {std::string("b"), std::string("a/slot_v")}) {
     absl::StatusOr<TensorFile> saved = StoreToTensorFile(trained);
     ASSERT_TRUE(saved.ok()) << saved.status();
@@ -374,7 +375,7 @@ TEST(VariableStoreTest, ACheckpointFileWithValuesThatAreNotFiniteRestoresNothing
       if (name == damaged) tensor.data<float>()[1] = std::numeric_limits<float>::infinity();
     }
     VariableStore resumed;
-    ASSERT_TRUE(resumed.Create("a", Tensor::FromVector<float>({2}, {0, 0}), "adam").ok());
+    ASSERT_OK(resumed.Create("a", Tensor::FromVector<float>({2}, {0, 0}), "adam"));
     const absl::StatusOr<int> refused = RestoreStoreFromTensorFile(resumed, file);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << damaged;
     EXPECT_THAT(Message(refused.status()),
@@ -386,15 +387,14 @@ TEST(VariableStoreTest, ACheckpointFileWithValuesThatAreNotFiniteRestoresNothing
 
 TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {
   VariableStore store;
-  ASSERT_TRUE(store.Create("a", Tensor(DType::kFloat32, {64}), kSgd).ok());
-  ASSERT_TRUE(store.Create("b", Tensor(DType::kFloat32, {64}), kSgd).ok());
+  ASSERT_OK(store.Create("a", Tensor(DType::kFloat32, {64}), kSgd));
+  ASSERT_OK(store.Create("b", Tensor(DType::kFloat32, {64}), kSgd));
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&store, t] {
       Tensor gradient(DType::kFloat32, {64});
       gradient.Flat().setConstant(-1);
-      for (int i = 0; i < 250; ++i)
-        ASSERT_TRUE(store.ApplyGradient(t % 2 ? "a" : "b", gradient).ok());
+      for (int i = 0; i < 250; ++i) ASSERT_OK(store.ApplyGradient(t % 2 ? "a" : "b", gradient));
     });
   }
   for (auto& thread : threads) thread.join();

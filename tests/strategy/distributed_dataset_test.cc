@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/strategy/strategy.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -35,7 +36,7 @@ TEST(DistributedDatasetTest, SplitsEachGlobalBatchOverTheReplicas) {
   EXPECT_EQ(Values((**last)[0][0]), (std::vector<int32_t>{8, 9, 10}));
   EXPECT_EQ(Values((**last)[1][0]), (std::vector<int32_t>{11, 12}));
   auto end = iterator->GetNext();
-  ASSERT_TRUE(end.ok());
+  ASSERT_OK(end);
   EXPECT_FALSE(end->has_value());
 }
 
@@ -50,7 +51,7 @@ TEST(DistributedDatasetTest, AutoShardsOverWorkersBeforeSplitting) {
     auto iterator = distributed->MakeIterator();
     while (true) {
       auto batch = iterator->GetNext();
-      ASSERT_TRUE(batch.ok());
+      ASSERT_OK(batch);
       if (!batch->has_value()) break;
       for (int32_t v : Values((**batch)[0][0])) seen.push_back(v);
     }
@@ -76,7 +77,7 @@ TEST(DistributedDatasetTest, EachWorkerTakesItsShareOfTheGlobalBatch) {
     int steps = 0;
     while (true) {
       auto step = iterator->GetNext();
-      ASSERT_TRUE(step.ok());
+      ASSERT_OK(step);
       if (!step->has_value()) break;
       ++steps;
       for (int replica = 0; replica < 2; ++replica) {
@@ -162,7 +163,7 @@ TEST(DistributedDatasetTest, StrategyMethodsUseItsReplicaCount) {
   DefaultStrategy strategy;
   auto distributed =
       strategy.ExperimentalDistributeDataset(Dataset::FromTensorSlices({Range(4)}).Batch(4));
-  ASSERT_TRUE(distributed.ok());
+  ASSERT_OK(distributed);
   EXPECT_EQ(distributed->num_replicas(), 1);
 }
 

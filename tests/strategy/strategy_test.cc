@@ -1,4 +1,5 @@
 #include "stratum/strategy/strategy.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -32,12 +33,12 @@ TEST(StrategyTest, ScopeSetsTheCurrentStrategyAndNests) {
 
 TEST(StrategyTest, OneDeviceRunsOnceAndAllReduceIsIdentity) {
   auto strategy = OneDeviceStrategy::Create("/job:localhost/replica:0/task:0/device:CPU:0");
-  ASSERT_TRUE(strategy.ok());
+  ASSERT_OK(strategy);
   EXPECT_EQ((*strategy)->devices(), std::vector<std::string>{"CPU:0"});
   auto result = (*strategy)->Run<Tensor>([](ReplicaContext& context) -> absl::StatusOr<Tensor> {
     return context.AllReduce(ReduceOp::kSum, Tensor::FromVector<float>({2}, {1, 2}));
   });
-  ASSERT_TRUE(result.ok());
+  ASSERT_OK(result);
   ASSERT_EQ(result->size(), 1);
   EXPECT_EQ((*result)[0].data<float>()[1], 2);
 }
@@ -55,13 +56,13 @@ TEST(StrategyTest, ReduceAcrossReplicasAndAlongAnAxis) {
   DefaultStrategy strategy;
   PerReplica<Tensor> values({Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4})});
   auto sum = strategy.Reduce(ReduceOp::kSum, values);
-  ASSERT_TRUE(sum.ok());
+  ASSERT_OK(sum);
   EXPECT_TRUE(sum->BitwiseEqual(values[0]));
   auto column_mean = strategy.Reduce(ReduceOp::kMean, values, 0);
-  ASSERT_TRUE(column_mean.ok());
+  ASSERT_OK(column_mean);
   EXPECT_TRUE(column_mean->BitwiseEqual(Tensor::FromVector<float>({2}, {2, 3})));
   auto all = strategy.Reduce(ReduceOp::kSum, values, -1);
-  ASSERT_TRUE(all.ok());
+  ASSERT_OK(all);
   EXPECT_EQ(*all->data<float>(), 10);
   EXPECT_FALSE(strategy.Reduce(ReduceOp::kSum, values, 1).ok());
 }
@@ -72,14 +73,14 @@ TEST(StrategyTest, DistributeValuesFromFunction) {
       [](const ValueContext& context) -> absl::StatusOr<int> {
         return context.replica_id_in_sync_group * 10 + context.num_replicas_in_sync;
       });
-  ASSERT_TRUE(values.ok());
+  ASSERT_OK(values);
   EXPECT_EQ(strategy.ExperimentalLocalResults(*values), std::vector<int>{1});
 }
 
 TEST(CrossDeviceOpsTest, BothAlgorithmsGiveEveryReplicaTheSameSum) {
   for (const char* name : {"ReductionToOneDevice", "HierarchicalCopyAllReduce"}) {
     auto ops = MakeCrossDeviceOps(name);
-    ASSERT_TRUE(ops.ok());
+    ASSERT_OK(ops);
     std::vector<std::vector<Tensor>> data;
     for (int r = 0; r < 5; ++r) {
       data.push_back({Tensor::FromVector<float>({3}, {float(r), 1, float(r * r)})});
@@ -91,7 +92,7 @@ TEST(CrossDeviceOpsTest, BothAlgorithmsGiveEveryReplicaTheSameSum) {
       EXPECT_TRUE(d[0].BitwiseEqual(Tensor::FromVector<float>({3}, {10, 5, 30}))) << name;
     }
     for (int r = 0; r < 5; ++r) data[r][0].data<float>()[0] = float(r);
-    ASSERT_TRUE((*ops)->BatchAllReduce(ReduceOp::kMean, per_replica).ok());
+    ASSERT_OK((*ops)->BatchAllReduce(ReduceOp::kMean, per_replica));
     EXPECT_EQ(data[4][0].data<float>()[0], 2);  // (0 + 1 + 2 + 3 + 4) / 5
   }
   EXPECT_THAT(std::string(MakeCrossDeviceOps("Magic").status().message()),

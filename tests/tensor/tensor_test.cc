@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -38,7 +39,7 @@ TEST(TensorTest, SliceRowsAndReshapeShareTheBuffer) {
   EXPECT_EQ(middle.shape(), Shape({2, 2}));
   EXPECT_EQ(middle.data<int32_t>()[0], 3);
   auto flat = a.Reshape({6});
-  ASSERT_TRUE(flat.ok());
+  ASSERT_OK(flat);
   EXPECT_EQ(flat->data<int32_t>()[5], 6);
   EXPECT_FALSE(a.Reshape({4}).ok());
 }
@@ -66,7 +67,7 @@ TEST(TensorTest, ConcatRowsAndEquality) {
   Tensor a = Tensor::FromVector<uint8_t>({1, 2}, {1, 2});
   Tensor b = Tensor::FromVector<uint8_t>({2, 2}, {3, 4, 5, 6});
   auto c = ConcatRows({a, b});
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_TRUE(c->BitwiseEqual(Tensor::FromVector<uint8_t>({3, 2}, {1, 2, 3, 4, 5, 6})));
   EXPECT_FALSE(ConcatRows({a, Tensor(DType::kFloat32, {1, 2})}).ok());
 }

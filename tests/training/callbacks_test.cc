@@ -15,6 +15,7 @@
 
 #include "stratum/job/job_spec.h"
 #include "stratum/testing/independent_readers.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/number_text.h"
 
 namespace stratum {
@@ -82,18 +83,18 @@ std::unique_ptr<Callback> Make(const nlohmann::json& entry, bool with_test = tru
 // the epoch loop calls it; the epochs trained (the last one the one it stopped after).
 int Train(Callback& callback, FakeHost& host, const std::string& key,
           const std::vector<double>& values, const std::vector<Logs>& history = {}) {
-  EXPECT_TRUE(callback.OnTrainBegin(history, host).ok());
+  EXPECT_OK(callback.OnTrainBegin(history, host));
   int epoch = static_cast<int>(history.size());
   for (; epoch < static_cast<int>(values.size()); ++epoch) {
     host.weights = static_cast<float>(epoch);
     Logs logs = {{key, values[static_cast<size_t>(epoch)]}};
-    EXPECT_TRUE(callback.OnEpochEnd(epoch, logs, EpochLog{}, host).ok());
+    EXPECT_OK(callback.OnEpochEnd(epoch, logs, EpochLog{}, host));
     if (callback.stop_training()) {
       ++epoch;
       break;
     }
   }
-  EXPECT_TRUE(callback.OnTrainEnd(host).ok());
+  EXPECT_OK(callback.OnTrainEnd(host));
   return epoch;
 }
 
@@ -170,7 +171,7 @@ TEST(ReduceLROnPlateauTest, ReducesAfterPatienceRespectingCooldownAndTheFloor) {
       Make({{"class_name", "ReduceLROnPlateau"},
             {"config", {{"patience", 2}, {"factor", 0.5}, {"cooldown", 1}, {"min_lr", 0.0003}}}});
   FakeHost host;
-  ASSERT_TRUE(callback->OnTrainBegin({}, host).ok());
+  ASSERT_OK(callback->OnTrainBegin({}, host));
   // By hand, with Keras' rules (min_delta 1e-4): epoch 0 best; 1, 2 no gain -> 0.0005 and
   // cooldown 1; 3 ends the cooldown (its counter reaches 0 first, so the epoch counts:
   // wait 1); 4 -> 0.00025, floored at 0.0003; then the rate is at the floor: it stays.
@@ -179,7 +180,7 @@ TEST(ReduceLROnPlateauTest, ReducesAfterPatienceRespectingCooldownAndTheFloor) {
   std::vector<double> logged;
   for (int epoch = 0; epoch < 9; ++epoch) {
     Logs logs = {{"val_loss", losses[static_cast<size_t>(epoch)]}};
-    ASSERT_TRUE(callback->OnEpochEnd(epoch, logs, EpochLog{}, host).ok());
+    ASSERT_OK(callback->OnEpochEnd(epoch, logs, EpochLog{}, host));
     rates.push_back(host.rate);
     logged.push_back(logs.at("learning_rate"));
   }
@@ -196,7 +197,7 @@ TEST(ReduceLROnPlateauTest, AResumedRunGoesOnAtTheReducedRate) {
   FakeHost host;
   auto resumed = Make(spec);
   std::vector<Logs> history = {{{"val_loss", 1.0}}, {{"val_loss", 1.0}}, {{"val_loss", 2.0}}};
-  ASSERT_TRUE(resumed->OnTrainBegin(history, host).ok());
+  ASSERT_OK(resumed->OnTrainBegin(history, host));
   EXPECT_FLOAT_EQ(host.rate, 0.00001f);  // reduced after epochs 1 and 2
 }
 
@@ -290,11 +291,11 @@ TEST(CSVLoggerTest, WritesEpochThenTheSortedKeysAsPythonsCsvDoes) {
   auto callback =
       Make({{"class_name", "CSVLogger"}, {"config", {{"filename", path}, {"separator", ";"}}}});
   FakeHost host;
-  ASSERT_TRUE(callback->OnTrainBegin({}, host).ok());
+  ASSERT_OK(callback->OnTrainBegin({}, host));
   Logs first = {{"loss", 0.5}, {"accuracy", 0.75}, {"val_loss", 0.25}};
-  ASSERT_TRUE(callback->OnEpochEnd(0, first, EpochLog{}, host).ok());
+  ASSERT_OK(callback->OnEpochEnd(0, first, EpochLog{}, host));
   Logs second = {{"loss", 0.125}, {"accuracy", 1.0}};  // not validated: NA
-  ASSERT_TRUE(callback->OnEpochEnd(1, second, EpochLog{}, host).ok());
+  ASSERT_OK(callback->OnEpochEnd(1, second, EpochLog{}, host));
   EXPECT_EQ(ReadFile(path), "epoch;accuracy;loss;val_loss\n0;0.75;0.5;0.25\n1;1.0;0.125;NA\n");
   std::filesystem::remove(path);
 }
@@ -304,17 +305,17 @@ TEST(CSVLoggerTest, AResumedRunWritesEveryEpochAndAppendKeepsTheFile) {
   FakeHost host;
   {
     auto callback = Make({{"class_name", "CSVLogger"}, {"config", {{"filename", path}}}});
-    ASSERT_TRUE(callback->OnTrainBegin({{{"loss", 2.0}}}, host).ok());
+    ASSERT_OK(callback->OnTrainBegin({{{"loss", 2.0}}}, host));
     Logs logs = {{"loss", 1.0}};
-    ASSERT_TRUE(callback->OnEpochEnd(1, logs, EpochLog{}, host).ok());
+    ASSERT_OK(callback->OnEpochEnd(1, logs, EpochLog{}, host));
   }
   EXPECT_EQ(ReadFile(path), "epoch,loss\n0,2.0\n1,1.0\n");
   {
     auto callback =
         Make({{"class_name", "CSVLogger"}, {"config", {{"filename", path}, {"append", true}}}});
-    ASSERT_TRUE(callback->OnTrainBegin({{{"loss", 2.0}}, {{"loss", 1.0}}}, host).ok());
+    ASSERT_OK(callback->OnTrainBegin({{{"loss", 2.0}}, {{"loss", 1.0}}}, host));
     Logs logs = {{"loss", 0.5}};
-    ASSERT_TRUE(callback->OnEpochEnd(2, logs, EpochLog{}, host).ok());
+    ASSERT_OK(callback->OnEpochEnd(2, logs, EpochLog{}, host));
   }
   EXPECT_EQ(ReadFile(path), "epoch,loss\n0,2.0\n1,1.0\n2,0.5\n");
   std::filesystem::remove(path);
@@ -325,9 +326,9 @@ TEST(CSVLoggerTest, OnlyTheChiefWrites) {
   auto callback = Make({{"class_name", "CSVLogger"}, {"config", {{"filename", path}}}});
   FakeHost host;
   host.writes = false;
-  ASSERT_TRUE(callback->OnTrainBegin({}, host).ok());
+  ASSERT_OK(callback->OnTrainBegin({}, host));
   Logs logs = {{"loss", 1.0}};
-  ASSERT_TRUE(callback->OnEpochEnd(0, logs, EpochLog{}, host).ok());
+  ASSERT_OK(callback->OnEpochEnd(0, logs, EpochLog{}, host));
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
@@ -346,14 +347,14 @@ TEST(TensorBoardTest, EventFilesReadBackThroughAnIndependentDecoder) {
   auto callback =
       Make({{"class_name", "TensorBoard"}, {"config", {{"log_dir", dir}, {"update_freq", 2}}}});
   FakeHost host;
-  ASSERT_TRUE(callback->OnTrainBegin({}, host).ok());
+  ASSERT_OK(callback->OnTrainBegin({}, host));
   for (int64_t iteration = 0; iteration < 4; ++iteration) {
-    ASSERT_TRUE(callback->OnTrainBatchEnd(iteration, {{"loss", 1.0 / (iteration + 1)}}, host).ok());
+    ASSERT_OK(callback->OnTrainBatchEnd(iteration, {{"loss", 1.0 / (iteration + 1)}}, host));
   }
   Logs logs = {{"loss", 0.5}, {"accuracy", 0.75}, {"val_loss", 0.625}, {"val_accuracy", 0.5}};
   EpochLog figures;
   figures.examples_per_sec = 1000;
-  ASSERT_TRUE(callback->OnEpochEnd(0, logs, figures, host).ok());
+  ASSERT_OK(callback->OnEpochEnd(0, logs, figures, host));
   callback.reset();  // closes the files
   absl::StatusOr<std::vector<nlohmann::json>> scalars = testing::ReadTensorBoardScalars(dir);
   ASSERT_TRUE(scalars.ok()) << scalars.status();

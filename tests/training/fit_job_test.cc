@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "../data/idx_writer.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -68,7 +69,7 @@ TEST_F(CheckTrainingJobTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
   EXPECT_THAT(Refusal(), HasSubstr("loss categorical_crossentropy has from_logits true, but"));
   // from_logits false on a softmax, and true on a linear output, are what Keras means.
   job_.loss = LossJson("SparseCategoricalCrossentropy", false);
-  EXPECT_TRUE(CheckTrainingJob(job_).ok());
+  EXPECT_OK(CheckTrainingJob(job_));
   job_.model = ModelJson("linear");
   job_.loss = LossJson("SparseCategoricalCrossentropy", true);
   EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
@@ -141,7 +142,7 @@ TEST_F(CheckTrainingJobTest, AClassIdOutsideTheModelsOutputsIsNamedWhenLoaded) {
                 ": example 4 has class id 10, outside the model's 10 classes (0..9): give labels "
                 "from 0 to 9, or give the model's last Dense layer at least 11 units");
   job_.data.test.labels = labels_;
-  EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(job_.model)).ok());
+  EXPECT_OK(LoadFitData(job_.data, *Model::FromKerasJson(job_.model)));
 }
 
 // A model of one output takes 0/1 labels (binary_crossentropy); another label is named.
@@ -150,7 +151,7 @@ TEST_F(CheckTrainingJobTest, AModelOfOneOutputTakesBinaryLabels) {
   model["config"]["layers"][2]["config"]["units"] = 1;
   job_.data.test.labels = dir_.Write("binary", testing::UbyteIdx({6}, {0, 1, 1, 0, 1, 0}));
   job_.data.train.labels = job_.data.test.labels;
-  EXPECT_TRUE(LoadFitData(job_.data, *Model::FromKerasJson(model)).ok());
+  EXPECT_OK(LoadFitData(job_.data, *Model::FromKerasJson(model)));
   job_.data.test.labels = dir_.Write("ternary", testing::UbyteIdx({6}, {0, 1, 2, 0, 1, 0}));
   EXPECT_EQ(LoadFitData(job_.data, *Model::FromKerasJson(model)).status().message(),
             "data.test.labels " + job_.data.test.labels +
@@ -179,7 +180,7 @@ TEST_F(CheckTrainingJobTest, IdsAreTakenUnscaledAndAnotherRescaleIsRefused) {
             "or its InputLayer has dtype int32 or int64), which are not rescaled: remove "
             "data.rescale, or set it to 1");
   job_.data.rescale = 1;
-  EXPECT_TRUE(LoadFitData(job_.data, ids).ok());
+  EXPECT_OK(LoadFitData(job_.data, ids));
 }
 
 }  // namespace

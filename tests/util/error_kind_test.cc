@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/net/status.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -19,13 +20,13 @@ TEST(ErrorKindTest, AKindAndItsTaskRideInTheStatus) {
   EXPECT_FALSE(IsErrorKind(failed, ErrorKind::kNotSetUp));
   // Words alone are no kind; OK has none.
   EXPECT_EQ(ErrorKindOf(absl::FailedPreconditionError("not set up")), ErrorKind::kUnspecified);
-  EXPECT_TRUE(WithErrorKind(absl::OkStatus(), ErrorKind::kNotSetUp).ok());
+  EXPECT_OK(WithErrorKind(absl::OkStatus(), ErrorKind::kNotSetUp));
   EXPECT_FALSE(IsErrorKind(absl::OkStatus(), ErrorKind::kUnspecified));
 }
 
 TEST(ErrorKindTest, RewrappingKeepsTheKind) {
-  const absl::Status lost = WithErrorKind(absl::FailedPreconditionError("ps:0 lost it"),
-                                          ErrorKind::kPsLostItsVariables);
+  const absl::Status lost =
+      WithErrorKind(absl::FailedPreconditionError("ps:0 lost it"), ErrorKind::kPsLostItsVariables);
   const absl::Status wrapped = Rewrapped(lost, "closure \"train_step\" on worker:0: ps:0 lost it");
   EXPECT_EQ(wrapped.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(wrapped.message(), "closure \"train_step\" on worker:0: ps:0 lost it");

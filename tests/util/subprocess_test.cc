@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -41,7 +42,7 @@ TEST(SubprocessTest, CapturesStdoutAndStderrAndExitCode) {
 
 TEST(SubprocessTest, PassesEnvironment) {
   auto process = Shell("echo \"v=$STRATUM_TEST_VALUE\"", {{"STRATUM_TEST_VALUE", "42"}});
-  ASSERT_TRUE(process->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(process->Wait(absl::Seconds(10)));
   EXPECT_THAT(process->output(), HasSubstr("v=42"));
 }
 
@@ -53,8 +54,8 @@ TEST(SubprocessTest, PrefixesForwardedLines) {
   options.output_prefix = "[worker:1] ";
   options.forward_fd = fds[1];
   auto process = Subprocess::Spawn(std::move(options));
-  ASSERT_TRUE(process.ok());
-  ASSERT_TRUE((*process)->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(process);
+  ASSERT_OK((*process)->Wait(absl::Seconds(10)));
   process->reset();  // joins the reader, so everything is forwarded
   close(fds[1]);
   std::string text(256, '\0');
@@ -111,7 +112,7 @@ TEST(SubprocessTest, DestructorKillsARunningChild) {
 TEST(SubprocessTest, DestructorDoesNotWaitForAnEscapedHolderOfTheOutput) {
   auto process = Shell("setsid sleep 60 & echo $!");
   ASSERT_NE(process, nullptr);
-  ASSERT_TRUE(process->Wait(absl::Seconds(10)).ok());
+  ASSERT_OK(process->Wait(absl::Seconds(10)));
   const pid_t holder = std::stoi(process->output());
   const absl::Time start = absl::Now();
   process.reset();

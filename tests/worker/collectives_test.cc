@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "stratum/testing/status_matchers.h"
 #include "worker/collective/tcp_transport.h"
 
 namespace stratum {
@@ -358,7 +359,7 @@ TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
                               .size = 2,
                               .connect_timeout = absl::Seconds(1),
                               .same_host_unix_sockets = unix_sockets};
-  ASSERT_TRUE(rendezvous->Set("collective/tcp/token", "12345").ok());
+  ASSERT_OK(rendezvous->Set("collective/tcp/token", "12345"));
   absl::StatusOr<PeerLink> impostor_link = absl::UnknownError("the impostor did not connect");
   std::thread impostor([&] {
     auto address = rendezvous->Get("collective/tcp/address/1", absl::Seconds(5));

@@ -41,7 +41,7 @@ class CoordinationServiceTest : public ::testing::Test {
     now_ += d;
   }
   void RegisterAll() {
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(service_.RegisterTask({"worker", i}, 100 + i).ok());
+    for (int i = 0; i < 3; ++i) ASSERT_OK(service_.RegisterTask({"worker", i}, 100 + i));
   }
 
   absl::Mutex clock_mutex_;
@@ -50,9 +50,9 @@ class CoordinationServiceTest : public ::testing::Test {
 };
 
 TEST_F(CoordinationServiceTest, RegistrationIsIdempotentAndUnknownTasksAreNamed) {
-  EXPECT_TRUE(service_.RegisterTask(kW1, 7).ok());
-  EXPECT_TRUE(service_.RegisterTask(kW1, 7).ok());
-  EXPECT_TRUE(service_.cluster_error().ok());
+  EXPECT_OK(service_.RegisterTask(kW1, 7));
+  EXPECT_OK(service_.RegisterTask(kW1, 7));
+  EXPECT_OK(service_.cluster_error());
   EXPECT_THAT(service_.RegisterTask({"worker", 5}, 7),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("unknown task worker:5: the coordination service on worker:0 "
@@ -75,7 +75,7 @@ TEST_F(CoordinationServiceTest, ANewIncarnationIsARestartThatFailsTheCluster) {
 
 TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderWaitsForTheOthersToReportOrGoSilent) {
   RegisterAll();
-  ASSERT_TRUE(service_.ReportError(kW0, absl::UnavailableError("worker:2 closed")).ok());
+  ASSERT_OK(service_.ReportError(kW0, absl::UnavailableError("worker:2 closed")));
   EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
   std::thread reporter([this] {
     absl::SleepFor(absl::Milliseconds(30));
@@ -93,7 +93,7 @@ TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderWaitsForTheOthersToReportO
 // A task told of the failure by a heartbeat's answer, or one that left, is not waited for.
 TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderStopsWaitingOnceEveryTaskWasToldOrLeft) {
   RegisterAll();
-  ASSERT_TRUE(service_.ReportError(kW0, absl::AbortedError("stopped by signal 15")).ok());
+  ASSERT_OK(service_.ReportError(kW0, absl::AbortedError("stopped by signal 15")));
   EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
   EXPECT_THAT(service_.Heartbeat(kW1, 101),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("worker:0 failed: stopped")));
@@ -106,8 +106,8 @@ TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderStopsWaitingOnceEveryTaskW
 TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {
   EXPECT_THAT(service_.Heartbeat(kW1, 7), StatusIs(absl::StatusCode::kFailedPrecondition,
                                                    HasSubstr("worker:1 is not registered")));
-  ASSERT_TRUE(service_.RegisterTask(kW1, 7).ok());
-  EXPECT_TRUE(service_.Heartbeat(kW1, 7).ok());
+  ASSERT_OK(service_.RegisterTask(kW1, 7));
+  EXPECT_OK(service_.Heartbeat(kW1, 7));
   EXPECT_THAT(service_.Heartbeat(kW1, 8),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("incarnation 0x8")));
 }
@@ -115,20 +115,20 @@ TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {
 TEST_F(CoordinationServiceTest, GetKeyValueWaitsForTheKey) {
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_TRUE(service_.SetKeyValue("nccl/id", "first").ok());
+    ASSERT_OK(service_.SetKeyValue("nccl/id", "first"));
   });
   absl::StatusOr<std::string> value = service_.GetKeyValue("nccl/id", In(absl::Seconds(10)));
   setter.join();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "first");
-  ASSERT_TRUE(service_.SetKeyValue("nccl/id", "second").ok());
+  ASSERT_OK(service_.SetKeyValue("nccl/id", "second"));
   EXPECT_EQ(*service_.TryGetKeyValue("nccl/id"), "second");
   EXPECT_THAT(service_.TryGetKeyValue("nope").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("key \"nope\" is not set")));
 }
 
 TEST_F(CoordinationServiceTest, GetKeyValueDeadlineNamesTheKeyAndUnregisteredTasks) {
-  ASSERT_TRUE(service_.RegisterTask(kW0, 1).ok());
+  ASSERT_OK(service_.RegisterTask(kW0, 1));
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> value = service_.GetKeyValue("addr/1", In(absl::Milliseconds(100)));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
@@ -151,12 +151,12 @@ TEST_F(CoordinationServiceTest, BarrierReleasesEveryTaskWhenAllArrive) {
   for (std::thread& thread : threads) thread.join();
   for (const absl::Status& status : results) EXPECT_TRUE(status.ok()) << status;
   // A retry of a task that already passed.
-  EXPECT_TRUE(service_.WaitAtBarrier("init", kW1, In(absl::Seconds(1))).ok());
+  EXPECT_OK(service_.WaitAtBarrier("init", kW1, In(absl::Seconds(1))));
 }
 
 TEST_F(CoordinationServiceTest, BarrierTimeoutNamesTheTasksThatDidNotArrive) {
-  ASSERT_TRUE(service_.RegisterTask(kW0, 1).ok());
-  ASSERT_TRUE(service_.RegisterTask(kW1, 2).ok());
+  ASSERT_OK(service_.RegisterTask(kW0, 1));
+  ASSERT_OK(service_.RegisterTask(kW1, 2));
   absl::Status other;
   std::thread waiter([&] { other = service_.WaitAtBarrier("init", kW1, In(absl::Seconds(10))); });
   absl::SleepFor(absl::Milliseconds(50));
@@ -169,15 +169,15 @@ TEST_F(CoordinationServiceTest, BarrierTimeoutNamesTheTasksThatDidNotArrive) {
   EXPECT_THAT(status, timed_out);
   // The barrier failed for everyone at the first deadline, and stays failed.
   EXPECT_THAT(other, timed_out);
-  ASSERT_TRUE(service_.RegisterTask(kW2, 3).ok());
+  ASSERT_OK(service_.RegisterTask(kW2, 3));
   EXPECT_THAT(service_.WaitAtBarrier("init", kW2, In(absl::Seconds(1))), timed_out);
 }
 
 TEST_F(CoordinationServiceTest, BarrierTimeoutSaysWhichTaskStoppedItsHeartbeats) {
   RegisterAll();
   Advance(absl::Seconds(6));
-  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
-  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  ASSERT_OK(service_.Heartbeat(kW0, 100));
+  ASSERT_OK(service_.Heartbeat(kW1, 101));
   EXPECT_THAT(
       service_.WaitAtBarrier("step", kW0, In(absl::Milliseconds(50))),
       StatusIs(absl::StatusCode::kDeadlineExceeded,
@@ -195,7 +195,7 @@ TEST_F(CoordinationServiceTest, ReportedErrorWakesWaitersAndIsReturnedByLaterCal
       [&] { get = service_.GetKeyValue("never", In(absl::Seconds(30))).status(); });
   absl::SleepFor(absl::Milliseconds(50));
   const absl::Time reported = absl::Now();
-  ASSERT_TRUE(service_.ReportError(kW1, absl::InternalError("NCCL error: unhandled")).ok());
+  ASSERT_OK(service_.ReportError(kW1, absl::InternalError("NCCL error: unhandled")));
   barrier_waiter.join();
   get_waiter.join();
   EXPECT_LT(absl::Now() - reported, absl::Seconds(5));
@@ -204,7 +204,7 @@ TEST_F(CoordinationServiceTest, ReportedErrorWakesWaitersAndIsReturnedByLaterCal
   EXPECT_THAT(barrier, failed);
   EXPECT_THAT(get, failed);
   // The first failure wins; every later call returns it.
-  ASSERT_TRUE(service_.ReportError(kW2, absl::DataLossError("later")).ok());
+  ASSERT_OK(service_.ReportError(kW2, absl::DataLossError("later")));
   EXPECT_THAT(service_.cluster_error(), failed);
   EXPECT_THAT(service_.Heartbeat(kW0, 100), failed);
   EXPECT_THAT(service_.SetKeyValue("k", "v"), failed);
@@ -215,10 +215,10 @@ TEST_F(CoordinationServiceTest, ReportedErrorWakesWaitersAndIsReturnedByLaterCal
 TEST_F(CoordinationServiceTest, HeartbeatTimeoutNamesTheSilentTask) {
   RegisterAll();
   Advance(absl::Seconds(5));
-  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
-  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  ASSERT_OK(service_.Heartbeat(kW0, 100));
+  ASSERT_OK(service_.Heartbeat(kW1, 101));
   service_.CheckHeartbeats();
-  EXPECT_TRUE(service_.cluster_error().ok());
+  EXPECT_OK(service_.cluster_error());
   Advance(absl::Seconds(6));
   service_.CheckHeartbeats();
   const auto dead =
@@ -232,10 +232,10 @@ TEST_F(CoordinationServiceTest, HeartbeatTimeoutNamesTheSilentTask) {
 
 TEST_F(CoordinationServiceTest, ADisconnectedTaskIsNotDeadButFailsBarriersAtOnce) {
   RegisterAll();
-  ASSERT_TRUE(service_.DisconnectTask(kW2, 102).ok());
+  ASSERT_OK(service_.DisconnectTask(kW2, 102));
   Advance(absl::Minutes(1));
-  ASSERT_TRUE(service_.Heartbeat(kW0, 100).ok());
-  ASSERT_TRUE(service_.Heartbeat(kW1, 101).ok());
+  ASSERT_OK(service_.Heartbeat(kW0, 100));
+  ASSERT_OK(service_.Heartbeat(kW1, 101));
   service_.CheckHeartbeats();
   EXPECT_TRUE(service_.cluster_error().ok()) << service_.cluster_error();
   const absl::Time start = absl::Now();
@@ -267,18 +267,18 @@ TEST(LocalCoordinationClientTest, TasksOnThreadsExchangeKeysAndMeetAtBarriers) {
     threads.emplace_back([&, i] {
       LocalCoordinationClient client(service, {"worker", i});
       const int next = (i + 1) % 3;
-      ASSERT_TRUE(client.SetKeyValue(absl::StrCat("addr/", i), absl::StrCat("host", i)).ok());
+      ASSERT_OK(client.SetKeyValue(absl::StrCat("addr/", i), absl::StrCat("host", i)));
       absl::StatusOr<std::string> value =
           client.GetKeyValue(absl::StrCat("addr/", next), absl::Seconds(10));
       ASSERT_TRUE(value.ok()) << value.status();
       seen[i] = *value;
-      EXPECT_TRUE(client.WaitAtBarrier("done", absl::Seconds(10)).ok());
-      EXPECT_TRUE(client.cluster_error().ok());
+      EXPECT_OK(client.WaitAtBarrier("done", absl::Seconds(10)));
+      EXPECT_OK(client.cluster_error());
     });
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_THAT(seen, ::testing::ElementsAre("host1", "host2", "host0"));
-  EXPECT_TRUE(service.cluster_error().ok());
+  EXPECT_OK(service.cluster_error());
 }
 
 }  // namespace

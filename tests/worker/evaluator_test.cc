@@ -21,6 +21,7 @@
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/training/fit_checkpoint.h"
 #include "stratum/util/shutdown.h"
 
@@ -88,7 +89,7 @@ class EvaluatorTest : public ::testing::Test {
     state.iteration = step;
     state.variables = model_.InitialVariables(1);
     if (change) change(state.variables);
-    ASSERT_TRUE(SaveFitCheckpoint(job_.checkpoint.dir, 5, model_, *optimizer_, state).ok());
+    ASSERT_OK(SaveFitCheckpoint(job_.checkpoint.dir, 5, model_, *optimizer_, state));
   }
 
   testing::TempDir data_;
@@ -212,7 +213,7 @@ TEST_F(EvaluatorTest, OncePassEvaluatesTheLatestCheckpointAndReturns) {
   Save(2);
   ShutdownWatcher never_stopped;
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(RunEvaluator(job_, never_stopped, absl::Hours(1), /*once=*/true).ok());
+  ASSERT_OK(RunEvaluator(job_, never_stopped, absl::Hours(1), /*once=*/true));
   EXPECT_LT(absl::Now() - start, absl::Minutes(1));  // not the hour between polls
   std::ifstream file(job_.checkpoint.dir + "/evaluation.json");
   const nlohmann::json report = nlohmann::json::parse(file);

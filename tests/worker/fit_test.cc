@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/training/fit_checkpoint.h"
 #include "stratum/worker/mirrored_strategy.h"
 
@@ -255,7 +256,7 @@ TEST(FitTest, AResumedRunWithDropoutAndBatchNormEndsWithTheSameVariables) {
   };
   auto whole = run(2, "");
   ASSERT_TRUE(whole.ok()) << whole.status();
-  ASSERT_TRUE(run(1, dir).ok());
+  ASSERT_OK(run(1, dir));
   auto resumed = run(2, dir);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 12);
@@ -359,7 +360,7 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTh
   state.variables = model.InitialVariables(1);
   for (const Tensor& variable : state.variables)
     state.slots.push_back(optimizer->NewSlots(variable));
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 2, model, *optimizer, state));
   auto refused = run(1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(
@@ -379,7 +380,7 @@ TEST(FitTest, ResumingMidEpochWithAnotherGlobalBatchOrWorkerCountIsRefusedWithTh
   // worker reads its own shard): refused too.
   state.iteration = 30;
   state.num_workers = 2;
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 2, model, *optimizer, state));
   refused = run(2);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.status().message()),
@@ -421,7 +422,7 @@ TEST(FitTest, ResumingMidEpochWithAnotherShuffleIsRefusedWithTheFix) {
     state.variables = model.InitialVariables(1);
     for (const Tensor& variable : state.variables)
       state.slots.push_back(optimizer->NewSlots(variable));
-    ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *optimizer, state).ok());
+    ASSERT_OK(SaveFitCheckpoint(dir, 2, model, *optimizer, state));
   };
   save(100);
   auto refused = run(100, 8);
@@ -444,9 +445,9 @@ TEST(FitTest, ResumingMidEpochWithAnotherShuffleIsRefusedWithTheFix) {
   // Unshuffled data has one order whatever the seed; a checkpoint that did not record its
   // order (written before it was recorded) is resumed as before.
   save(0);
-  EXPECT_TRUE(run(1, 8).ok());
+  EXPECT_OK(run(1, 8));
   save(std::nullopt);
-  EXPECT_TRUE(run(100, 8).ok());
+  EXPECT_OK(run(100, 8));
   std::filesystem::remove_all(dir);
 }
 
@@ -464,7 +465,7 @@ TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) 
   state.iteration = 4;
   state.variables = model.InitialVariables(1);
   state.slots.resize(state.variables.size());
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *plain, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 2, model, *plain, state));
   auto refused = LoadLatestFitCheckpoint(dir, model, *momentum);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(refused.status().message()),
@@ -497,7 +498,7 @@ TEST(FitTest, ResumingWithOptimizerSettingsThatKeepOtherSlotsNamesTheOptimizer) 
   state.slots.clear();
   for (const Tensor& variable : state.variables)
     state.slots.push_back(momentum->NewSlots(variable));
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 2, model, *momentum, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 2, model, *momentum, state));
   auto without_momentum = LoadLatestFitCheckpoint(dir, model, *plain);
   ASSERT_TRUE(without_momentum.ok()) << without_momentum.status();
   ASSERT_TRUE(without_momentum->has_value());
@@ -560,7 +561,7 @@ TEST(FitTest, AManifestWhosePlaceInTrainingNoRunCanBeAtIsDamage) {
   };
   for (const Forgery& forgery : forgeries) {
     std::filesystem::remove_all(dir);
-    ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 17)).ok());
+    ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 17)));
     const std::string folder = CheckpointFolder(dir, 17);
     ForgeManifest(folder, forgery.field, forgery.value);
     auto refused = LoadLatestFitCheckpoint(dir, model, *optimizer);
@@ -596,7 +597,7 @@ TEST(FitTest, ACheckpointWhoseVariablesAreNotFiniteIsNeverRestored) {
   std::filesystem::remove_all(dir);
   FitState nan = StateAt(model, *optimizer, 5);
   nan.variables[2].data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, nan).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, nan));
   auto refused = LoadLatestFitCheckpoint(dir, model, *optimizer);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.status().message()),
@@ -607,8 +608,8 @@ TEST(FitTest, ACheckpointWhoseVariablesAreNotFiniteIsNeverRestored) {
   // An optimizer slot likewise; an intact checkpoint before it is restored.
   FitState infinite = StateAt(model, *optimizer, 8);
   infinite.slots[0][1].data<float>()[0] = std::numeric_limits<float>::infinity();
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 7)).ok());
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, infinite).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, StateAt(model, *optimizer, 7)));
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, infinite));
   auto restored = LoadLatestFitCheckpoint(dir, model, *optimizer);
   ASSERT_TRUE(restored.ok()) << restored.status();
   ASSERT_TRUE(restored->has_value());
@@ -641,10 +642,10 @@ TEST(FitTest, ResumingFurtherIntoAnEpochThanItHasStepsIsRefusedWithTheFix) {
   FitState state = StateAt(model, *optimizer, 12);
   state.iteration = 20;
   state.history[0]["steps"] = 20;
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, state));
   state.iteration = 32;
   state.step_in_epoch = 12;
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, state));
   auto refused = run();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(refused.status().message()),
@@ -662,7 +663,7 @@ TEST(FitTest, ResumingFurtherIntoAnEpochThanItHasStepsIsRefusedWithTheFix) {
   state.iteration = 31;
   state.step_in_epoch = 11;
   std::filesystem::remove_all(CheckpointFolder(dir, 32));
-  ASSERT_TRUE(SaveFitCheckpoint(dir, 3, model, *optimizer, state).ok());
+  ASSERT_OK(SaveFitCheckpoint(dir, 3, model, *optimizer, state));
   auto resumed = run();
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->resumed_from_step, 31);

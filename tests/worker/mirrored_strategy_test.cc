@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/mutex.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -27,7 +28,7 @@ std::unique_ptr<MirroredStrategy> Mirrored(int replicas, const std::string& ops 
 
 TEST(MirroredStrategyTest, DefaultsToOneCpuReplicaWithoutGpus) {
   auto strategy = MirroredStrategy::Create({});
-  ASSERT_TRUE(strategy.ok());
+  ASSERT_OK(strategy);
   EXPECT_GE((*strategy)->NumReplicasInSync(), 1);
 }
 
@@ -60,7 +61,7 @@ TEST(MirroredStrategyTest, EachReplicaRunsOnItsOwnThread) {
     threads.insert(std::this_thread::get_id());
     return context.replica_id_in_sync_group();
   });
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   EXPECT_EQ(strategy->ExperimentalLocalResults(*ids), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(threads.size(), 4u);
 }
@@ -155,7 +156,7 @@ TEST(MirroredStrategyTest, EveryReplicaThreadSeesTheStrategy) {
   auto strategy = Mirrored(3);
   auto counts = strategy->Run<int>(
       [](ReplicaContext&) -> absl::StatusOr<int> { return GetStrategy().NumReplicasInSync(); });
-  ASSERT_TRUE(counts.ok());
+  ASSERT_OK(counts);
   EXPECT_EQ(counts->values(), (std::vector<int>{3, 3, 3}));
 }
 
@@ -164,7 +165,7 @@ TEST(MirroredStrategyTest, ReduceWithAxisOverReplicas) {
   PerReplica<Tensor> values(
       {Tensor::FromVector<float>({2}, {1, 2}), Tensor::FromVector<float>({1}, {6})});
   auto mean = strategy->Reduce(ReduceOp::kMean, values, 0);
-  ASSERT_TRUE(mean.ok());
+  ASSERT_OK(mean);
   EXPECT_EQ(*mean->data<float>(), 3);  // (1 + 2 + 6) / 3 examples
 }
 
@@ -205,7 +206,7 @@ TEST(CentralStorageStrategyTest, OneCopyReadByEveryReplica) {
   MirroredOptions options;
   options.devices = {"CPU:0", "CPU:1"};
   auto strategy = CentralStorageStrategy::Create(options);
-  ASSERT_TRUE(strategy.ok());
+  ASSERT_OK(strategy);
   EXPECT_EQ((*strategy)->NumReplicasInSync(), 2);
   DistributedVariables variables = (*strategy)->CreateVariables({Tensor::Scalar(5)});
   EXPECT_EQ(variables.num_copies(), 1);
@@ -271,8 +272,8 @@ TEST(StrategyScopeTest, MirroredRefusesVariablesMadeOutsideItsScopeNamingThem) {
   }
   // Inside the scope: its own, one copy per replica.
   DistributedVariables inside = GetStrategy().CreateVariables({Tensor::Scalar(1)});
-  EXPECT_TRUE(UseInRun(*strategy, inside).ok());
-  EXPECT_TRUE(Apply(*strategy, inside).ok());
+  EXPECT_OK(UseInRun(*strategy, inside));
+  EXPECT_OK(Apply(*strategy, inside));
   // Another Mirrored strategy's copies, for another number of replicas, are refused too.
   auto wider = Mirrored(3);
   EXPECT_EQ(UseInRun(*wider, inside).code(), absl::StatusCode::kInvalidArgument);
@@ -282,9 +283,9 @@ TEST(StrategyScopeTest, OneCopyStrategiesUseOutsideVariablesAsTensorFlowWould) {
   MirroredOptions options;
   options.devices = {"CPU:0", "CPU:1"};
   auto central = CentralStorageStrategy::Create(options);
-  ASSERT_TRUE(central.ok());
+  ASSERT_OK(central);
   auto one_device = OneDeviceStrategy::Create("CPU:0");
-  ASSERT_TRUE(one_device.ok());
+  ASSERT_OK(one_device);
   for (Strategy* strategy : {static_cast<Strategy*>(central->get()),
                              static_cast<Strategy*>(one_device->get()), &GetStrategy()}) {
     DistributedVariables outside = CreatedOutsideTheScope();

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/worker/coordination_service.h"
 
@@ -17,7 +18,7 @@ const absl::Status kClosed = absl::UnavailableError(
 // The first failure as the coordination service reports it.
 absl::Status Failed(int worker, const absl::Status& cause) {
   CoordinationService service({.tasks = {{kWorker, 0}, {kWorker, 1}, {kWorker, 2}}});
-  EXPECT_TRUE(service.ReportError({kWorker, worker}, cause).ok());
+  EXPECT_OK(service.ReportError({kWorker, worker}, cause));
   return service.cluster_error();
 }
 

@@ -34,7 +34,7 @@ std::vector<std::unique_ptr<MultiWorkerMirroredStrategy>> MakeWorkers(int worker
   std::vector<std::unique_ptr<MultiWorkerMirroredStrategy>> strategies;
   for (int w = 0; w < workers; ++w) {
     auto collectives = Collectives::Create(group->TakeTransport(w), {});
-    EXPECT_TRUE(collectives.ok());
+    EXPECT_OK(collectives);
     MirroredOptions local;
     local.devices = {"CPU:0", "CPU:1"};
     auto strategy = MultiWorkerMirroredStrategy::Create(local, *std::move(collectives));
@@ -70,7 +70,7 @@ TEST(MultiWorkerMirroredStrategyTest, ReplicasAreNumberedOverTheWholeJob) {
   auto ids = workers[2]->Run<int>([](ReplicaContext& context) -> absl::StatusOr<int> {
     return context.replica_id_in_sync_group();
   });
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   EXPECT_EQ(ids->values(), (std::vector<int>{4, 5}));
 }
 
@@ -113,7 +113,8 @@ TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEv
   ASSERT_TRUE(model.ok()) << model.status();
   auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
   auto optimizer = Optimizer::FromKeras("adam");
-  ASSERT_TRUE(loss.ok() && optimizer.ok());
+  ASSERT_OK(loss);
+  ASSERT_OK(optimizer);
   constexpr int kSteps = 20;
   // per worker, per step: every local copy of every variable, flattened.
   std::vector<std::vector<std::vector<float>>> seen(n, std::vector<std::vector<float>>(kSteps));
@@ -121,7 +122,7 @@ TEST(MultiWorkerMirroredStrategyTest, VariablesStayIdenticalOnEveryWorkerAfterEv
     Strategy& strategy = *workers[w];
     // Different seeds: the chief's initial values must win.
     std::vector<Tensor> initial = model->InitialVariables(100 + w);
-    ASSERT_TRUE(strategy.BroadcastFromChief(initial).ok());
+    ASSERT_OK(strategy.BroadcastFromChief(initial));
     DistributedVariables variables = strategy.CreateVariables(initial);
     std::vector<std::vector<std::vector<Tensor>>> slots(kLocalReplicas);
     std::vector<std::unique_ptr<Workspace>> workspaces;
@@ -181,7 +182,7 @@ TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryW
   auto model = SmallClassifier(4, 8, 2);
   ASSERT_TRUE(model.ok()) << model.status();
   auto optimizer = Optimizer::FromKeras("adam");
-  ASSERT_TRUE(optimizer.ok());
+  ASSERT_OK(optimizer);
   constexpr int64_t kExamples = 2000;
   Tensor x(DType::kFloat32, Shape({kExamples, 4}));
   Tensor y(DType::kInt32, Shape({kExamples}));
@@ -239,9 +240,9 @@ TEST(MultiWorkerMirroredStrategyTest, ALossThatIsNotFiniteOnOneWorkerStopsEveryW
 TEST(MultiWorkerMirroredStrategyTest, ADeadWorkerFailsTheStepInsteadOfHangingIt) {
   auto group = InProcessTransportGroup::Create(2);
   auto collectives = Collectives::Create(group->TakeTransport(0), {.timeout = absl::Seconds(30)});
-  ASSERT_TRUE(collectives.ok());
+  ASSERT_OK(collectives);
   auto strategy = MultiWorkerMirroredStrategy::Create({}, *std::move(collectives));
-  ASSERT_TRUE(strategy.ok());
+  ASSERT_OK(strategy);
   group->Close(1);
   std::vector<Tensor> values = {Tensor::FromVector<float>({1}, {1.0f})};
   const absl::Time start = absl::Now();
@@ -283,7 +284,7 @@ TEST(NcclRanksTest, TwoReplicasOnOneGpuAreRefusedNamingBoth) {
       testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                         ::testing::HasSubstr("worker:0 (replica 0) and worker:0 (replica 1)")));
   // The same bus id on two hosts is two GPUs.
-  EXPECT_TRUE(PlanNcclRanks({{"host-a 0000:1A:00.0"}, {"host-b 0000:1A:00.0"}}, names, 0).ok());
+  EXPECT_OK(PlanNcclRanks({{"host-a 0000:1A:00.0"}, {"host-b 0000:1A:00.0"}}, names, 0));
   EXPECT_EQ(PlanNcclRanks({{"a"}}, names, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -318,7 +319,7 @@ TEST(MultiWorkerMirroredStrategyTest, VariablesMadeOutsideItsScopeAreRefusedNami
   EXPECT_THAT(std::string(status.message()),
               ::testing::HasSubstr("variable \"w\" was created by DefaultDistributionStrategy, "
                                    "outside MultiWorkerMirroredStrategy's Scope()"));
-  EXPECT_TRUE((*strategy)->CheckVariables((*strategy)->CreateVariables({Tensor::Scalar(1)})).ok());
+  EXPECT_OK((*strategy)->CheckVariables((*strategy)->CreateVariables({Tensor::Scalar(1)})));
 }
 
 // NCCL sums GPU tensors: a job on the CPU asking for it is refused with the fix, instead of

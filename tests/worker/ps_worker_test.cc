@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/tensor/tensor_proto.h"
+#include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
@@ -102,7 +103,7 @@ class PsWorkerTest : public ::testing::Test {
 };
 
 TEST_F(PsWorkerTest, APerWorkerDatasetIsBuiltOncePerSetUpAndIteratedAcrossClosures) {
-  ASSERT_TRUE(worker_.SetupJob(JobFrom(1, "s")).ok());
+  ASSERT_OK(worker_.SetupJob(JobFrom(1, "s")));
   EXPECT_EQ(*Next(), 0.0f);
   EXPECT_EQ(*Next(), 2.0f);
   EXPECT_EQ(*Next(), 4.0f);
@@ -116,13 +117,13 @@ TEST_F(PsWorkerTest, APerWorkerDatasetIsBuiltOncePerSetUpAndIteratedAcrossClosur
   EXPECT_EQ(*Next(1, 2), 0.0f);
   EXPECT_EQ(built_, 2);
   // Set up again (as after a restart): built again, from the start.
-  ASSERT_TRUE(worker_.SetupJob(JobFrom(1, "s")).ok());
+  ASSERT_OK(worker_.SetupJob(JobFrom(1, "s")));
   EXPECT_EQ(*Next(), 0.0f);
   EXPECT_EQ(built_, 3);
 }
 
 TEST_F(PsWorkerTest, UnknownNamesAndWrongArgumentsAreRefusedByName) {
-  ASSERT_TRUE(worker_.SetupJob(JobFrom(1, "s")).ok());
+  ASSERT_OK(worker_.SetupJob(JobFrom(1, "s")));
   auto unknown = worker_.RunClosure(Closure("step", 1, "s"));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.status().message(),
@@ -141,7 +142,7 @@ TEST_F(PsWorkerTest, UnknownNamesAndWrongArgumentsAreRefusedByName) {
   EXPECT_THAT(worker_.RunClosure(Closure("next", 1, "s")).status().message(),
               HasSubstr("and the closure has 0 argument(s)"));
   // One id is one dataset's values.
-  ASSERT_TRUE(Next().ok());
+  ASSERT_OK(Next());
   proto::RunClosureRequest other = Closure("next", 1, "s");
   AddPerWorker(other, 1, "letters");
   EXPECT_THAT(worker_.RunClosure(other).status().message(),
@@ -153,7 +154,7 @@ TEST_F(PsWorkerTest, UnknownNamesAndWrongArgumentsAreRefusedByName) {
 }
 
 TEST_F(PsWorkerTest, AFunctionsOutageIsItsOwnErrorNotAFailedWorker) {
-  ASSERT_TRUE(worker_.SetupJob(JobFrom(1, "s")).ok());
+  ASSERT_OK(worker_.SetupJob(JobFrom(1, "s")));
   absl::Status failed = worker_.RunClosure(Closure("fail", 1, "s")).status();
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnknown) << failed;
   EXPECT_THAT(failed.message(),
@@ -164,7 +165,7 @@ TEST_F(PsWorkerTest, OnlyTheCoordinatorThatSetItUpRunsClosures) {
   // Before any set-up, and from another incarnation: "not set up" (the coordinator sets it
   // up again); without the holder's secret: refused.
   EXPECT_THAT(Next().status().message(), HasSubstr("not set up"));
-  ASSERT_TRUE(worker_.SetupJob(JobFrom(1, "s")).ok());
+  ASSERT_OK(worker_.SetupJob(JobFrom(1, "s")));
   proto::RunClosureRequest forged = Closure("next", 1, "not the secret");
   AddPerWorker(forged, 1, "numbers");
   EXPECT_EQ(worker_.RunClosure(forged).status().code(), absl::StatusCode::kPermissionDenied);
@@ -185,7 +186,7 @@ TEST(WorkerFunctionsTest, NamesAreTheirOwn) {
   };
   EXPECT_THAT(functions.Register("train_step", nothing).message(),
               HasSubstr("is the built-in one"));
-  EXPECT_TRUE(functions.Register("step", nothing).ok());
+  EXPECT_OK(functions.Register("step", nothing));
   EXPECT_THAT(functions.Register("step", nothing).message(),
               HasSubstr("function \"step\" is registered already"));
   EXPECT_FALSE(functions.Register("", nothing).ok());

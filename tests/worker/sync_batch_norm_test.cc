@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/model/model.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/worker/mirrored_strategy.h"
 
 namespace stratum {
@@ -108,7 +109,7 @@ TEST(SyncBatchNormTest, TwoReplicasOf32StepAsOneReplicaOf64) {
   const std::vector<Tensor> variables = model.InitialVariables(5);
   const Batch batch = RandomBatch(64);
   auto one = MirroredStrategy::Create({.devices = {"CPU:0"}});
-  ASSERT_TRUE(one.ok());
+  ASSERT_OK(one);
   const std::vector<Tensor> whole = SummedGradients(model, **one, variables, batch, {0, 64});
   auto two = TwoCpuReplicas();
   const std::vector<Tensor> halves = SummedGradients(model, *two, variables, batch, {0, 32, 64});
@@ -132,7 +133,7 @@ TEST(SyncBatchNormTest, AReplicaWithoutExamplesTakesPartInTheSums) {
   const std::vector<Tensor> variables = model.InitialVariables(6);
   const Batch batch = RandomBatch(40);
   auto one = MirroredStrategy::Create({.devices = {"CPU:0"}});
-  ASSERT_TRUE(one.ok());
+  ASSERT_OK(one);
   const std::vector<Tensor> whole = SummedGradients(model, **one, variables, batch, {0, 40});
   auto two = TwoCpuReplicas();
   EXPECT_LT(

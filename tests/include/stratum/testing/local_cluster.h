@@ -5,8 +5,8 @@
 //   auto cluster = LocalCluster::Start({.num_workers = 2, .num_ps = 1});
 //   ASSERT_TRUE(cluster.ok()) << cluster.status();
 //   std::string tf_config = (*cluster)->TfConfig({"worker", 0});
-//   ASSERT_TRUE((*cluster)->Kill({"worker", 1}).ok());     // SIGKILL
-//   ASSERT_TRUE((*cluster)->Restart({"worker", 1}).ok());  // same address, new incarnation
+//   ASSERT_OK((*cluster)->Kill({"worker", 1}));     // SIGKILL
+//   ASSERT_OK((*cluster)->Restart({"worker", 1}));  // same address, new incarnation
 //
 // Start() returns once every started server task answers its health check (the chief,
 // a program that exits when done, is started but not waited for: WaitForExit it), or
