@@ -431,19 +431,13 @@ bool PsDataServer::ServeOne(Connection& connection) {
   }
   auto rows_of = [](const TensorRef& ref) { return ref.has_rows ? &ref.rows : nullptr; };
   if (op == Op::kPush && status.ok()) {
-    if (gradients.size() > 1) {
-      for (size_t i = 0; i < gradients.size() && status.ok(); ++i) {
-        status = store_.CheckGradient(pushed[i].name, gradients[i], rows_of(pushed[i]));
-      }
+    std::vector<VariableStore::PushedGradient> applied;
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      applied.push_back({&pushed[i].name, &gradients[i], rows_of(pushed[i])});
     }
-    for (size_t i = 0; i < gradients.size() && status.ok(); ++i) {
-      absl::StatusOr<int64_t> updates =
-          pushed[i].has_rows
-              ? store_.ApplyRowGradients(pushed[i].name, pushed[i].rows, gradients[i])
-              : store_.ApplyGradient(pushed[i].name, gradients[i]);
-      status = updates.status();
-      if (updates.ok()) response.updates.push_back(*updates);
-    }
+    absl::StatusOr<std::vector<int64_t>> updates = store_.ApplyPush(applied);
+    status = updates.status();
+    if (updates.ok()) response.updates = *std::move(updates);
   }
   gradients.clear();
   ValuePlacer placer(connection.shared_memory, segment, shared_end, connection.to_send);

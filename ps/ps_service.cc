@@ -192,20 +192,14 @@ grpc::Status PsService::Push(grpc::ServerContext*, const proto::PushRequest* req
       return ToGrpcStatus(status);
     }
   }
-  if (gradients->size() > 1) {
-    // All or nothing: check every gradient before the first is applied.
-    for (const Gradient& gradient : *gradients) {
-      absl::Status status = store_.CheckGradient(*gradient.name, gradient.tensor,
-                                                 gradient.sparse ? &gradient.rows : nullptr);
-      if (!status.ok()) return ToGrpcStatus(status);
-    }
-  }
+  std::vector<VariableStore::PushedGradient> pushed;
   for (const Gradient& gradient : *gradients) {
-    absl::StatusOr<int64_t> updates =
-        gradient.sparse ? store_.ApplyRowGradients(*gradient.name, gradient.rows, gradient.tensor)
-                        : store_.ApplyGradient(*gradient.name, gradient.tensor);
-    if (!updates.ok()) return ToGrpcStatus(updates.status());
-    response->add_updates(*updates);
+    pushed.push_back({gradient.name, &gradient.tensor, gradient.sparse ? &gradient.rows : nullptr});
+  }
+  absl::StatusOr<std::vector<int64_t>> updates = store_.ApplyPush(pushed);
+  if (!updates.ok()) return ToGrpcStatus(updates.status());
+  for (const int64_t count : *updates) response->add_updates(count);
+  for (const Gradient& gradient : *gradients) {
     if (request->pull_after() && !gradient.sparse) {
       if (absl::Status status = AppendValue(store_, *gradient.name, response->mutable_values());
           !status.ok()) {

@@ -261,6 +261,24 @@ absl::Status VariableStore::CheckGradientLocked(const std::string& name, const V
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int64_t>> VariableStore::ApplyPush(
+    const std::vector<PushedGradient>& gradients) {
+  if (gradients.size() > 1) {
+    for (const PushedGradient& pushed : gradients) {
+      STRATUM_RETURN_IF_ERROR(CheckGradient(*pushed.name, *pushed.gradient, pushed.rows));
+    }
+  }
+  std::vector<int64_t> updates;
+  for (const PushedGradient& pushed : gradients) {
+    STRATUM_ASSIGN_OR_RETURN(const int64_t count,
+                             pushed.rows != nullptr
+                                 ? ApplyRowGradients(*pushed.name, *pushed.rows, *pushed.gradient)
+                                 : ApplyGradient(*pushed.name, *pushed.gradient));
+    updates.push_back(count);
+  }
+  return updates;
+}
+
 absl::Status VariableStore::CheckGradient(const std::string& name, const Tensor& gradient,
                                           const std::vector<int64_t>* rows) {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);

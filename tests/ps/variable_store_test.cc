@@ -1,5 +1,6 @@
 #include "stratum/ps/variable_store.h"
 
+#include <cmath>
 #include <limits>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/testing/status_matchers.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
@@ -91,9 +93,34 @@ TEST(VariableStoreTest, AMissingVariableIsAPsFailureForItsCaller) {
   EXPECT_EQ(failure.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Message(failure), HasSubstr("a parameter server is unavailable: "));
   EXPECT_THAT(Message(failure), HasSubstr(kPsLostItsVariables));
+  // What it is, typed: the decisions read the kind, not these words.
+  EXPECT_EQ(ErrorKindOf(missing), ErrorKind::kVariableMissing);
+  EXPECT_EQ(ErrorKindOf(failure), ErrorKind::kPsLostItsVariables);
+  EXPECT_EQ(ErrorKindOf(PsFailure(absl::UnavailableError("ps:0: gone"))),
+            ErrorKind::kPsUnavailable);
+  // The same words without the kind are not a lost variable.
+  EXPECT_EQ(PsFailure(absl::NotFoundError("does not exist on this parameter server")).code(),
+            absl::StatusCode::kNotFound);
   // Other errors are the caller's own.
   const absl::Status bad = absl::InvalidArgumentError("shape [3] does not match [2, 2]");
   EXPECT_EQ(PsFailure(bad), bad);
+}
+
+// Both of the PS's paths apply a push alike: all checked before the first is applied.
+TEST(VariableStoreTest, APushOfSeveralGradientsIsAllOrNothing) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("a", Tensor::FromVector<float>({1}, {1}), kSgd));
+  ASSERT_TRUE(*store.Create("b", Tensor::FromVector<float>({1}, {1}), kSgd));
+  const std::string a = "a", b = "b";
+  const Tensor good = Tensor::FromVector<float>({1}, {1});
+  const Tensor nan = Tensor::FromVector<float>({1}, {std::nanf("")});
+  EXPECT_EQ(store.ApplyPush({{&a, &good, nullptr}, {&b, &nan, nullptr}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Info("a")->updates, 0);  // the good one was not applied either
+  auto updates = store.ApplyPush({{&a, &good, nullptr}, {&b, &good, nullptr}});
+  ASSERT_OK(updates);
+  EXPECT_EQ(*updates, (std::vector<int64_t>{1, 1}));
+  EXPECT_TRUE(store.Read("a")->BitwiseEqual(Tensor::FromVector<float>({1}, {0.5f})));
 }
 
 // A PS that shuts down (it got SIGTERM) cancels the calls it is serving: the caller sees

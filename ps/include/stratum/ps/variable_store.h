@@ -103,6 +103,18 @@ class VariableStore {
   absl::Status CheckGradient(const std::string& name, const Tensor& gradient,
                              const std::vector<int64_t>* rows);
 
+  // One gradient of a push: dense (rows == nullptr), or of rows `*rows`.
+  struct PushedGradient {
+    const std::string* name;
+    const Tensor* gradient;
+    const std::vector<int64_t>* rows;
+  };
+  // A push as both of the PS's paths (gRPC and the raw data path) apply it: with several
+  // gradients, every one is checked before the first is applied (a bad one changes
+  // nothing); then each is applied in order, the first failure ending the push. Returns
+  // each gradient's update count.
+  absl::StatusOr<std::vector<int64_t>> ApplyPush(const std::vector<PushedGradient>& gradients);
+
   std::vector<VariableInfo> List() const;
   absl::StatusOr<VariableInfo> Info(const std::string& name) const;
   // A pull of `names` as both of the PS's paths (gRPC and raw data) check it before a byte
