@@ -9,6 +9,7 @@
 #include "stratum/util/counted.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -232,6 +233,7 @@ PerWorkerValues ClusterCoordinator::CreatePerWorkerDataset(std::string dataset) 
 
 absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
     std::string function, std::vector<ClosureArg> args) {
+  if (options_.check_hold) STRATUM_RETURN_IF_ERROR(options_.check_hold());
   absl::MutexLock lock(&mutex_);
   if (!error_.ok()) return TakeError();
   if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {
@@ -256,6 +258,7 @@ absl::StatusOr<std::shared_ptr<RemoteValue>> ClusterCoordinator::Schedule(
 }
 
 absl::Status ClusterCoordinator::Join(absl::Duration timeout) {
+  if (options_.check_hold) STRATUM_RETURN_IF_ERROR(options_.check_hold());
   absl::MutexLock lock(&mutex_);
   auto idle = [this]()
                   ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
@@ -266,7 +269,8 @@ absl::Status ClusterCoordinator::Join(absl::Duration timeout) {
         "Join waited ", absl::FormatDuration(timeout), " with ", queue_.size(),
         " closures queued and ", in_flight_, " in flight: check that the workers are up"));
   }
-  return TakeError();
+  if (absl::Status error = TakeError(); !error.ok()) return error;
+  return options_.check_hold ? options_.check_hold() : absl::OkStatus();
 }
 
 absl::StatusOr<bool> ClusterCoordinator::Done() {

@@ -92,6 +92,8 @@ absl::StatusOr<std::unique_ptr<ParameterServerCluster>> ParameterServerCluster::
   coordinator_options.closures_per_worker = std::max(1, options.closures_per_worker);
   coordinator_options.cancel = options.cancel;
   coordinator_options.worker_recovery_timeout = options.worker_recovery_timeout;
+  // Another coordinator that took the PSs over ends this program's closures.
+  coordinator_options.check_hold = [watcher] { return watcher->Lost(); };
   self->coordinator_ = std::make_unique<ClusterCoordinator>(
       MakeWorkerExecutors(cluster, setup, [watcher] { return watcher->CheckHold(); }),
       coordinator_options);
@@ -106,7 +108,9 @@ ParameterServerCluster::~ParameterServerCluster() {
 
 absl::StatusOr<std::vector<Tensor>> ParameterServerCluster::ReadVariables() {
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Lost());
-  return variables_->Pull();
+  absl::StatusOr<std::vector<Tensor>> pulled = variables_->Pull();
+  if (!pulled.ok()) return PsFailure(pulled.status());
+  return pulled;
 }
 
 }  // namespace stratum

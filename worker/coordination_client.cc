@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/net/status.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/coordination_grpc_service.h"
 
@@ -125,8 +126,10 @@ absl::Status CoordinationAgent::CallStatus(const std::string& what,
         status.error_message(), "); ", options_.leader_name,
         " died, hangs or is unreachable, and the job cannot go on without it: ", kRestartAdvice));
   }
-  return absl::Status(code, absl::StrCat(options_.task.ToString(), " ", what, ": ", Leader(), ": ",
-                                         status.error_message()));
+  // What the answer is (the failed task it names) stays with it.
+  return Rewrapped(FromGrpcStatus(status, Leader()), code,
+                   absl::StrCat(options_.task.ToString(), " ", what, ": ", Leader(), ": ",
+                                status.error_message()));
 }
 
 absl::Status CoordinationAgent::Register() {

@@ -422,9 +422,10 @@ absl::StatusOr<int64_t> StepsArgument(const proto::RunClosureRequest& request) {
 absl::Status AsClosureError(const std::string& function, const absl::Status& status) {
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
       absl::IsCancelled(status) || absl::IsAborted(status)) {
-    return absl::UnknownError(absl::StrCat("function \"", function, "\" failed (",
-                                           absl::StatusCodeToString(status.code()),
-                                           "): ", status.message()));
+    return Rewrapped(
+        status, absl::StatusCode::kUnknown,
+        absl::StrCat("function \"", function, "\" failed (",
+                     absl::StatusCodeToString(status.code()), "): ", status.message()));
   }
   return status;
 }
@@ -551,9 +552,11 @@ absl::StatusOr<proto::RunClosureResponse> PsWorker::RunClosure(
           "): register it with WorkerFunctions::Register in the worker program, or schedule "
           "one it has"));
     }
-    STRATUM_ASSIGN_OR_RETURN(const ClosureArguments arguments, Arguments(request));
+    // A dataset function's error is the closure's own too, not a failed worker.
+    absl::StatusOr<ClosureArguments> arguments = Arguments(request);
+    if (!arguments.ok()) return AsClosureError(request.function(), arguments.status());
     JobContext context(*job_);
-    outputs = (*function)(context, arguments);
+    outputs = (*function)(context, *arguments);
     if (!outputs.ok()) return AsClosureError(request.function(), outputs.status());
   }
   proto::RunClosureResponse response;

@@ -23,6 +23,7 @@
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_reader.h"
 #include "stratum/checkpoint/safetensors.h"
+#include "stratum/util/error_kind.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
 
@@ -310,8 +311,9 @@ absl::Status CheckpointNotSaved(const std::string& dir, int64_t step, const absl
                               " intact, which the job resumes from when run again")
                : absl::StrCat("; ", dir, " holds no earlier checkpoint");
   }
-  return absl::Status(cause.code(), absl::StrCat("the checkpoint at step ", step,
-                                                 " was not saved: ", cause.message(), kept));
+  // The cause's kind stays (a PS that lost its variables is waited for and re-seeded).
+  return Rewrapped(cause, absl::StrCat("the checkpoint at step ", step,
+                                       " was not saved: ", cause.message(), kept));
 }
 
 absl::StatusOr<std::optional<std::string>> LatestCheckpointFolder(const std::string& dir) {

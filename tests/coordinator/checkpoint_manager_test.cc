@@ -12,6 +12,7 @@
 #include "stratum/coordinator/checkpoint_manager.h"
 #include "stratum/testing/in_process_ps.h"
 #include "stratum/testing/status_matchers.h"
+#include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
@@ -260,6 +261,8 @@ TEST(CheckpointManagerTest, ASaveFromAPsThatLostItsShardsIsNotCommitted) {
                              HasSubstr(kPsLostItsVariables),
                              // The restarted PS is held by no coordinator: it refuses the save.
                              HasSubstr(kNoCoordinatorHoldsIt))));
+  // Typed, through the save's own wording: the job waits for the PS and re-seeds it.
+  EXPECT_EQ(ErrorKindOf(checkpoints.Save(30)), ErrorKind::kPsLostItsVariables);
   const absl::StatusOr<std::optional<std::string>> latest = checkpoints.Latest();
   ASSERT_TRUE(latest.ok()) << latest.status();
   ASSERT_TRUE(latest->has_value());

@@ -12,6 +12,7 @@ namespace stratum {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::StatusIs;
 
 // A worker that adds 1 to its argument, and can be told to fail, to be slow, or to be
 // down until restarted.
@@ -110,6 +111,25 @@ float Output(const std::shared_ptr<RemoteValue>& value) {
   auto outputs = value->Fetch(absl::Seconds(10));
   EXPECT_TRUE(outputs.ok()) << outputs.status();
   return outputs.ok() ? *(*outputs)[0].data<float>() : -1;
+}
+
+// A program whose parameter servers another coordinator took over learns it at its next
+// Schedule or Join, not after training the other job's variables on.
+TEST(ClusterCoordinatorTest, ALostHoldEndsScheduleAndJoin) {
+  std::atomic<bool> lost{false};
+  ClusterCoordinatorOptions options;
+  options.check_hold = [&lost]() -> absl::Status {
+    if (!lost) return absl::OkStatus();
+    return absl::FailedPreconditionError("ps:0 is held by another coordinator");
+  };
+  Fixture f(1, options);
+  ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(1.0f)}));
+  ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
+  lost = true;
+  EXPECT_THAT(f.coordinator->Schedule("step", {Tensor::Scalar(1.0f)}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another coordinator")));
+  EXPECT_THAT(f.coordinator->Join(absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another coordinator")));
 }
 
 TEST(ClusterCoordinatorTest, ScheduleReturnsRemoteValuesThatBecomeReady) {

@@ -78,6 +78,12 @@ class PsWorkerTest : public ::testing::Test {
                               })
                     .ok());
     EXPECT_TRUE(functions
+                    .RegisterDataset("remote",
+                                     [](const InputContext&) -> absl::StatusOr<Dataset> {
+                                       return absl::UnavailableError("the bucket did not answer");
+                                     })
+                    .ok());
+    EXPECT_TRUE(functions
                     .Register("fail",
                               [](WorkerContext&,
                                  const ClosureArguments&) -> absl::StatusOr<std::vector<Tensor>> {
@@ -133,7 +139,7 @@ TEST_F(PsWorkerTest, UnknownNamesAndWrongArgumentsAreRefusedByName) {
   AddPerWorker(dataset, 1, "letters");
   EXPECT_THAT(worker_.RunClosure(dataset).status().message(),
               HasSubstr("dataset function \"letters\" is not registered on this worker (it has "
-                        "numbers)"));
+                        "numbers, remote)"));
   proto::RunClosureRequest tensor = Closure("next", 1, "s");
   TensorToProto(Tensor::Scalar(1.0f), tensor.add_args()->mutable_tensor());
   EXPECT_THAT(worker_.RunClosure(tensor).status().message(),
@@ -159,6 +165,13 @@ TEST_F(PsWorkerTest, AFunctionsOutageIsItsOwnErrorNotAFailedWorker) {
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnknown) << failed;
   EXPECT_THAT(failed.message(),
               HasSubstr("function \"fail\" failed (UNAVAILABLE): the function's own outage"));
+  // A dataset function's outage too: the worker is fine, the closure is not retried.
+  proto::RunClosureRequest remote = Closure("next", 1, "s");
+  AddPerWorker(remote, 1, "remote");
+  absl::Status dataset = worker_.RunClosure(remote).status();
+  EXPECT_EQ(dataset.code(), absl::StatusCode::kUnknown) << dataset;
+  EXPECT_THAT(dataset.message(),
+              HasSubstr("dataset function \"remote\": the bucket did not answer"));
 }
 
 TEST_F(PsWorkerTest, OnlyTheCoordinatorThatSetItUpRunsClosures) {

@@ -119,6 +119,9 @@ struct ClusterCoordinatorOptions {
   // Every worker down this long ends the waits with UNAVAILABLE naming them (TensorFlow
   // waits without end); one coming back in time resets it.
   absl::Duration worker_recovery_timeout = absl::Minutes(5);
+  // Asked by Schedule and Join (cheap, no RPC): an error ends the program's use of the
+  // cluster with it, e.g. once another coordinator took its parameter servers over.
+  std::function<absl::Status()> check_hold;
 };
 
 class ClusterCoordinator {

@@ -14,7 +14,9 @@
 //   coordinator.Join();
 //
 // A PS that fails fails the closure that saw it ("a parameter server is unavailable");
-// this class does not restore PSs from checkpoints (the built-in job does).
+// this class does not restore PSs from checkpoints (the built-in job does). Another
+// coordinator that takes the PSs over (this one silent past their lease) makes the next
+// Schedule or Join fail, saying so.
 //
 // Thread safety: coordinator() is thread-safe; ReadVariables may be called from any thread.
 #pragma once
