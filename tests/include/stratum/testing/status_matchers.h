@@ -33,7 +33,7 @@ template <typename T>
 
 // A grpc::Status (a service called directly).
 template <typename GrpcStatus>
-  requires requires(const GrpcStatus& status) { status.error_message(); }
+requires requires(const GrpcStatus& status) { status.error_message(); }
 ::testing::AssertionResult IsOk(const GrpcStatus& status) {
   if (status.ok()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "gRPC status " << static_cast<int>(status.error_code())
