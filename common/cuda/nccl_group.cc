@@ -24,6 +24,7 @@ bool InProgressOrOk(ncclResult_t result) {
 // How often a wait asks the abort check: a cluster error is a gRPC-free read, but the
 // spin below runs every few microseconds.
 constexpr absl::Duration kAbortCheckInterval = absl::Milliseconds(200);
+constexpr char kAllReduce[] = "an NCCL all-reduce across the workers";
 
 }  // namespace
 
@@ -167,13 +168,7 @@ absl::Status NcclGroup::PollUntil(const std::function<absl::StatusOr<bool>()>& d
       absl::StatusOr<bool> idle = Idle();
       if (!idle.ok()) finished = idle.status();
     }
-    if (!finished.ok()) {
-      return Abort(absl::UnavailableError(absl::StrCat(
-          what, " failed: ", finished.status().message(), ". A rank of the job (",
-          options_.participants,
-          ") failed or left; see their logs, then restart the job (it resumes from the last "
-          "checkpoint)")));
-    }
+    if (!finished.ok()) return Abort(RankFailed(what, finished.status()));
     if (*finished) return absl::OkStatus();
     const absl::Time now = absl::Now();
     if (options_.abort_check && now >= next_abort_check) {
@@ -201,6 +196,13 @@ absl::Status NcclGroup::PollUntil(const std::function<absl::StatusOr<bool>()>& d
   }
 }
 
+absl::Status NcclGroup::RankFailed(const std::string& what, const absl::Status& cause) const {
+  return absl::UnavailableError(absl::StrCat(
+      what, " failed: ", cause.message(), ". A rank of the job (", options_.participants,
+      ") failed or left; see their logs, then restart the job (it resumes from the last "
+      "checkpoint)"));
+}
+
 absl::Status NcclGroup::Abort(absl::Status why) {
   if (!aborted_) {
     aborted_ = true;
@@ -223,7 +225,7 @@ absl::Status NcclGroup::WaitForCall(int slot) {
         }
         return true;
       },
-      absl::Now() + options_.timeout, "an NCCL all-reduce across the workers"));
+      absl::Now() + options_.timeout, kAllReduce));
   queued_[slot] = false;
   return absl::OkStatus();
 }
@@ -242,13 +244,17 @@ absl::Status NcclGroup::AllReduce(const std::vector<ReplicaBuffer>& buffers, int
     const ncclResult_t result =
         ncclAllReduce(buffers[r].data, buffers[r].data, static_cast<size_t>(count), ncclFloat,
                       ncclSum, comms_[r], buffers[r].stream->get());
+    // A peer that died before this call shows here, at once, rather than while polling.
     if (!InProgressOrOk(result)) {
       ncclGroupEnd();
-      return Abort(NcclStatus(result, "ncclAllReduce(...)", __FILE__, __LINE__));
+      return Abort(
+          RankFailed(kAllReduce, NcclStatus(result, "ncclAllReduce(...)", __FILE__, __LINE__)));
     }
   }
   const ncclResult_t ended = ncclGroupEnd();
-  if (!InProgressOrOk(ended)) return Abort(NcclStatus(ended, "ncclGroupEnd()", __FILE__, __LINE__));
+  if (!InProgressOrOk(ended)) {
+    return Abort(RankFailed(kAllReduce, NcclStatus(ended, "ncclGroupEnd()", __FILE__, __LINE__)));
+  }
   // Non-blocking communicators may still be queueing the kernels.
   STRATUM_RETURN_IF_ERROR(PollUntil([this] { return Idle(); }, absl::Now() + options_.timeout,
                                     "queueing an NCCL all-reduce"));

@@ -87,6 +87,8 @@ class NcclGroup final : public DeviceAllReduce {
   absl::StatusOr<bool> Idle() const;  // no communicator has an NCCL call in progress
   absl::Status WaitForCall(int slot);
   absl::Status Abort(absl::Status why);
+  // UNAVAILABLE: `what` failed with `cause`, which a rank that died or left explains.
+  absl::Status RankFailed(const std::string& what, const absl::Status& cause) const;
 
   const NcclGroupOptions options_;
   std::vector<ncclComm_t> comms_;  // one per device
