@@ -403,6 +403,12 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   if (!why_on_cpu.empty() && options.progress != ProgressStyle::kNone) {
     std::fprintf(options.out, "training on the CPU: %s\n", why_on_cpu.c_str());
   }
+  if (model.dtype_policy() != DtypePolicy::kFloat32 && options.progress != ProgressStyle::kNone) {
+    std::fprintf(options.out,
+                 "dtype policy %s: the CPU computes the model in float32 (half precision runs "
+                 "on GPUs)\n",
+                 DtypePolicyName(model.dtype_policy()));
+  }
   STRATUM_ASSIGN_OR_RETURN(CpuData planned, PlanCpuData(strategy, model, data, options));
   // Already this worker's shard and batch: only split over the local replicas.
   absl::StatusOr<DistributedDataset> distributed =

@@ -130,6 +130,11 @@ GpuTrainSteps::~GpuTrainSteps() = default;
 absl::StatusOr<std::unique_ptr<GpuTrainSteps>> GpuTrainSteps::Create(
     const Model& model, const Loss& loss, const FitData& data,
     const GpuTrainStepsOptions& options) {
+  if (model.dtype_policy() == DtypePolicy::kMixedFloat16) {
+    return absl::UnimplementedError(
+        "mixed_float16's loss scaling has no parameter-server GPU path yet (a worker would push "
+        "scaled gradients): use mixed_bfloat16, which needs no loss scaling");
+  }
   auto impl = std::make_unique<Impl>(model, loss);
   impl->options = options;
   STRATUM_RETURN_IF_ERROR(impl->Setup(data));

@@ -177,6 +177,34 @@ absl::StatusOr<Shape> ParseShape(const json& dims, bool with_batch, const std::s
   return Shape(std::move(out));
 }
 
+namespace {
+
+// The name of the dtype (or policy) a config gives; float32 when it gives none.
+std::string DtypeName(const json& config) {
+  const json* dtype = Find(config, "dtype");
+  if (dtype == nullptr || dtype->is_null()) return "float32";
+  const json* policy_config = Find(*dtype, "config");  // a DTypePolicy / Policy object
+  if (dtype->is_string()) return dtype->get<std::string>();
+  if (policy_config != nullptr && FindString(*policy_config, "name")) {
+    return *FindString(*policy_config, "name");
+  }
+  return Dump(*dtype);
+}
+
+}  // namespace
+
+absl::StatusOr<DtypePolicy> ParseDtypePolicy(const std::string& where, const json& config) {
+  const std::string name = DtypeName(config);
+  if (name == "float32") return DtypePolicy::kFloat32;
+  if (name == "mixed_bfloat16") return DtypePolicy::kMixedBfloat16;
+  if (name == "mixed_float16") return DtypePolicy::kMixedFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, " has dtype \"", name,
+                   "\", which Stratum does not support: use float32, or a mixed precision policy "
+                   "(mixed_bfloat16, mixed_float16: variables in float32, computed in half "
+                   "precision on GPUs)"));
+}
+
 absl::Status CheckDtype(const std::string& where, const json& config) {
   const json* dtype = Find(config, "dtype");
   if (dtype == nullptr) return absl::OkStatus();

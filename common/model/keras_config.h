@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "stratum/device/device.h"
 #include "stratum/model/layer.h"
+#include "stratum/model/model.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum::keras {
@@ -65,6 +66,10 @@ std::string ShapeWithBatch(const Shape& shape);
 
 // Refuses a dtype (or dtype policy) other than float32.
 absl::Status CheckDtype(const std::string& where, const json& config);
+// The dtype policy a layer's config names ("dtype": a string, or a Keras 2 Policy / Keras 3
+// DTypePolicy object): float32 (also when absent), mixed_bfloat16 or mixed_float16; others
+// refused by name.
+absl::StatusOr<DtypePolicy> ParseDtypePolicy(const std::string& where, const json& config);
 // A Keras activation by name (null is linear).
 absl::StatusOr<ActivationKind> ParseActivation(const std::string& where, const json& value);
 

@@ -263,6 +263,19 @@ int64_t Model::output_size() const { return impl_->output_size; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
+const char* DtypePolicyName(DtypePolicy policy) {
+  switch (policy) {
+    case DtypePolicy::kMixedBfloat16:
+      return "mixed_bfloat16";
+    case DtypePolicy::kMixedFloat16:
+      return "mixed_float16";
+    default:
+      return "float32";
+  }
+}
+
+DtypePolicy Model::dtype_policy() const { return impl_->dtype_policy; }
+
 bool Model::takes_ids() const {
   return std::find(impl_->input_takes_ids.begin(), impl_->input_takes_ids.end(), true) !=
          impl_->input_takes_ids.end();

@@ -52,10 +52,11 @@ struct Model::Impl {
   std::vector<GraphNode> nodes;
   std::vector<GraphTensor> tensors;
   std::vector<VariableSpec> variables;
-  Shape input_shape;                  // the one input's shape, or [elements of all inputs]
-  bool regularized = false;           // some variable has a regularizer
-  bool synchronized = false;          // some node sums over the replicas in sync
-  std::set<std::string> int_inputs;   // the InputLayers of dtype int32 or int64, by name
+  Shape input_shape;                 // the one input's shape, or [elements of all inputs]
+  bool regularized = false;          // some variable has a regularizer
+  bool synchronized = false;         // some node sums over the replicas in sync
+  std::set<std::string> int_inputs;  // the InputLayers of dtype int32 or int64, by name
+  DtypePolicy dtype_policy = DtypePolicy::kFloat32;  // Model::dtype_policy
   std::vector<bool> input_takes_ids;  // per input: int, or read by an Embedding as it is
   // Per variable: where in an example's values (x's columns) the ids a row-sparse one is
   // read by lie, one [offset, offset + size) per model input that layers read it by; empty

@@ -27,6 +27,7 @@ struct LayerSpec {
   std::string name;
   std::string class_name;
   std::unique_ptr<Layer> layer;
+  DtypePolicy policy = DtypePolicy::kFloat32;
   std::vector<std::string> inbound;  // Functional: the layers whose outputs it takes, in order
 };
 
@@ -59,7 +60,7 @@ absl::StatusOr<LayerSpec> MakeLayer(const json& spec, size_t index,
     layer.name = count == 0 ? base : absl::StrCat(base, "_", count);
   }
   const std::string where = Where(layer.name, layer.class_name);
-  STRATUM_RETURN_IF_ERROR(keras::CheckDtype(where, config));
+  STRATUM_ASSIGN_OR_RETURN(layer.policy, keras::ParseDtypePolicy(where, config));
   const LayerFactory make = FindLayerFactory(layer.class_name);
   if (make == nullptr) {
     return absl::InvalidArgumentError(
@@ -164,8 +165,37 @@ class GraphBuilder {
     }
     impl_.tensors[static_cast<size_t>(node.output)].needs_grad = needs_grad;
     tensor_of_[spec.name] = node.output;
+    STRATUM_RETURN_IF_ERROR(AddPolicy(spec, where, !node.variables.empty()));
     node.layer = std::shared_ptr<const Layer>(std::move(spec.layer));
     impl_.nodes.push_back(std::move(node));
+    return absl::OkStatus();
+  }
+
+  // One policy for the model: a layer's mixed policy is the model's, and a float32 layer in
+  // a mixed model is one whose float32 Stratum keeps or whose rounding changes nothing that
+  // follows (one without variables: an output's softmax, a reshape), since every other layer
+  // computes in the model's half precision (BatchNormalization's statistics in float32).
+  absl::Status AddPolicy(const LayerSpec& spec, const std::string& where, bool has_variables) {
+    if (spec.policy == DtypePolicy::kFloat32) {
+      if (has_variables && spec.class_name != "BatchNormalization" && float32_layer_.empty()) {
+        float32_layer_ = where;
+      }
+    } else if (impl_.dtype_policy == DtypePolicy::kFloat32) {
+      impl_.dtype_policy = spec.policy;
+      mixed_layer_ = where;
+    } else if (impl_.dtype_policy != spec.policy) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " has dtype policy ", DtypePolicyName(spec.policy), ", but ", mixed_layer_,
+          " has ", DtypePolicyName(impl_.dtype_policy), ": give every layer the same policy"));
+    }
+    if (impl_.dtype_policy != DtypePolicy::kFloat32 && !float32_layer_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          float32_layer_, " has dtype float32 in a model of policy ",
+          DtypePolicyName(impl_.dtype_policy), " (", mixed_layer_,
+          "): Stratum computes such a model's layers with variables in one precision; give it "
+          "the model's policy (only layers without variables, such as an output Activation, "
+          "and BatchNormalization may say float32)"));
+    }
     return absl::OkStatus();
   }
 
@@ -275,6 +305,8 @@ class GraphBuilder {
   }
 
   Model::Impl& impl_;
+  std::string mixed_layer_;               // the first layer with a mixed policy
+  std::string float32_layer_;             // the first float32 layer with variables (not BN)
   std::map<std::string, int> tensor_of_;  // layer or input name -> its output tensor
   std::set<std::string> names_;
   int64_t total_parameters_ = 0;

@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/testing/status_matchers.h"
 
@@ -115,6 +116,56 @@ std::string WithLayer(const std::string& layer) {
          layer + "]}}";
 }
 
+// Keras' mixed precision policies in each form to_json() writes them (Keras 3.0's string,
+// Keras 2's Policy object, Keras 3.4's DTypePolicy object): the model's policy; an output
+// Activation and a BatchNormalization may stay float32, as Keras' guide has them.
+TEST(ModelJsonTest, ReadsKerasMixedPrecisionPolicies) {
+  auto model_with = [](const std::string& dtype) {
+    return absl::StrCat(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "dtype": "float32"}},
+      {"class_name": "Dense", "config": {"name": "d", "units": 3, "dtype": )",
+                        dtype, R"(}},
+      {"class_name": "BatchNormalization", "config": {"name": "bn", "dtype": "float32"}},
+      {"class_name": "Dense", "config": {"name": "e", "units": 2, "dtype": )",
+                        dtype, R"(}},
+      {"class_name": "Activation", "config": {"name": "out", "activation": "softmax",
+        "dtype": "float32"}}]}})");
+  };
+  const std::pair<std::string, DtypePolicy> forms[] = {
+      {R"("mixed_bfloat16")", DtypePolicy::kMixedBfloat16},
+      {R"({"module": "keras.mixed_precision", "class_name": "Policy",
+          "config": {"name": "mixed_float16"}, "registered_name": null})",
+       DtypePolicy::kMixedFloat16},
+      {R"({"module": "keras", "class_name": "DTypePolicy",
+          "config": {"name": "mixed_bfloat16"}, "registered_name": null})",
+       DtypePolicy::kMixedBfloat16},
+      {R"("float32")", DtypePolicy::kFloat32}};
+  for (const auto& [form, policy] : forms) {
+    absl::StatusOr<Model> model = Model::FromKerasJson(model_with(form));
+    ASSERT_OK(model.status()) << form;
+    EXPECT_EQ(model->dtype_policy(), policy) << form;
+  }
+  EXPECT_STREQ(DtypePolicyName(DtypePolicy::kMixedBfloat16), "mixed_bfloat16");
+  // A float32 layer with variables (other than BatchNormalization) in a mixed model, and two
+  // mixed policies in one model, are refused by name.
+  EXPECT_EQ(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 4]}},
+      {"class_name": "Dense", "config": {"name": "d", "units": 3, "dtype": "float32"}},
+      {"class_name": "Dense", "config": {"name": "e", "units": 2,
+        "dtype": "mixed_bfloat16"}}]}})"),
+            "model layer \"d\" (Dense) has dtype float32 in a model of policy mixed_bfloat16 "
+            "(model layer \"e\" (Dense)): Stratum computes such a model's layers with variables "
+            "in one precision; give it the model's policy (only layers without variables, such "
+            "as an output Activation, and BatchNormalization may say float32)");
+  EXPECT_EQ(Refusal(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 4]}},
+      {"class_name": "Dense", "config": {"name": "d", "units": 3, "dtype": "mixed_float16"}},
+      {"class_name": "Dense", "config": {"name": "e", "units": 2,
+        "dtype": "mixed_bfloat16"}}]}})"),
+            "model layer \"e\" (Dense) has dtype policy mixed_bfloat16, but model layer \"d\" "
+            "(Dense) has mixed_float16: give every layer the same policy");
+}
+
 TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Conv3D", "config": {"name": "conv3d"}})")),
             "model layer \"conv3d\" has class \"Conv3D\", which Stratum does not support: use "
@@ -170,9 +221,10 @@ TEST(ModelJsonTest, RefusesUnsupportedModelsByName) {
             "or give its first layer input_shape=(...)");
   EXPECT_EQ(Refusal(WithLayer(R"({"class_name": "Dense", "config": {"name": "d", "units": 2,
                 "dtype": {"module": "keras", "class_name": "DTypePolicy",
-                "config": {"name": "mixed_float16"}}}})")),
-            "model layer \"d\" (Dense) has dtype \"mixed_float16\", which Stratum does not "
-            "support: use float32");
+                "config": {"name": "float16"}}}})")),
+            "model layer \"d\" (Dense) has dtype \"float16\", which Stratum does not support: "
+            "use float32, or a mixed precision policy (mixed_bfloat16, mixed_float16: variables "
+            "in float32, computed in half precision on GPUs)");
   EXPECT_THAT(Refusal(WithLayer(R"({"class_name": "Dropout", "config": {"name": "do",
                 "rate": 1.0}})")),
               HasSubstr("model layer \"do\" (Dropout) has rate 1.0: set rate to a number in "

@@ -77,6 +77,13 @@ class Workspace {
   std::unique_ptr<State> state_;
 };
 
+// Keras' dtype policies: float32, or mixed precision (variables float32, the layers computed
+// in bfloat16 or float16; mixed_float16 trains with dynamic loss scaling). Mixed precision
+// computes in half precision on GPUs; the CPU computes such a model in float32.
+enum class DtypePolicy { kFloat32, kMixedBfloat16, kMixedFloat16 };
+// "float32", "mixed_bfloat16", "mixed_float16".
+const char* DtypePolicyName(DtypePolicy policy);
+
 class Model {
  public:
   // Keras' model.to_json() output for a Sequential or Functional model, in the tf.keras
@@ -125,6 +132,9 @@ class Model {
   int64_t WorkspaceFloats(int64_t batch) const;
   // Of them, those no optimizer updates (BatchNormalization's moving statistics).
   int64_t num_non_trainable_parameters() const;
+  // The layers' policy: mixed when they name one (a layer without variables, or a
+  // BatchNormalization, may say float32 in such a model, as Keras' output layers do).
+  DtypePolicy dtype_policy() const;
   // OK when every layer runs on a GPU; else UNIMPLEMENTED naming the first that does not.
   absl::Status CheckRunsOnGpu() const;
   // A table in the shape of Keras' model.summary(): layer, output shape, parameters.
