@@ -10,7 +10,9 @@
 //        Dense 64 relu -> Dense 10; examples/fashion_mnist_embedding.json) at batch 64 and 512,
 //        against bench/fmnist_embedding_torch_gpu.py; goal 2x PyTorch at both;
 //   mirrored: the reference model under MirroredStrategy over 2 logical GPUs of one GPU, its
-//        overhead per step against one device at the same global batch.
+//        overhead per step against one device at the same global batch;
+//   mixed: the tutorial CNN in Keras' mixed_bfloat16 and mixed_float16 policies against our
+//        own float32 at batch 64 and 512, in the same run; goal bf16 1.5x float32 at 512.
 // examples/s are the median of epochs 2..N, as the anchors'. A case whose model the GPU path
 // refuses (cuda::SupportsOnGpu, or a Fit whose FitSummary::on_gpus is false: it trained on
 // the CPU) prints no GPU figures: its ratio to PyTorch is null and unmet, the reason goes to
@@ -45,7 +47,7 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder of the four Fashion-MNIST .gz files");
 ABSL_FLAG(std::vector<std::string>, cases,
           std::vector<std::string>({"mlp", "cnn", "embedding", "mirrored"}),
-          "The cases to run: a comma list of mlp, cnn, embedding and mirrored");
+          "The cases to run: a comma list of mlp, cnn, embedding, mirrored and mixed");
 ABSL_FLAG(std::string, job, STRATUM_SOURCE_DIR "/examples/fashion_mnist.json",
           "The reference job (its model and optimizer), of the mlp and mirrored cases");
 ABSL_FLAG(std::string, torch_script, STRATUM_SOURCE_DIR "/../shared/peers/fmnist_torch_gpu.py",
@@ -87,9 +89,15 @@ struct Job {
 };
 
 // The model, loss and optimizer of the job file at `path`, with the Fashion-MNIST files of
-// `data_dir` for its data.
-absl::StatusOr<Job> LoadJob(const std::string& path, const std::string& data_dir) {
+// `data_dir` for its data; `policy` set as every layer's dtype policy unless empty.
+absl::StatusOr<Job> LoadJob(const std::string& path, const std::string& data_dir,
+                            const std::string& policy = "") {
   STRATUM_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(path));
+  if (!policy.empty() && spec.model.contains("config") && spec.model["config"].contains("layers")) {
+    for (nlohmann::json& layer : spec.model["config"]["layers"]) {
+      if (layer.value("class_name", "") != "InputLayer") layer["config"]["dtype"] = policy;
+    }
+  }
   const std::string dir = data_dir + "/";
   spec.data.train.images = dir + "train-images-idx3-ubyte.gz";
   spec.data.train.labels = dir + "train-labels-idx1-ubyte.gz";
@@ -274,8 +282,47 @@ absl::Status RunMirroredCase(const std::string& job_path, const std::string& dat
   return status;
 }
 
+// The tutorial CNN in float32, mixed_bfloat16 and mixed_float16 on one GPU, one after the
+// other at each batch: gpu_cnn_<policy>_examples_per_sec_batchN, their test accuracies, and
+// gpu_cnn_<policy>_vs_f32_batchN (goal 1.5x for bf16 at batch 512).
+absl::Status RunMixedCase(const std::string& job_path, const std::string& data_dir, int epochs) {
+  struct Policy {
+    const char* tag;
+    const char* name;
+  };
+  const Policy policies[] = {{"f32", ""}, {"bf16", "mixed_bfloat16"}, {"f16", "mixed_float16"}};
+  STRATUM_ASSIGN_OR_RETURN(auto one, OneDeviceStrategy::Create("GPU:0"));
+  for (int batch : {64, 512}) {
+    double f32_rate = 0;
+    for (const Policy& policy : policies) {
+      STRATUM_ASSIGN_OR_RETURN(const Job job, LoadJob(job_path, data_dir, policy.name));
+      STRATUM_RETURN_IF_ERROR(cuda::SupportsOnGpu(job.model, job.loss, *job.optimizer));
+      STRATUM_ASSIGN_OR_RETURN(const FitSummary summary, TrainOnGpus(job, *one, batch, epochs));
+      const double rate = MedianRate(summary);
+      const std::string setup =
+          absl::StrCat("tutorial CNN, dtype policy ", *policy.name ? policy.name : "float32",
+                       ", Adam 1e-3, batch ", batch, ", ", epochs, " epochs, one GPU, Fit");
+      bench::PrintFigure(absl::StrCat("gpu_cnn_", policy.tag, "_examples_per_sec_batch", batch),
+                         rate, "examples/s", nullptr, "at_least", setup);
+      bench::PrintFigure(absl::StrCat("gpu_cnn_", policy.tag, "_test_accuracy_batch", batch),
+                         summary.test_accuracy, "fraction", nullptr, "at_least", setup);
+      if (*policy.name == '\0') {
+        f32_rate = rate;
+        continue;
+      }
+      const nlohmann::json goal = batch == 512 && std::string(policy.tag) == "bf16"
+                                      ? nlohmann::json(1.5)
+                                      : nlohmann::json(nullptr);
+      bench::PrintFigure(absl::StrCat("gpu_cnn_", policy.tag, "_vs_f32_batch", batch),
+                         rate / f32_rate, "x", goal, "at_least",
+                         setup + " over float32's examples/s (same run)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
-  const std::vector<std::string> known = {"mlp", "cnn", "embedding", "mirrored"};
+  const std::vector<std::string> known = {"mlp", "cnn", "embedding", "mirrored", "mixed"};
   const std::vector<std::string> cases = absl::GetFlag(FLAGS_cases);
   for (const std::string& name : cases) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
@@ -334,6 +381,10 @@ int Run() {
   if (wanted("mirrored")) {
     absl::Status status = RunMirroredCase(absl::GetFlag(FLAGS_job), data_dir, epochs, mlp_rates);
     if (!status.ok()) failed("mirrored", status);
+  }
+  if (wanted("mixed")) {
+    absl::Status status = RunMixedCase(absl::GetFlag(FLAGS_cnn_job), data_dir, epochs);
+    if (!status.ok()) failed("mixed", status);
   }
   return exit_code;
 }

@@ -78,18 +78,39 @@ struct Convolutions::Plan {
   // symmetric padding the descriptor takes, when the layer's padding is asymmetric.
   bool explicit_pad = false;
   int64_t top = 0, left = 0, padded_h = 0, padded_w = 0;
+  // In half precision: the kernel gradient computed in float32 from float32 copies of the
+  // input and the output gradient, when cuDNN's timing says that is faster (its half-precision
+  // kernel gradients can be slow for few input channels).
+  bool filter_in_float = false;
+  cudnnTensorDescriptor_t x_float = nullptr, y_float = nullptr;
+  cudnnFilterDescriptor_t filter_float = nullptr;
 
   ~Plan() {
     if (x != nullptr) cudnnDestroyTensorDescriptor(x);
     if (y != nullptr) cudnnDestroyTensorDescriptor(y);
     if (filter != nullptr) cudnnDestroyFilterDescriptor(filter);
+    if (x_float != nullptr) cudnnDestroyTensorDescriptor(x_float);
+    if (y_float != nullptr) cudnnDestroyTensorDescriptor(y_float);
+    if (filter_float != nullptr) cudnnDestroyFilterDescriptor(filter_float);
     if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
   }
 };
 
 Convolutions::Convolutions(int device, cudaStream_t stream, CachingAllocator& allocator,
-                           bool allow_tf32)
-    : device_(device), stream_(stream), allocator_(allocator), allow_tf32_(allow_tf32) {}
+                           bool allow_tf32, ElementType compute)
+    : device_(device),
+      stream_(stream),
+      allocator_(allocator),
+      // Half-precision convolutions use tensor cores whatever TF32's setting.
+      allow_tf32_(allow_tf32 || compute != ElementType::kFloat32),
+      compute_(compute) {}
+
+absl::Status Convolutions::CheckCompute(CPtr p, const char* what) const {
+  if (p.dtype == compute_) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("a convolution's ", what, " is ", ElementTypeName(p.dtype),
+                   " where the replica computes in ", ElementTypeName(compute_)));
+}
 
 Convolutions::~Convolutions() {
   plans_.clear();
@@ -150,12 +171,16 @@ absl::Status Convolutions::MakePlan(const Window2D& w, int64_t batch) {
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateTensorDescriptor(&plan->y));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateFilterDescriptor(&plan->filter));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateConvolutionDescriptor(&plan->conv));
-  STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC,
-                                                           CUDNN_DATA_FLOAT, i(batch), i(w.in_c),
-                                                           i(plan->padded_h), i(plan->padded_w)));
+  // Data in the compute type; the arithmetic in float32 (cuDNN's pseudo-half configurations).
+  const cudnnDataType_t data_type = compute_ == ElementType::kBfloat16  ? CUDNN_DATA_BFLOAT16
+                                    : compute_ == ElementType::kFloat16 ? CUDNN_DATA_HALF
+                                                                        : CUDNN_DATA_FLOAT;
+  STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, data_type,
+                                                           i(batch), i(w.in_c), i(plan->padded_h),
+                                                           i(plan->padded_w)));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
-      plan->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, i(batch), i(w.out_c), i(w.out_h), i(w.out_w)));
-  STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(plan->filter, CUDNN_DATA_FLOAT,
+      plan->y, CUDNN_TENSOR_NHWC, data_type, i(batch), i(w.out_c), i(w.out_h), i(w.out_w)));
+  STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(plan->filter, data_type,
                                                            CUDNN_TENSOR_NHWC, i(w.out_c), i(w.in_c),
                                                            i(w.kernel_h), i(w.kernel_w)));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
@@ -191,6 +216,39 @@ absl::Status Convolutions::MakePlan(const Window2D& w, int64_t batch) {
       &count, filter));
   STRATUM_ASSIGN_OR_RETURN(plan->backward_filter,
                            Fastest(filter, count, allow_tf32_, "the kernel gradient of " + what));
+  const int64_t x_elements = batch * plan->padded_h * plan->padded_w * w.in_c;
+  const int64_t y_elements = batch * w.out_h * w.out_w * w.out_c;
+  if (compute_ != ElementType::kFloat32) {
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateTensorDescriptor(&plan->x_float));
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateTensorDescriptor(&plan->y_float));
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnCreateFilterDescriptor(&plan->filter_float));
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(plan->x_float, CUDNN_TENSOR_NHWC,
+                                                             CUDNN_DATA_FLOAT, i(batch), i(w.in_c),
+                                                             i(plan->padded_h), i(plan->padded_w)));
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(plan->y_float, CUDNN_TENSOR_NHWC,
+                                                             CUDNN_DATA_FLOAT, i(batch), i(w.out_c),
+                                                             i(w.out_h), i(w.out_w)));
+    STRATUM_CUDNN_RETURN_IF_ERROR(
+        cudnnSetFilter4dDescriptor(plan->filter_float, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC,
+                                   i(w.out_c), i(w.in_c), i(w.kernel_h), i(w.kernel_w)));
+    cudnnConvolutionBwdFilterAlgoPerf_t in_float[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    STRATUM_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
+        handle_, plan->x_float, plan->y_float, plan->conv, plan->filter_float,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, in_float));
+    absl::StatusOr<cudnnConvolutionBwdFilterAlgoPerf_t> fastest =
+        Fastest(in_float, count, true, "the kernel gradient of " + what);
+    // The copies to float32 read and write both tensors once (about 2 TB/s).
+    const double copy_ms = static_cast<double>(x_elements + y_elements) *
+                           static_cast<double>(SizeOf(compute_) + 4) / 2e12 * 1e3;
+    if (fastest.ok() && fastest->time + copy_ms < plan->backward_filter.time) {
+      plan->backward_filter = *fastest;
+      plan->filter_in_float = true;
+      STRATUM_RETURN_IF_ERROR(
+          float_x_.Reserve(allocator_, static_cast<size_t>(x_elements) * 4).status());
+      STRATUM_RETURN_IF_ERROR(
+          float_dy_.Reserve(allocator_, static_cast<size_t>(y_elements) * 4).status());
+    }
+  }
 
   const size_t workspace =
       std::max({plan->forward.memory, plan->backward_data.memory, plan->backward_filter.memory});
@@ -207,69 +265,92 @@ absl::Status Convolutions::MakePlan(const Window2D& w, int64_t batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> Convolutions::Padded(const Plan& plan, const Window2D& w,
-                                                  int64_t batch, const float* x) {
+absl::StatusOr<CPtr> Convolutions::Padded(const Plan& plan, const Window2D& w, int64_t batch,
+                                          CPtr x) {
   if (!plan.explicit_pad) return x;
-  float* padded = padded_.as<float>();
+  const Ptr padded(padded_.data(), compute_);
   STRATUM_RETURN_IF_ERROR(ShiftCopy2D(x, batch, w.in_h, w.in_w, w.in_c, plan.top, plan.left, padded,
                                       plan.padded_h, plan.padded_w, stream_));
   return padded;
 }
 
-absl::StatusOr<const float*> Convolutions::KernelForCudnn(const Window2D& w, const float* kernel) {
-  float* ohwi = kernels_.as<float>();
+absl::StatusOr<CPtr> Convolutions::KernelForCudnn(const Window2D& w, CPtr kernel) {
+  const Ptr ohwi(kernels_.data(), compute_);
   STRATUM_RETURN_IF_ERROR(
       KernelToOhwi(kernel, w.kernel_h * w.kernel_w, w.in_c, w.out_c, ohwi, stream_));
   return ohwi;
 }
 
-absl::Status Convolutions::Forward(const Window2D& w, int64_t batch, const float* x,
-                                   const float* kernel, float* out) {
+absl::Status Convolutions::Forward(const Window2D& w, int64_t batch, CPtr x, CPtr kernel, Ptr out) {
+  STRATUM_RETURN_IF_ERROR(CheckCompute(x, "input"));
+  STRATUM_RETURN_IF_ERROR(CheckCompute(out, "output"));
   absl::Status status;
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
-  STRATUM_ASSIGN_OR_RETURN(const float* ohwi, KernelForCudnn(w, kernel));
-  STRATUM_ASSIGN_OR_RETURN(const float* input, Padded(*plan, w, batch, x));
+  STRATUM_ASSIGN_OR_RETURN(const CPtr ohwi, KernelForCudnn(w, kernel));
+  STRATUM_ASSIGN_OR_RETURN(const CPtr input, Padded(*plan, w, batch, x));
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(plan->conv, plan->forward.mathType));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(
-      handle_, &one, plan->x, input, plan->filter, ohwi, plan->conv, plan->forward.algo,
-      workspaces_.data(), plan->forward.memory, &zero, plan->y, out));
+      handle_, &one, plan->x, input.p, plan->filter, ohwi.p, plan->conv, plan->forward.algo,
+      workspaces_.data(), plan->forward.memory, &zero, plan->y, out.p));
   return absl::OkStatus();
 }
 
-absl::Status Convolutions::BackwardData(const Window2D& w, int64_t batch, const float* grad_out,
-                                        const float* kernel, float* grad_x) {
+absl::Status Convolutions::BackwardData(const Window2D& w, int64_t batch, CPtr grad_out,
+                                        CPtr kernel, Ptr grad_x) {
+  STRATUM_RETURN_IF_ERROR(CheckCompute(grad_out, "output gradient"));
+  STRATUM_RETURN_IF_ERROR(CheckCompute(grad_x, "input gradient"));
   absl::Status status;
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
-  STRATUM_ASSIGN_OR_RETURN(const float* ohwi, KernelForCudnn(w, kernel));
-  float* target = plan->explicit_pad ? padded_.as<float>() : grad_x;
+  STRATUM_ASSIGN_OR_RETURN(const CPtr ohwi, KernelForCudnn(w, kernel));
+  const Ptr target = plan->explicit_pad ? Ptr(padded_.data(), compute_) : grad_x;
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(
       cudnnSetConvolutionMathType(plan->conv, plan->backward_data.mathType));
-  STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
-      handle_, &one, plan->filter, ohwi, plan->y, grad_out, plan->conv, plan->backward_data.algo,
-      workspaces_.data(), plan->backward_data.memory, &zero, plan->x, target));
+  STRATUM_CUDNN_RETURN_IF_ERROR(
+      cudnnConvolutionBackwardData(handle_, &one, plan->filter, ohwi.p, plan->y, grad_out.p,
+                                   plan->conv, plan->backward_data.algo, workspaces_.data(),
+                                   plan->backward_data.memory, &zero, plan->x, target.p));
   if (!plan->explicit_pad) return absl::OkStatus();
   // The padded input's gradient, cropped to the input.
   return ShiftCopy2D(target, batch, plan->padded_h, plan->padded_w, w.in_c, -plan->top, -plan->left,
                      grad_x, w.in_h, w.in_w, stream_);
 }
 
-absl::Status Convolutions::BackwardWeights(const Window2D& w, int64_t batch, const float* x,
-                                           const float* grad_out, float* grad_kernel) {
+absl::Status Convolutions::BackwardWeights(const Window2D& w, int64_t batch, CPtr x, CPtr grad_out,
+                                           Ptr grad_kernel) {
+  STRATUM_RETURN_IF_ERROR(CheckCompute(x, "input"));
+  STRATUM_RETURN_IF_ERROR(CheckCompute(grad_out, "output gradient"));
   absl::Status status;
   Plan* plan = Find(w, batch, &status);
   if (plan == nullptr) return status;
-  STRATUM_ASSIGN_OR_RETURN(const float* input, Padded(*plan, w, batch, x));
-  float* ohwi = kernels_.as<float>();
+  STRATUM_ASSIGN_OR_RETURN(CPtr input, Padded(*plan, w, batch, x));
+  CPtr output_grad = grad_out;
+  cudnnTensorDescriptor_t x_desc = plan->x, y_desc = plan->y;
+  cudnnFilterDescriptor_t filter_desc = plan->filter;
+  Ptr ohwi(kernels_.data(), compute_);
+  if (plan->filter_in_float) {
+    const Ptr x_float(float_x_.data(), ElementType::kFloat32);
+    const Ptr dy_float(float_dy_.data(), ElementType::kFloat32);
+    STRATUM_RETURN_IF_ERROR(Axpby(
+        1.0f, input, x_float, batch * plan->padded_h * plan->padded_w * w.in_c, false, stream_));
+    STRATUM_RETURN_IF_ERROR(
+        Axpby(1.0f, grad_out, dy_float, batch * w.out_h * w.out_w * w.out_c, false, stream_));
+    input = x_float;
+    output_grad = dy_float;
+    x_desc = plan->x_float;
+    y_desc = plan->y_float;
+    filter_desc = plan->filter_float;
+    ohwi = Ptr(kernels_.data(), ElementType::kFloat32);
+  }
   const float one = 1.0f, zero = 0.0f;
   STRATUM_CUDNN_RETURN_IF_ERROR(
       cudnnSetConvolutionMathType(plan->conv, plan->backward_filter.mathType));
   STRATUM_CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(
-      handle_, &one, plan->x, input, plan->y, grad_out, plan->conv, plan->backward_filter.algo,
-      workspaces_.data(), plan->backward_filter.memory, &zero, plan->filter, ohwi));
+      handle_, &one, x_desc, input.p, y_desc, output_grad.p, plan->conv, plan->backward_filter.algo,
+      workspaces_.data(), plan->backward_filter.memory, &zero, filter_desc, ohwi.p));
   return KernelToHwio(ohwi, w.kernel_h * w.kernel_w, w.in_c, w.out_c, grad_kernel, stream_);
 }
 

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "stratum/cuda/device.h"
+#include "stratum/cuda/kernels.h"
 #include "stratum/device/device.h"
 
 struct cudnnContext;
@@ -41,18 +42,20 @@ class Convolutions {
  public:
   // allow_tf32: cuDNN may use TF32 tensor cores for float32 (TensorFlow's and PyTorch's
   // default); false keeps full float32 arithmetic.
-  Convolutions(int device, cudaStream_t stream, CachingAllocator& allocator, bool allow_tf32);
+  // compute: the type of the activations (and of the kernels as cuDNN takes them); a float32
+  // kernel or kernel gradient is converted on its move between Keras' layout and cuDNN's.
+  Convolutions(int device, cudaStream_t stream, CachingAllocator& allocator, bool allow_tf32,
+               ElementType compute = ElementType::kFloat32);
   ~Convolutions();
   Convolutions(const Convolutions&) = delete;
   Convolutions& operator=(const Convolutions&) = delete;
 
   // out = x * kernel (no bias).
-  absl::Status Forward(const Window2D& w, int64_t batch, const float* x, const float* kernel,
-                       float* out);
-  absl::Status BackwardData(const Window2D& w, int64_t batch, const float* grad_out,
-                            const float* kernel, float* grad_x);
-  absl::Status BackwardWeights(const Window2D& w, int64_t batch, const float* x,
-                               const float* grad_out, float* grad_kernel);
+  absl::Status Forward(const Window2D& w, int64_t batch, CPtr x, CPtr kernel, Ptr out);
+  absl::Status BackwardData(const Window2D& w, int64_t batch, CPtr grad_out, CPtr kernel,
+                            Ptr grad_x);
+  absl::Status BackwardWeights(const Window2D& w, int64_t batch, CPtr x, CPtr grad_out,
+                               Ptr grad_kernel);
 
   bool has_pending() const { return !pending_.empty(); }
   absl::Status PreparePending();
@@ -68,21 +71,25 @@ class Convolutions {
   absl::Status MakePlan(const Window2D& w, int64_t batch);
   absl::Status EnsureHandle();
   // The input padded for cuDNN (x itself when the padding is symmetric).
-  absl::StatusOr<const float*> Padded(const Plan& plan, const Window2D& w, int64_t batch,
-                                      const float* x);
-  // `kernel` (Keras' layout) moved to cuDNN's, in kernels_.
-  absl::StatusOr<const float*> KernelForCudnn(const Window2D& w, const float* kernel);
+  absl::StatusOr<CPtr> Padded(const Plan& plan, const Window2D& w, int64_t batch, CPtr x);
+  // `kernel` (Keras' layout) moved to cuDNN's, in kernels_, in the compute type.
+  absl::StatusOr<CPtr> KernelForCudnn(const Window2D& w, CPtr kernel);
+  // INTERNAL unless the activations `p` are of the compute type.
+  absl::Status CheckCompute(CPtr p, const char* what) const;
 
   const int device_;
   cudaStream_t stream_;
   CachingAllocator& allocator_;
   const bool allow_tf32_;
+  const ElementType compute_;
   cudnnContext* handle_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::set<Key> pending_;
   std::vector<std::pair<Window2D, int64_t>> pending_shapes_;  // in pending_'s order of arrival
   // The workspace, a kernel in cuDNN's layout, a padded input (or its gradient).
   GrowOnlyBuffer workspaces_, kernels_, padded_;
+  // Float32 copies of an input and an output gradient (Plan::filter_in_float).
+  GrowOnlyBuffer float_x_, float_dy_;
 };
 
 }  // namespace stratum::cuda

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cub/cub.cuh>
 
 #include "absl/strings/str_cat.h"
@@ -10,10 +12,112 @@
 #include "stratum/cuda/kernels.h"
 
 namespace stratum::cuda {
+
+// A stored element of a Ptr, read as float and written rounded to its type.
+struct ElementRef {
+  void* p;
+  ElementType dtype;
+  __device__ __forceinline__ operator float() const {  // NOLINT: implicit
+    switch (dtype) {
+      case ElementType::kBfloat16:
+        return __bfloat162float(*static_cast<const __nv_bfloat16*>(p));
+      case ElementType::kFloat16:
+        return __half2float(*static_cast<const __half*>(p));
+      default:
+        return *static_cast<const float*>(p);
+    }
+  }
+  __device__ __forceinline__ ElementRef& operator=(float v) {
+    switch (dtype) {
+      case ElementType::kBfloat16:
+        *static_cast<__nv_bfloat16*>(p) = __float2bfloat16(v);
+        break;
+      case ElementType::kFloat16:
+        *static_cast<__half*>(p) = __float2half(v);
+        break;
+      default:
+        *static_cast<float*>(p) = v;
+    }
+    return *this;
+  }
+  __device__ __forceinline__ ElementRef& operator=(const ElementRef& other) {
+    return *this = static_cast<float>(other);
+  }
+  __device__ __forceinline__ ElementRef& operator+=(float v) {
+    return *this = static_cast<float>(*this) + v;
+  }
+  __device__ __forceinline__ ElementRef& operator-=(float v) {
+    return *this = static_cast<float>(*this) - v;
+  }
+  __device__ __forceinline__ ElementRef& operator*=(float v) {
+    return *this = static_cast<float>(*this) * v;
+  }
+  __device__ __forceinline__ ElementRef& operator/=(float v) {
+    return *this = static_cast<float>(*this) / v;
+  }
+};
+
+__device__ __forceinline__ ElementRef Ptr::operator[](int64_t i) const {
+  return ElementRef{static_cast<char*>(p) + i * SizeOf(dtype), dtype};
+}
+
+__device__ __forceinline__ float CPtr::operator[](int64_t i) const {
+  switch (dtype) {
+    case ElementType::kBfloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case ElementType::kFloat16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+// Elements i and i + 1 of p, i even and p aligned to two elements (PairAligned): one load or
+// store for both, which half-precision data needs to use the memory's bandwidth.
+__device__ __forceinline__ float2 LoadPair(CPtr p, int64_t i) {
+  switch (p.dtype) {
+    case ElementType::kBfloat16:
+      return __bfloat1622float2(static_cast<const __nv_bfloat162*>(p.p)[i / 2]);
+    case ElementType::kFloat16:
+      return __half22float2(static_cast<const __half2*>(p.p)[i / 2]);
+    default:
+      return static_cast<const float2*>(p.p)[i / 2];
+  }
+}
+
+__device__ __forceinline__ void StorePair(Ptr p, int64_t i, float2 v) {
+  switch (p.dtype) {
+    case ElementType::kBfloat16:
+      static_cast<__nv_bfloat162*>(p.p)[i / 2] = __floats2bfloat162_rn(v.x, v.y);
+      break;
+    case ElementType::kFloat16:
+      static_cast<__half2*>(p.p)[i / 2] = __floats2half2_rn(v.x, v.y);
+      break;
+    default:
+      static_cast<float2*>(p.p)[i / 2] = v;
+  }
+}
+
+const char* ElementTypeName(ElementType dtype) {
+  switch (dtype) {
+    case ElementType::kBfloat16:
+      return "bfloat16";
+    case ElementType::kFloat16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
 namespace {
 
 constexpr int kThreads = 256;
 constexpr float kClipEpsilon = 1e-7f;  // Keras' backend.epsilon()
+
+// Whether p (null included) may be read and written two elements at a time.
+bool PairAligned(CPtr p) {
+  return reinterpret_cast<uintptr_t>(p.p) % static_cast<uintptr_t>(2 * SizeOf(p.dtype)) == 0;
+}
 
 int Blocks(int64_t n, int threads = kThreads) {
   const int64_t blocks = (n + threads - 1) / threads;
@@ -71,15 +175,15 @@ __device__ void WarpArgMax(float& value, int& index) {
 
 __global__ void GatherKernel(const uint8_t* images, const uint8_t* labels, int64_t row_size,
                              const int32_t* order, const StepCounters* counters, int64_t stride,
-                             int64_t offset, float scale, float* x, int32_t* labels_out) {
+                             int64_t offset, float scale, Ptr x, int32_t* labels_out) {
   const int64_t r = blockIdx.x;
   int64_t index = offset + r;
   if (order != nullptr) index = order[(counters != nullptr ? counters->step * stride : 0) + index];
   const uint8_t* src = images + index * row_size;
-  float* dst = x + r * row_size;
-  if ((row_size & 3) == 0) {
+  Ptr dst = x + r * row_size;
+  if ((row_size & 3) == 0 && dst.dtype == ElementType::kFloat32) {
     const auto* src4 = reinterpret_cast<const uchar4*>(src);
-    auto* dst4 = reinterpret_cast<float4*>(dst);
+    auto* dst4 = static_cast<float4*>(dst.p);
     for (int64_t j = threadIdx.x; j < row_size / 4; j += blockDim.x) {
       const uchar4 v = src4[j];
       dst4[j] = make_float4(static_cast<float>(v.x) * scale, static_cast<float>(v.y) * scale,
@@ -93,8 +197,7 @@ __global__ void GatherKernel(const uint8_t* images, const uint8_t* labels, int64
   if (labels_out != nullptr && threadIdx.x == 0) labels_out[r] = labels[index];
 }
 
-__global__ void BiasActivationKernel(Act act, float* out, const float* bias, int64_t n,
-                                     int64_t cols) {
+__global__ void BiasActivationKernel(Act act, Ptr out, CPtr bias, int64_t n, int64_t cols) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     float z = out[i];
@@ -103,14 +206,30 @@ __global__ void BiasActivationKernel(Act act, float* out, const float* bias, int
   }
 }
 
+// BiasActivationKernel two elements a thread (n and cols even, pointers PairAligned).
+__global__ void BiasActivationPairsKernel(Act act, Ptr out, CPtr bias, int64_t n, int64_t cols) {
+  for (int64_t i = 2 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += 2 * int64_t{gridDim.x} * blockDim.x) {
+    float2 z = LoadPair(out, i);
+    if (bias != nullptr) {
+      // 32-bit arithmetic where it suffices: a 64-bit remainder costs tens of instructions.
+      const int64_t c =
+          n < (int64_t{1} << 31) ? static_cast<int32_t>(i) % static_cast<int32_t>(cols) : i % cols;
+      const float2 b = LoadPair(bias, c);
+      z.x += b.x;
+      z.y += b.y;
+    }
+    StorePair(out, i, make_float2(Activate(act, z.x), Activate(act, z.y)));
+  }
+}
+
 // One warp per row.
-__global__ void BiasSoftmaxKernel(float* out, const float* bias, float* logits, int64_t rows,
-                                  int64_t cols) {
+__global__ void BiasSoftmaxKernel(Ptr out, CPtr bias, Ptr logits, int64_t rows, int64_t cols) {
   const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
   if (row >= rows) return;
   const int lane = threadIdx.x;
-  float* z = logits + row * cols;
-  float* o = out + row * cols;
+  Ptr z = logits + row * cols;
+  Ptr o = out + row * cols;
   float max = -INFINITY;
   for (int64_t c = lane; c < cols; c += 32) {
     const float v = o[c] + (bias != nullptr ? bias[c] : 0.0f);
@@ -128,18 +247,27 @@ __global__ void BiasSoftmaxKernel(float* out, const float* bias, float* logits, 
   for (int64_t c = lane; c < cols; c += 32) o[c] /= sum;
 }
 
-__global__ void ActivationBackwardKernel(Act act, const float* out, float* g, int64_t n) {
+__global__ void ActivationBackwardKernel(Act act, CPtr out, Ptr g, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     g[i] = Derivative(act, out[i], g[i]);
   }
 }
 
-__global__ void SoftmaxBackwardKernel(const float* out, float* g, int64_t rows, int64_t cols) {
+// ActivationBackwardKernel two elements a thread.
+__global__ void ActivationBackwardPairsKernel(Act act, CPtr out, Ptr g, int64_t n) {
+  for (int64_t i = 2 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += 2 * int64_t{gridDim.x} * blockDim.x) {
+    const float2 y = LoadPair(out, i), d = LoadPair(g, i);
+    StorePair(g, i, make_float2(Derivative(act, y.x, d.x), Derivative(act, y.y, d.y)));
+  }
+}
+
+__global__ void SoftmaxBackwardKernel(CPtr out, Ptr g, int64_t rows, int64_t cols) {
   const int64_t row = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
   if (row >= rows) return;
-  const float* y = out + row * cols;
-  float* d = g + row * cols;
+  CPtr y = out + row * cols;
+  Ptr d = g + row * cols;
   float dot = 0;
   for (int64_t c = threadIdx.x; c < cols; c += 32) dot += d[c] * y[c];
   dot = WarpSum(dot);
@@ -151,8 +279,8 @@ constexpr int kRowLanes = 16;
 
 // Block (32, 16): 32 columns, 16 row lanes; the lanes' partial sums add in a fixed order,
 // so the result is deterministic.
-__global__ void BackwardColumnSumKernel(Act act, const float* out, float* g, int64_t rows,
-                                        int64_t cols, float* column_sums, bool accumulate) {
+__global__ void BackwardColumnSumKernel(Act act, CPtr out, Ptr g, int64_t rows, int64_t cols,
+                                        Ptr column_sums, bool accumulate) {
   __shared__ float partial[kRowLanes][kColumnTile + 1];
   const int64_t c = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
   float sum = 0;
@@ -178,10 +306,11 @@ __global__ void BackwardColumnSumKernel(Act act, const float* out, float* g, int
 
 constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
 
-__global__ void SparseCrossEntropyKernel(CrossEntropyInput input, float* values, const float* bias,
-                                         float* probs, const int32_t* labels, int64_t rows,
-                                         int classes, float scale, float* grad, MetricSums* sums,
-                                         StepCounters* counters) {
+__global__ void SparseCrossEntropyKernel(CrossEntropyInput input, Ptr values, CPtr bias, Ptr probs,
+                                         const int32_t* labels, int64_t rows, int classes,
+                                         float scale, Ptr grad, MetricSums* sums,
+                                         StepCounters* counters, const LossScaleState* loss_scale) {
+  if (loss_scale != nullptr) scale *= loss_scale->scale;
   __shared__ double block_loss[kRowsPerBlock];
   __shared__ unsigned int block_correct[kRowsPerBlock];
   const int lane = threadIdx.x;
@@ -190,8 +319,8 @@ __global__ void SparseCrossEntropyKernel(CrossEntropyInput input, float* values,
   double loss = 0;
   unsigned int correct = 0;
   if (row < rows) {
-    float* v = values + row * classes;
-    float* g = grad != nullptr ? grad + row * classes : nullptr;
+    Ptr v = values + row * classes;
+    Ptr g = grad != nullptr ? grad + row * classes : nullptr;
     const int label = labels[row];
     if (input == CrossEntropyInput::kProbabilities) {
       float sum = 0, best = -INFINITY;
@@ -282,8 +411,8 @@ __device__ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-__global__ void DropoutKernel(const float* in, float* out, float* mask, int64_t n, float rate,
-                              uint64_t seed, const StepCounters* counters) {
+__global__ void DropoutKernel(CPtr in, Ptr out, Ptr mask, int64_t n, float rate, uint64_t seed,
+                              const StepCounters* counters) {
   const uint64_t stream = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(counters->iteration)));
   const float keep_scale = 1.0f / (1.0f - rate);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -296,28 +425,28 @@ __global__ void DropoutKernel(const float* in, float* out, float* mask, int64_t 
   }
 }
 
-__global__ void MultiplyKernel(float* g, const float* mask, int64_t n) {
+__global__ void MultiplyKernel(Ptr g, CPtr mask, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     g[i] *= mask[i];
   }
 }
 
-__global__ void AddIntoKernel(float* dst, const float* src, int64_t n) {
+__global__ void AddIntoKernel(Ptr dst, CPtr src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     dst[i] += src[i];
   }
 }
 
-__global__ void ScaleKernel(float* dst, float factor, int64_t n) {
+__global__ void ScaleKernel(Ptr dst, float factor, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     dst[i] *= factor;
   }
 }
 
-__global__ void AxpbyKernel(float alpha, const float* x, float* out, int64_t n, bool accumulate) {
+__global__ void AxpbyKernel(float alpha, CPtr x, Ptr out, int64_t n, bool accumulate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = alpha * x[i];
@@ -325,8 +454,23 @@ __global__ void AxpbyKernel(float alpha, const float* x, float* out, int64_t n, 
   }
 }
 
-__global__ void MultiplyIntoKernel(const float* x, const float* y, float* out, int64_t n,
-                                   bool accumulate) {
+// AxpbyKernel two elements a thread.
+__global__ void AxpbyPairsKernel(float alpha, CPtr x, Ptr out, int64_t n, bool accumulate) {
+  for (int64_t i = 2 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += 2 * int64_t{gridDim.x} * blockDim.x) {
+    float2 v = LoadPair(x, i);
+    v.x *= alpha;
+    v.y *= alpha;
+    if (accumulate) {
+      const float2 o = LoadPair(out, i);
+      v.x += o.x;
+      v.y += o.y;
+    }
+    StorePair(out, i, v);
+  }
+}
+
+__global__ void MultiplyIntoKernel(CPtr x, CPtr y, Ptr out, int64_t n, bool accumulate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[i] * y[i];
@@ -334,18 +478,57 @@ __global__ void MultiplyIntoKernel(const float* x, const float* y, float* out, i
   }
 }
 
-__global__ void AddBlocksKernel(const float* x, int64_t x_stride, float* out, int64_t out_stride,
-                                int64_t rows, int64_t width) {
+__global__ void AddBlocksKernel(CPtr x, int64_t x_stride, Ptr out, int64_t out_stride, int64_t rows,
+                                int64_t width, bool accumulate) {
   const int64_t n = rows * width;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / width, c = i % width;
-    out[r * out_stride + c] += x[r * x_stride + c];
+    const float v = x[r * x_stride + c];
+    if (accumulate) {
+      out[r * out_stride + c] += v;
+    } else {
+      out[r * out_stride + c] = v;
+    }
   }
 }
 
+__global__ void UnscaleKernel(float* g, int64_t scaled, int64_t n, LossScaleState* state) {
+  const float inverse = 1.0f / state->scale;
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float v = g[i];
+    if (i < scaled) {
+      v *= inverse;
+      g[i] = v;
+    }
+    bad |= !isfinite(v);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&state->not_finite, 1);
+}
+
+__global__ void UpdateLossScaleKernel(LossScaleState* state, int growth_steps,
+                                      StepCounters* counters) {
+  if (state->not_finite != 0) {
+    state->scale *= 0.5f;
+    state->finite_steps = 0;
+    counters->iteration -= 1;  // the skipped update
+  } else if (++state->finite_steps >= growth_steps) {
+    state->scale *= 2.0f;
+    state->finite_steps = 0;
+  }
+  state->not_finite = 0;
+}
+
 __global__ void OptimizerKernel(OptimizerParams p, float* var, const float* grad, float* s0,
-                                float* s1, float* s2, int64_t n, const StepCounters* counters) {
+                                float* s1, float* s2, int64_t n, int64_t total,
+                                const StepCounters* counters, const LossScaleState* skip) {
+  if (skip != nullptr && skip->not_finite != 0) return;
+  for (int64_t i = n + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    var[i] -= grad[i];  // non-trainable: the change as it is
+  }
   __shared__ float alpha;
   if (p.kind == OptimizerParams::Kind::kAdam) {
     if (threadIdx.x == 0) {
@@ -417,26 +600,45 @@ __device__ int64_t MaxOf(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 __device__ int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
 
-// The first largest in-bounds position of window (oy, ox) of image b, channel c, as
-// y * in_w + x (-1: no position in bounds), and its value.
-__device__ int64_t WindowArgMax(const Window2D& w, const float* x, int64_t b, int64_t oy,
-                                int64_t ox, int64_t c, float* value) {
-  const int64_t y0 = oy * w.stride_h - w.pad_top, x0 = ox * w.stride_w - w.pad_left;
-  int64_t best = -1;
-  float best_value = 0;
+// Output element i of a window operation: image b, window (oy, ox), channel c.
+struct WindowOutput {
+  int64_t b, oy, ox, c;
+};
+__device__ WindowOutput WindowOutputAt(const Window2D& w, int64_t i) {
+  const int64_t c = i % w.out_c;
+  int64_t t = i / w.out_c;
+  const int64_t ox = t % w.out_w;
+  t /= w.out_w;
+  return {t / w.out_h, t % w.out_h, ox, c};
+}
+
+// f(index into x) for each in-bounds position of output o's window, in row-major order.
+template <typename F>
+__device__ void ForEachInWindow(const Window2D& w, const WindowOutput& o, F&& f) {
+  const int64_t y0 = o.oy * w.stride_h - w.pad_top, x0 = o.ox * w.stride_w - w.pad_left;
   for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
     const int64_t y = y0 + ky * w.dilation_h;
     if (y < 0 || y >= w.in_h) continue;
     for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
       const int64_t xx = x0 + kx * w.dilation_w;
       if (xx < 0 || xx >= w.in_w) continue;
-      const float v = x[((b * w.in_h + y) * w.in_w + xx) * w.in_c + c];
-      if (best < 0 || v > best_value) {
-        best = y * w.in_w + xx;
-        best_value = v;
-      }
+      f(((o.b * w.in_h + y) * w.in_w + xx) * w.in_c + o.c);
     }
   }
+}
+
+// The index into x of the first largest in-bounds position of output o's window (-1: none in
+// bounds), and its value.
+__device__ int64_t WindowArgMax(const Window2D& w, CPtr x, const WindowOutput& o, float* value) {
+  int64_t best = -1;
+  float best_value = 0;
+  ForEachInWindow(w, o, [&](int64_t at) {
+    const float v = x[at];
+    if (best < 0 || v > best_value) {
+      best = at;
+      best_value = v;
+    }
+  });
   *value = best_value;
   return best;
 }
@@ -456,40 +658,27 @@ __device__ int64_t WindowCount(const Window2D& w, int64_t oy, int64_t ox) {
   return rows * cols;
 }
 
-__global__ void PoolKernel(Window2D w, int64_t batch, bool max, const float* x, float* out) {
+__global__ void PoolKernel(Window2D w, int64_t batch, bool max, CPtr x, Ptr out) {
   const int64_t n = batch * w.out_h * w.out_w * w.out_c;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t c = i % w.out_c;
-    int64_t t = i / w.out_c;
-    const int64_t ox = t % w.out_w;
-    t /= w.out_w;
-    const int64_t oy = t % w.out_h, b = t / w.out_h;
+    const WindowOutput o = WindowOutputAt(w, i);
     if (max) {
       float value;
-      WindowArgMax(w, x, b, oy, ox, c, &value);
+      WindowArgMax(w, x, o, &value);
       out[i] = value;
       continue;
     }
-    const int64_t y0 = oy * w.stride_h - w.pad_top, x0 = ox * w.stride_w - w.pad_left;
     float sum = 0;
-    for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
-      const int64_t y = y0 + ky * w.dilation_h;
-      if (y < 0 || y >= w.in_h) continue;
-      for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
-        const int64_t xx = x0 + kx * w.dilation_w;
-        if (xx < 0 || xx >= w.in_w) continue;
-        sum += x[((b * w.in_h + y) * w.in_w + xx) * w.in_c + c];
-      }
-    }
-    const int64_t count = WindowCount(w, oy, ox);
+    ForEachInWindow(w, o, [&](int64_t at) { sum += x[at]; });
+    const int64_t count = WindowCount(w, o.oy, o.ox);
     out[i] = count > 0 ? sum / static_cast<float>(count) : 0.0f;
   }
 }
 
 // One thread per input element: the windows that hold it, in order.
-__global__ void PoolBackwardKernel(Window2D w, int64_t batch, bool max, const float* x,
-                                   const float* grad_out, float* grad_x, bool accumulate) {
+__global__ void PoolBackwardKernel(Window2D w, int64_t batch, bool max, CPtr x, CPtr grad_out,
+                                   Ptr grad_x, bool accumulate) {
   const int64_t n = batch * w.in_h * w.in_w * w.in_c;
   const int64_t span_h = (w.kernel_h - 1) * w.dilation_h, span_w = (w.kernel_w - 1) * w.dilation_w;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -513,7 +702,7 @@ __global__ void PoolBackwardKernel(Window2D w, int64_t batch, bool max, const fl
         const float upstream = grad_out[((b * w.out_h + oy) * w.out_w + ox) * w.out_c + c];
         if (max) {
           float value;
-          if (WindowArgMax(w, x, b, oy, ox, c, &value) == iy * w.in_w + ix) g += upstream;
+          if (WindowArgMax(w, x, {b, oy, ox, c}, &value) == i) g += upstream;
         } else {
           g += upstream / static_cast<float>(WindowCount(w, oy, ox));
         }
@@ -523,13 +712,63 @@ __global__ void PoolBackwardKernel(Window2D w, int64_t batch, bool max, const fl
   }
 }
 
+// The pooling gradient for windows that do not overlap (a stride at least the window's span,
+// as pool_size 2 with the default strides): one thread per window routes its gradient to the
+// window's inputs, which no other window holds, so the writes neither race nor depend on order.
+// grad_x is zeroed first unless accumulating (positions in no window keep 0).
+__global__ void PoolScatterKernel(Window2D w, int64_t batch, bool max, CPtr x, CPtr grad_out,
+                                  Ptr grad_x) {
+  const int64_t n = batch * w.out_h * w.out_w * w.out_c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const WindowOutput o = WindowOutputAt(w, i);
+    const float upstream = grad_out[i];
+    if (max) {
+      float value;
+      const int64_t best = WindowArgMax(w, x, o, &value);
+      if (best >= 0) grad_x[best] += upstream;
+      continue;
+    }
+    const int64_t count = WindowCount(w, o.oy, o.ox);
+    if (count == 0) continue;
+    const float share = upstream / static_cast<float>(count);
+    ForEachInWindow(w, o, [&](int64_t at) { grad_x[at] += share; });
+  }
+}
+
+bool WindowsOverlap(const Window2D& w) {
+  return w.stride_h < (w.kernel_h - 1) * w.dilation_h + 1 ||
+         w.stride_w < (w.kernel_w - 1) * w.dilation_w + 1;
+}
+
+// PoolBackwardKernel, or PoolScatterKernel where the windows do not overlap.
+absl::Status PoolBackward(const Window2D& w, int64_t batch, bool max, CPtr x, CPtr grad_out,
+                          Ptr grad_x, bool accumulate, cudaStream_t stream) {
+  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
+  if (n <= 0) return absl::OkStatus();
+  if (!WindowsOverlap(w)) {
+    if (!accumulate) {
+      STRATUM_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(grad_x.p, 0, static_cast<size_t>(n * SizeOf(grad_x.dtype)), stream));
+    }
+    const int64_t windows = batch * w.out_h * w.out_w * w.out_c;
+    if (windows <= 0) return absl::OkStatus();
+    PoolScatterKernel<<<Blocks(windows), kThreads, 0, stream>>>(w, batch, max, x, grad_out, grad_x);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolScatterKernel");
+    return absl::OkStatus();
+  }
+  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, max, x, grad_out, grad_x,
+                                                         accumulate);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolBackwardKernel");
+  return absl::OkStatus();
+}
+
 constexpr int kSumLanes = 8;  // row lanes of a column-sum block (32 columns wide)
 
 // Block (32, kSumLanes), grid (column tiles, row chunks): each chunk's sums into `partial`
 // [chunks, terms * cols].
-__global__ void ColumnPartialKernel(ColumnTerm term, const float* a, const float* b,
-                                    const float* mean, int64_t rows, int64_t cols,
-                                    int64_t rows_per_chunk, float* partial) {
+__global__ void ColumnPartialKernel(ColumnTerm term, CPtr a, CPtr b, CPtr mean, int64_t rows,
+                                    int64_t cols, int64_t rows_per_chunk, float* partial) {
   __shared__ float shared[2][kSumLanes][kColumnTile + 1];
   const int64_t c = blockIdx.x * int64_t{kColumnTile} + threadIdx.x;
   const int64_t first = blockIdx.y * rows_per_chunk;
@@ -568,16 +807,21 @@ __global__ void ColumnPartialKernel(ColumnTerm term, const float* a, const float
   if (terms == 2) chunk[cols + c] = t1;
 }
 
+// One warp per column: the lanes take the chunks in turn and add in a fixed order
+// (deterministic), so a column of many chunks is not one thread's long chain of loads.
 __global__ void ColumnFinishKernel(ColumnSumArgs args, const float* partial, int64_t chunks) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t c = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
   const int64_t cols = args.cols;
   if (c >= cols) return;
   const int64_t terms = args.term == ColumnTerm::kGradSums ? 2 : 1;
   float s0 = 0, s1 = 0;
-  for (int64_t k = 0; k < chunks; ++k) {
+  for (int64_t k = threadIdx.x; k < chunks; k += 32) {
     s0 += partial[k * terms * cols + c];
     if (terms == 2) s1 += partial[k * terms * cols + cols + c];
   }
+  s0 = WarpSum(s0);
+  s1 = WarpSum(s1);
+  if (threadIdx.x != 0) return;
   if (terms == 1) {
     args.out[c] = args.accumulate ? args.out[c] + s0 : s0;
     return;
@@ -588,9 +832,8 @@ __global__ void ColumnFinishKernel(ColumnSumArgs args, const float* partial, int
   if (args.grad_beta != nullptr) args.grad_beta[c] = s0;
 }
 
-__global__ void BatchNormKernel(const float* x, int64_t n, int64_t width, const float* mean,
-                                const float* variance, float epsilon, const float* gamma,
-                                const float* beta, float* y) {
+__global__ void BatchNormKernel(CPtr x, int64_t n, int64_t width, CPtr mean, CPtr variance,
+                                float epsilon, CPtr gamma, CPtr beta, Ptr y) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i % width;
@@ -603,10 +846,9 @@ __global__ void BatchNormKernel(const float* x, int64_t n, int64_t width, const 
 }
 
 // dx = k * dy + a * x + b per channel (see CpuDevice's BatchNormBackward).
-__global__ void BatchNormBackwardKernel(const float* dy, const float* x, int64_t n, int64_t width,
-                                        const float* mean, const float* variance, float epsilon,
-                                        const float* gamma, const float* sums, float per_row,
-                                        float* dx, bool accumulate) {
+__global__ void BatchNormBackwardKernel(CPtr dy, CPtr x, int64_t n, int64_t width, CPtr mean,
+                                        CPtr variance, float epsilon, CPtr gamma, CPtr sums,
+                                        float per_row, Ptr dx, bool accumulate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i % width;
@@ -622,8 +864,8 @@ __global__ void BatchNormBackwardKernel(const float* dy, const float* x, int64_t
   }
 }
 
-__global__ void KernelLayoutKernel(const float* in, float* out, int64_t positions, int64_t in_c,
-                                   int64_t out_c, bool to_hwio) {
+__global__ void KernelLayoutKernel(CPtr in, Ptr out, int64_t positions, int64_t in_c, int64_t out_c,
+                                   bool to_hwio) {
   const int64_t n = positions * in_c * out_c;
   for (int64_t ohwi = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ohwi < n;
        ohwi += int64_t{gridDim.x} * blockDim.x) {
@@ -639,9 +881,9 @@ __global__ void KernelLayoutKernel(const float* in, float* out, int64_t position
   }
 }
 
-__global__ void ShiftCopyKernel(const float* in, int64_t batch, int64_t in_h, int64_t in_w,
-                                int64_t channels, int64_t top, int64_t left, float* out,
-                                int64_t out_h, int64_t out_w) {
+__global__ void ShiftCopyKernel(CPtr in, int64_t batch, int64_t in_h, int64_t in_w,
+                                int64_t channels, int64_t top, int64_t left, Ptr out, int64_t out_h,
+                                int64_t out_w) {
   const int64_t n = batch * out_h * out_w * channels;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -662,8 +904,8 @@ __device__ int64_t EmbeddingRowOf(float id, int64_t rows) {
   return id >= 0.0f && id < static_cast<float>(rows) ? static_cast<int64_t>(id) : -1;
 }
 
-__global__ void EmbeddingLookupKernel(const float* ids, int64_t count, const float* table,
-                                      int64_t rows, int64_t width, float* out) {
+__global__ void EmbeddingLookupKernel(CPtr ids, int64_t count, CPtr table, int64_t rows,
+                                      int64_t width, Ptr out) {
   const int64_t n = count * width;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -672,8 +914,8 @@ __global__ void EmbeddingLookupKernel(const float* ids, int64_t count, const flo
   }
 }
 
-__global__ void EmbeddingPositionsKernel(const float* ids, int64_t count, const int64_t* rows,
-                                         int64_t num_rows, float* positions) {
+__global__ void EmbeddingPositionsKernel(CPtr ids, int64_t count, const int64_t* rows,
+                                         int64_t num_rows, Ptr positions) {
   const int64_t end = num_rows > 0 ? rows[num_rows - 1] + 1 : 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -692,7 +934,7 @@ __global__ void EmbeddingPositionsKernel(const float* ids, int64_t count, const 
 }
 
 // keys[i] = the row of id i (`rows` for none: sorted last, skipped), positions[i] = i.
-__global__ void EmbeddingKeysKernel(const float* ids, int64_t count, int64_t rows, int32_t* keys,
+__global__ void EmbeddingKeysKernel(CPtr ids, int64_t count, int64_t rows, int32_t* keys,
                                     int32_t* positions) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -709,8 +951,8 @@ __global__ void EmbeddingKeysKernel(const float* ids, int64_t count, int64_t row
 // the table's width, so the result is the same in every run.
 __global__ void EmbeddingRunSumKernel(const int32_t* unique, const int32_t* run_lengths,
                                       const int32_t* run_starts, const int32_t* num_runs,
-                                      const int32_t* positions, int64_t rows, const float* grad_out,
-                                      int64_t width, float* grad_table) {
+                                      const int32_t* positions, int64_t rows, CPtr grad_out,
+                                      int64_t width, Ptr grad_table) {
   extern __shared__ float lanes[];  // [blockDim.y][blockDim.x]
   const int run = blockIdx.x;
   if (run >= *num_runs) return;
@@ -748,8 +990,7 @@ __global__ void EmbeddingRunSumKernel(const int32_t* unique, const int32_t* run_
   }
 }
 
-__global__ void AverageStepsKernel(const float* x, int64_t batch, int64_t steps, int64_t width,
-                                   float* out) {
+__global__ void AverageStepsKernel(CPtr x, int64_t batch, int64_t steps, int64_t width, Ptr out) {
   const int64_t n = batch * width;
   const float scale = 1.0f / static_cast<float>(steps);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -761,8 +1002,8 @@ __global__ void AverageStepsKernel(const float* x, int64_t batch, int64_t steps,
   }
 }
 
-__global__ void AverageStepsGradKernel(const float* grad_out, int64_t batch, int64_t steps,
-                                       int64_t width, float* grad_x, bool accumulate) {
+__global__ void AverageStepsGradKernel(CPtr grad_out, int64_t batch, int64_t steps, int64_t width,
+                                       Ptr grad_x, bool accumulate) {
   const int64_t n = batch * steps * width;
   const float scale = 1.0f / static_cast<float>(steps);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -814,7 +1055,7 @@ enum EmbeddingArray {
 
 absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
                            const int32_t* order, const StepCounters* counters, int64_t stride,
-                           int64_t offset, int rows, float scale, float* x, int32_t* labels_out,
+                           int64_t offset, int rows, float scale, Ptr x, int32_t* labels_out,
                            cudaStream_t stream) {
   if (rows <= 0) return absl::OkStatus();
   GatherKernel<<<rows, 128, 0, stream>>>(images, labels, row_size, order, counters, stride, offset,
@@ -823,8 +1064,8 @@ absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t
   return absl::OkStatus();
 }
 
-absl::Status BiasActivation(Act act, float* out, const float* bias, int64_t rows, int64_t cols,
-                            float* logits, cudaStream_t stream) {
+absl::Status BiasActivation(Act act, Ptr out, CPtr bias, int64_t rows, int64_t cols, Ptr logits,
+                            cudaStream_t stream) {
   if (rows <= 0) return absl::OkStatus();
   if (act == Act::kSoftmax) {
     const dim3 block(32, kRowsPerBlock);
@@ -834,13 +1075,19 @@ absl::Status BiasActivation(Act act, float* out, const float* bias, int64_t rows
     return absl::OkStatus();
   }
   if (act == Act::kLinear && bias == nullptr) return absl::OkStatus();
+  if (cols % 2 == 0 && PairAligned(out) && PairAligned(bias)) {
+    BiasActivationPairsKernel<<<Blocks(rows * cols / 2), kThreads, 0, stream>>>(act, out, bias,
+                                                                                rows * cols, cols);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BiasActivationPairsKernel");
+    return absl::OkStatus();
+  }
   BiasActivationKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(act, out, bias, rows * cols,
                                                                      cols);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("BiasActivationKernel");
   return absl::OkStatus();
 }
 
-absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t rows, int64_t cols,
+absl::Status ActivationBackward(Act act, CPtr out, Ptr g, int64_t rows, int64_t cols,
                                 cudaStream_t stream) {
   if (rows <= 0 || act == Act::kLinear) return absl::OkStatus();
   if (act == Act::kSoftmax) {
@@ -849,14 +1096,19 @@ absl::Status ActivationBackward(Act act, const float* out, float* g, int64_t row
     STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("SoftmaxBackwardKernel");
     return absl::OkStatus();
   }
+  if ((rows * cols) % 2 == 0 && PairAligned(out) && PairAligned(g)) {
+    ActivationBackwardPairsKernel<<<Blocks(rows * cols / 2), kThreads, 0, stream>>>(act, out, g,
+                                                                                    rows * cols);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ActivationBackwardPairsKernel");
+    return absl::OkStatus();
+  }
   ActivationBackwardKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(act, out, g, rows * cols);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ActivationBackwardKernel");
   return absl::OkStatus();
 }
 
-absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, int64_t rows,
-                                         int64_t cols, float* column_sums, cudaStream_t stream,
-                                         bool accumulate) {
+absl::Status ActivationBackwardColumnSum(Act act, CPtr out, Ptr g, int64_t rows, int64_t cols,
+                                         Ptr column_sums, cudaStream_t stream, bool accumulate) {
   if (act == Act::kSoftmax) {
     return absl::InvalidArgumentError(
         "ActivationBackwardColumnSum takes elementwise activations; use ActivationBackward for "
@@ -869,55 +1121,59 @@ absl::Status ActivationBackwardColumnSum(Act act, const float* out, float* g, in
   return absl::OkStatus();
 }
 
-absl::Status SparseCrossEntropy(CrossEntropyInput input, float* values, const float* bias,
-                                float* probs, const int32_t* labels, int64_t rows, int classes,
-                                float scale, float* grad, MetricSums* sums, StepCounters* counters,
-                                cudaStream_t stream) {
+absl::Status SparseCrossEntropy(CrossEntropyInput input, Ptr values, CPtr bias, Ptr probs,
+                                const int32_t* labels, int64_t rows, int classes, float scale,
+                                Ptr grad, MetricSums* sums, StepCounters* counters,
+                                cudaStream_t stream, const LossScaleState* loss_scale) {
   const dim3 block(32, kRowsPerBlock);
   SparseCrossEntropyKernel<<<Blocks(rows, kRowsPerBlock), block, 0, stream>>>(
-      input, values, bias, probs, labels, rows, classes, scale, grad, sums, counters);
+      input, values, bias, probs, labels, rows, classes, scale, grad, sums, counters, loss_scale);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("SparseCrossEntropyKernel");
   return absl::OkStatus();
 }
 
-absl::Status DropoutForward(const float* in, float* out, float* mask, int64_t n, float rate,
-                            uint64_t seed, const StepCounters* counters, cudaStream_t stream) {
+absl::Status DropoutForward(CPtr in, Ptr out, Ptr mask, int64_t n, float rate, uint64_t seed,
+                            const StepCounters* counters, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   DropoutKernel<<<Blocks(n), kThreads, 0, stream>>>(in, out, mask, n, rate, seed, counters);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("DropoutKernel");
   return absl::OkStatus();
 }
 
-absl::Status Multiply(float* g, const float* mask, int64_t n, cudaStream_t stream) {
+absl::Status Multiply(Ptr g, CPtr mask, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   MultiplyKernel<<<Blocks(n), kThreads, 0, stream>>>(g, mask, n);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("MultiplyKernel");
   return absl::OkStatus();
 }
 
-absl::Status AddInto(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+absl::Status AddInto(Ptr dst, CPtr src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, src, n);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AddIntoKernel");
   return absl::OkStatus();
 }
 
-absl::Status Scale(float* dst, float factor, int64_t n, cudaStream_t stream) {
+absl::Status Scale(Ptr dst, float factor, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, factor, n);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
   return absl::OkStatus();
 }
 
-absl::Status Axpby(float alpha, const float* x, float* out, int64_t n, bool accumulate,
-                   cudaStream_t stream) {
+absl::Status Axpby(float alpha, CPtr x, Ptr out, int64_t n, bool accumulate, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
+  if (n % 2 == 0 && PairAligned(x) && PairAligned(out)) {
+    AxpbyPairsKernel<<<Blocks(n / 2), kThreads, 0, stream>>>(alpha, x, out, n, accumulate);
+    STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AxpbyPairsKernel");
+    return absl::OkStatus();
+  }
   AxpbyKernel<<<Blocks(n), kThreads, 0, stream>>>(alpha, x, out, n, accumulate);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AxpbyKernel");
   return absl::OkStatus();
 }
 
-absl::Status MultiplyInto(const float* x, const float* y, float* out, int64_t n, bool accumulate,
+absl::Status MultiplyInto(CPtr x, CPtr y, Ptr out, int64_t n, bool accumulate,
                           cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   MultiplyIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, out, n, accumulate);
@@ -925,27 +1181,42 @@ absl::Status MultiplyInto(const float* x, const float* y, float* out, int64_t n,
   return absl::OkStatus();
 }
 
-absl::Status AddBlocks(const float* x, int64_t x_stride, float* out, int64_t out_stride,
-                       int64_t rows, int64_t width, cudaStream_t stream) {
+absl::Status AddBlocks(CPtr x, int64_t x_stride, Ptr out, int64_t out_stride, int64_t rows,
+                       int64_t width, cudaStream_t stream, bool accumulate) {
   if (rows <= 0 || width <= 0) return absl::OkStatus();
   AddBlocksKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(x, x_stride, out, out_stride, rows,
-                                                                 width);
+                                                                 width, accumulate);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("AddBlocksKernel");
   return absl::OkStatus();
 }
 
 absl::Status ApplyOptimizer(const OptimizerParams& params, float* variables, const float* gradients,
-                            float* slot0, float* slot1, float* slot2, int64_t n,
-                            const StepCounters* counters, cudaStream_t stream) {
-  if (n <= 0) return absl::OkStatus();
-  OptimizerKernel<<<Blocks(n), kThreads, 0, stream>>>(params, variables, gradients, slot0, slot1,
-                                                      slot2, n, counters);
+                            float* slot0, float* slot1, float* slot2, int64_t n, int64_t total,
+                            const StepCounters* counters, const LossScaleState* skip,
+                            cudaStream_t stream) {
+  if (total <= 0) return absl::OkStatus();
+  OptimizerKernel<<<Blocks(std::max(n, total - n)), kThreads, 0, stream>>>(
+      params, variables, gradients, slot0, slot1, slot2, n, total, counters, skip);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("OptimizerKernel");
   return absl::OkStatus();
 }
 
-absl::Status MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
-                       cudaStream_t stream) {
+absl::Status UnscaleGradients(float* g, int64_t scaled, int64_t n, LossScaleState* state,
+                              cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  UnscaleKernel<<<Blocks(n), kThreads, 0, stream>>>(g, scaled, n, state);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("UnscaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status UpdateLossScale(LossScaleState* state, int growth_steps, StepCounters* counters,
+                             cudaStream_t stream) {
+  UpdateLossScaleKernel<<<1, 1, 0, stream>>>(state, growth_steps, counters);
+  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("UpdateLossScaleKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MaxPool2D(const Window2D& w, int64_t batch, CPtr x, Ptr out, cudaStream_t stream) {
   const int64_t n = batch * w.out_h * w.out_w * w.out_c;
   if (n <= 0) return absl::OkStatus();
   PoolKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, true, x, out);
@@ -953,8 +1224,7 @@ absl::Status MaxPool2D(const Window2D& w, int64_t batch, const float* x, float* 
   return absl::OkStatus();
 }
 
-absl::Status AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* out,
-                       cudaStream_t stream) {
+absl::Status AvgPool2D(const Window2D& w, int64_t batch, CPtr x, Ptr out, cudaStream_t stream) {
   const int64_t n = batch * w.out_h * w.out_w * w.out_c;
   if (n <= 0) return absl::OkStatus();
   PoolKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, false, x, out);
@@ -962,25 +1232,14 @@ absl::Status AvgPool2D(const Window2D& w, int64_t batch, const float* x, float* 
   return absl::OkStatus();
 }
 
-absl::Status MaxPool2DBackward(const Window2D& w, int64_t batch, const float* x,
-                               const float* grad_out, float* grad_x, bool accumulate,
-                               cudaStream_t stream) {
-  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
-  if (n <= 0) return absl::OkStatus();
-  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, true, x, grad_out, grad_x,
-                                                         accumulate);
-  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolBackwardKernel");
-  return absl::OkStatus();
+absl::Status MaxPool2DBackward(const Window2D& w, int64_t batch, CPtr x, CPtr grad_out, Ptr grad_x,
+                               bool accumulate, cudaStream_t stream) {
+  return PoolBackward(w, batch, true, x, grad_out, grad_x, accumulate, stream);
 }
 
-absl::Status AvgPool2DBackward(const Window2D& w, int64_t batch, const float* grad_out,
-                               float* grad_x, bool accumulate, cudaStream_t stream) {
-  const int64_t n = batch * w.in_h * w.in_w * w.in_c;
-  if (n <= 0) return absl::OkStatus();
-  PoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(w, batch, false, nullptr, grad_out, grad_x,
-                                                         accumulate);
-  STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("PoolBackwardKernel");
-  return absl::OkStatus();
+absl::Status AvgPool2DBackward(const Window2D& w, int64_t batch, CPtr grad_out, Ptr grad_x,
+                               bool accumulate, cudaStream_t stream) {
+  return PoolBackward(w, batch, false, nullptr, grad_out, grad_x, accumulate, stream);
 }
 
 absl::Status ColumnSums(const ColumnSumArgs& args, float* partial, int64_t partial_floats,
@@ -1001,14 +1260,13 @@ absl::Status ColumnSums(const ColumnSumArgs& args, float* partial, int64_t parti
   ColumnPartialKernel<<<grid, dim3(kColumnTile, kSumLanes), 0, stream>>>(
       args.term, args.a, args.b, args.mean, args.rows, args.cols, rows_per_chunk, partial);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnPartialKernel");
-  ColumnFinishKernel<<<Blocks(args.cols), kThreads, 0, stream>>>(args, partial, chunks);
+  ColumnFinishKernel<<<Blocks(args.cols, 8), dim3(32, 8), 0, stream>>>(args, partial, chunks);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("ColumnFinishKernel");
   return absl::OkStatus();
 }
 
-absl::Status BatchNorm(const float* x, int64_t rows, int64_t width, const float* mean,
-                       const float* variance, float epsilon, const float* gamma, const float* beta,
-                       float* y, cudaStream_t stream) {
+absl::Status BatchNorm(CPtr x, int64_t rows, int64_t width, CPtr mean, CPtr variance, float epsilon,
+                       CPtr gamma, CPtr beta, Ptr y, cudaStream_t stream) {
   const int64_t n = rows * width;
   if (n <= 0) return absl::OkStatus();
   BatchNormKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, width, mean, variance, epsilon, gamma,
@@ -1017,10 +1275,9 @@ absl::Status BatchNorm(const float* x, int64_t rows, int64_t width, const float*
   return absl::OkStatus();
 }
 
-absl::Status BatchNormBackward(const float* dy, const float* x, int64_t rows, int64_t width,
-                               const float* mean, const float* variance, float epsilon,
-                               const float* gamma, const float* sums, int64_t count, float* dx,
-                               bool accumulate, cudaStream_t stream) {
+absl::Status BatchNormBackward(CPtr dy, CPtr x, int64_t rows, int64_t width, CPtr mean,
+                               CPtr variance, float epsilon, CPtr gamma, CPtr sums, int64_t count,
+                               Ptr dx, bool accumulate, cudaStream_t stream) {
   const int64_t n = rows * width;
   if (n <= 0) return absl::OkStatus();
   const float per_row = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
@@ -1030,8 +1287,8 @@ absl::Status BatchNormBackward(const float* dy, const float* x, int64_t rows, in
   return absl::OkStatus();
 }
 
-absl::Status KernelToOhwi(const float* hwio, int64_t positions, int64_t in_c, int64_t out_c,
-                          float* ohwi, cudaStream_t stream) {
+absl::Status KernelToOhwi(CPtr hwio, int64_t positions, int64_t in_c, int64_t out_c, Ptr ohwi,
+                          cudaStream_t stream) {
   const int64_t n = positions * in_c * out_c;
   if (n <= 0) return absl::OkStatus();
   KernelLayoutKernel<<<Blocks(n), kThreads, 0, stream>>>(hwio, ohwi, positions, in_c, out_c, false);
@@ -1039,8 +1296,8 @@ absl::Status KernelToOhwi(const float* hwio, int64_t positions, int64_t in_c, in
   return absl::OkStatus();
 }
 
-absl::Status KernelToHwio(const float* ohwi, int64_t positions, int64_t in_c, int64_t out_c,
-                          float* hwio, cudaStream_t stream) {
+absl::Status KernelToHwio(CPtr ohwi, int64_t positions, int64_t in_c, int64_t out_c, Ptr hwio,
+                          cudaStream_t stream) {
   const int64_t n = positions * in_c * out_c;
   if (n <= 0) return absl::OkStatus();
   KernelLayoutKernel<<<Blocks(n), kThreads, 0, stream>>>(ohwi, hwio, positions, in_c, out_c, true);
@@ -1048,9 +1305,9 @@ absl::Status KernelToHwio(const float* ohwi, int64_t positions, int64_t in_c, in
   return absl::OkStatus();
 }
 
-absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t in_w,
-                         int64_t channels, int64_t top, int64_t left, float* out, int64_t out_h,
-                         int64_t out_w, cudaStream_t stream) {
+absl::Status ShiftCopy2D(CPtr in, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels,
+                         int64_t top, int64_t left, Ptr out, int64_t out_h, int64_t out_w,
+                         cudaStream_t stream) {
   const int64_t n = batch * out_h * out_w * channels;
   if (n <= 0) return absl::OkStatus();
   ShiftCopyKernel<<<Blocks(n), kThreads, 0, stream>>>(in, batch, in_h, in_w, channels, top, left,
@@ -1059,8 +1316,8 @@ absl::Status ShiftCopy2D(const float* in, int64_t batch, int64_t in_h, int64_t i
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
-                             int64_t width, float* out, cudaStream_t stream) {
+absl::Status EmbeddingLookup(CPtr ids, int64_t count, CPtr table, int64_t rows, int64_t width,
+                             Ptr out, cudaStream_t stream) {
   const int64_t n = count * width;
   if (n <= 0) return absl::OkStatus();
   EmbeddingLookupKernel<<<Blocks(n), kThreads, 0, stream>>>(ids, count, table, rows, width, out);
@@ -1068,8 +1325,8 @@ absl::Status EmbeddingLookup(const float* ids, int64_t count, const float* table
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
-                                int64_t num_rows, float* positions, cudaStream_t stream) {
+absl::Status EmbeddingPositions(CPtr ids, int64_t count, const int64_t* rows, int64_t num_rows,
+                                Ptr positions, cudaStream_t stream) {
   if (count <= 0) return absl::OkStatus();
   EmbeddingPositionsKernel<<<Blocks(count), kThreads, 0, stream>>>(ids, count, rows, num_rows,
                                                                    positions);
@@ -1082,8 +1339,8 @@ size_t EmbeddingGradScratchBytes(int64_t count, int64_t rows) {
          Aligned(CubTempBytes(count, rows));
 }
 
-absl::Status EmbeddingGrad(const float* ids, int64_t count, const float* grad_out, int64_t rows,
-                           int64_t width, float* grad_table, void* scratch, size_t scratch_bytes,
+absl::Status EmbeddingGrad(CPtr ids, int64_t count, CPtr grad_out, int64_t rows, int64_t width,
+                           Ptr grad_table, void* scratch, size_t scratch_bytes,
                            cudaStream_t stream) {
   if (rows <= 0 || width <= 0) return absl::OkStatus();
   if (rows >= (int64_t{1} << 31) - 1 || count >= (int64_t{1} << 31)) {
@@ -1091,8 +1348,8 @@ absl::Status EmbeddingGrad(const float* ids, int64_t count, const float* grad_ou
         absl::StrCat("an embedding table of ", rows, " rows looked up ", count,
                      " times in one step is past the GPU kernel's 2^31 - 1 rows and ids"));
   }
-  STRATUM_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(grad_table, 0, static_cast<size_t>(rows * width) * sizeof(float), stream));
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      grad_table.p, 0, static_cast<size_t>(rows * width * SizeOf(grad_table.dtype)), stream));
   if (count <= 0) return absl::OkStatus();
   if (scratch_bytes < EmbeddingGradScratchBytes(count, rows)) {
     return absl::InternalError(absl::StrCat("EmbeddingGrad of ", count, " ids given ",
@@ -1133,7 +1390,7 @@ absl::Status EmbeddingGrad(const float* ids, int64_t count, const float* grad_ou
   return absl::OkStatus();
 }
 
-absl::Status AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t width, float* out,
+absl::Status AverageSteps(CPtr x, int64_t batch, int64_t steps, int64_t width, Ptr out,
                           cudaStream_t stream) {
   const int64_t n = batch * width;
   if (n <= 0 || steps <= 0) return absl::OkStatus();
@@ -1142,8 +1399,8 @@ absl::Status AverageSteps(const float* x, int64_t batch, int64_t steps, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
-                              float* grad_x, bool accumulate, cudaStream_t stream) {
+absl::Status AverageStepsGrad(CPtr grad_out, int64_t batch, int64_t steps, int64_t width,
+                              Ptr grad_x, bool accumulate, cudaStream_t stream) {
   const int64_t n = batch * steps * width;
   if (n <= 0) return absl::OkStatus();
   AverageStepsGradKernel<<<Blocks(n), kThreads, 0, stream>>>(grad_out, batch, steps, width, grad_x,

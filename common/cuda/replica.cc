@@ -75,6 +75,17 @@ absl::StatusOr<OptimizerParams> ParamsOf(const Optimizer& optimizer) {
 
 }  // namespace
 
+ElementType ComputeTypeOf(DtypePolicy policy) {
+  switch (policy) {
+    case DtypePolicy::kMixedBfloat16:
+      return ElementType::kBfloat16;
+    case DtypePolicy::kMixedFloat16:
+      return ElementType::kFloat16;
+    default:
+      return ElementType::kFloat32;
+  }
+}
+
 absl::Status SupportsOnGpu(const Model& model, const Loss& loss, const Optimizer& optimizer) {
   STRATUM_RETURN_IF_ERROR(model.CheckRunsOnGpu());
   if (loss.kind() != Loss::Kind::kSparseCategoricalCrossentropy) {
@@ -209,6 +220,13 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   STRATUM_ASSIGN_OR_RETURN(labels_,
                            DeviceBuffer::Allocate(allocator_, static_cast<size_t>(batch) * 4));
   STRATUM_ASSIGN_OR_RETURN(counters_, Zeroed(allocator_, sizeof(StepCounters)));
+  compute_ = ComputeTypeOf(model_.dtype_policy());
+  if (scales_loss()) {
+    STRATUM_ASSIGN_OR_RETURN(loss_scale_, Zeroed(allocator_, sizeof(LossScaleState)));
+    const LossScaleState initial{options_.initial_loss_scale, 0, 0};
+    STRATUM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(loss_scale_.data(), &initial, sizeof(initial), cudaMemcpyHostToDevice));
+  }
   STRATUM_ASSIGN_OR_RETURN(sums_, Zeroed(allocator_, 2 * sizeof(MetricSums)));
   return InitGraph(batch);
 }
@@ -220,28 +238,35 @@ absl::Status Replica::InitGraph(int64_t batch) {
                                                         .cublas = cublas_,
                                                         .counters = counters_.as<StepCounters>(),
                                                         .allocator = &allocator_,
-                                                        .allow_tf32 = options_.allow_tf32}));
+                                                        .allow_tf32 = options_.allow_tf32,
+                                                        .compute = compute_}));
+  // Float32 in mixed precision: the variables and their gradients, the layers' scratch, ids;
+  // the rest in the compute type.
+  device_->AddBuffer(params_.data(), params_.size(), ElementType::kFloat32);
+  device_->AddBuffer(gradients_.data(), gradients_.size(), ElementType::kFloat32);
+  device_->AddBuffer(x_.data(), x_.size(), model_.takes_ids() ? ElementType::kFloat32 : compute_);
   executor_ = std::make_unique<GraphExecutor>(model_.graph(), *device_);
   const GraphBufferSizes::Floats floats = BufferSizes(model_.graph()).ForBatch(batch);
-  auto allocate = [&](const std::vector<int64_t>& sizes) -> absl::StatusOr<std::vector<float*>> {
+  auto allocate = [&](const std::vector<int64_t>& sizes,
+                      ElementType type) -> absl::StatusOr<std::vector<float*>> {
     std::vector<float*> pointers;
     for (int64_t size : sizes) {
       if (size == 0) {
         pointers.push_back(nullptr);
         continue;
       }
-      STRATUM_ASSIGN_OR_RETURN(
-          DeviceBuffer buffer,
-          DeviceBuffer::Allocate(allocator_, static_cast<size_t>(size) * sizeof(float)));
+      const size_t bytes = static_cast<size_t>(size) * sizeof(float);
+      STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(allocator_, bytes));
+      device_->AddBuffer(buffer.data(), bytes, type);
       pointers.push_back(buffer.as<float>());
       graph_buffers_.push_back(std::move(buffer));
     }
     return pointers;
   };
   GraphBuffers buffers;
-  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(floats.values));
-  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(floats.grads));
-  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(floats.scratch));
+  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(floats.values, compute_));
+  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(floats.grads, compute_));
+  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(floats.scratch, ElementType::kFloat32));
   executor_->Bind(std::move(buffers));
   for (size_t v = 0; v < offsets_.size(); ++v) {
     variable_pointers_.push_back(Variable(static_cast<int>(v)));
@@ -349,18 +374,20 @@ absl::Status Replica::Forward(int rows, bool training) {
 absl::Status Replica::EnqueueLoss(int rows, bool training, int fused, float scale, MetricSums* sums,
                                   StepCounters* counters) {
   const int classes = static_cast<int>(model_.output_size());
-  float* grad = training ? executor_->StartGradients(fused) : nullptr;
+  const Ptr grad = device_->Typed(training ? executor_->StartGradients(fused) : nullptr);
+  const auto* loss_scale = training ? loss_scale_.as<LossScaleState>() : nullptr;
   // The kernel reads, and with a bias would write, its values: never with these arguments.
   if (fused >= 0) {
-    return SparseCrossEntropy(CrossEntropyInput::kFusedSoftmax,
-                              const_cast<float*>(executor_->Logits(fused, rows, training)), nullptr,
-                              nullptr, labels_.as<int32_t>(), rows, classes, scale, grad, sums,
-                              counters, stream_.get());
+    return SparseCrossEntropy(
+        CrossEntropyInput::kFusedSoftmax,
+        device_->Typed(const_cast<float*>(executor_->Logits(fused, rows, training))), nullptr,
+        nullptr, labels_.as<int32_t>(), rows, classes, scale, grad, sums, counters, stream_.get(),
+        loss_scale);
   }
   return SparseCrossEntropy(
       loss_.from_logits() ? CrossEntropyInput::kFromLogits : CrossEntropyInput::kProbabilities,
-      const_cast<float*>(executor_->Output()), nullptr, nullptr, labels_.as<int32_t>(), rows,
-      classes, scale, grad, sums, counters, stream_.get());
+      device_->Typed(const_cast<float*>(executor_->Output())), nullptr, nullptr,
+      labels_.as<int32_t>(), rows, classes, scale, grad, sums, counters, stream_.get(), loss_scale);
 }
 
 absl::Status Replica::Backward(int rows, int fused) {
@@ -380,10 +407,10 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
                                                nullptr, nullptr, 0, 1, 0, nullptr, nullptr,
                                                counters, stream));
   } else {
-    STRATUM_RETURN_IF_ERROR(
-        GatherRescale(input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(),
-                      input.data->row_size, input.order, counters, input.stride, input.offset,
-                      input.rows, input.rescale, x_.as<float>(), labels_.as<int32_t>(), stream));
+    STRATUM_RETURN_IF_ERROR(GatherRescale(
+        input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(), input.data->row_size,
+        input.order, counters, input.stride, input.offset, input.rows, input.rescale,
+        device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream));
     const int fused = model_.graph().SoftmaxOutputNode(true);
     STRATUM_RETURN_IF_ERROR(Forward(input.rows, true));
     STRATUM_RETURN_IF_ERROR(EnqueueLoss(input.rows, true, fused, loss_scale, sums, counters));
@@ -464,13 +491,18 @@ absl::Status Replica::LaunchUpdate() {
     slot[2] = slot[1];
     slot[1] = nullptr;
   }
-  STRATUM_RETURN_IF_ERROR(ApplyOptimizer(optimizer_, params_.as<float>(), gradients_.as<float>(),
-                                         slot[0], slot[1], slot[2], trainable_size_,
-                                         counters_.as<StepCounters>(), stream_.get()));
+  auto* loss_scale = loss_scale_.as<LossScaleState>();
+  if (loss_scale != nullptr) {
+    STRATUM_RETURN_IF_ERROR(UnscaleGradients(gradients_.as<float>(), trainable_size_, flat_size_,
+                                             loss_scale, stream_.get()));
+  }
   // The non-trainable variables take their change as it is (NonTrainableUpdate).
-  const int64_t rest = flat_size_ - trainable_size_;
-  return Axpby(-1.0f, gradients_.as<float>() + trainable_size_,
-               params_.as<float>() + trainable_size_, rest, /*accumulate=*/true, stream_.get());
+  STRATUM_RETURN_IF_ERROR(ApplyOptimizer(optimizer_, params_.as<float>(), gradients_.as<float>(),
+                                         slot[0], slot[1], slot[2], trainable_size_, flat_size_,
+                                         counters_.as<StepCounters>(), loss_scale, stream_.get()));
+  if (loss_scale == nullptr) return absl::OkStatus();
+  return UpdateLossScale(loss_scale, options_.loss_scale_growth_steps, counters_.as<StepCounters>(),
+                         stream_.get());
 }
 
 absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, int rows,
@@ -481,12 +513,22 @@ absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, 
   }
   if (rows <= 0) return absl::OkStatus();
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  STRATUM_RETURN_IF_ERROR(GatherRescale(data.images.as<uint8_t>(), data.labels.as<uint8_t>(),
-                                        data.row_size, nullptr, nullptr, 0, first, rows, rescale,
-                                        x_.as<float>(), labels_.as<int32_t>(), stream_.get()));
+  STRATUM_RETURN_IF_ERROR(GatherRescale(
+      data.images.as<uint8_t>(), data.labels.as<uint8_t>(), data.row_size, nullptr, nullptr, 0,
+      first, rows, rescale, device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream_.get()));
   const int fused = model_.graph().SoftmaxOutputNode(false);
   STRATUM_RETURN_IF_ERROR(Forward(rows, false));
   return EnqueueLoss(rows, false, fused, 1.0f, sums_.as<MetricSums>() + 1, nullptr);
+}
+
+absl::StatusOr<float> Replica::LossScale() const {
+  if (!scales_loss()) return 1.0f;
+  STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  STRATUM_RETURN_IF_ERROR(stream_.Synchronize());
+  LossScaleState state{};
+  STRATUM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&state, loss_scale_.data(), sizeof(state), cudaMemcpyDeviceToHost));
+  return state.scale;
 }
 
 absl::Status Replica::ResetStep(int64_t step) {

@@ -64,6 +64,12 @@ class Cpu final : public Device {
 
   void BiasActivation(ActivationKind kind, float* z, const float* bias, float* out, int64_t rows,
                       int64_t width) const override {
+    if (bias != nullptr && out == z && kind == ActivationKind::kRelu) {
+      // One pass: a convolution's or a Dense layer's epilogue.
+      MatrixMap m(z, rows, width);
+      m = (m.rowwise() + ConstRowVectorMap(bias, width)).cwiseMax(0.0f);
+      return;
+    }
     if (bias != nullptr) AddBias(z, bias, rows, width);
     Activation(kind, z, out, rows, width);
   }

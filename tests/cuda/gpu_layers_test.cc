@@ -7,6 +7,7 @@
 // (allow_tf32 false) so that the comparisons can be tight. Every test skips without a GPU.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -527,11 +528,11 @@ TEST(ReplicaCnnTest, TrainsStepForStepAsTheCpuModel) {
   EXPECT_EQ(gpu_eval.correct, cpu_eval.correct);
 }
 
-// Two replicas on logical GPUs of one GPU, summing their gradients: the CNN's variables, the
-// moving statistics among them, stay bit-identical.
-TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
-  SKIP_WITHOUT_GPU();
-  const Model model = *Model::FromKerasJson(CnnJson());
+// Two replicas of `model` (the CNN's) on logical GPUs of one GPU, each stepping on its half of
+// 32 images and summing its gradients with the other's (Adam, `steps` steps from the same
+// variables): their variables, the moving statistics among them, stay bit-identical, and
+// moved from where they started.
+void ExpectMirroredReplicasAgree(const Model& model, ReplicaOptions options, int steps) {
   const Loss loss = Loss::SparseCategoricalCrossentropy();
   auto optimizer = *Optimizer::FromKeras("adam");
   const int64_t n = 64, batch = 32;
@@ -539,7 +540,6 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
   CachingAllocator allocator(0);
   auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
   DeviceBuffer order = IdentityOrder(allocator, n);
-  ReplicaOptions options;
   options.max_batch = batch / 2;
   options.replica_share = 0.5f;
   std::vector<std::unique_ptr<Replica>> replicas;
@@ -551,12 +551,12 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
   }
   auto all_reduce = *MakeDeviceAllReduce("HierarchicalCopyAllReduce", 1, {0, 0}, {&allocator},
                                          replicas[0]->flat_size());
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < steps; ++step) {
     for (int r = 0; r < 2; ++r) {
-      StepInput input{device_data.get(), order.as<int32_t>(),         batch,
-                      r * batch / 2,     static_cast<int>(batch / 2), 1.0f / 255};
-      ASSERT_TRUE(
-          replicas[static_cast<size_t>(r)]->EnqueueTrainStep(input, 1.0f / batch, false).ok());
+      ASSERT_OK(replicas[static_cast<size_t>(r)]->ResetStep(step % 2));
+      const StepInput input{device_data.get(), order.as<int32_t>(),         batch,
+                            r * batch / 2,     static_cast<int>(batch / 2), 1.0f / 255};
+      ASSERT_OK(replicas[static_cast<size_t>(r)]->EnqueueTrainStep(input, 1.0f / batch, false));
     }
     std::vector<ReplicaBuffer> buffers = {{replicas[0]->gradients(), &replicas[0]->stream()},
                                           {replicas[1]->gradients(), &replicas[1]->stream()}};
@@ -564,15 +564,22 @@ TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
     ASSERT_OK(replicas[0]->EnqueueUpdate());
     ASSERT_OK(replicas[1]->EnqueueUpdate());
   }
+  EXPECT_EQ(*replicas[0]->LossScale(), *replicas[1]->LossScale());
   std::vector<Tensor> a, b;
   ASSERT_OK(replicas[0]->GetState(&a, nullptr));
   ASSERT_OK(replicas[1]->GetState(&b, nullptr));
   for (size_t v = 0; v < a.size(); ++v) {
-    EXPECT_EQ(std::memcmp(a[v].data<float>(), b[v].data<float>(),
-                          static_cast<size_t>(a[v].num_elements()) * sizeof(float)),
-              0)
+    const auto bytes = static_cast<size_t>(a[v].num_elements()) * sizeof(float);
+    EXPECT_EQ(std::memcmp(a[v].data<float>(), b[v].data<float>(), bytes), 0)
         << model.variables()[v].name << " differs between the mirrored replicas";
+    EXPECT_NE(std::memcmp(a[v].data<float>(), initial[v].data<float>(), bytes), 0)
+        << model.variables()[v].name << " never trained";
   }
+}
+
+TEST(ReplicaCnnTest, MirroredReplicasKeepBitIdenticalVariables) {
+  SKIP_WITHOUT_GPU();
+  ExpectMirroredReplicasAgree(*Model::FromKerasJson(CnnJson()), ReplicaOptions(), 2);
 }
 
 // uint8 ids: 8 per example, 5 drawn from the 40 ids of the example's class (of 5), 3 from
@@ -691,6 +698,203 @@ TEST(GpuCnnFitTest, TrainsOnTheGpuToAccuracy) {
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_TRUE(summary->on_gpus);
   EXPECT_GT(summary->test_accuracy, 0.9);
+}
+
+// ---- Mixed precision (Keras' mixed_bfloat16 / mixed_float16 policies) ----
+
+// `model_json` with every layer's dtype set to `policy` (the InputLayer's stays float32 or
+// int32, as Keras writes it), in Keras 3's DTypePolicy form.
+std::string WithPolicy(const std::string& model_json, const std::string& policy) {
+  nlohmann::json model = nlohmann::json::parse(model_json);
+  for (nlohmann::json& layer : model["config"]["layers"]) {
+    if (layer["class_name"] == "InputLayer") continue;
+    layer["config"]["dtype"] = {
+        {"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", policy}}}};
+  }
+  return model.dump();
+}
+
+// ||gpu - cpu|| / ||cpu|| per tensor (the relative error of a whole gradient or variable).
+std::vector<double> RelativeErrors(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu) {
+  std::vector<double> errors;
+  for (size_t v = 0; v < cpu.size(); ++v) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < cpu[v].num_elements(); ++i) {
+      const double d = gpu[v].data<float>()[i] - cpu[v].data<float>()[i];
+      diff += d * d;
+      norm += static_cast<double>(cpu[v].data<float>()[i]) * cpu[v].data<float>()[i];
+    }
+    errors.push_back(norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+  }
+  return errors;
+}
+
+struct MixedCase {
+  const char* policy;
+  // Of a first step's gradients against the CPU's float32: the embedding model's, and the
+  // CNN's, whose max poolings may pick another maximum among values rounded alike, and whose
+  // batch normalizations subtract nearly equal sums.
+  double most_error;
+  double most_error_cnn;
+};
+
+// The first step's gradients of the CNN (BatchNormalization among its layers) and of the
+// embedding model in half precision: near the CPU's float32 ones (within the precision's
+// rounding), yet not equal to the GPU's own float32 ones (the layers did compute in half).
+TEST(MixedPrecisionTest, FirstStepGradientsAreTheCpusWithinHalfPrecision) {
+  SKIP_WITHOUT_GPU();
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("sgd");
+  const int64_t batch = 32;
+  CachingAllocator allocator(0);
+  for (const MixedCase& c :
+       {MixedCase{"mixed_bfloat16", 0.03, 0.1}, MixedCase{"mixed_float16", 0.005, 0.1}}) {
+    for (const bool cnn : {true, false}) {
+      SCOPED_TRACE(std::string(c.policy) + (cnn ? " CNN" : " embedding model"));
+      const Model mixed =
+          *Model::FromKerasJson(WithPolicy(cnn ? CnnJson() : EmbeddingJson(), c.policy));
+      const Model full = *Model::FromKerasJson(cnn ? CnnJson() : EmbeddingJson());
+      EXPECT_EQ(DtypePolicyName(mixed.dtype_policy()), std::string(c.policy));
+      const ImageData data = cnn ? MakeImages(batch, 41) : MakeIds(batch, 42);
+      const float scale = cnn ? 1.0f / 255 : 1.0f;
+      auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
+      DeviceBuffer order = IdentityOrder(allocator, batch);
+      ReplicaOptions options;
+      options.max_batch = batch;
+      options.allow_tf32 = false;
+      const std::vector<Tensor> variables = full.InitialVariables(5);
+      const StepInput input{
+          device_data.get(), order.as<int32_t>(), batch, 0, static_cast<int>(batch), scale};
+      std::vector<Tensor> half_grads, float_grads, cpu_grads;
+      auto half = *Replica::Create(mixed, loss, *optimizer, allocator, options);
+      EXPECT_EQ(half->compute(), ComputeTypeOf(mixed.dtype_policy()));
+      ASSERT_OK(half->SetState(variables, {}, 0));
+      ASSERT_OK(half->EnqueueTrainStep(input, 1.0f / batch, false));
+      ASSERT_OK(half->GetGradients(&half_grads));
+      // mixed_float16's gradients stay scaled until the update unscales them (the moving
+      // statistics' changes are not the loss's).
+      const float loss_scale = *half->LossScale();
+      for (size_t v = 0; v < half_grads.size(); ++v) {
+        if (!mixed.variables()[v].trainable) continue;
+        Tensor& g = half_grads[v];
+        for (int64_t i = 0; i < g.num_elements(); ++i) g.data<float>()[i] /= loss_scale;
+      }
+      auto single = *Replica::Create(full, loss, *optimizer, allocator, options);
+      ASSERT_OK(single->SetState(variables, {}, 0));
+      ASSERT_OK(single->EnqueueTrainStep(input, 1.0f / batch, false));
+      ASSERT_OK(single->GetGradients(&float_grads));
+      auto ws = full.NewWorkspace(1);
+      ASSERT_OK(full.TrainStep(variables, Rows(data.images, 0, batch, scale),
+                               Labels(data.labels, 0, batch), loss, 1.0f / batch, *ws, cpu_grads)
+                    .status());
+      const std::vector<double> to_cpu = RelativeErrors(half_grads, cpu_grads);
+      const std::vector<double> to_float = RelativeErrors(half_grads, float_grads);
+      double largest = 0;
+      for (size_t v = 0; v < to_cpu.size(); ++v) {
+        EXPECT_LT(to_cpu[v], cnn ? c.most_error_cnn : c.most_error) << full.variables()[v].name;
+        largest = std::max(largest, to_float[v]);
+      }
+      EXPECT_GT(largest, 1e-5) << "the half-precision step equals the float32 one";
+    }
+  }
+}
+
+// mixed_float16's dynamic loss scaling as Keras 3's LossScaleOptimizer: a scale that makes the
+// float16 gradients overflow skips the update (variables and slots unchanged, the optimizer's
+// iterations not advanced) and halves, until the steps are finite; then it doubles after
+// `loss_scale_growth_steps` finite updates, and the model trains.
+TEST(MixedPrecisionTest, Float16LossScaleSkipsOverflowsHalvesAndGrows) {
+  SKIP_WITHOUT_GPU();
+  const Model model = *Model::FromKerasJson(WithPolicy(CnnJson(), "mixed_float16"));
+  const Loss loss = Loss::SparseCategoricalCrossentropy();
+  auto optimizer = *Optimizer::FromKeras("adam");
+  const int64_t n = 64, batch = 32;
+  CachingAllocator allocator(0);
+  const ImageData data = MakeImages(n, 43);
+  auto device_data = *UploadDataset(allocator, data.images, data.labels, 5);
+  DeviceBuffer order = IdentityOrder(allocator, n);
+  ReplicaOptions options;
+  options.max_batch = batch;
+  options.initial_loss_scale = 0x1p40f;  // float16 holds up to 65504: the first steps overflow
+  options.loss_scale_growth_steps = 3;
+  auto replica = *Replica::Create(model, loss, *optimizer, allocator, options);
+  ASSERT_TRUE(replica->scales_loss());
+  const std::vector<Tensor> initial = model.InitialVariables(2);
+  ASSERT_OK(replica->SetState(initial, {}, 0));
+  const StepInput input{device_data.get(),       order.as<int32_t>(), batch, 0,
+                        static_cast<int>(batch), 1.0f / 255};
+  ASSERT_OK(replica->ResetStep(0));
+  ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / batch, true));
+  EXPECT_EQ(*replica->LossScale(), 0x1p39f);
+  std::vector<Tensor> after;
+  std::vector<std::vector<Tensor>> slots;
+  ASSERT_OK(replica->GetState(&after, &slots));
+  for (size_t v = 0; v < initial.size(); ++v) {
+    EXPECT_EQ(std::memcmp(after[v].data<float>(), initial[v].data<float>(),
+                          static_cast<size_t>(initial[v].num_elements()) * sizeof(float)),
+              0)
+        << model.variables()[v].name << " changed in a skipped step";
+  }
+  // Halving once a step: from 2^39 down to a finite scale, then doubling after every 3 finite
+  // steps in a row (and halving again when that overflows).
+  float scale = 0x1p39f;
+  int finite_steps = 0, in_a_row = 0;
+  for (int step = 1; step < 60; ++step) {
+    ASSERT_OK(replica->ResetStep(step % 2));
+    ASSERT_OK(replica->EnqueueTrainStep(input, 1.0f / batch, true));
+    const float now = *replica->LossScale();
+    if (now < scale) {
+      EXPECT_EQ(now, scale / 2) << "step " << step;
+      in_a_row = 0;
+    } else {
+      ++finite_steps;
+      in_a_row = (in_a_row + 1) % 3;
+      EXPECT_EQ(now, in_a_row == 0 ? scale * 2 : scale) << "step " << step;
+    }
+    scale = now;
+  }
+  EXPECT_GE(finite_steps, 20);
+  EXPECT_LE(scale, 0x1p30f);
+  ASSERT_OK(replica->GetState(&after, &slots));
+  // Adam's iterations counted only the finite updates: the step after them sees that count.
+  bool moved = false;
+  for (size_t v = 0; v < initial.size(); ++v) {
+    for (int64_t i = 0; i < initial[v].num_elements(); ++i) {
+      moved |= after[v].data<float>()[i] != initial[v].data<float>()[i];
+      ASSERT_TRUE(std::isfinite(after[v].data<float>()[i])) << model.variables()[v].name;
+    }
+  }
+  EXPECT_TRUE(moved);
+}
+
+// Mirrored replicas in bfloat16 and float16 (loss scaling decided after the all-reduce, alike
+// on both) keep bit-identical float32 variables.
+TEST(MixedPrecisionTest, MirroredReplicasKeepBitIdenticalVariables) {
+  SKIP_WITHOUT_GPU();
+  for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
+    SCOPED_TRACE(policy);
+    ReplicaOptions options;
+    options.initial_loss_scale = 0x1p20f;  // overflows first, so a skip is shared too
+    ExpectMirroredReplicasAgree(*Model::FromKerasJson(WithPolicy(CnnJson(), policy)), options, 12);
+  }
+}
+
+// Fit trains the CNN and the embedding model in both mixed policies on the GPU to accuracy.
+TEST(MixedPrecisionTest, FitTrainsInHalfPrecisionToAccuracy) {
+  SKIP_WITHOUT_GPU();
+  for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
+    SCOPED_TRACE(policy);
+    absl::StatusOr<FitSummary> cnn = FitOnGpu(WithPolicy(CnnJson(), policy), MakeImages(4000, 21),
+                                              MakeImages(1000, 22), 1.0 / 255);
+    ASSERT_OK(cnn.status());
+    EXPECT_TRUE(cnn->on_gpus);
+    EXPECT_GT(cnn->test_accuracy, 0.9);
+    absl::StatusOr<FitSummary> bag =
+        FitOnGpu(WithPolicy(EmbeddingJson(), policy), MakeIds(4000, 31), MakeIds(1000, 32), 1);
+    ASSERT_OK(bag.status());
+    EXPECT_TRUE(bag->on_gpus);
+    EXPECT_GT(bag->test_accuracy, 0.95);
+  }
 }
 
 }  // namespace

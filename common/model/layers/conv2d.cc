@@ -62,10 +62,12 @@ class Conv2D final : public Layer {
   }
 
   void Forward(const LayerForward& args) const override {
+    // The bias and the activation in one pass over the output.
     const float* bias = options_.use_bias ? args.variables[1] : nullptr;
-    args.device->Conv2D(window_, args.batch, args.inputs[0], args.variables[0], bias, args.output);
-    args.device->Activation(options_.activation, args.output, args.output,
-                            args.batch * window_.out_h * window_.out_w, options_.filters);
+    args.device->Conv2D(window_, args.batch, args.inputs[0], args.variables[0], nullptr,
+                        args.output);
+    args.device->BiasActivation(options_.activation, args.output, bias, args.output,
+                                args.batch * window_.out_h * window_.out_w, options_.filters);
   }
 
   void Backward(const LayerBackward& args) const override {

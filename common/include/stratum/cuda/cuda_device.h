@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,6 +39,8 @@ struct CudaDeviceOptions {
   const StepCounters* counters = nullptr;  // device memory: the dropout masks' iteration
   CachingAllocator* allocator = nullptr;   // scratch, cuDNN's workspaces
   bool allow_tf32 = true;                  // cuDNN may compute float32 convolutions in TF32
+  // The compute type: float32, or bfloat16/float16 (mixed precision; see AddBuffer).
+  ElementType compute = ElementType::kFloat32;
 };
 
 class CudaDevice final : public Device {
@@ -49,6 +52,19 @@ class CudaDevice final : public Device {
   // planning.
   bool has_pending() const;
   absl::Status PreparePending();
+
+  // In mixed precision, the buffers the device is given and the type of their elements: the
+  // variables and their gradients, the layers' scratch (batch normalization's statistics)
+  // and ids are float32, activations and their gradients of the compute type. The caller
+  // (the executor) counts offsets in floats, and sized its buffers so; the device maps such
+  // an offset into a half-precision buffer to that element. The operations convert between
+  // the types as they read and write.
+  void AddBuffer(const void* data, size_t bytes, ElementType type);
+  ElementType compute() const { return compute_; }
+  // p as the typed address of its element (AddBuffer); INTERNAL (recorded) for a pointer
+  // outside the buffers in mixed precision.
+  Ptr Typed(float* p) const;
+  CPtr Typed(const float* p) const;
 
   // The first error since the last call, then OK again.
   absl::Status TakeStatus() const;
@@ -115,6 +131,9 @@ class CudaDevice final : public Device {
 
  private:
   CudaDevice(const CudaDeviceOptions& options, DeviceBuffer partial);
+  // `bytes` at `offset` of the conversion scratch (MatMul's float32 operands in the compute
+  // type); null while a capture plans it (pending) or when it could not grow (recorded).
+  Ptr CastScratch(size_t bytes, size_t offset) const;
   // Keeps the first failure.
   void Record(absl::Status status) const;
   // Column sums through the two-pass kernel, with this device's scratch.
@@ -126,11 +145,20 @@ class CudaDevice final : public Device {
   const StepCounters* counters_;
   CachingAllocator* allocator_;
   DeviceBuffer partial_;  // ColumnSums' partial sums
+  const ElementType compute_;
   std::unique_ptr<Convolutions> convolutions_;
   // EmbeddingGrad's scratch: grows outside captures only; the buffers it replaced stay for
   // the graphs captured with them. pending_scratch_: the bytes a capture found missing.
   mutable GrowOnlyBuffer scratch_;
   mutable size_t pending_scratch_ = 0;
+  struct Buffer {
+    const char* start;
+    size_t bytes;
+    ElementType type;
+  };
+  std::vector<Buffer> buffers_;
+  mutable GrowOnlyBuffer cast_scratch_;
+  mutable size_t pending_cast_ = 0;
   mutable absl::Status status_;
 };
 

@@ -69,7 +69,13 @@ struct ReplicaOptions {
   // statistics): 1 / the replicas whose gradients are summed.
   float replica_share = 1.0f;
   bool allow_tf32 = true;  // cuDNN convolutions in TF32 (TensorFlow's and PyTorch's default)
+  // mixed_float16's dynamic loss scaling (Keras 3's LossScaleOptimizer defaults).
+  float initial_loss_scale = 32768.0f;
+  int loss_scale_growth_steps = 2000;
 };
+
+// The compute type of a model's dtype policy on a GPU.
+ElementType ComputeTypeOf(DtypePolicy policy);
 
 // Where a step's rows come from: rows [offset, offset + rows) of step counters.step of the
 // epoch's `order` (a training step), with `stride` rows per step.
@@ -105,6 +111,11 @@ class Replica {
   // Queues the forward and backward pass of one training step: gradients of
   // loss_scale * (sum of per-example losses) into gradients(); advances the step and
   // iteration counters. With `update`, also applies the optimizer.
+  //
+  // Mixed precision (the model's dtype policy): the layers compute in bfloat16 or float16 from
+  // the float32 variables, and the gradients, the update and the variables stay float32. With
+  // mixed_float16 the gradients are those of the dynamically scaled loss until the update
+  // (EnqueueUpdate) unscales them, skipping the update when one is not finite.
   absl::Status EnqueueTrainStep(const StepInput& input, float loss_scale, bool update);
   // Queues the optimizer update from gradients() (after an all-reduce).
   absl::Status EnqueueUpdate();
@@ -123,6 +134,11 @@ class Replica {
   float* variables() const { return params_.as<float>(); }
   int64_t offset(int index) const { return offsets_[static_cast<size_t>(index)]; }
   int64_t flat_size() const { return flat_size_; }
+  // The compute type, and whether gradients() hold a dynamically scaled loss's (mixed_float16).
+  ElementType compute() const { return compute_; }
+  bool scales_loss() const { return compute_ == ElementType::kFloat16; }
+  // The current dynamic loss scale (1 without loss scaling). Synchronous.
+  absl::StatusOr<float> LossScale() const;
   const Stream& stream() const { return stream_; }
   int device() const { return options_.device; }
 
@@ -161,7 +177,9 @@ class Replica {
   std::vector<DeviceBuffer> slots_;
   DeviceBuffer x_, labels_;
   DeviceBuffer counters_;  // StepCounters
-  DeviceBuffer sums_;      // MetricSums[2]: training, evaluation
+  ElementType compute_ = ElementType::kFloat32;
+  DeviceBuffer loss_scale_;  // LossScaleState, with mixed_float16
+  DeviceBuffer sums_;        // MetricSums[2]: training, evaluation
   std::unique_ptr<CudaDevice> device_;
   std::unique_ptr<GraphExecutor> executor_;
   std::vector<DeviceBuffer> graph_buffers_;      // the executor's activations, gradients, scratch
