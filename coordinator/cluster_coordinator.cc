@@ -173,8 +173,15 @@ void ClusterCoordinator::CountDown(size_t worker, int change) {
     every_worker_down_since_ = absl::InfiniteFuture();
   } else if (every_worker_down_since_ == absl::InfiniteFuture()) {
     every_worker_down_since_ = absl::Now();
-    spdlog::warn("every worker is down: training waits for one to come back, for up to {}",
-                 absl::FormatDuration(options_.worker_recovery_timeout));
+    // Workers left out (they answer, but cannot set the job up) come back only when
+    // restarted: when all are, the job ends at once (CheckEveryWorkerDown), waiting for none.
+    const bool every_worker_left_out =
+        std::all_of(workers_.begin(), workers_.end(),
+                    [](const std::unique_ptr<WorkerExecutor>& w) { return !w->LeftOut().ok(); });
+    if (!every_worker_left_out) {
+      spdlog::warn("every worker is down: training waits for one to come back, for up to {}",
+                   absl::FormatDuration(options_.worker_recovery_timeout));
+    }
   }
 }
 
