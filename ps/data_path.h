@@ -56,6 +56,9 @@ struct PsDataServerOptions {
   // come, and when the process runs out of descriptors the server waits for connections
   // to end and accepts again.
   size_t max_connections = 512;
+  // Open connections from one client (one IP address; Unix sockets count as one client) at
+  // most: a flood from one host is closed as it comes, leaving room for the others.
+  size_t max_connections_per_client = 64;
 };
 
 class PsDataServer {
@@ -92,6 +95,7 @@ class PsDataServer {
   absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mutex_);
+  absl::Time last_client_cap_warning_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
 };
 
 struct PsDataClientOptions {

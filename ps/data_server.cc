@@ -2,6 +2,7 @@
 // checks it, applies it to the VariableStore and answers.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 
@@ -21,6 +22,7 @@ using data_wire::TensorRef;
 
 struct PsDataServer::Connection {
   DataSocket socket;
+  std::string peer;  // DataSocket::PeerHost
   std::thread thread;
   std::atomic<bool> done{false};
   bool busy = false;  // guarded by the server's mutex_
@@ -186,8 +188,25 @@ void PsDataServer::AcceptLoop(const DataSocket* listener) {
           connections_.size());
       continue;  // `socket` closes here
     }
+    std::string peer = socket->PeerHost();
+    const size_t from_peer = static_cast<size_t>(
+        std::count_if(connections_.begin(), connections_.end(),
+                      [&peer](const auto& open) { return !open->done && open->peer == peer; }));
+    if (from_peer >= options_.max_connections_per_client) {
+      // Said once a second at most: a flood would otherwise flood the log too.
+      const absl::Time now = absl::Now();
+      if (now - last_client_cap_warning_ >= absl::Seconds(1)) {
+        last_client_cap_warning_ = now;
+        spdlog::warn(
+            "data path: {} has {} connections open, the most one client keeps: a new one is "
+            "closed",
+            peer, from_peer);
+      }
+      continue;  // `socket` closes here
+    }
     auto connection = std::make_unique<Connection>();
     connection->socket = *std::move(socket);
+    connection->peer = std::move(peer);
     Connection* raw = connection.get();
     connections_.push_back(std::move(connection));
     raw->thread = std::thread([this, raw] { Serve(raw); });

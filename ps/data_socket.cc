@@ -379,6 +379,19 @@ absl::StatusOr<DataSocket> ListenUnix(const std::string& name) {
   return DataSocket(*fd, true);
 }
 
+std::string DataSocket::PeerHost() const {
+  if (is_unix_) return "this host";
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "unknown";
+  char host[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof(host), nullptr,
+                  0, NI_NUMERICHOST) != 0) {
+    return "unknown";
+  }
+  return host;
+}
+
 absl::StatusOr<DataSocket> Accept(const DataSocket& listener) {
   for (;;) {
     const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);

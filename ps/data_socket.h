@@ -32,6 +32,9 @@ class DataSocket {
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   bool is_unix() const { return is_unix_; }
+  // Who is at the other end, for per-client limits: the peer's IP address, or "this host"
+  // for a Unix socket ("unknown" when the socket cannot say).
+  std::string PeerHost() const;
 
   // Sends every byte of `parts`. A Unix socket can pass `fd_to_pass` (>= 0) with them.
   // UNAVAILABLE when the peer closed, DEADLINE_EXCEEDED when `deadline` passed first.

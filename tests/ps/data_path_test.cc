@@ -281,6 +281,34 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   EXPECT_OK(kept[0].Receive(&reply, sizeof(reply), Soon()));
 }
 
+// One client (one address) over its cap is closed as it comes while the listener has room,
+// and the connections it keeps are served; once one ends, it may connect again.
+TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
+  StartServer({.max_connections = 100, .max_connections_per_client = 2});
+  std::vector<DataSocket> kept;
+  for (int i = 0; i < 2; ++i) {
+    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
+  }
+  data_wire::HelloReply reply;
+  for (DataSocket& socket : kept) EXPECT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
+  DataSocket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+  EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
+  kept.pop_back();  // ends one: its place is free again once the server sees it end
+  absl::Status again;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    // Until the server has seen the connection end, a new one is closed, maybe before the
+    // hello is sent: neither step may fail the test.
+    absl::StatusOr<DataSocket> next = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
+    if (!next.ok()) continue;
+    data_wire::Hello hello;
+    hello.token = server_->endpoint().token;
+    again = next->Send({{&hello, sizeof(hello)}}, Soon());
+    if (again.ok()) again = next->Receive(&reply, sizeof(reply), Soon());
+  } while (!again.ok() && absl::Now() < deadline);
+  EXPECT_OK(again);
+}
+
 TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
   auto client = Client();
   std::vector<std::thread> threads;
