@@ -403,11 +403,9 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
   if (!why_on_cpu.empty() && options.progress != ProgressStyle::kNone) {
     std::fprintf(options.out, "training on the CPU: %s\n", why_on_cpu.c_str());
   }
-  if (model.dtype_policy() != DtypePolicy::kFloat32 && options.progress != ProgressStyle::kNone) {
-    std::fprintf(options.out,
-                 "dtype policy %s: the CPU computes the model in float32 (half precision runs "
-                 "on GPUs)\n",
-                 DtypePolicyName(model.dtype_policy()));
+  if (const std::string note = CpuPrecisionNote(model.dtype_policy());
+      !note.empty() && options.progress != ProgressStyle::kNone) {
+    std::fprintf(options.out, "%s\n", note.c_str());
   }
   STRATUM_ASSIGN_OR_RETURN(CpuData planned, PlanCpuData(strategy, model, data, options));
   // Already this worker's shard and batch: only split over the local replicas.

@@ -170,11 +170,8 @@ absl::Status SetUpData(WorkerJob& job, const JobSpec& spec, const proto::SetupJo
   STRATUM_RETURN_IF_ERROR(SetUpGpu(job, spec, *data, seed));
 #endif
   if (job.on_gpu()) return absl::OkStatus();
-  if (job.model->dtype_policy() != DtypePolicy::kFloat32) {
-    spdlog::info(
-        "dtype policy {}: the CPU computes the model in float32 (half precision runs on "
-        "GPUs)",
-        DtypePolicyName(job.model->dtype_policy()));
+  if (const std::string note = CpuPrecisionNote(job.model->dtype_policy()); !note.empty()) {
+    spdlog::info("{}", note);
   }
   const Dataset batches =
       MakeBatches(data->train, *job.model, spec.fit.batch_size_per_replica * replicas,

@@ -18,14 +18,7 @@ struct ElementRef {
   void* p;
   ElementType dtype;
   __device__ __forceinline__ operator float() const {  // NOLINT: implicit
-    switch (dtype) {
-      case ElementType::kBfloat16:
-        return __bfloat162float(*static_cast<const __nv_bfloat16*>(p));
-      case ElementType::kFloat16:
-        return __half2float(*static_cast<const __half*>(p));
-      default:
-        return *static_cast<const float*>(p);
-    }
+    return CPtr(p, dtype)[0];
   }
   __device__ __forceinline__ ElementRef& operator=(float v) {
     switch (dtype) {

@@ -274,6 +274,12 @@ const char* DtypePolicyName(DtypePolicy policy) {
   }
 }
 
+std::string CpuPrecisionNote(DtypePolicy policy) {
+  if (policy == DtypePolicy::kFloat32) return "";
+  return absl::StrCat("dtype policy ", DtypePolicyName(policy),
+                      ": the CPU computes the model in float32 (half precision runs on GPUs)");
+}
+
 DtypePolicy Model::dtype_policy() const { return impl_->dtype_policy; }
 
 bool Model::takes_ids() const {

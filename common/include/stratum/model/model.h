@@ -83,6 +83,9 @@ class Workspace {
 enum class DtypePolicy { kFloat32, kMixedBfloat16, kMixedFloat16 };
 // "float32", "mixed_bfloat16", "mixed_float16".
 const char* DtypePolicyName(DtypePolicy policy);
+// What a job says when the CPU trains a model of `policy`: empty for float32, else that the
+// CPU computes it in float32.
+std::string CpuPrecisionNote(DtypePolicy policy);
 
 class Model {
  public:
