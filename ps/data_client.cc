@@ -24,6 +24,9 @@ struct PsDataClient::Connection {
   std::shared_ptr<SharedSegment> segment;
   uint64_t pull_hint = 0;  // the shared bytes the last pull's values wanted
   bool closing = false;    // the PS said it closes the connection
+  // When it went back to the pool, and how long the PS keeps it open without a request.
+  absl::Time idle_since;
+  absl::Duration idle_timeout = absl::InfiniteDuration();
 };
 
 // Memory for received values, handed out as tensors and taken back when the last copy of
@@ -190,7 +193,11 @@ absl::Status PsDataClient::Call(Op op, std::vector<TensorRef> entries,
     while (connection == nullptr && !idle_.empty()) {
       connection = std::move(idle_.back());
       idle_.pop_back();
-      if (!connection->socket.IdleAndOpen()) connection.reset();  // the PS closed it
+      // Closed by the PS, or idle long enough that the PS may be closing it right now.
+      if (!connection->socket.IdleAndOpen() ||
+          absl::Now() - connection->idle_since > connection->idle_timeout / 2) {
+        connection.reset();
+      }
     }
   }
   if (connection == nullptr) {
@@ -257,12 +264,15 @@ absl::StatusOr<std::unique_ptr<PsDataClient::Connection>> PsDataClient::Connect(
         absl::StrCat(peer_, ": cannot open the data connection: ", status.message()));
   }
   connection->shared_memory = reply.shared_memory != 0;
+  if (reply.idle_timeout_ms != 0)
+    connection->idle_timeout = absl::Milliseconds(reply.idle_timeout_ms);
   absl::MutexLock lock(&mutex_);
   transport_ = connection->shared_memory ? "shared memory" : "tcp";
   return connection;
 }
 
 void PsDataClient::Release(std::unique_ptr<Connection> connection) {
+  connection->idle_since = absl::Now();
   absl::MutexLock lock(&mutex_);
   if (idle_.size() < options_.max_idle_connections) idle_.push_back(std::move(connection));
 }

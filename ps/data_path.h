@@ -50,6 +50,10 @@ struct PsDataServerOptions {
   // Caps the deadline a client sends; a frame must arrive whole within it.
   absl::Duration max_request_time = absl::Minutes(10);
   absl::Duration hello_timeout = absl::Seconds(10);
+  // A connection with no request for this long is closed (its client reconnects when it
+  // needs one), so that idle connections, a flood's or a vanished client's, are reaped.
+  // Clients learn it in the hello and leave such connections first.
+  absl::Duration idle_timeout = absl::Minutes(5);
   // On Shutdown, how long calls in flight may finish before their connections are cut.
   absl::Duration shutdown_grace = absl::Seconds(3);
   // Open connections at most (a worker keeps one or two per PS): more are closed as they

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -272,6 +273,8 @@ void PsDataServer::Serve(Connection* connection) {
     connection->shared_memory = refused.ok() && socket.is_unix() && hello.offer_shared_memory != 0;
     reply.code = static_cast<uint32_t>(refused.code());
     reply.shared_memory = connection->shared_memory ? 1 : 0;
+    reply.idle_timeout_ms = static_cast<uint32_t>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(options_.idle_timeout), 1, std::numeric_limits<uint32_t>::max()));
     if (socket.Send({{&reply, sizeof(reply)}}, deadline).ok() && refused.ok()) {
       try {
         while (ServeOne(*connection)) {
@@ -299,14 +302,16 @@ bool PsDataServer::ServeOne(Connection& connection) {
   FrameHeader header;
   std::vector<int> passed;  // file descriptors that came with the header: closed unless mapped
   const absl::Status received =
-      socket.Receive(&header, sizeof(header), absl::InfiniteFuture(), &passed);
+      socket.Receive(&header, sizeof(header), absl::Now() + options_.idle_timeout, &passed);
   auto close_passed = [&passed] {
     for (int fd : passed) close(fd);
     passed.clear();
   };
   if (!received.ok()) {
     close_passed();
-    return false;  // the client went away between requests, or we are stopping
+    // The client went away between requests, sent nothing for idle_timeout (its pool
+    // left this connection already), or we are stopping.
+    return false;
   }
   bool stopping = false;
   {

@@ -309,6 +309,31 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
   EXPECT_OK(again);
 }
 
+// A connection that carries no request for idle_timeout is closed (a flood's idle
+// connections are reaped), the hello says after how long, and a client's pool leaves its
+// connections before then: its calls after any pause succeed.
+TEST_P(DataPathTest, IdleConnectionsAreClosedAndClientsReconnect) {
+  constexpr absl::Duration kIdle = absl::Milliseconds(400);
+  StartServer({.idle_timeout = kIdle});
+  DataSocket idle = RawConnection(server_->endpoint(), server_->endpoint().token);
+  data_wire::HelloReply reply;
+  ASSERT_OK(idle.Receive(&reply, sizeof(reply), Soon()));
+  EXPECT_EQ(reply.idle_timeout_ms, 400u);
+  const absl::Time start = absl::Now();
+  data_wire::FrameHeader header;
+  EXPECT_FALSE(idle.Receive(&header, sizeof(header), Soon()).ok());  // closed, not answered
+  EXPECT_GE(absl::Now() - start, kIdle - absl::Milliseconds(50));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+
+  auto client = Client();
+  for (const absl::Duration pause :
+       {absl::ZeroDuration(), kIdle * 0.6, kIdle * 0.95, kIdle * 1.5}) {
+    absl::SleepFor(pause);
+    absl::StatusOr<std::vector<Tensor>> pulled = client->Pull({"b"});
+    EXPECT_OK(pulled.status()) << "after a pause of " << pause;
+  }
+}
+
 TEST_P(DataPathTest, ConcurrentCallsShareOneClient) {
   auto client = Client();
   std::vector<std::thread> threads;
