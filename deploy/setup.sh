@@ -28,6 +28,7 @@ packages=(
   libabsl-dev nlohmann-json3-dev libspdlog-dev libeigen3-dev zlib1g-dev libssl-dev
   libdnnl-dev  # oneDNN: the CPU convolutions
   libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizers: the fuzz tests (tests/fuzz/)
   iproute2  # the tests' simulated hosts (network namespaces)
   python3-protobuf  # the tests' independent reading and writing of tf.Example files
   libhdf5-103-1  # HDF5, which --export loads to write Keras' .weights.h5

@@ -451,7 +451,8 @@ absl::Status RefuseUnknown(const std::string& where, const json& config,
   static const std::set<std::string> kBase = {
       "name",        "trainable", "dtype",    "batch_input_shape",   "batch_shape",
       "input_shape", "dynamic",   "autocast", "activity_regularizer"};
-  for (const auto& [key, value] : config.items()) {
+  for (const auto& item : config.items()) {
+    const std::string& key = item.key();  // a name, not a structured binding: clang 14 captures it
     if (kBase.count(key) > 0 ||
         std::any_of(own.begin(), own.end(), [&key](const char* k) { return key == k; })) {
       continue;
