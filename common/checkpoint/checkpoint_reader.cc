@@ -1,6 +1,9 @@
 #include "stratum/checkpoint/checkpoint_reader.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -32,6 +35,13 @@ absl::StatusOr<std::optional<int64_t>> LatestCheckpointStep(const std::string& d
 }
 
 namespace {
+
+// A shard as the manifest places it.
+struct Part {
+  std::string name;
+  int64_t first_row = 0;
+  const Tensor* value = nullptr;
+};
 
 absl::StatusOr<CheckpointVariables> ReadLatestCheckpointOrThrow(const std::string& dir) {
   absl::StatusOr<nlohmann::json> pointer = ReadJsonObjectFile(dir + "/checkpoint");
@@ -72,45 +82,52 @@ absl::StatusOr<CheckpointVariables> ReadLatestCheckpointOrThrow(const std::strin
       if (name.find("/slot_") == std::string::npos) shard_values[name] = std::move(tensor);
     }
   }
-  // Whole variables: each shard's rows at their place.
-  std::map<std::string, std::vector<const nlohmann::json*>> by_variable;
-  for (const nlohmann::json& shard : shards)
-    by_variable[shard.value("variable", "")].push_back(&shard);
-  for (const auto& [variable, parts] : by_variable) {
-    int64_t rows = 0;
-    std::vector<int64_t> row_dims;
-    for (const nlohmann::json* part : parts) {
-      const auto value = shard_values.find(part->value("shard", ""));
-      if (value == shard_values.end()) {
-        return absl::DataLossError(absl::StrCat(result.folder, " lacks shard \"",
-                                                part->value("shard", ""), "\" of \"", variable,
-                                                "\""));
-      }
-      if (part->value("first_row", int64_t{0}) < 0) {
-        return absl::DataLossError(absl::StrCat(result.folder, "/manifest.json places shard \"",
-                                                part->value("shard", ""),
-                                                "\" at a negative row: it is corrupt"));
-      }
-      const Shape& shape = value->second.shape();
-      rows =
-          std::max(rows, part->value("first_row", int64_t{0}) + (shape.rank() ? shape.dim(0) : 1));
-      row_dims.assign(shape.dims().begin() + (shape.rank() ? 1 : 0), shape.dims().end());
+  // Whole variables: each shard's rows at their place. The shards must tile their variable
+  // exactly (rows 0.. without gap or overlap, one row shape, float32), so that a damaged or
+  // forged manifest can neither leave rows unset nor place one beyond what the files hold.
+  std::map<std::string, std::vector<Part>> by_variable;
+  for (const nlohmann::json& shard : shards) {
+    const std::string name = shard.value("shard", "");
+    const auto value = shard_values.find(name);
+    const std::string variable = shard.value("variable", "");
+    if (value == shard_values.end()) {
+      return absl::DataLossError(
+          absl::StrCat(result.folder, " lacks shard \"", name, "\" of \"", variable, "\""));
     }
-    const bool scalar =
-        parts.size() == 1 && shard_values[parts[0]->value("shard", "")].shape().rank() == 0;
-    std::vector<int64_t> dims = {rows};
-    dims.insert(dims.end(), row_dims.begin(), row_dims.end());
-    Tensor whole(DType::kFloat32, scalar ? Shape() : Shape(dims));
-    for (const nlohmann::json* part : parts) {
-      const Tensor& value = shard_values[part->value("shard", "")];
-      if (value.row_size() != whole.row_size() && !scalar) {
+    if (value->second.dtype() != DType::kFloat32) {
+      return absl::DataLossError(absl::StrCat(result.folder, ": shard \"", name, "\" of \"",
+                                              variable, "\" is ", DTypeName(value->second.dtype()),
+                                              ", not float32: it is corrupt"));
+    }
+    by_variable[variable].push_back({name, shard.value("first_row", int64_t{0}), &value->second});
+  }
+  for (auto& [variable, parts] : by_variable) {
+    const Shape& first_shape = parts[0].value->shape();
+    const bool scalar = parts.size() == 1 && first_shape.rank() == 0;
+    std::sort(parts.begin(), parts.end(),
+              [](const Part& a, const Part& b) { return a.first_row < b.first_row; });
+    int64_t rows = 0;  // the rows placed so far: the next part starts there
+    for (const Part& part : parts) {
+      const Shape& shape = part.value->shape();
+      if (!scalar && (shape.rank() == 0 || shape.rank() != first_shape.rank() ||
+                      !std::equal(shape.dims().begin() + 1, shape.dims().end(),
+                                  first_shape.dims().begin() + 1))) {
         return absl::DataLossError(absl::StrCat(result.folder, ": the shards of \"", variable,
                                                 "\" have different row shapes"));
       }
+      if (part.first_row != rows) {
+        return absl::DataLossError(absl::StrCat(
+            result.folder, "/manifest.json places shard \"", part.name, "\" of \"", variable,
+            "\" at row ", part.first_row, " where its shards' rows reach ", rows,
+            ": they must cover the variable's rows once each, without gap; it is corrupt"));
+      }
+      rows += scalar ? 1 : shape.dim(0);
+    }
+    Tensor whole(DType::kFloat32, scalar ? Shape() : first_shape.WithFirstDim(rows));
+    for (const Part& part : parts) {
       std::memcpy(static_cast<char*>(whole.raw_data()) +
-                      static_cast<size_t>(part->value("first_row", int64_t{0}) * whole.row_size()) *
-                          sizeof(float),
-                  value.raw_data(), value.byte_size());
+                      static_cast<size_t>(part.first_row) * whole.row_size() * sizeof(float),
+                  part.value->raw_data(), part.value->byte_size());
     }
     result.variables[variable] = std::move(whole);
   }

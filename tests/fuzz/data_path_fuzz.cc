@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -54,6 +55,13 @@ Server& TheServer() {
   return *server;
 }
 
+[[noreturn]] void Fail(const char* what) {
+  std::perror(what);
+  std::abort();
+}
+
+// A connection to the server; closing it resets it (no TIME_WAIT), so that thousands of
+// inputs a second do not run the host out of ephemeral ports.
 int Connect(const stratum::DataPathEndpoint& endpoint, bool unix_socket) {
   if (unix_socket) {
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -61,15 +69,20 @@ int Connect(const stratum::DataPathEndpoint& endpoint, bool unix_socket) {
     address.sun_family = AF_UNIX;
     std::memcpy(address.sun_path + 1, endpoint.unix_name.data(), endpoint.unix_name.size());
     const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + endpoint.unix_name.size();
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) std::abort();
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0)
+      Fail("data_path_fuzz: connecting to the Unix socket");
     return fd;
   }
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(endpoint.tcp_port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) std::abort();
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    Fail("data_path_fuzz: connecting over TCP");
+  }
   return fd;
 }
 
@@ -94,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (;;) {
     pollfd watch{fd, static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)), 0};
     // The server's deadlines are seconds; 20 s without a byte either way is a hang.
-    if (poll(&watch, 1, 20000) <= 0) std::abort();
+    if (poll(&watch, 1, 20000) <= 0) Fail("data_path_fuzz: no byte either way for 20 s");
     if ((watch.revents & POLLOUT) != 0 && write_open) {
       const ssize_t n = send(fd, sent.data() + offset, sent.size() - offset, MSG_NOSIGNAL);
       if (n > 0) offset += static_cast<size_t>(n);
