@@ -58,6 +58,17 @@ absl::Status CoordinatorLease::RefusalFor(const CoordinatorCredential& caller) c
 
 absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::Duration wait) {
   if (claimant.incarnation == 0) return absl::OkStatus();
+  // A claim proves its coordinator by the secret its later calls present: without one,
+  // anyone could present the same nothing and act as the holder.
+  if (claimant.secret.empty()) {
+    spdlog::warn("refused a claim by {} (incarnation {:016x}) that carries no secret", claimant.who,
+                 claimant.incarnation);
+    return absl::PermissionDeniedError(absl::StrCat(
+        wording_.held, " refuses the claim of ", claimant.who,
+        ": it carries no coordinator secret, which every call of the holder must present; a "
+        "Stratum coordinator sends one (a client of another version or a hand-made call "
+        "does not)"));
+  }
   const CoordinatorCredential caller{claimant.incarnation, claimant.secret};
   absl::MutexLock lock(&mutex_);
   if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;

@@ -69,14 +69,20 @@ TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnc
   EXPECT_TRUE(lease.Release(Of(kFirst)));
   EXPECT_OK(lease.Claim(kSecond));
   // The same address on another host is another coordinator, not a restart.
-  EXPECT_FALSE(
-      lease.Claim({.incarnation = 33, .who = "elsewhere", .address = "b:2", .host = "host-c"})
-          .ok());
-  EXPECT_TRUE(
-      lease
-          .Claim(
-              {.incarnation = 44, .who = "second, restarted", .address = "b:2", .host = "host-b"})
-          .ok());
+  EXPECT_FALSE(lease
+                   .Claim({.incarnation = 33,
+                           .secret = "secret-c",
+                           .who = "elsewhere",
+                           .address = "b:2",
+                           .host = "host-c"})
+                   .ok());
+  EXPECT_TRUE(lease
+                  .Claim({.incarnation = 44,
+                          .secret = "secret-d",
+                          .who = "second, restarted",
+                          .address = "b:2",
+                          .host = "host-b"})
+                  .ok());
   EXPECT_THAT(std::string(lease.Heartbeat(Of(kSecond)).message()),
               HasSubstr("second, restarted took it over: it serves on this coordinator's address "
                         "on the same host"));
@@ -116,6 +122,21 @@ TEST(CoordinatorLeaseTest, TheHoldersIncarnationWithoutItsSecretIsRefused) {
 
 // Files are the holder's alone: no holder, another holder, or a holder that declared no
 // checkpoint folder, and Save and Restore are refused.
+// A claim must carry a secret: an empty one would be matched by every caller that
+// presents none, so the holder's calls could be made by anyone who read its incarnation.
+TEST(CoordinatorLeaseTest, AClaimWithoutASecretIsRefused) {
+  CoordinatorLease lease(absl::Milliseconds(300));
+  CoordinatorClaimant anonymous = kFirst;
+  anonymous.secret.clear();
+  const absl::Status refused = lease.Claim(anonymous);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("carries no coordinator secret"));
+  // Nothing was taken: a real coordinator claims it at once, and the empty secret is not its.
+  ASSERT_OK(lease.Claim(kSecond));
+  EXPECT_EQ(lease.Heartbeat({kSecond.incarnation, ""}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_OK(lease.Heartbeat(Of(kSecond)));
+}
+
 TEST(CoordinatorLeaseTest, OnlyTheHolderWithACheckpointFolderGetsOne) {
   CoordinatorLease lease(absl::Seconds(60));
   const absl::StatusOr<std::string> nobody = lease.HolderCheckpointDir(Of(kSecond), "Save");

@@ -39,6 +39,7 @@ class PsServiceStopTest : public ::testing::Test {
     request.set_saves_checkpoints(true);
     request.set_claim(claim);
     request.mutable_coordinator()->set_incarnation(kCoordinator);
+    request.mutable_coordinator()->set_secret(kSecret);
     request.mutable_coordinator()->set_checkpoint_dir(dir_);
     request.set_committed_save(committed_save);
     proto::WatchResponse ignored;
@@ -49,6 +50,7 @@ class PsServiceStopTest : public ::testing::Test {
     proto::SaveRequest request;
     request.set_path(dir_ + "/" + name);
     request.mutable_coordinator()->set_incarnation(kCoordinator);
+    request.mutable_coordinator()->set_secret(kSecret);
     proto::SaveResponse response;
     const grpc::Status status = service_.Save(nullptr, &request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
@@ -56,6 +58,7 @@ class PsServiceStopTest : public ::testing::Test {
   }
 
   static constexpr uint64_t kCoordinator = 42;
+  static constexpr char kSecret[] = "the coordinator's secret";
   const std::string dir_ =
       absl::StrCat(std::filesystem::temp_directory_path().string(), "/ps_service_stop_", getpid());
   VariableStore store_;
@@ -111,6 +114,7 @@ TEST_F(PsServiceStopTest, ACoordinatorLeavingWithoutACommitEndsTheWaitWithoutASa
   leaving.set_saves_checkpoints(true);
   leaving.set_leaving(true);
   leaving.mutable_coordinator()->set_incarnation(kCoordinator);
+  leaving.mutable_coordinator()->set_secret(kSecret);
   proto::WatchResponse answer;
   ASSERT_OK(service_.Watch(nullptr, &leaving, &answer));
   const std::string why = service_.StopNeedNotWait(kWatchWindow);
@@ -135,6 +139,7 @@ TEST_F(PsServiceStopTest, ASilentCoordinatorIsWaitedForUntilItsAddressRefusesCon
   proto::WatchRequest request;
   request.set_saves_checkpoints(true);
   request.mutable_coordinator()->set_incarnation(kCoordinator);
+  request.mutable_coordinator()->set_secret(kSecret);
   request.mutable_coordinator()->set_address(absl::StrCat("127.0.0.1:", ntohs(address.sin_port)));
   proto::WatchResponse answer;
   ASSERT_OK(service_.Watch(nullptr, &request, &answer));

@@ -62,7 +62,8 @@ class CoordinatorLease {
       : lease_(lease), wording_(std::move(wording)) {}
 
   // Takes the PS for `claimant` (or keeps it). A holder heard from within the lease makes
-  // this wait up to `wait` for it to fall silent, then FAILED_PRECONDITION naming it.
+  // this wait up to `wait` for it to fall silent, then FAILED_PRECONDITION naming it. A
+  // claim without a secret is PERMISSION_DENIED.
   absl::Status Claim(const CoordinatorClaimant& claimant,
                      absl::Duration wait = absl::ZeroDuration());
   // A heartbeat, or a call that changes the PS's variables: OK (and the hold kept) for the
