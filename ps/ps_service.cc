@@ -82,7 +82,8 @@ void AppendVariableStatuses(const VariableStore& store,
 
 // The file this PS would have saved in the layout it holds now, from the rows `request`
 // lists of a checkpoint written with another layout: it reads only the files they are in.
-absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request) {
+absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request,
+                                         const Confinement& confinement) {
   std::vector<TensorFile> files(static_cast<size_t>(request.files_size()));
   std::vector<bool> read(files.size(), false);
   std::vector<SavedRows> rows;
@@ -95,7 +96,8 @@ absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request) {
     const auto file = static_cast<size_t>(piece.file());
     if (!read[file]) {
       const proto::CheckpointFile& source = request.files(piece.file());
-      absl::StatusOr<TensorFile> contents = ReadSafetensors(source.path(), source.crc32());
+      absl::StatusOr<TensorFile> contents =
+          ReadSafetensors(source.path(), source.crc32(), confinement);
       if (!contents.ok()) return contents.status();
       files[file] = *std::move(contents);
       read[file] = true;
@@ -272,7 +274,9 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
   }
   absl::StatusOr<TensorFile> file = StoreToTensorFile(store_);
   if (!file.ok()) return ToGrpcStatus(file.status());
-  absl::StatusOr<WrittenFile> written = WriteSafetensors(request->path(), *file);
+  // Opened beneath the folder: a link swapped in after the check above leads nowhere.
+  absl::StatusOr<WrittenFile> written =
+      WriteSafetensors(request->path(), *file, Confinement{*folder});
   if (!written.ok()) return ToGrpcStatus(written.status());
   response->set_crc32(written->crc32);
   response->set_bytes(written->bytes);
@@ -305,9 +309,10 @@ grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreReques
       return ToGrpcStatus(inside);
     }
   }
-  absl::StatusOr<TensorFile> file = request->rows().empty()
-                                        ? ReadSafetensors(request->path(), request->crc32())
-                                        : ReadResharded(*request);
+  absl::StatusOr<TensorFile> file =
+      request->rows().empty()
+          ? ReadSafetensors(request->path(), request->crc32(), Confinement{*folder})
+          : ReadResharded(*request, Confinement{*folder});
   if (!file.ok()) return ToGrpcStatus(file.status());
   absl::StatusOr<int> restored = RestoreStoreFromTensorFile(store_, *file);
   if (!restored.ok()) return ToGrpcStatus(restored.status());

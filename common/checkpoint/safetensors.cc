@@ -1,13 +1,17 @@
 #include "stratum/checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -55,14 +59,89 @@ absl::Status WriteFailed(const std::string& path, int error) {
   return absl::InternalError(what);
 }
 
+// A file descriptor closed when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// `path` relative to the folder `within` ("." for the folder itself): lexically, or else
+// with both resolved (a folder given through a link); nullopt when it is not in it.
+std::optional<std::filesystem::path> RelativeBelow(const std::string& path,
+                                                   const std::string& within) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (bool resolved : {false, true}) {
+    fs::path root = fs::absolute(within, error).lexically_normal();
+    fs::path target = fs::absolute(path, error).lexically_normal();
+    if (resolved) {
+      root = fs::weakly_canonical(root, error);
+      target = fs::weakly_canonical(target, error);
+    }
+    if (error) return std::nullopt;
+    const fs::path relative = target.lexically_relative(root);
+    if (!relative.empty() && *relative.begin() != "..") return relative;  // "." is the folder
+  }
+  return std::nullopt;
+}
+
+// Opens `relative` (a file, or a folder with O_DIRECTORY) beneath the folder open as
+// `root`: errno, as open(2) would set it, on failure (EXDEV for an escape).
+int OpenBeneath(int root, const std::filesystem::path& relative, uint64_t flags, uint64_t mode) {
+  open_how how{};
+  how.flags = flags;
+  how.mode = mode;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  for (;;) {
+    const long fd = syscall(SYS_openat2, root, relative.c_str(), &how, sizeof(how));
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno != EINTR && errno != EAGAIN) return -1;
+  }
+}
+
+// Opens `path` for `flags`: beneath `confinement.within` when set, else as open(2) does.
+// -1 with errno on failure; a path outside the folder sets EXDEV.
+int OpenConfined(const std::string& path, int flags, mode_t mode, const Confinement& confinement) {
+  if (confinement.within.empty()) return open(path.c_str(), flags, mode);
+  const std::optional<std::filesystem::path> relative = RelativeBelow(path, confinement.within);
+  if (!relative) {
+    errno = EXDEV;
+    return -1;
+  }
+  const Fd root(open(confinement.within.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (root.get() < 0) return -1;
+  return OpenBeneath(root.get(), *relative, static_cast<uint64_t>(flags), mode);
+}
+
+// The error of an open refused by its confinement, or nullopt for another errno.
+std::optional<absl::Status> Escaped(const std::string& path, const Confinement& confinement,
+                                    int error) {
+  if (confinement.within.empty() || error != EXDEV) return std::nullopt;
+  return absl::PermissionDeniedError(absl::StrCat(
+      path, " is refused: it leads out of the folder ", confinement.within,
+      " (through .., or a link), the only place this server writes and reads these files"));
+}
+
 }  // namespace
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what,
+                                          const Confinement& confinement) {
   const std::string named = what.empty() ? path : absl::StrCat(what, " ", path);
   // O_NONBLOCK: opening a FIFO in a checkpoint file's place must not wait for a writer (a
   // blocked open would also outlive SIGTERM); it is refused below as not a regular file.
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = OpenConfined(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0, confinement);
   if (fd < 0) {
+    if (std::optional<absl::Status> escaped = Escaped(named, confinement, errno)) return *escaped;
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(named, " is missing"));
     return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(errno)));
   }
@@ -91,12 +170,21 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::st
   return bytes;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text,
+                                 const Confinement& confinement) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string temporary = absl::StrCat(name, ".tmp.", getpid());
+  // The folder, opened once (beneath `within` when confined): the temporary file, the
+  // rename and the sync all happen in it, whatever changes on the path meanwhile.
+  const Fd folder(OpenConfined(Folder(path), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, confinement));
   // O_NOFOLLOW: never written through a link planted at the temporary name.
-  const int fd =
-      open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const int fd = folder.get() < 0
+                     ? -1
+                     : openat(folder.get(), temporary.c_str(),
+                              O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
+    if (std::optional<absl::Status> escaped = Escaped(path, confinement, errno)) return *escaped;
     return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ",
                                                       std::strerror(errno),
                                                       "; check that its folder exists and is "
@@ -109,31 +197,28 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     if (n <= 0) {
       const int error = errno;
       close(fd);
-      unlink(temporary.c_str());
+      unlinkat(folder.get(), temporary.c_str(), 0);
       return WriteFailed(path, error);
     }
     written += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0 || close(fd) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
+  if (fsync(fd) != 0 || close(fd) != 0 ||
+      renameat(folder.get(), temporary.c_str(), folder.get(), name.c_str()) != 0) {
     const int error = errno;
-    unlink(temporary.c_str());
+    unlinkat(folder.get(), temporary.c_str(), 0);
     return WriteFailed(path, error);
   }
-  // The rename itself is durable only once the folder is synced.
-  const int folder = open(Folder(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (folder >= 0) {
-    fsync(folder);
-    close(folder);
-  }
+  // The rename itself is durable only once the folder is synced (best effort: a folder
+  // this user may write but not read cannot be).
+  const Fd readable(openat(folder.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (readable.get() >= 0) fsync(readable.get());
   // Those of writers killed between their write and their rename.
-  const size_t slash = path.rfind('/');
-  RemoveLeftoversOfDeadProcesses(
-      Folder(path),
-      absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp."));
+  RemoveLeftoversOfDeadProcesses(Folder(path), absl::StrCat(name, ".tmp."));
   return absl::OkStatus();
 }
 
-absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file) {
+absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file,
+                                             const Confinement& confinement) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
   uint64_t offset = 0;
@@ -153,7 +238,9 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const Tens
   for (const auto& [name, tensor] : file.tensors) {
     bytes.append(static_cast<const char*>(tensor.raw_data()), tensor.byte_size());
   }
-  if (absl::Status status = WriteFileAtomically(path, bytes); !status.ok()) return status;
+  if (absl::Status status = WriteFileAtomically(path, bytes, confinement); !status.ok()) {
+    return status;
+  }
   WrittenFile written;
   written.crc32 = static_cast<uint32_t>(
       crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
@@ -162,8 +249,9 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const Tens
 }
 
 absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
-                                           std::optional<uint32_t> expected_crc32) {
-  absl::StatusOr<std::string> read = ReadWholeFile(path, "checkpoint file");
+                                           std::optional<uint32_t> expected_crc32,
+                                           const Confinement& confinement) {
+  absl::StatusOr<std::string> read = ReadWholeFile(path, "checkpoint file", confinement);
   if (!read.ok()) return read.status();
   const std::string& bytes = *read;
   auto corrupt = [&](const std::string& problem) {

@@ -476,5 +476,47 @@ TEST(CheckpointFolderTest, CheckInsideFolderKeepsPathsInsideTheFolder) {
   fs::remove_all(base);
 }
 
+// Confined reads and writes open beneath the folder: a link inside it that leads out (as
+// one swapped in after CheckInsideFolder would) is refused by the open itself, and nothing
+// is written or read outside; links that stay inside are followed.
+TEST(SafetensorsTest, ConfinedFilesStayBeneathTheirFolder) {
+  namespace fs = std::filesystem;
+  const fs::path base = Path("confined");
+  const fs::path folder = base / "ckpt";
+  const fs::path outside = base / "outside";
+  fs::create_directories(folder / "real");
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, folder / "escape");
+  fs::create_directory_symlink("real", folder / "inner");
+  const Confinement confined{folder.string()};
+  TensorFile file;
+  file.tensors.push_back({"w", Tensor::FromVector<float>({2}, {1, 2})});
+
+  const absl::StatusOr<WrittenFile> escaped =
+      WriteSafetensors((folder / "escape" / "w.safetensors").string(), file, confined);
+  EXPECT_THAT(escaped.status(), testing::StatusIs(absl::StatusCode::kPermissionDenied,
+                                                  HasSubstr("leads out of the folder")));
+  EXPECT_TRUE(fs::is_empty(outside));
+  ASSERT_OK(WriteSafetensors((outside / "planted.safetensors").string(), file).status());
+  EXPECT_THAT(
+      ReadSafetensors((folder / "escape" / "planted.safetensors").string(), std::nullopt, confined)
+          .status(),
+      testing::StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("leads out")));
+  EXPECT_THAT(ReadSafetensors((folder / ".." / "outside" / "planted.safetensors").string(),
+                              std::nullopt, confined)
+                  .status(),
+              testing::StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("leads out")));
+  // Unconfined, the same link is followed (what the check before the open guards).
+  EXPECT_OK(ReadSafetensors((folder / "escape" / "planted.safetensors").string()).status());
+
+  ASSERT_OK(
+      WriteSafetensors((folder / "inner" / "w.safetensors").string(), file, confined).status());
+  absl::StatusOr<TensorFile> back =
+      ReadSafetensors((folder / "real" / "w.safetensors").string(), std::nullopt, confined);
+  ASSERT_OK(back.status());
+  EXPECT_TRUE(back->tensors[0].second.BitwiseEqual(file.tensors[0].second));
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace stratum

@@ -26,20 +26,33 @@ struct WrittenFile {
   int64_t bytes = 0;
 };
 
-absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file);
+// Files a service writes and reads for others (a PS's Save and Restore) stay in a folder:
+// with `within` set, `path` is opened beneath it with openat2(RESOLVE_BENEATH), so no `..`,
+// absolute link or link out of the folder is followed, also when something in the folder
+// changes between a check of the path and the open (PERMISSION_DENIED naming the path).
+// Empty: any path.
+struct Confinement {
+  std::string within;
+};
+
+absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file,
+                                             const Confinement& confinement = {});
 
 // Reads and checks a file: header JSON, dtypes, shapes against byte ranges, ranges inside
 // the file; with `expected_crc32`, the checksum too. Errors name the file and the problem.
 absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
-                                           std::optional<uint32_t> expected_crc32 = std::nullopt);
+                                           std::optional<uint32_t> expected_crc32 = std::nullopt,
+                                           const Confinement& confinement = {});
 
 // The bytes of the file at `path`: NOT_FOUND when there is none; DATA_LOSS, naming the path
 // and the reason, when it is not a regular file (a folder in its place) or cannot be read
 // (an I/O error). Never throws, as std::ifstream reads can. Errors call it `what` `path`
 // ("checkpoint file /a/b").
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what = "");
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what = "",
+                                          const Confinement& confinement = {});
 
 // Writes `text` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text,
+                                 const Confinement& confinement = {});
 
 }  // namespace stratum
