@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
@@ -209,6 +210,7 @@ absl::Status VariableStore::Assign(const std::string& name, const Tensor& value)
   absl::MutexLock lock(&v.mutex);
   if (absl::Status status = CheckMatches(name, "value", value, v.info); !status.ok()) return status;
   v.value.CopyFrom(value);
+  if (AllFinite(v.value)) v.diverged.clear();
   return absl::OkStatus();
 }
 
@@ -234,6 +236,7 @@ absl::Status VariableStore::CheckGradientLocked(const std::string& name, const V
                      "\" has no optimizer, so gradients cannot be applied: create it "
                      "with one, or assign new values"));
   }
+  if (!v.diverged.empty()) return absl::FailedPreconditionError(v.diverged);
   if (rows == nullptr) return CheckMatches(name, "gradient", gradient, v.info);
   if (v.info.shape.rank() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -341,7 +344,37 @@ absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,
   v.optimizer->ApplyDense(v.value, gradient, v.slots, v.info.updates);
   PushedBytes().Add(static_cast<double>(gradient.byte_size()));
   Updates(false).Add();
-  return ++v.info.updates;
+  ++v.info.updates;
+  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, nullptr));
+  return v.info.updates;
+}
+
+absl::Status VariableStore::CheckUpdated(const std::string& name, Variable& v,
+                                         const std::vector<int64_t>* rows) {
+  bool finite = true;
+  if (rows == nullptr) {
+    finite = AllFinite(v.value);
+  } else {
+    const int64_t width = v.value.row_size();
+    for (size_t i = 0; finite && i < rows->size(); ++i) {
+      const float* row = v.value.data<float>() + (*rows)[i] * width;
+      for (int64_t k = 0; k < width; ++k) finite &= std::isfinite(row[k]);
+    }
+  }
+  if (finite) return absl::OkStatus();
+  const nlohmann::json& config = v.optimizer_config;
+  const std::string optimizer =
+      config.is_object() ? absl::StrCat(config.value("class_name", std::string("optimizer")), " ",
+                                        config.value("config", nlohmann::json::object()).dump())
+                         : config.dump();
+  v.diverged = absl::StrCat(
+      "variable \"", name, "\" became NaN or Inf at its update ", v.info.updates,
+      ", from a finite gradient: its optimizer (", optimizer,
+      ") diverges; lower the learning rate or clip the gradients (clipnorm). Its pushes are "
+      "refused from now on; checkpoints refuse NaN and Inf, so the job's last one holds finite "
+      "values to resume from");
+  spdlog::error("{}", v.diverged);
+  return absl::FailedPreconditionError(v.diverged);
 }
 
 absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name,
@@ -378,7 +411,9 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
   PushedBytes().Add(
       static_cast<double>(row_gradients.byte_size() + indices.size() * sizeof(int64_t)));
   Updates(true).Add();
-  return ++v.info.updates;
+  ++v.info.updates;
+  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, &indices));
+  return v.info.updates;
 }
 
 absl::Status VariableStore::CheckPull(const std::vector<std::string>& names, uint64_t max_bytes,

@@ -468,5 +468,39 @@ TEST(StoreCheckpointTest, ReshardTensorFilesJoinsRowsOfSavedShardsAndTheirSlots)
   EXPECT_THAT(Message(missing.status()), HasSubstr("file 0 has no \"w/part_1\""));
 }
 
+// Hardening case 10: a finite gradient that an optimizer turns into NaN or Inf (here SGD
+// at the highest learning rate Keras allows, 1e6, and a gradient of 1e33) is refused saying so, and
+// so is every later push, until finite values are assigned; a row update is checked on the rows it
+// changed.
+TEST(VariableStoreTest, AnUpdateThatMakesTheValueNonFiniteIsRefusedSayingWhy) {
+  VariableStore store;
+  const nlohmann::json diverging =
+      nlohmann::json::parse(R"({"class_name": "SGD", "config": {"learning_rate": 1e6}})");
+  ASSERT_OK(store.Create("w", Tensor::FromVector<float>({2}, {1, 1}), diverging).status());
+  const absl::StatusOr<int64_t> first =
+      store.ApplyGradient("w", Tensor::FromVector<float>({2}, {1e33f, 0}));
+  EXPECT_THAT(first.status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("variable \"w\" became NaN or Inf at its update 1, "
+                                          "from a finite gradient: its optimizer (SGD")));
+  EXPECT_THAT(std::string(first.status().message()), HasSubstr("lower the learning rate"));
+  const absl::StatusOr<int64_t> next =
+      store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0, 0}));
+  EXPECT_THAT(next.status(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                               HasSubstr("became NaN or Inf at its update 1")));
+  EXPECT_EQ(store.Info("w")->updates, 1);
+  ASSERT_OK(store.Assign("w", Tensor::FromVector<float>({2}, {1, 1})));
+  EXPECT_OK(store.ApplyGradient("w", Tensor::FromVector<float>({2}, {0, 0})).status());
+
+  ASSERT_OK(store.Create("table", Tensor::FromVector<float>({3, 2}, {1, 1, 1, 1, 1, 1}), diverging)
+                .status());
+  EXPECT_OK(
+      store.ApplyRowGradients("table", {0}, Tensor::FromVector<float>({1, 2}, {0, 0})).status());
+  EXPECT_THAT(
+      store.ApplyRowGradients("table", {2}, Tensor::FromVector<float>({1, 2}, {0, 1e33f})).status(),
+      testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                        HasSubstr("variable \"table\" became NaN or Inf")));
+}
+
 }  // namespace
 }  // namespace stratum

@@ -89,7 +89,11 @@ class VariableStore {
   // learning rate is a schedule.
   absl::StatusOr<int> SetLearningRate(float rate);
 
-  // One optimizer update with a dense gradient; returns the variable's update count.
+  // One optimizer update with a dense gradient; returns the variable's update count. An
+  // update that makes the value NaN or Inf from a finite gradient (a diverging optimizer:
+  // too high a learning rate) is FAILED_PRECONDITION saying so, and so is every later push
+  // to the variable until finite values are assigned (checkpoints refuse non-finite
+  // values, so the last one stays finite). ApplyRowGradients checks the rows it updated.
   absl::StatusOr<int64_t> ApplyGradient(const std::string& name, const Tensor& gradient);
   // One optimizer update of rows `indices` with `row_gradients` ([indices, row...]);
   // repeated indices are summed first, as TensorFlow does for IndexedSlices.
@@ -140,7 +144,15 @@ class VariableStore {
     std::vector<Tensor> slots ABSL_GUARDED_BY(mutex);
     std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mutex);
     nlohmann::json optimizer_config ABSL_GUARDED_BY(mutex);
+    // Set when an update from a finite gradient made the value NaN or Inf: why, said to
+    // every later push (an Assign of finite values clears it).
+    std::string diverged ABSL_GUARDED_BY(mutex);
   };
+  // After an update of `rows` (null: the whole value): FAILED_PRECONDITION, and the
+  // variable marked diverged, when the update made them NaN or Inf.
+  static absl::Status CheckUpdated(const std::string& name, Variable& variable,
+                                   const std::vector<int64_t>* rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(variable.mutex);
 
   absl::StatusOr<std::shared_ptr<Variable>> Find(const std::string& name) const;
   absl::Status CheckFinite(const std::string& name, const Tensor& gradient);
