@@ -12,9 +12,12 @@ import gzip
 import json
 import os
 import struct
+import sys
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "testing"))
+from tfrecord_framing import frame as record  # noqa: E402  (TFRecord framing, CRC-32C)
 
 
 def write(target, name, data):
@@ -161,24 +164,6 @@ def checkpoint_seeds():
 
 
 # --- TFRecord of tf.Example, CSV ----------------------------------------------------------
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(crc):
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def record(data):
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked(crc32c(length))) + data + struct.pack("<I", masked(crc32c(data)))
-
-
 def field(number, wire_type, payload):
     key = varint(number << 3 | wire_type)
     return key + (varint(len(payload)) + payload if wire_type == 2 else payload)
