@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -69,7 +68,6 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -118,9 +116,13 @@ int OpenConfined(const std::string& path, int flags, mode_t mode, const Confinem
     errno = EXDEV;
     return -1;
   }
-  const Fd root(open(confinement.within.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (root.get() < 0) return -1;
-  return OpenBeneath(root.get(), *relative, static_cast<uint64_t>(flags), mode);
+  const int root = open(confinement.within.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) return -1;
+  const int fd = OpenBeneath(root, *relative, static_cast<uint64_t>(flags), mode);
+  const int error = errno;  // the open's, kept across the close
+  close(root);
+  errno = error;
+  return fd;
 }
 
 // The error of an open refused by its confinement, or nullopt for another errno.
