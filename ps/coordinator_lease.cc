@@ -72,10 +72,21 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
   const CoordinatorCredential caller{claimant.incarnation, claimant.secret};
   absl::MutexLock lock(&mutex_);
   if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;
-  // Two processes cannot serve on one address of one host: this is the holder restarted.
+  // Two processes cannot serve on one address of one host: this is the holder restarted,
+  // provided it calls from where the holder called (anyone can name the address and host).
   const bool restart = holder_ != 0 && holder_ != claimant.incarnation &&
                        !claimant.address.empty() && claimant.address == holder_claim_.address &&
-                       claimant.host == holder_claim_.host;
+                       claimant.host == holder_claim_.host && !claimant.peer.empty() &&
+                       claimant.peer == holder_claim_.peer;
+  if (!restart && holder_ != 0 && claimant.address == holder_claim_.address &&
+      claimant.host == holder_claim_.host && claimant.peer != holder_claim_.peer) {
+    spdlog::info(
+        "{} names the address and host of the holder ({}) but calls from {}, not {}: it is "
+        "taken for the holder restarted only once the holder has been silent for the lease",
+        claimant.who, holder_claim_.who,
+        claimant.peer.empty() ? "an unknown address" : claimant.peer,
+        holder_claim_.peer.empty() ? "an unknown address" : holder_claim_.peer);
+  }
   if (!restart) {
     const absl::Time deadline = absl::Now() + wait;
     while (!RefusalFor(caller).ok() && !replaced_.contains(claimant.incarnation) &&
@@ -93,7 +104,8 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
           restart
               ? absl::StrCat(claimant.who,
                              " took it over: it serves on this coordinator's address on the "
-                             "same host, so it is this coordinator restarted")
+                             "same host and calls from the same network address, so it is this "
+                             "coordinator restarted")
               : absl::StrCat(claimant.who, " took it over after this coordinator was silent for ",
                              Ago(last_heard_), " (stalled or cut off)");
       spdlog::warn("{} (was: {})", how, holder_claim_.who);

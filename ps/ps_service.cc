@@ -6,6 +6,7 @@
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/net/health.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/ps_metrics.h"
@@ -329,7 +330,7 @@ grpc::Status PsService::DataPath(grpc::ServerContext*, const proto::DataPathRequ
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* request,
+grpc::Status PsService::Watch(grpc::ServerContext* context, const proto::WatchRequest* request,
                               proto::WatchResponse* response) {
   const proto::CoordinatorId& id = request->coordinator();
   // A leaving coordinator ends the wait of a stopping PS, unless another holds the PS (the
@@ -352,7 +353,9 @@ grpc::Status PsService::Watch(grpc::ServerContext*, const proto::WatchRequest* r
       }
     }
     // A holder that just died falls silent within the lease: wait that long for it.
-    if (absl::Status claimed = lease_.Claim(ClaimantOf(id), lease_.lease() + absl::Seconds(1));
+    CoordinatorClaimant claimant = ClaimantOf(id);
+    claimant.peer = PeerHostOf(context->peer());
+    if (absl::Status claimed = lease_.Claim(claimant, lease_.lease() + absl::Seconds(1));
         !claimed.ok()) {
       return ToGrpcStatus(claimed);
     }

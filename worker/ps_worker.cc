@@ -444,11 +444,13 @@ PsWorker::PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions
                             "job workers of its own"}) {}
 PsWorker::~PsWorker() = default;
 
-absl::StatusOr<proto::SetupJobResponse> PsWorker::SetupJob(const proto::SetupJobRequest& request) {
+absl::StatusOr<proto::SetupJobResponse> PsWorker::SetupJob(const proto::SetupJobRequest& request,
+                                                           absl::string_view peer) {
   // Claimed before the job is built (the data loaded): a refused coordinator costs nothing.
   // A holder gone quiet (it died, and this is its successor elsewhere) is waited out.
   CoordinatorClaimant claimant = ClaimantOf(request.coordinator());
   claimant.incarnation = request.coordinator_incarnation();
+  claimant.peer = std::string(peer);
   STRATUM_RETURN_IF_ERROR(lease_.Claim(claimant, lease_.lease() + absl::Seconds(1)));
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<WorkerJob> job, BuildJob(request, channel_));
   proto::SetupJobResponse response;

@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker.pb.h"
@@ -36,7 +37,10 @@ class PsWorker {
   PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions functions);
   ~PsWorker();
 
-  absl::StatusOr<proto::SetupJobResponse> SetupJob(const proto::SetupJobRequest& request);
+  // `peer`: where the call came from (PeerHostOf; "" when unknown), which a coordinator
+  // restarted on its old address must share with the one it replaces to take over at once.
+  absl::StatusOr<proto::SetupJobResponse> SetupJob(const proto::SetupJobRequest& request,
+                                                   absl::string_view peer = "");
   absl::StatusOr<proto::RunClosureResponse> RunClosure(const proto::RunClosureRequest& request);
   proto::LeaveResponse Leave(const proto::LeaveRequest& request);
 

@@ -1,6 +1,7 @@
 #include "stratum/worker/worker_service.h"
 
 #include "ps_worker.h"
+#include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
 
 namespace stratum {
@@ -10,9 +11,11 @@ WorkerService::WorkerService(ChannelOptions channel, absl::Duration lease,
     : worker_(std::make_unique<PsWorker>(std::move(channel), lease, std::move(functions))) {}
 WorkerService::~WorkerService() = default;
 
-grpc::Status WorkerService::SetupJob(grpc::ServerContext*, const proto::SetupJobRequest* request,
+grpc::Status WorkerService::SetupJob(grpc::ServerContext* context,
+                                     const proto::SetupJobRequest* request,
                                      proto::SetupJobResponse* response) {
-  absl::StatusOr<proto::SetupJobResponse> answer = worker_->SetupJob(*request);
+  absl::StatusOr<proto::SetupJobResponse> answer =
+      worker_->SetupJob(*request, PeerHostOf(context->peer()));
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   *response = *std::move(answer);
   return grpc::Status::OK;

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/net/channel.h"
+#include "stratum/net/host_port.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/testing/local_cluster.h"
@@ -208,6 +209,63 @@ TEST_F(PsServiceTest, TheHoldersIncarnationWithoutItsSecretChangesNothing) {
   EXPECT_THAT(cluster_->Output({"ps", 0}), HasSubstr("refused a call that names the incarnation"));
   // The holder itself goes on.
   ASSERT_OK(client_->Assign({{"w", Tensor::FromVector<float>({2, 2}, {5, 6, 7, 8})}}));
+}
+
+// A coordinator restarted on its old address takes the PS over at once; address and host
+// are public, though, so that holds only for a claim from the network address the holder
+// called from. One from elsewhere that names them waits out the lease, and while the holder
+// is heard from it is refused. The PS listens on every address (host "::"): the holder
+// calls it on 127.0.0.1, the claimant that names it on ::1.
+TEST(PsServiceClaimTest, AClaimNamingTheHoldersAddressFromElsewhereDoesNotTakeOver) {
+  auto cluster = LocalCluster::Start({.num_workers = 1,
+                                      .num_ps = 1,
+                                      .not_started = {{"worker", 0}},
+                                      .host = "::",
+                                      .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string port = SplitHostPort((*cluster)->Address({"ps", 0})).port;
+  PsClientOptions options;
+  options.timeout = absl::Seconds(20);
+  options.coordinator = "the chief";
+  options.coordinator_address = "localhost:1";
+  PsClient holder("ps:0", "127.0.0.1:" + port, options);
+  ASSERT_OK(holder.CreateVariables({{"w", Tensor::Scalar(1)}}, kSgd));
+  ASSERT_OK(holder.Watch(/*saves_checkpoints=*/false, /*leaving=*/false, /*claim=*/true));
+  std::atomic<bool> done = false;
+  std::thread heartbeats([&holder, &done] {
+    while (!done) {
+      EXPECT_OK(holder.Watch(/*saves_checkpoints=*/false));
+      absl::SleepFor(absl::Milliseconds(300));
+    }
+  });
+  // Same address, same host, a new incarnation and a secret of its own: a restart, but for
+  // where it calls from.
+  auto Claim = [&](const std::string& target, uint64_t incarnation, const std::string& secret) {
+    proto::WatchRequest request;
+    *request.mutable_coordinator() = ThisCoordinator(options);
+    request.mutable_coordinator()->set_incarnation(incarnation);
+    request.mutable_coordinator()->set_secret(secret);
+    request.set_claim(true);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    proto::WatchResponse response;
+    return proto::ParameterServer::NewStub(MakeChannel(target))
+        ->Watch(&context, request, &response);
+  };
+  const grpc::Status elsewhere = Claim("[::1]:" + port, 0x5eed, "a secret of its own");
+  done = true;
+  heartbeats.join();
+  EXPECT_EQ(elsewhere.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << elsewhere.error_message();
+  EXPECT_THAT(elsewhere.error_message(), HasSubstr("is held by another coordinator (the chief)"));
+  EXPECT_THAT((*cluster)->Output({"ps", 0}), HasSubstr("but calls from ::1, not 127.0.0.1"));
+  ASSERT_OK(holder.Assign({{"w", Tensor::Scalar(2)}}));  // still the holder's
+  // From where the holder called, the same claim is the holder restarted: at once.
+  const absl::Time start = absl::Now();
+  const grpc::Status restarted = Claim("127.0.0.1:" + port, 0x5eee, "the restarted one's");
+  EXPECT_TRUE(restarted.ok()) << restarted.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_FALSE(holder.Assign({{"w", Tensor::Scalar(3)}}).ok());
 }
 
 // Hardening case 3: Save and Restore touch files only inside the checkpoint folder the

@@ -35,5 +35,18 @@ TEST(HostPortTest, JoinsBracketingIpv6OnceAndReplacesPorts) {
   EXPECT_EQ(HostOf("[::1]:2222"), "::1");
 }
 
+TEST(HostPortTest, APeersHostLosesItsSchemeAndPort) {
+  EXPECT_EQ(PeerHostOf("ipv4:10.0.0.2:5312"), "10.0.0.2");
+  EXPECT_EQ(PeerHostOf("ipv6:[::1]:5312"), "::1");
+  // As ServerContext::peer() writes them: URIs, the brackets escaped.
+  EXPECT_EQ(PeerHostOf("ipv6:%5B::1%5D:5312"), "::1");
+  EXPECT_EQ(PeerHostOf("ipv6:%5Bfe80::1%25eth0%5D:80"), "fe80::1%eth0");
+  // One caller is one address, however the listener's socket family shows it.
+  EXPECT_EQ(PeerHostOf("ipv6:[::ffff:10.0.0.2]:5312"), "10.0.0.2");
+  EXPECT_EQ(PeerHostOf("unix:/tmp/ps.sock"), "local");
+  EXPECT_EQ(PeerHostOf("unix-abstract:stratum"), "local");
+  EXPECT_EQ(PeerHostOf(""), "");
+}
+
 }  // namespace
 }  // namespace stratum

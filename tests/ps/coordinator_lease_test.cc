@@ -1,5 +1,6 @@
 #include "stratum/ps/coordinator_lease.h"
 
+#include <atomic>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -13,10 +14,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const CoordinatorClaimant kFirst = {
-    .incarnation = 11, .secret = "secret-a", .who = "first", .address = "a:1", .host = "host-a"};
-const CoordinatorClaimant kSecond = {
-    .incarnation = 22, .secret = "secret-b", .who = "second", .address = "b:2", .host = "host-b"};
+const CoordinatorClaimant kFirst = {.incarnation = 11,
+                                    .secret = "secret-a",
+                                    .who = "first",
+                                    .address = "a:1",
+                                    .host = "host-a",
+                                    .peer = "10.0.0.1"};
+const CoordinatorClaimant kSecond = {.incarnation = 22,
+                                     .secret = "secret-b",
+                                     .who = "second",
+                                     .address = "b:2",
+                                     .host = "host-b",
+                                     .peer = "10.0.0.2"};
 
 CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
   return {claimant.incarnation, claimant.secret};
@@ -81,11 +90,48 @@ TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnc
                           .secret = "secret-d",
                           .who = "second, restarted",
                           .address = "b:2",
-                          .host = "host-b"})
+                          .host = "host-b",
+                          .peer = "10.0.0.2"})
                   .ok());
   EXPECT_THAT(std::string(lease.Heartbeat(Of(kSecond)).message()),
               HasSubstr("second, restarted took it over: it serves on this coordinator's address "
-                        "on the same host"));
+                        "on the same host and calls from the same network address"));
+}
+
+// Address and host are public (every TF_CONFIG names them): a claim that names the
+// holder's but calls from another network address is not taken for the holder restarted.
+// It waits out the lease like any other, so it cannot take over while the holder lives.
+TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
+  CoordinatorLease lease(absl::Milliseconds(300));
+  ASSERT_OK(lease.Claim(kFirst));
+  CoordinatorClaimant forger = kFirst;
+  forger.incarnation = 99;
+  forger.secret = "secret-of-the-forger";
+  forger.who = "forger";
+  forger.peer = "10.0.0.66";
+  std::atomic<bool> done = false;
+  std::thread heartbeats([&lease, &done] {
+    while (!done) {
+      EXPECT_OK(lease.Heartbeat(Of(kFirst)));
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  const absl::Status refused = lease.Claim(forger, absl::Milliseconds(700));
+  done = true;
+  heartbeats.join();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("held by another coordinator (first)"));
+  EXPECT_OK(lease.Heartbeat(Of(kFirst)));
+  // Unknown is not the same: a claimant whose address cannot be told waits too.
+  forger.peer = "";
+  EXPECT_FALSE(lease.Claim(forger).ok());
+  // A holder restarted on a new network address (a pod rescheduled) still takes over,
+  // once the old process has been silent for the lease.
+  forger.peer = "10.0.0.7";
+  forger.who = "first, rescheduled";
+  EXPECT_OK(lease.Claim(forger, absl::Seconds(5)));
+  EXPECT_THAT(std::string(lease.Heartbeat(Of(kFirst)).message()),
+              HasSubstr("first, rescheduled took it over after this coordinator was silent"));
 }
 
 // The holder's incarnation is public (status calls report it); without the holder's secret

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   launch.num_ps = options.num_ps;
   launch.chief = options.chief;
   launch.evaluator = options.evaluator;
+  launch.host = options.host;
   launch.bin_dir = options.bin_dir.empty() ? STRATUM_BIN_DIR : options.bin_dir;
   launch.all_args = options.all_args;
   launch.args_by_type = options.args_by_type;

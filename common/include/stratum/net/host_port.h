@@ -29,4 +29,10 @@ std::string JoinHostPort(absl::string_view host, absl::string_view port);
 // `address` with its port replaced: ("[::]:2222", "8081") -> "[::]:8081".
 std::string WithPort(absl::string_view address, absl::string_view port);
 
+// Where a gRPC caller calls from (ServerContext::peer()), without the scheme and the port,
+// to tell callers apart by address: "ipv4:10.0.0.2:5312" -> "10.0.0.2", "ipv6:[::1]:5312"
+// -> "::1", an IPv4 address in IPv6 form ("ipv6:[::ffff:10.0.0.2]:5312") -> "10.0.0.2";
+// a Unix-socket caller ("unix:...", "unix-abstract:...") -> "local"; "" -> "".
+std::string PeerHostOf(absl::string_view grpc_peer);
+
 }  // namespace stratum

@@ -6,8 +6,10 @@
 // every 0.5 s) keep the claim. It claims a worker when it sets its job up there; its
 // closures keep that claim. Another coordinator may claim the PS only once the holder has
 // been silent for the lease (it died, or stalled: it is then refused for good and stops),
-// or at once when it is the holder restarted (a new process serving on the holder's address
-// on the same host).
+// or at once when it is the holder restarted: a new process serving on the holder's address
+// on the same host, calling from the network address the holder called from. Address and
+// host are public (TF_CONFIG), the caller's network address is not chosen by the caller,
+// so a claim from elsewhere that names them waits out the lease like any other.
 //
 // A coordinator's incarnation is public (status calls report it), so a call that names the
 // holder's incarnation must also carry the holder's secret (ProcessSecret(), sent in every
@@ -38,6 +40,8 @@ struct CoordinatorClaimant {
   std::string who;      // for people, e.g. "the coordinator chief:0 at host:port, pid 12 on h"
   std::string address;  // where it serves (TF_CONFIG's chief address), "" when it does not
   std::string host;     // the host it runs on
+  // The network address the claim came from (PeerHostOf), "" when unknown.
+  std::string peer;
   // Its job's checkpoint folder ("" when it writes none): Save and Restore stay inside it.
   std::string checkpoint_dir;
 };

@@ -47,6 +47,10 @@ struct LocalClusterOptions {
   // `unshare --mount sh -c '...; exec "$0" "$@"'` do), at every start and restart: e.g. a
   // mount namespace in which that task alone cannot see some files.
   std::vector<std::pair<TaskKey, std::vector<std::string>>> wrapper_by_task;
+  // The host of every task's address: "::" makes servers listen on every address of this
+  // machine, IPv4 and IPv6, so a test can call one task from two network addresses
+  // (127.0.0.1 and ::1).
+  std::string host = "127.0.0.1";
   // Where the binaries are; default: the build's bin folder.
   std::string bin_dir;
   absl::Duration healthy_timeout = absl::Seconds(30);
