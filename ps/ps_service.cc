@@ -354,7 +354,7 @@ grpc::Status PsService::Watch(grpc::ServerContext* context, const proto::WatchRe
     }
     // A holder that just died falls silent within the lease: wait that long for it.
     CoordinatorClaimant claimant = ClaimantOf(id);
-    claimant.peer = PeerHostOf(context->peer());
+    if (context != nullptr) claimant.peer = PeerHostOf(context->peer());  // null: in-process
     if (absl::Status claimed = lease_.Claim(claimant, lease_.lease() + absl::Seconds(1));
         !claimed.ok()) {
       return ToGrpcStatus(claimed);

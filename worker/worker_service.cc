@@ -15,7 +15,7 @@ grpc::Status WorkerService::SetupJob(grpc::ServerContext* context,
                                      const proto::SetupJobRequest* request,
                                      proto::SetupJobResponse* response) {
   absl::StatusOr<proto::SetupJobResponse> answer =
-      worker_->SetupJob(*request, PeerHostOf(context->peer()));
+      worker_->SetupJob(*request, context != nullptr ? PeerHostOf(context->peer()) : "");
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   *response = *std::move(answer);
   return grpc::Status::OK;
