@@ -19,7 +19,7 @@ using data_wire::Op;
 using data_wire::TensorRef;
 
 struct PsDataClient::Connection {
-  DataSocket socket;
+  Socket socket;
   bool shared_memory = false;
   std::shared_ptr<SharedSegment> segment;
   uint64_t pull_hint = 0;  // the shared bytes the last pull's values wanted
@@ -236,11 +236,11 @@ absl::StatusOr<std::unique_ptr<PsDataClient::Connection>> PsDataClient::Connect(
   auto connection = std::make_unique<Connection>();
   if (options_.shared_memory && !endpoint_.unix_name.empty()) {
     // Answers only on the PS's host (same network namespace); else NOT_FOUND, and TCP.
-    absl::StatusOr<DataSocket> local = ConnectUnix(endpoint_.unix_name, deadline);
+    absl::StatusOr<Socket> local = ConnectUnix(endpoint_.unix_name, deadline);
     if (local.ok()) connection->socket = *std::move(local);
   }
   if (!connection->socket.valid()) {
-    absl::StatusOr<DataSocket> tcp = ConnectTcp(host_, endpoint_.tcp_port, deadline);
+    absl::StatusOr<Socket> tcp = ConnectTcp(host_, endpoint_.tcp_port, deadline);
     if (!tcp.ok()) {
       return absl::Status(tcp.status().code(),
                           absl::StrCat(peer_, ": cannot open the data connection to ", host_, ":",

@@ -34,8 +34,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "data_socket.h"
+#include "data_memory.h"
 #include "data_wire.h"
+#include "stratum/net/socket.h"
 #include "stratum/ps/data_path_endpoint.h"
 #include "stratum/ps/variable_store.h"
 #include "stratum/tensor/tensor.h"
@@ -83,7 +84,7 @@ class PsDataServer {
  private:
   struct Connection;
   PsDataServer(VariableStore& store, PsDataServerOptions options);
-  void AcceptLoop(const DataSocket* listener);
+  void AcceptLoop(const Socket* listener);
   void Serve(Connection* connection);
   // One request; false when the connection must close.
   bool ServeOne(Connection& connection);
@@ -92,8 +93,8 @@ class PsDataServer {
   VariableStore& store_;
   const PsDataServerOptions options_;
   DataPathEndpoint endpoint_;
-  DataSocket tcp_listener_;
-  DataSocket unix_listener_;
+  Socket tcp_listener_;
+  Socket unix_listener_;
   std::vector<std::thread> acceptors_;
 
   absl::Mutex mutex_;

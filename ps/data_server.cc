@@ -22,8 +22,8 @@ using data_wire::Op;
 using data_wire::TensorRef;
 
 struct PsDataServer::Connection {
-  DataSocket socket;
-  std::string peer;  // DataSocket::PeerHost
+  Socket socket;
+  std::string peer;  // Socket::PeerHost
   std::thread thread;
   std::atomic<bool> done{false};
   bool busy = false;  // guarded by the server's mutex_
@@ -41,7 +41,7 @@ uint64_t RandomToken() {
 }
 
 // Sends a response: header, meta, and `inline_bytes` from `inline_data`.
-absl::Status Respond(DataSocket& socket, uint64_t id, const absl::Status& status,
+absl::Status Respond(Socket& socket, uint64_t id, const absl::Status& status,
                      data_wire::ResponseMeta meta, const char* inline_data, uint64_t inline_bytes,
                      absl::Time deadline, bool closing = false) {
   meta.message = std::string(status.message());
@@ -60,7 +60,7 @@ absl::Status Respond(DataSocket& socket, uint64_t id, const absl::Status& status
                      deadline);
 }
 
-absl::Status RespondError(DataSocket& socket, uint64_t id, const absl::Status& status,
+absl::Status RespondError(Socket& socket, uint64_t id, const absl::Status& status,
                           absl::Time deadline, bool closing = false) {
   return Respond(socket, id, status, {}, nullptr, 0, deadline, closing);
 }
@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<PsDataServer>> PsDataServer::Start(VariableStore&
   std::unique_ptr<PsDataServer> server(new PsDataServer(store, std::move(options)));
   const PsDataServerOptions& opts = server->options_;
   int port = 0;
-  absl::StatusOr<DataSocket> tcp = ListenTcp(opts.host, opts.port, &port);
+  absl::StatusOr<Socket> tcp = ListenTcp(opts.host, opts.port, &port);
   if (!tcp.ok()) {
     return absl::Status(
         tcp.status().code(),
@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<PsDataServer>> PsDataServer::Start(VariableStore&
   if (opts.shared_memory) {
     const std::string name = absl::StrCat("stratum-ps-data-", getpid(), "-",
                                           absl::Hex(server->endpoint_.token, absl::kZeroPad16));
-    absl::StatusOr<DataSocket> unix_listener = ListenUnix(name);
+    absl::StatusOr<Socket> unix_listener = ListenUnix(name);
     if (unix_listener.ok()) {
       server->unix_listener_ = *std::move(unix_listener);
       server->endpoint_.unix_name = name;
@@ -151,11 +151,11 @@ PsDataServer::PsDataServer(VariableStore& store, PsDataServerOptions options)
 
 PsDataServer::~PsDataServer() { Shutdown(); }
 
-void PsDataServer::AcceptLoop(const DataSocket* listener) {
+void PsDataServer::AcceptLoop(const Socket* listener) {
   absl::Duration backoff = absl::Milliseconds(10);
   bool said = false;
   for (;;) {
-    absl::StatusOr<DataSocket> socket = Accept(*listener);
+    absl::StatusOr<Socket> socket = Accept(*listener);
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
     ReapFinished();
@@ -259,7 +259,7 @@ void PsDataServer::Shutdown() {
 }
 
 void PsDataServer::Serve(Connection* connection) {
-  DataSocket& socket = connection->socket;
+  Socket& socket = connection->socket;
   const absl::Time deadline = absl::Now() + options_.hello_timeout;
   data_wire::Hello hello;
   data_wire::HelloReply reply;
@@ -293,7 +293,7 @@ void PsDataServer::Serve(Connection* connection) {
 }
 
 bool PsDataServer::ServeOne(Connection& connection) {
-  DataSocket& socket = connection.socket;
+  Socket& socket = connection.socket;
   {
     absl::MutexLock lock(&mutex_);
     connection.busy = false;

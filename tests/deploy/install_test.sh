@@ -52,7 +52,7 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 echo "install_test: the parameter-server custom loop's programs built with pkg-config"
 
 # Wire internals stay out of the public headers.
-for internal in stratum/ps/data_wire.h stratum/ps/data_socket.h stratum/ps/data_path.h \
+for internal in stratum/ps/data_wire.h stratum/ps/data_memory.h stratum/ps/data_path.h \
   stratum/worker/collective/tcp_transport.h; do
   if [ -e "$work/prefix/include/$internal" ]; then
     echo "install_test: $internal is installed, but it is an internal of its component" >&2

@@ -45,8 +45,8 @@ bool AllEqual(const Tensor& tensor, float value) { return (tensor.Flat() == valu
 absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
 
 // A raw connection that has said hello, for frames no PsDataClient would send.
-DataSocket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
-  absl::StatusOr<DataSocket> socket = ConnectTcp("127.0.0.1", endpoint.tcp_port, Soon());
+Socket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
+  absl::StatusOr<Socket> socket = ConnectTcp("127.0.0.1", endpoint.tcp_port, Soon());
   EXPECT_TRUE(socket.ok()) << socket.status();
   data_wire::Hello hello;
   hello.token = token;
@@ -55,7 +55,7 @@ DataSocket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
 }
 
 // Reads a response; its status (OK when the server answered OK).
-absl::Status ReadResponse(DataSocket& socket) {
+absl::Status ReadResponse(Socket& socket) {
   data_wire::FrameHeader header;
   if (absl::Status status = socket.Receive(&header, sizeof(header), Soon()); !status.ok()) {
     return absl::InternalError(absl::StrCat("no response: ", status.message()));
@@ -251,10 +251,9 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   low.rlim_cur = static_cast<rlim_t>(open_now + 40);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
   {
-    std::vector<DataSocket> flood;
+    std::vector<Socket> flood;
     for (int i = 0; i < 200; ++i) {
-      absl::StatusOr<DataSocket> socket =
-          ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
+      absl::StatusOr<Socket> socket = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
       if (!socket.ok()) break;  // this process is out of descriptors too
       flood.push_back(*std::move(socket));
       absl::SleepFor(absl::Milliseconds(1));  // the server accepts it, taking a descriptor
@@ -272,10 +271,10 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   EXPECT_TRUE((*pulled)[0].BitwiseEqual(Tensor::FromVector<float>({2}, {1, 2})));
 
   StartServer({.max_connections = 2});
-  std::vector<DataSocket> kept;
+  std::vector<Socket> kept;
   for (int i = 0; i < 2; ++i)
     kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
-  DataSocket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
   data_wire::HelloReply reply;
   EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
   EXPECT_OK(kept[0].Receive(&reply, sizeof(reply), Soon()));
@@ -285,13 +284,13 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
 // and the connections it keeps are served; once one ends, it may connect again.
 TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
   StartServer({.max_connections = 100, .max_connections_per_client = 2});
-  std::vector<DataSocket> kept;
+  std::vector<Socket> kept;
   for (int i = 0; i < 2; ++i) {
     kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
   }
   data_wire::HelloReply reply;
-  for (DataSocket& socket : kept) EXPECT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
-  DataSocket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+  for (Socket& socket : kept) EXPECT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
+  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
   EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
   kept.pop_back();  // ends one: its place is free again once the server sees it end
   absl::Status again;
@@ -299,7 +298,7 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
   do {
     // Until the server has seen the connection end, a new one is closed, maybe before the
     // hello is sent: neither step may fail the test.
-    absl::StatusOr<DataSocket> next = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
+    absl::StatusOr<Socket> next = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
     if (!next.ok()) continue;
     data_wire::Hello hello;
     hello.token = server_->endpoint().token;
@@ -315,7 +314,7 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
 TEST_P(DataPathTest, IdleConnectionsAreClosedAndClientsReconnect) {
   constexpr absl::Duration kIdle = absl::Milliseconds(400);
   StartServer({.idle_timeout = kIdle});
-  DataSocket idle = RawConnection(server_->endpoint(), server_->endpoint().token);
+  Socket idle = RawConnection(server_->endpoint(), server_->endpoint().token);
   data_wire::HelloReply reply;
   ASSERT_OK(idle.Receive(&reply, sizeof(reply), Soon()));
   EXPECT_EQ(reply.idle_timeout_ms, 400u);
@@ -370,7 +369,7 @@ INSTANTIATE_TEST_SUITE_P(Tcp, DataPathFramesTest, ::testing::Values(false));
 
 TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
   {
-    DataSocket socket = RawConnection(server_->endpoint(), server_->endpoint().token);
+    Socket socket = RawConnection(server_->endpoint(), server_->endpoint().token);
     data_wire::HelloReply reply;
     ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     ASSERT_EQ(reply.code, 0u);
@@ -400,7 +399,7 @@ TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
 TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
   const DataPathEndpoint& endpoint = server_->endpoint();
   {
-    DataSocket socket = RawConnection(endpoint, endpoint.token);
+    Socket socket = RawConnection(endpoint, endpoint.token);
     data_wire::HelloReply reply;
     ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     const char http[] = "GET / HTTP/1.1\r\nHost: ps\r\n\r\n\r\n\r\n";
@@ -412,7 +411,7 @@ TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
     EXPECT_FALSE(socket.Receive(&byte, 1, Soon()).ok());  // and the connection is closed
   }
   {
-    DataSocket socket = RawConnection(endpoint, endpoint.token);
+    Socket socket = RawConnection(endpoint, endpoint.token);
     data_wire::HelloReply reply;
     ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     data_wire::RequestMeta meta;
@@ -435,7 +434,7 @@ TEST_P(DataPathFramesTest, MalformedFramesAreAnsweredWithTheProblem) {
     EXPECT_THAT(Message(status), HasSubstr("dimension -4, which is negative"));
   }
   {
-    DataSocket socket = RawConnection(endpoint, endpoint.token + 1);
+    Socket socket = RawConnection(endpoint, endpoint.token + 1);
     data_wire::HelloReply reply;
     ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     EXPECT_EQ(reply.code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied));
@@ -477,12 +476,12 @@ TEST(SharedSegmentTest, ASegmentLargerThanTheLimitIsRefused) {
 // A fake PS data endpoint: says hello, then does what `after_hello` says.
 class FakeServer {
  public:
-  explicit FakeServer(std::function<void(DataSocket&)> after_hello) {
+  explicit FakeServer(std::function<void(Socket&)> after_hello) {
     auto listener = ListenTcp("127.0.0.1", 0, &port_);
     EXPECT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
     thread_ = std::thread([this, after_hello = std::move(after_hello)] {
-      absl::StatusOr<DataSocket> socket = Accept(listener_);
+      absl::StatusOr<Socket> socket = Accept(listener_);
       if (!socket.ok()) return;
       data_wire::Hello hello;
       data_wire::HelloReply reply;
@@ -501,12 +500,12 @@ class FakeServer {
 
  private:
   int port_ = 0;
-  DataSocket listener_;
+  Socket listener_;
   std::thread thread_;
 };
 
 TEST(DataPathPeerTest, APsThatDiesMidTransferIsNamedAtOnce) {
-  FakeServer server([](DataSocket& socket) {
+  FakeServer server([](Socket& socket) {
     std::vector<char> some(100 << 10);
     socket.Receive(some.data(), some.size(), Soon()).IgnoreError();
   });  // then closes, with most of the push unread
@@ -526,7 +525,7 @@ TEST(DataPathPeerTest, APsThatDiesMidTransferIsNamedAtOnce) {
 
 TEST(DataPathPeerTest, APsThatNeverAnswersIsNamedAtTheDeadline) {
   absl::Notification done;
-  FakeServer server([&done](DataSocket& socket) {
+  FakeServer server([&done](Socket& socket) {
     std::vector<char> all(kElements * 4);
     socket.Receive(all.data(), 40, Soon()).IgnoreError();
     done.WaitForNotificationWithTimeout(absl::Seconds(10));

@@ -1,14 +1,10 @@
 #include "tcp_transport.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stratum/net/host_port.h"
-#include "stratum/net/unix_socket.h"
+#include "stratum/net/socket.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -42,42 +38,10 @@ struct Frame {
   uint64_t bytes;
 };
 
-// A file descriptor that closes itself.
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Socket& operator=(Socket&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~Socket() { Reset(); }
-  int fd() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-
- private:
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-};
-
 int MillisecondsUntil(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000 * 1000));
-}
-
-void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
-void SetNoDelay(int fd) {
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 // A Unix stream socket holds at most its sender's SO_SNDBUF in flight; the default (about
@@ -86,32 +50,7 @@ void SetNoDelay(int fd) {
 // 2 or 4 MiB (net.core.wmem_max caps what is granted, so this is a request).
 constexpr int kUnixSocketBuffer = 1 << 20;
 
-void SetUnixBuffer(int fd) {
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kUnixSocketBuffer, sizeof(kUnixSocketBuffer));
-}
-
 std::string ErrnoText(int error) { return std::strerror(error); }
-
-// Reads or writes exactly `bytes` on a non-blocking socket by `deadline` (hellos only).
-absl::Status FullIo(int fd, void* data, size_t bytes, bool write, absl::Time deadline) {
-  char* cursor = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = write ? send(fd, cursor, bytes, MSG_NOSIGNAL) : recv(fd, cursor, bytes, 0);
-    if (n > 0) {
-      cursor += n;
-      bytes -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return absl::UnavailableError("the connection closed");
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return absl::UnavailableError(ErrnoText(errno));
-    pollfd poll_fd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    if (poll(&poll_fd, 1, MillisecondsUntil(deadline)) == 0 && absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("timed out");
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& address) {
   const HostPort split = SplitHostPort(address);
@@ -125,90 +64,41 @@ absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& addre
 // Listens on `host`: an IPv4 or IPv6 literal binds that address; a name binds every
 // interface, IPv6 and IPv4 both (IPv4 alone where the kernel has no IPv6).
 absl::StatusOr<std::pair<Socket, int>> Listen(const std::string& host) {
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  auto* ipv4 = reinterpret_cast<sockaddr_in*>(&address);
-  auto* ipv6 = reinterpret_cast<sockaddr_in6*>(&address);
-  bool any = false;
-  if (inet_pton(AF_INET, host.c_str(), &ipv4->sin_addr) == 1) {
-    ipv4->sin_family = AF_INET;
-    length = sizeof(sockaddr_in);
-  } else {
-    any = inet_pton(AF_INET6, host.c_str(), &ipv6->sin6_addr) != 1;
-    if (any) ipv6->sin6_addr = in6addr_any;
-    ipv6->sin6_family = AF_INET6;
-    length = sizeof(sockaddr_in6);
+  std::string literal = host;
+  if (literal.size() > 1 && literal.front() == '[' && literal.back() == ']') {
+    literal = literal.substr(1, literal.size() - 2);
   }
-  Socket listener(socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!listener.valid() && any && errno == EAFNOSUPPORT) {
-    address = {};
-    ipv4->sin_family = AF_INET;
-    ipv4->sin_addr.s_addr = htonl(INADDR_ANY);
-    length = sizeof(sockaddr_in);
-    listener = Socket(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  in6_addr parsed;
+  const bool ip = inet_pton(AF_INET, literal.c_str(), &parsed) == 1 ||
+                  inet_pton(AF_INET6, literal.c_str(), &parsed) == 1;
+  int port = 0;
+  absl::StatusOr<Socket> listener = ListenTcp(ip ? literal : "::", 0, &port);
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for collective connections on ", host,
+                                               ": ", listener.status().message()));
   }
-  if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
-  if (any && address.ss_family == AF_INET6) {
-    const int zero = 0;
-    setsockopt(listener.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-  }
-  if (bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-      listen(listener.fd(), 128) != 0 ||
-      getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen for collective connections on ", host, ": ", ErrnoText(errno)));
-  }
-  SetNonBlocking(listener.fd());
-  const in_port_t port = address.ss_family == AF_INET ? ipv4->sin_port : ipv6->sin6_port;
-  return std::make_pair(std::move(listener), static_cast<int>(ntohs(port)));
+  listener->SetNonBlocking();
+  return std::make_pair(*std::move(listener), port);
 }
+
+// Collective links have their own timeout: a slower worker may not read for long.
+constexpr TcpOptions kCollectiveTcp{.cut_silent_peers = false};
 
 // Connects to `address`, retrying while nothing listens yet, until `deadline`.
 absl::StatusOr<Socket> Connect(const std::string& address, absl::Time deadline) {
   STRATUM_ASSIGN_OR_RETURN(auto host_port, HostAndPort(address));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  std::string last_error;
   while (true) {
-    addrinfo* found = nullptr;
-    const int resolved = getaddrinfo(host_port.first.c_str(),
-                                     std::to_string(host_port.second).c_str(), &hints, &found);
-    if (resolved == 0) {
-      // Each address the name has (IPv6 and IPv4), in the resolver's order.
-      for (const addrinfo* each = found; each != nullptr; each = each->ai_next) {
-        Socket connection(socket(each->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (connection.valid() && connect(connection.fd(), each->ai_addr, each->ai_addrlen) == 0) {
-          freeaddrinfo(found);
-          return connection;
-        }
-        last_error = ErrnoText(errno);
-      }
-      freeaddrinfo(found);
-    } else {
-      last_error = gai_strerror(resolved);
-    }
+    // One try at most 5 s, so that a peer that comes up later is tried again.
+    absl::StatusOr<Socket> connection =
+        ConnectTcp(host_port.first, host_port.second,
+                   std::min(deadline, absl::Now() + absl::Seconds(5)), kCollectiveTcp);
+    if (connection.ok()) return connection;
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", address, ": ", last_error));
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", address, ": ", connection.status().message()));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-}
-
-// Connects to the abstract Unix socket `name` without waiting: it was bound before it was
-// published, so a refusal means the peer is in another network namespace (or host), and
-// a full backlog (EAGAIN) is left to TCP rather than waited out.
-absl::StatusOr<Socket> ConnectUnix(const std::string& name) {
-  Socket connection(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!connection.valid()) {
-    return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  }
-  sockaddr_un address;
-  const socklen_t length = AbstractUnixAddress(name, &address);
-  if (connect(connection.fd(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
-    return absl::NotFoundError(absl::StrCat("@", name, ": ", ErrnoText(errno)));
-  }
-  return connection;
 }
 
 class TcpTransport : public Transport {
@@ -381,13 +271,14 @@ uint64_t RandomToken() {
 
 // Accepts connections on the TCP listener and (when >= 0) the Unix one until every rank
 // below `rank` has said hello with the token; `links` records which listener each came by.
-absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int tcp_listener,
-                              int unix_listener, uint64_t token, std::vector<Socket>& peers,
-                              std::vector<PeerLink>& links, absl::Time deadline) {
+absl::Status AcceptLowerRanks(const TcpTransportOptions& options, const Socket& tcp_listener,
+                              const Socket& unix_listener, uint64_t token,
+                              std::vector<Socket>& peers, std::vector<PeerLink>& links,
+                              absl::Time deadline) {
   int missing = options.rank;
   while (missing > 0) {
-    pollfd fds[2] = {{tcp_listener, POLLIN, 0}, {unix_listener, POLLIN, 0}};
-    const nfds_t count = unix_listener >= 0 ? 2 : 1;
+    pollfd fds[2] = {{tcp_listener.fd(), POLLIN, 0}, {unix_listener.fd(), POLLIN, 0}};
+    const nfds_t count = unix_listener.valid() ? 2 : 1;
     const int wait_ms = MillisecondsUntil(deadline);
     const int ready =
         poll(fds, count, options.abort_check ? std::min(wait_ms, kAbortCheckMs) : wait_ms);
@@ -412,17 +303,18 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, int tcp_listen
     }
     for (nfds_t i = 0; i < count; ++i) {
       if ((fds[i].revents & POLLIN) == 0) continue;
-      Socket connection(accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!connection.valid()) continue;
+      absl::StatusOr<Socket> connection =
+          Accept(i == 0 ? tcp_listener : unix_listener, kCollectiveTcp);
+      if (!connection.ok()) continue;
       Hello hello{};
       const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
-      if (!FullIo(connection.fd(), &hello, sizeof(hello), false, hello_deadline).ok()) continue;
+      if (!connection->Receive(&hello, sizeof(hello), hello_deadline).ok()) continue;
       // A stranger (wrong magic or token, a rank we do not expect) is dropped.
       if (hello.magic != kHelloMagic || hello.token != token ||
           hello.rank >= static_cast<uint32_t>(options.rank) || peers[hello.rank].valid()) {
         continue;
       }
-      peers[hello.rank] = std::move(connection);
+      peers[hello.rank] = *std::move(connection);
       links[hello.rank] = i == 0 ? PeerLink::kTcp : PeerLink::kUnix;
       --missing;
     }
@@ -436,7 +328,7 @@ absl::StatusOr<std::pair<Socket, PeerLink>> ConnectPeer(const std::string& tcp_a
                                                         const std::string& unix_name,
                                                         absl::Time deadline) {
   if (!unix_name.empty()) {
-    absl::StatusOr<Socket> connection = ConnectUnix(unix_name);
+    absl::StatusOr<Socket> connection = ConnectUnix(unix_name, deadline);
     if (connection.ok()) return std::make_pair(*std::move(connection), PeerLink::kUnix);
   }
   STRATUM_ASSIGN_OR_RETURN(Socket connection, Connect(tcp_address, deadline));
@@ -466,10 +358,10 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
   if (options.same_host_unix_sockets) {
     const std::string name = absl::StrCat("stratum-collective-", getpid(), "-", listening.second,
                                           "-", absl::Hex(RandomToken()));
-    absl::StatusOr<int> fd = ListenAbstractUnix(name, 128);
-    if (fd.ok()) {
-      unix_listener = Socket(*fd);
-      SetNonBlocking(unix_listener.fd());
+    absl::StatusOr<Socket> bound = ListenUnix(name);
+    if (bound.ok()) {
+      unix_listener = *std::move(bound);
+      unix_listener.SetNonBlocking();
       unix_name = name;
     }
   }
@@ -515,10 +407,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
       return absl::UnavailableError(
           absl::StrCat("cannot reach ", named.names[peer], ": ", connection.status().message()));
     }
-    SetNonBlocking(connection->first.fd());
-    const Hello hello{kHelloMagic, static_cast<uint32_t>(options.rank), token};
-    Hello copy = hello;
-    if (absl::Status said = FullIo(connection->first.fd(), &copy, sizeof(copy), true, deadline);
+    Hello hello{kHelloMagic, static_cast<uint32_t>(options.rank), token};
+    if (absl::Status said = connection->first.Send({{&hello, sizeof(hello)}}, deadline);
         !said.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot greet ", named.names[peer], " at ",
                                                  *peer_address, ": ", said.message()));
@@ -527,17 +417,16 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
     links[static_cast<size_t>(peer)] = connection->second;
   }
   STRATUM_RETURN_IF_ERROR(
-      AcceptLowerRanks(named, listener.fd(), unix_listener.fd(), token, peers, links, deadline));
+      AcceptLowerRanks(named, listener, unix_listener, token, peers, links, deadline));
   // Errors name a peer by task and address: "worker:1 at 10.0.0.7:41234".
   std::vector<std::string> names;
   for (int r = 0; r < options.size; ++r) {
     std::string name = named.names[static_cast<size_t>(r)];
     if (r != options.rank) {
-      if (links[static_cast<size_t>(r)] == PeerLink::kTcp) {
-        SetNoDelay(peers[static_cast<size_t>(r)].fd());
-      } else {
-        SetUnixBuffer(peers[static_cast<size_t>(r)].fd());
-      }
+      // Every exchange polls both of its sockets: no call may block on one.
+      Socket& peer = peers[static_cast<size_t>(r)];
+      peer.SetNonBlocking();
+      if (links[static_cast<size_t>(r)] == PeerLink::kUnix) peer.SetSendBuffer(kUnixSocketBuffer);
       absl::StatusOr<std::string> at =
           rendezvous.Get(absl::StrCat(options.key_prefix, "/address/", r), absl::ZeroDuration());
       if (at.ok()) absl::StrAppend(&name, " at ", *at);

@@ -1,25 +1,22 @@
-#include "data_socket.h"
+#include "stratum/net/socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
+#include <cstddef>
 #include <cstring>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "stratum/net/free_port.h"
-#include "stratum/net/unix_socket.h"
 
 namespace stratum {
 namespace {
@@ -48,17 +45,14 @@ absl::Status FinishConnect(int fd, absl::Time deadline) {
   }
 }
 
-// Every TCP connection of the data path, both ends. A peer whose host is cut off by the
-// network sends no reset: without these, a push waits out its whole deadline (30 s) and
-// TCP's own retransmissions take about 15 minutes. With them the call fails with
-// "Connection timed out" within about 8 s: TCP_USER_TIMEOUT when what we sent stays
-// unacknowledged, keepalive probes when we wait for an answer. A busy but live peer's
-// kernel keeps acknowledging, so only a silent one is cut. (The data path's peers read
-// promptly, so its windows do not stay closed for seconds; the collectives, where a
-// slower worker may not read for long, have their own timeout instead.)
-void ConfigureTcpConnection(int fd) {
-  const int one = 1, idle_s = 2, interval_s = 2, probes = 3, unacknowledged_ms = 8000;
+// See TcpOptions. With cut_silent_peers a push to a host cut off by the network fails with
+// "Connection timed out" within about 8 s, where it would wait out its whole deadline and
+// TCP's own retransmissions take about 15 minutes.
+void ConfigureTcpConnection(int fd, const TcpOptions& options) {
+  const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (!options.cut_silent_peers) return;
+  const int idle_s = 2, interval_s = 2, probes = 3, unacknowledged_ms = 8000;
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
@@ -66,11 +60,11 @@ void ConfigureTcpConnection(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacknowledged_ms, sizeof(unacknowledged_ms));
 }
 
-absl::StatusOr<DataSocket> ConnectTo(int family, const sockaddr* address, socklen_t length,
-                                     absl::Time deadline) {
+absl::StatusOr<Socket> ConnectTo(int family, const sockaddr* address, socklen_t length,
+                                 absl::Time deadline, const TcpOptions& options) {
   const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  DataSocket socket(fd, family == AF_UNIX);
+  Socket socket(fd, family == AF_UNIX);
   if (connect(fd, address, length) != 0) {
     if (errno != EINPROGRESS) {
       const int error = errno;
@@ -82,20 +76,20 @@ absl::StatusOr<DataSocket> ConnectTo(int family, const sockaddr* address, sockle
     if (absl::Status status = FinishConnect(fd, deadline); !status.ok()) return status;
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  if (family != AF_UNIX) ConfigureTcpConnection(fd);
+  if (family != AF_UNIX) ConfigureTcpConnection(fd, options);
   return socket;
 }
 
 }  // namespace
 
-DataSocket::~DataSocket() {
+Socket::~Socket() {
   if (fd_ >= 0) close(fd_);
 }
 
-DataSocket::DataSocket(DataSocket&& other) noexcept
+Socket::Socket(Socket&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)), is_unix_(other.is_unix_) {}
 
-DataSocket& DataSocket::operator=(DataSocket&& other) noexcept {
+Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) close(fd_);
     fd_ = std::exchange(other.fd_, -1);
@@ -104,7 +98,7 @@ DataSocket& DataSocket::operator=(DataSocket&& other) noexcept {
   return *this;
 }
 
-absl::Status DataSocket::SetTimeout(int option, absl::Time deadline) {
+absl::Status Socket::SetTimeout(int option, absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) {
     const timeval none{0, 0};  // block for as long as it takes
     setsockopt(fd_, SOL_SOCKET, option, &none, sizeof(none));
@@ -117,7 +111,7 @@ absl::Status DataSocket::SetTimeout(int option, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::Status DataSocket::Send(std::vector<iovec> parts, absl::Time deadline, int fd_to_pass) {
+absl::Status Socket::Send(std::vector<iovec> parts, absl::Time deadline, int fd_to_pass) {
   size_t next = 0;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   while (next < parts.size()) {
@@ -159,8 +153,7 @@ absl::Status DataSocket::Send(std::vector<iovec> parts, absl::Time deadline, int
   return absl::OkStatus();
 }
 
-absl::Status DataSocket::Receive(void* data, size_t size, absl::Time deadline,
-                                 std::vector<int>* fds) {
+absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline, std::vector<int>* fds) {
   char* out = static_cast<char*>(data);
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
   while (size > 0) {
@@ -206,7 +199,7 @@ absl::Status DataSocket::Receive(void* data, size_t size, absl::Time deadline,
   return absl::OkStatus();
 }
 
-absl::Status DataSocket::Discard(uint64_t size, absl::Time deadline) {
+absl::Status Socket::Discard(uint64_t size, absl::Time deadline) {
   std::vector<char> sink(std::min<uint64_t>(size, 1 << 20));
   while (size > 0) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size, sink.size()));
@@ -216,94 +209,26 @@ absl::Status DataSocket::Discard(uint64_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-bool DataSocket::IdleAndOpen() const {
+bool Socket::IdleAndOpen() const {
   if (fd_ < 0) return false;
   pollfd entry{fd_, POLLIN | POLLRDHUP, 0};
   return poll(&entry, 1, 0) == 0;
 }
 
-void DataSocket::Shutdown() {
+void Socket::Shutdown() {
   if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
 }
 
-void AlignedBuffer::Reserve(size_t bytes, size_t keep) {
-  if (bytes <= capacity_) return;
-  const size_t capacity = std::max(bytes, capacity_ + capacity_ / 2) / 64 * 64 + 64;
-  void* memory = std::aligned_alloc(64, capacity);
-  if (memory == nullptr) throw std::bad_alloc();
-  std::shared_ptr<void> grown(memory, [](void* p) { std::free(p); });
-  if (keep > 0) std::memcpy(grown.get(), memory_.get(), std::min(keep, capacity_));
-  memory_ = std::move(grown);
-  capacity_ = capacity;
+void Socket::SetNonBlocking() {
+  if (fd_ >= 0) fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
 }
 
-void AlignedBuffer::Release() {
-  memory_.reset();
-  capacity_ = 0;
+void Socket::SetSendBuffer(int bytes) {
+  if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(size_t size) {
-  std::shared_ptr<SharedSegment> segment(new SharedSegment());
-  segment->fd_ = memfd_create("stratum-ps-data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (segment->fd_ < 0) {
-    return absl::UnavailableError(absl::StrCat("memfd_create: ", ErrnoText(errno)));
-  }
-  if (ftruncate(segment->fd_, static_cast<off_t>(size)) != 0 ||
-      fcntl(segment->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot size a shared segment of ", size, " bytes: ", ErrnoText(errno)));
-  }
-  void* data =
-      mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, segment->fd_, 0);
-  if (data == MAP_FAILED) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot map a shared segment of ", size, " bytes: ", ErrnoText(errno)));
-  }
-  segment->data_ = static_cast<char*>(data);
-  segment->size_ = size;
-  return segment;
-}
-
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(int fd, size_t max_size) {
-  std::shared_ptr<SharedSegment> segment(new SharedSegment());
-  segment->fd_ = fd;
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    return absl::InvalidArgumentError(
-        "the shared segment passed is not a memfd sealed against shrinking and growing");
-  }
-  struct stat info {};
-  if (fstat(fd, &info) != 0 || info.st_size <= 0) {
-    return absl::InvalidArgumentError("the shared segment passed is empty");
-  }
-  const size_t size = static_cast<size_t>(info.st_size);
-  if (size > max_size) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the shared segment passed holds ", size, " bytes, more than the ", max_size,
-                     " a request and its answer may take: send smaller requests"));
-  }
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot map the shared segment passed: ", ErrnoText(errno)));
-  }
-  segment->data_ = static_cast<char*>(data);
-  segment->size_ = size;
-  segment->CloseFd();
-  return segment;
-}
-
-SharedSegment::~SharedSegment() {
-  if (data_ != nullptr) munmap(data_, size_);
-  CloseFd();
-}
-
-void SharedSegment::CloseFd() {
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-}
-
-absl::StatusOr<DataSocket> ConnectTcp(const std::string& host, int port, absl::Time deadline) {
+absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, absl::Time deadline,
+                                  TcpOptions options) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -315,8 +240,8 @@ absl::StatusOr<DataSocket> ConnectTcp(const std::string& host, int port, absl::T
   }
   absl::Status last = absl::UnavailableError(absl::StrCat("\"", host, "\" has no address"));
   for (addrinfo* entry = found; entry != nullptr; entry = entry->ai_next) {
-    absl::StatusOr<DataSocket> socket =
-        ConnectTo(entry->ai_family, entry->ai_addr, entry->ai_addrlen, deadline);
+    absl::StatusOr<Socket> socket =
+        ConnectTo(entry->ai_family, entry->ai_addr, entry->ai_addrlen, deadline, options);
     if (socket.ok()) {
       freeaddrinfo(found);
       return socket;
@@ -327,59 +252,103 @@ absl::StatusOr<DataSocket> ConnectTcp(const std::string& host, int port, absl::T
   return last;
 }
 
-absl::StatusOr<DataSocket> ConnectUnix(const std::string& name, absl::Time deadline) {
+absl::StatusOr<Socket> ConnectUnix(const std::string& name, absl::Time deadline) {
   sockaddr_un address;
   const socklen_t length = AbstractUnixAddress(name, &address);
-  return ConnectTo(AF_UNIX, reinterpret_cast<const sockaddr*>(&address), length, deadline);
+  return ConnectTo(AF_UNIX, reinterpret_cast<const sockaddr*>(&address), length, deadline, {});
 }
 
-absl::StatusOr<DataSocket> ListenTcp(const std::string& host, int port, int* bound_port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const char* node = host.empty() || host == "::" || host == "[::]" ? nullptr : host.c_str();
-  if (node == nullptr) hints.ai_family = AF_INET6;
-  if (const int error = getaddrinfo(node, service.c_str(), &hints, &found); error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve \"", host, "\" to listen on: ", gai_strerror(error)));
+absl::StatusOr<Socket> ListenTcp(const std::string& host, int port, int* bound_port, int backlog) {
+  std::string literal = host;
+  if (literal.size() > 1 && literal.front() == '[' && literal.back() == ']') {
+    literal = literal.substr(1, literal.size() - 2);
   }
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  auto* ipv4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* ipv6 = reinterpret_cast<sockaddr_in6*>(&address);
+  const bool any = literal.empty() || literal == "::";
+  if (any) {
+    ipv6->sin6_family = AF_INET6;
+    ipv6->sin6_addr = in6addr_any;
+    length = sizeof(sockaddr_in6);
+  } else if (inet_pton(AF_INET, literal.c_str(), &ipv4->sin_addr) == 1) {
+    ipv4->sin_family = AF_INET;
+    length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, literal.c_str(), &ipv6->sin6_addr) == 1) {
+    ipv6->sin6_family = AF_INET6;
+    length = sizeof(sockaddr_in6);
+  } else {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (const int error = getaddrinfo(literal.c_str(), nullptr, &hints, &found); error != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot resolve \"", host, "\" to listen on: ", gai_strerror(error)));
+    }
+    std::memcpy(&address, found->ai_addr, found->ai_addrlen);
+    length = found->ai_addrlen;
     freeaddrinfo(found);
-    return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
   }
-  DataSocket listener(fd, false);
+  if (address.ss_family == AF_INET) {
+    ipv4->sin_port = htons(static_cast<uint16_t>(port));
+  } else {
+    ipv6->sin6_port = htons(static_cast<uint16_t>(port));
+  }
+  int fd = socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 && any && errno == EAFNOSUPPORT) {  // a kernel without IPv6
+    address = {};
+    ipv4->sin_family = AF_INET;
+    ipv4->sin_addr.s_addr = htonl(INADDR_ANY);
+    ipv4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(sockaddr_in);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  }
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  Socket listener(fd, false);
   const int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (found->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-  const int error =
-      bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 64) == 0 ? 0 : errno;
-  freeaddrinfo(found);
-  if (error != 0) {
+  if (any && address.ss_family == AF_INET6) {
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || listen(fd, backlog) != 0) {
+    const int error = errno;
     return absl::Status(ListenErrorCode(error),
                         absl::StrCat("cannot listen on ", host,
                                      port == 0 ? " (any free port)" : absl::StrCat(":", port), ": ",
                                      ErrnoText(error)));
   }
-  sockaddr_storage address{};
-  socklen_t length = sizeof(address);
+  length = sizeof(address);
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  *bound_port =
-      ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
-                                          : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+  *bound_port = ntohs(address.ss_family == AF_INET6 ? ipv6->sin6_port : ipv4->sin_port);
   return listener;
 }
 
-absl::StatusOr<DataSocket> ListenUnix(const std::string& name) {
-  absl::StatusOr<int> fd = ListenAbstractUnix(name);
-  if (!fd.ok()) return fd.status();
-  return DataSocket(*fd, true);
+absl::StatusOr<Socket> ListenUnix(const std::string& name, int backlog) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  Socket listener(fd, true);
+  sockaddr_un address;
+  const socklen_t length = AbstractUnixAddress(name, &address);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
+      listen(fd, backlog) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on the Unix socket @", name, ": ", ErrnoText(errno)));
+  }
+  return listener;
 }
 
-std::string DataSocket::PeerHost() const {
+socklen_t AbstractUnixAddress(const std::string& name, sockaddr_un* address) {
+  std::memset(address, 0, sizeof(*address));
+  address->sun_family = AF_UNIX;
+  const size_t length = std::min(name.size(), sizeof(address->sun_path) - 1);
+  std::memcpy(address->sun_path + 1, name.data(), length);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
+}
+
+std::string Socket::PeerHost() const {
   if (is_unix_) return "this host";
   sockaddr_storage address{};
   socklen_t length = sizeof(address);
@@ -392,12 +361,12 @@ std::string DataSocket::PeerHost() const {
   return host;
 }
 
-absl::StatusOr<DataSocket> Accept(const DataSocket& listener) {
+absl::StatusOr<Socket> Accept(const Socket& listener, TcpOptions options) {
   for (;;) {
     const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
-      if (!listener.is_unix()) ConfigureTcpConnection(fd);
-      return DataSocket(fd, listener.is_unix());
+      if (!listener.is_unix()) ConfigureTcpConnection(fd, options);
+      return Socket(fd, listener.is_unix());
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     // Out of descriptors or memory: the listener is fine, and connections that end free
