@@ -3,16 +3,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "stratum/util/error_kind.h"
 
 namespace stratum {
 namespace {
-
-std::string Ago(absl::Time since) {
-  return absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Milliseconds(1)));
-}
 
 // Compares all bytes whatever differs, so the time taken says nothing of the secret.
 bool SameSecret(absl::string_view a, absl::string_view b) {
@@ -24,8 +19,12 @@ bool SameSecret(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
+std::string CoordinatorLease::Ago(absl::Time since) const {
+  return absl::FormatDuration(absl::Trunc(clock_.Now() - since, absl::Milliseconds(1)));
+}
+
 bool CoordinatorLease::HolderSilent() const {
-  return holder_ == 0 || absl::Now() - last_heard_ > lease_;
+  return holder_ == 0 || clock_.Now() - last_heard_ > lease_;
 }
 
 absl::Status CoordinatorLease::ForgeryOf(const CoordinatorCredential& caller) const {
@@ -88,11 +87,12 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
         holder_claim_.peer.empty() ? "an unknown address" : holder_claim_.peer);
   }
   if (!restart) {
-    const absl::Time deadline = absl::Now() + wait;
+    const absl::Time deadline = clock_.Now() + wait;
     while (!RefusalFor(caller).ok() && !replaced_.contains(claimant.incarnation) &&
-           absl::Now() < deadline) {
+           clock_.Now() < deadline) {
       // Woken by Release; else checked again when the holder's lease may have run out.
-      mutex_.AwaitWithDeadline(absl::Condition(
+      clock_.AwaitWithDeadline(mutex_,
+                               absl::Condition(
                                    +[](uint64_t* holder) { return *holder == 0; }, &holder_),
                                std::min(deadline, last_heard_ + lease_ + absl::Milliseconds(1)));
     }
@@ -114,14 +114,14 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
     holder_ = claimant.incarnation;
     holder_claim_ = claimant;
   }
-  last_heard_ = absl::Now();
+  last_heard_ = clock_.Now();
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorLease::Heartbeat(const CoordinatorCredential& caller) {
   absl::MutexLock lock(&mutex_);
   if (absl::Status refused = RefusalFor(caller); !refused.ok()) return refused;
-  if (caller.incarnation != 0 && holder_ == caller.incarnation) last_heard_ = absl::Now();
+  if (caller.incarnation != 0 && holder_ == caller.incarnation) last_heard_ = clock_.Now();
   return absl::OkStatus();
 }
 
@@ -145,7 +145,7 @@ absl::StatusOr<std::string> CoordinatorLease::HolderCheckpointDir(
         " declared no checkpoint folder when it claimed it, and files are written and read "
         "only there"));
   }
-  last_heard_ = absl::Now();
+  last_heard_ = clock_.Now();
   return holder_claim_.checkpoint_dir;
 }
 

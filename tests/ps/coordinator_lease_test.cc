@@ -1,17 +1,20 @@
 #include "stratum/ps/coordinator_lease.h"
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "stratum/testing/fake_clock.h"
 #include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
 
+using testing::FakeClock;
 using ::testing::HasSubstr;
 
 const CoordinatorClaimant kFirst = {.incarnation = 11,
@@ -31,37 +34,62 @@ CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
   return {claimant.incarnation, claimant.secret};
 }
 
+// Runs `call` (a claim that waits) on a thread while the fake time moves on in `step`s,
+// with `each_step` (a holder's heartbeat, or nothing) before each; its status.
+absl::Status WhileTimeMoves(FakeClock& clock, const std::function<absl::Status()>& call,
+                            absl::Duration step, const std::function<void()>& each_step) {
+  std::atomic<bool> done = false;
+  absl::Status status;
+  std::thread caller([&] {
+    status = call();
+    done = true;
+  });
+  while (!done) {
+    if (each_step) each_step();
+    clock.Advance(step);
+    absl::SleepFor(absl::Microseconds(200));  // lets the waiter look (it would anyway)
+  }
+  caller.join();
+  return status;
+}
+
 TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom) {
-  CoordinatorLease lease(absl::Milliseconds(300));
+  FakeClock clock;
+  CoordinatorLease lease(absl::Milliseconds(300), {}, clock);
   ASSERT_OK(lease.Claim(kFirst));
+  clock.Advance(absl::Milliseconds(401));  // the holder is still within its lease
+  ASSERT_OK(lease.Heartbeat(Of(kFirst)));
+  clock.Advance(absl::Milliseconds(299));
   const absl::Status refused = lease.Claim(kSecond);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr(std::string("this parameter server ") + kHeldByAnotherCoordinator +
-                        " (first), heard from "));
+                        " (first), heard from 299ms ago"));
   EXPECT_THAT(std::string(refused.message()), HasSubstr("stop that one first"));
   // Nor may it change the variables or heartbeat meanwhile; an anonymous caller neither.
   EXPECT_FALSE(lease.Heartbeat(Of(kSecond)).ok());
   EXPECT_FALSE(lease.Heartbeat({}).ok());
   // The holder's heartbeats keep it through a wait longer than the lease.
-  std::thread heartbeats([&lease] {
-    for (int i = 0; i < 8; ++i) {
-      EXPECT_OK(lease.Heartbeat(Of(kFirst)));
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  });
-  EXPECT_FALSE(lease.Claim(kSecond, absl::Milliseconds(600)).ok());
-  heartbeats.join();
+  EXPECT_FALSE(WhileTimeMoves(
+                   clock, [&] { return lease.Claim(kSecond, absl::Milliseconds(600)); },
+                   absl::Milliseconds(100), [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); })
+                   .ok());
 }
 
 TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
-  CoordinatorLease lease(absl::Milliseconds(200));
+  FakeClock clock;
+  CoordinatorLease lease(absl::Milliseconds(200), {}, clock);
   // Heartbeats do not claim: a PS nobody holds answers them, and stays free.
   EXPECT_OK(lease.Heartbeat(Of(kSecond)));
   ASSERT_OK(lease.Claim(kFirst));
-  const absl::Time start = absl::Now();
-  EXPECT_OK(lease.Claim(kSecond, absl::Seconds(5)));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // once the holder fell silent
+  clock.Advance(absl::Milliseconds(200));
+  EXPECT_FALSE(lease.Claim(kSecond).ok());  // heard from just within the lease
+  // Once the holder is silent for longer, a claim that waits gets the PS.
+  const absl::Time start = clock.Now();
+  EXPECT_OK(WhileTimeMoves(
+      clock, [&] { return lease.Claim(kSecond, absl::Seconds(5)); }, absl::Milliseconds(10),
+      nullptr));
+  EXPECT_LT(clock.Now() - start, absl::Seconds(5));
   EXPECT_TRUE(lease.Release(Of(kSecond)));
   for (const absl::Status& back : {lease.Heartbeat(Of(kFirst)), lease.Claim(kFirst)}) {
     EXPECT_THAT(std::string(back.message()),
@@ -102,23 +130,17 @@ TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnc
 // holder's but calls from another network address is not taken for the holder restarted.
 // It waits out the lease like any other, so it cannot take over while the holder lives.
 TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
-  CoordinatorLease lease(absl::Milliseconds(300));
+  FakeClock clock;
+  CoordinatorLease lease(absl::Milliseconds(300), {}, clock);
   ASSERT_OK(lease.Claim(kFirst));
   CoordinatorClaimant forger = kFirst;
   forger.incarnation = 99;
   forger.secret = "secret-of-the-forger";
   forger.who = "forger";
   forger.peer = "10.0.0.66";
-  std::atomic<bool> done = false;
-  std::thread heartbeats([&lease, &done] {
-    while (!done) {
-      EXPECT_OK(lease.Heartbeat(Of(kFirst)));
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-  });
-  const absl::Status refused = lease.Claim(forger, absl::Milliseconds(700));
-  done = true;
-  heartbeats.join();
+  const absl::Status refused = WhileTimeMoves(
+      clock, [&] { return lease.Claim(forger, absl::Milliseconds(700)); }, absl::Milliseconds(50),
+      [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); });
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr("held by another coordinator (first)"));
   EXPECT_OK(lease.Heartbeat(Of(kFirst)));
@@ -129,7 +151,9 @@ TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
   // once the old process has been silent for the lease.
   forger.peer = "10.0.0.7";
   forger.who = "first, rescheduled";
-  EXPECT_OK(lease.Claim(forger, absl::Seconds(5)));
+  EXPECT_OK(WhileTimeMoves(
+      clock, [&] { return lease.Claim(forger, absl::Seconds(5)); }, absl::Milliseconds(50),
+      nullptr));
   EXPECT_THAT(std::string(lease.Heartbeat(Of(kFirst)).message()),
               HasSubstr("first, rescheduled took it over after this coordinator was silent"));
 }

@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "stratum/util/clock.h"
 
 namespace stratum {
 
@@ -62,8 +63,10 @@ struct LeaseWording {
 
 class CoordinatorLease {
  public:
-  explicit CoordinatorLease(absl::Duration lease = absl::Seconds(5), LeaseWording wording = {})
-      : lease_(lease), wording_(std::move(wording)) {}
+  // `clock` tells the time the lease is counted in (a test's FakeClock drives it).
+  explicit CoordinatorLease(absl::Duration lease = absl::Seconds(5), LeaseWording wording = {},
+                            const Clock& clock = Clock::Real())
+      : lease_(lease), wording_(std::move(wording)), clock_(clock) {}
 
   // Takes the PS for `claimant` (or keeps it). A holder heard from within the lease makes
   // this wait up to `wait` for it to fall silent, then FAILED_PRECONDITION naming it. A
@@ -89,6 +92,8 @@ class CoordinatorLease {
 
  private:
   bool HolderSilent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // How long ago `since` was, for messages ("401ms").
+  std::string Ago(absl::Time since) const;
   absl::Status RefusalFor(const CoordinatorCredential& caller) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The holder's incarnation without the holder's secret: PERMISSION_DENIED, logged.
@@ -97,6 +102,7 @@ class CoordinatorLease {
 
   const absl::Duration lease_;
   const LeaseWording wording_;
+  const Clock& clock_;
   absl::Mutex mutex_;
   uint64_t holder_ ABSL_GUARDED_BY(mutex_) = 0;  // 0: none
   CoordinatorClaimant holder_claim_ ABSL_GUARDED_BY(mutex_);
