@@ -172,7 +172,7 @@ void ClusterCoordinator::CountDown(size_t worker, int change) {
   if (!every_worker_down) {
     every_worker_down_since_ = absl::InfiniteFuture();
   } else if (every_worker_down_since_ == absl::InfiniteFuture()) {
-    every_worker_down_since_ = absl::Now();
+    every_worker_down_since_ = clock().Now();
     // Workers left out (they answer, but cannot set the job up) come back only when
     // restarted: when all are, the job ends at once (CheckEveryWorkerDown), waiting for none.
     const bool every_worker_left_out =
@@ -204,7 +204,7 @@ void ClusterCoordinator::CheckEveryWorkerDown() {
     CancelQueued(absl::CancelledError(absl::StrCat("cancelled: ", error_.message())));
     return;
   }
-  if (absl::Now() - every_worker_down_since_ <= options_.worker_recovery_timeout) return;
+  if (clock().Now() - every_worker_down_since_ <= options_.worker_recovery_timeout) return;
   std::vector<std::string> names;
   for (const auto& worker : workers_) names.push_back(worker->name());
   error_ = absl::UnavailableError(absl::StrCat(
@@ -218,7 +218,8 @@ absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condit
                                                               absl::Time deadline) {
   constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
   while (true) {
-    const absl::Time now = absl::Now();
+    // A cancel is looked for every kCancelPoll of real time; the deadline is on the clock.
+    const absl::Time now = clock().Now();
     if (mutex_.AwaitWithTimeout(condition, std::min(kCancelPoll, deadline - now))) return true;
     CheckEveryWorkerDown();
     if (!error_.ok() && condition.Eval()) return true;
@@ -229,7 +230,7 @@ absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condit
       return absl::CancelledError(
           absl::StrCat("stopped by a signal during training (", pending, ")"));
     }
-    if (absl::Now() >= deadline) return false;
+    if (clock().Now() >= deadline) return false;
   }
 }
 
@@ -269,7 +270,8 @@ absl::Status ClusterCoordinator::Join(absl::Duration timeout) {
   absl::MutexLock lock(&mutex_);
   auto idle = [this]()
                   ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return queue_.empty() && in_flight_ == 0; };
-  absl::StatusOr<bool> idled = AwaitUnlessCancelled(absl::Condition(&idle), absl::Now() + timeout);
+  absl::StatusOr<bool> idled =
+      AwaitUnlessCancelled(absl::Condition(&idle), clock().Now() + timeout);
   if (!idled.ok()) return idled.status();
   if (!*idled) {
     return absl::DeadlineExceededError(absl::StrCat(

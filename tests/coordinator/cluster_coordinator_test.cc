@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "stratum/testing/fake_clock.h"
 #include "stratum/testing/status_matchers.h"
 
 namespace stratum {
 namespace {
 
+using testing::FakeClock;
 using ::testing::HasSubstr;
 using testing::StatusIs;
 
@@ -79,6 +81,10 @@ class FakeWorker : public WorkerExecutor {
   int executed() {
     absl::MutexLock lock(&mutex_);
     return executed_;
+  }
+  bool down() {
+    absl::MutexLock lock(&mutex_);
+    return down_;
   }
   absl::Duration delay_ = absl::ZeroDuration();
   std::atomic<int> started_{0};  // calls of Execute
@@ -251,25 +257,46 @@ TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
 // Every worker down past worker_recovery_timeout ends Join with an error naming them (TF
 // waits without end); a worker back in time resets the clock.
 TEST(ClusterCoordinatorTest, EveryWorkerDownPastTheRecoveryTimeoutIsAnErrorNamingThem) {
-  Fixture f(2, {.worker_recovery_timeout = absl::Milliseconds(300)});
+  FakeClock clock;
+  Fixture f(2, {.worker_recovery_timeout = absl::Milliseconds(300), .clock = &clock});
   for (FakeWorker* fake : f.fakes) fake->DieOnNextCall();  // and never restarted
   auto first = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
   auto second = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
-  const absl::Time start = absl::Now();
-  absl::Status joined = f.coordinator->Join(absl::Seconds(10));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  absl::Status joined;
+  absl::Notification join_returned;
+  std::thread join([&] {
+    joined = f.coordinator->Join(absl::Seconds(10));
+    join_returned.Notify();
+  });
+  // Not at the timeout: both workers must be down first, then 300 ms may pass.
+  clock.Advance(absl::Milliseconds(299));
+  EXPECT_FALSE(join_returned.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  while (!join_returned.HasBeenNotified()) {
+    clock.Advance(absl::Milliseconds(100));
+    join_returned.WaitForNotificationWithTimeout(absl::Milliseconds(10));
+  }
+  join.join();
   EXPECT_EQ(joined.code(), absl::StatusCode::kUnavailable) << joined;
   EXPECT_THAT(std::string(joined.message()),
               HasSubstr("every worker has been down for 300ms (worker:0, worker:1), so no "
                         "closure can run: start them again, or raise --worker_recovery_timeout"));
   EXPECT_EQ(first->status(), RemoteValueStatus::kAborted);
 
-  // One worker back within the timeout: the closures run there and nothing fails.
-  Fixture g(2, {.worker_recovery_timeout = absl::Milliseconds(500)});
+  // One worker back within the timeout: the closures run there and nothing fails, however
+  // long the job then runs.
+  Fixture g(2, {.worker_recovery_timeout = absl::Milliseconds(500), .clock = &clock});
   for (FakeWorker* fake : g.fakes) fake->DieOnNextCall();
   auto value = *g.coordinator->Schedule("step", {Tensor::Scalar(0)});
-  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!(g.fakes[0]->down() && g.fakes[1]->down()) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // the closure kills both, in real time
+  }
+  clock.Advance(absl::Milliseconds(499));
   g.fakes[1]->Restart();
+  while (value->status() == RemoteValueStatus::kNotReady && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // the real thread that runs it
+  }
+  clock.Advance(absl::Seconds(5));
   EXPECT_OK(g.coordinator->Join(absl::Seconds(10)));
   EXPECT_EQ(Output(value), 1.0f);
 }

@@ -34,6 +34,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stratum/tensor/tensor.h"
+#include "stratum/util/clock.h"
 
 namespace stratum {
 
@@ -122,6 +123,9 @@ struct ClusterCoordinatorOptions {
   // Asked by Schedule and Join (cheap, no RPC): an error ends the program's use of the
   // cluster with it, e.g. once another coordinator took its parameter servers over.
   std::function<absl::Status()> check_hold;
+  // The time worker_recovery_timeout and Join's timeout count in (a test's FakeClock
+  // drives it); null: Clock::Real(). A cancel is noticed within 100 ms of real time.
+  const Clock* clock = nullptr;
 };
 
 class ClusterCoordinator {
@@ -170,6 +174,8 @@ class ClusterCoordinator {
   // (and cancels the queue) when cancel was notified.
   absl::StatusOr<bool> AwaitUnlessCancelled(const absl::Condition& condition, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const Clock& clock() const { return options_.clock != nullptr ? *options_.clock : Clock::Real(); }
 
   const ClusterCoordinatorOptions options_;
   std::vector<std::unique_ptr<WorkerExecutor>> workers_;
