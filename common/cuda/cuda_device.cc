@@ -327,6 +327,18 @@ void CudaDevice::AverageStepsGrad(const float* grad_out, int64_t batch, int64_t 
                                 stream_));
 }
 
+void CudaDevice::AverageMaskedSteps(const float*, const float*, int64_t, int64_t, int64_t,
+                                    float*) const {
+  Record(absl::UnimplementedError(
+      "the mean over the steps an Embedding's mask_zero leaves has no CUDA kernel"));
+}
+
+void CudaDevice::AverageMaskedStepsGrad(const float*, const float*, int64_t, int64_t, int64_t,
+                                        float*, bool) const {
+  Record(absl::UnimplementedError(
+      "the mean over the steps an Embedding's mask_zero leaves has no CUDA kernel"));
+}
+
 void CudaDevice::Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
                         const float* bias, float* out) const {
   Record(convolutions_->Forward(w, batch, Typed(x), Typed(kernel), Typed(out)));

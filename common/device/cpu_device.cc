@@ -348,6 +348,41 @@ class Cpu final : public Device {
     }
   }
 
+  void AverageMaskedSteps(const float* x, const float* step_ids, int64_t batch, int64_t steps,
+                          int64_t width, float* out) const override {
+    for (int64_t b = 0; b < batch; ++b) {
+      RowVectorMap mean(out + b * width, width);
+      mean.setZero();
+      int64_t count = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        if (step_ids[b * steps + s] == 0.0f) continue;
+        mean += ConstRowVectorMap(x + (b * steps + s) * width, width);
+        ++count;
+      }
+      if (count > 0) mean *= 1.0f / static_cast<float>(count);
+    }
+  }
+
+  void AverageMaskedStepsGrad(const float* grad_out, const float* step_ids, int64_t batch,
+                              int64_t steps, int64_t width, float* grad_x,
+                              bool accumulate) const override {
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* ids = step_ids + b * steps;
+      const int64_t count = std::count_if(ids, ids + steps, [](float id) { return id != 0.0f; });
+      const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+      const ConstRowVectorMap g(grad_out + b * width, width);
+      for (int64_t s = 0; s < steps; ++s) {
+        RowVectorMap out(grad_x + (b * steps + s) * width, width);
+        const float step_scale = ids[s] != 0.0f ? scale : 0.0f;
+        if (accumulate) {
+          out += g * step_scale;
+        } else {
+          out = g * step_scale;
+        }
+      }
+    }
+  }
+
   void Dropout(RandomStream& rng, float rate, const float* x, float* out, float* mask,
                int64_t n) const override {
     const float keep_scale = 1.0f / (1.0f - rate);

@@ -3,6 +3,7 @@
 // inputs and outputs. Layers come from the registry; every refusal names the layer and the fix.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -109,6 +110,13 @@ absl::Status CheckInputLayer(const json& config, const std::string& name, Model:
 // Adds inputs and layers to a model's graph, checking each as it comes.
 class GraphBuilder {
  public:
+  // Keras' mask of a tensor, as far as Stratum carries one (MaskGiven): the tensor of the
+  // ids whose zeros mask its steps, and the layer that made the mask.
+  struct Mask {
+    int ids = -1;
+    std::string maker;
+  };
+
   explicit GraphBuilder(Model::Impl& impl) : impl_(impl) {}
 
   int AddInput(const std::string& name, const Shape& shape) {
@@ -129,13 +137,19 @@ class GraphBuilder {
       return absl::InvalidArgumentError(
           absl::StrCat(where, " repeats a layer name: give every layer a distinct name"));
     }
+    STRATUM_ASSIGN_OR_RETURN(const std::optional<Mask> mask, MaskGiven(spec, where, inputs));
+    // GlobalAveragePooling1D takes the mask as a second input: the ids.
+    std::vector<int> node_inputs = inputs;
+    if (mask.has_value() && spec.class_name == "GlobalAveragePooling1D") {
+      node_inputs.push_back(mask->ids);
+    }
     std::vector<Shape> shapes;
-    for (int id : inputs) shapes.push_back(impl_.tensors[static_cast<size_t>(id)].shape);
+    for (int id : node_inputs) shapes.push_back(impl_.tensors[static_cast<size_t>(id)].shape);
     STRATUM_ASSIGN_OR_RETURN(LayerBuild build, spec.layer->Build(shapes, where));
     GraphNode node;
     node.name = spec.name;
     node.class_name = spec.class_name;
-    node.inputs = inputs;
+    node.inputs = node_inputs;
     node.scratch_per_example = build.scratch_per_example;
     node.scratch_per_step = build.scratch_per_step;
     node.synchronized =
@@ -157,8 +171,13 @@ class GraphBuilder {
     total_parameters_ += node.parameters;
     const int node_id = static_cast<int>(impl_.nodes.size());
     node.output = NewTensor(std::move(build.output), node_id);
+    if (build.masks_zero_ids) {
+      mask_of_[node.output] = {inputs[0], where};
+    } else if (mask.has_value() && spec.class_name != "GlobalAveragePooling1D") {
+      mask_of_[node.output] = *mask;
+    }
     bool needs_grad = !node.variables.empty();
-    for (int id : inputs) {
+    for (int id : node_inputs) {
       GraphTensor& input = impl_.tensors[static_cast<size_t>(id)];
       ++input.consumers;
       needs_grad = needs_grad || input.needs_grad;
@@ -169,6 +188,28 @@ class GraphBuilder {
     node.layer = std::shared_ptr<const Layer>(std::move(spec.layer));
     impl_.nodes.push_back(std::move(node));
     return absl::OkStatus();
+  }
+
+  // The mask `inputs` carry to the layer `spec` (none: nullopt). An Embedding with mask_zero
+  // masks the steps whose id is 0; Dense, Dropout and Activation, which work step by step,
+  // pass it on; GlobalAveragePooling1D takes it (its mean leaves those steps out). Any other
+  // layer given one is refused, as Keras refuses a layer that does not support masking.
+  absl::StatusOr<std::optional<Mask>> MaskGiven(const LayerSpec& spec, const std::string& where,
+                                                const std::vector<int>& inputs) const {
+    std::optional<Mask> mask;
+    for (int id : inputs) {
+      if (auto found = mask_of_.find(id); found != mask_of_.end()) mask = found->second;
+    }
+    if (!mask.has_value()) return mask;
+    static const std::set<std::string> kTakesMasks = {"GlobalAveragePooling1D", "Dense", "Dropout",
+                                                      "Activation"};
+    if (inputs.size() != 1 || kTakesMasks.count(spec.class_name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is given the mask of ", mask->maker,
+          " (mask_zero), which Stratum carries only through Dense, Dropout and Activation to "
+          "GlobalAveragePooling1D: average the steps there, or set mask_zero to false"));
+    }
+    return mask;
   }
 
   // One policy for the model: a layer's mixed policy is the model's, and a float32 layer in
@@ -239,6 +280,14 @@ class GraphBuilder {
   // Sets the outputs, checks that every layer and input leads to one, and derives the
   // model's input shape and output size.
   absl::Status Finish(const std::vector<int>& outputs) {
+    for (int id : outputs) {
+      if (auto mask = mask_of_.find(id); mask != mask_of_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a model output carries the mask of ", mask->second.maker,
+            " (mask_zero), with which Keras would leave masked steps out of the loss, which "
+            "Stratum does not: average the steps with GlobalAveragePooling1D before the output"));
+      }
+    }
     impl_.outputs = outputs;
     // An input takes ids when declared int, or when an Embedding or IntegerLookup reads it as
     // it is (Keras casts a float32 input's values to ids there, never scaling them).
@@ -310,6 +359,7 @@ class GraphBuilder {
   std::map<std::string, int> tensor_of_;  // layer or input name -> its output tensor
   std::set<std::string> names_;
   int64_t total_parameters_ = 0;
+  std::map<int, Mask> mask_of_;  // per masked tensor (AddNode)
 };
 
 // ---- Sequential -------------------------------------------------------------------------

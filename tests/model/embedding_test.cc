@@ -76,6 +76,89 @@ TEST(EmbeddingTest, AveragesOverStepsAndSharesTheGradient) {
               ::testing::ElementsAre(2, 3, 2, 3, 2, 3, 1, 2, 1, 2, 1, 2));
 }
 
+TEST(EmbeddingTest, AMaskedMeanLeavesPaddingStepsOut) {
+  const Device& cpu = CpuDevice();
+  const float x[] = {1, 2, 3, 4, 5, 6, /* example 2: all padding */ 7, 7, 7, 7, 7, 7};
+  const float ids[] = {4, 0, 9, /**/ 0, 0, 0};
+  float out[4] = {9, 9, 9, 9};
+  cpu.AverageMaskedSteps(x, ids, 2, 3, 2, out);
+  // Keras divides 0 by 0 for the second (NaN); Stratum gives zeros.
+  EXPECT_THAT(std::vector<float>(out, out + 4), ::testing::ElementsAre(3, 4, 0, 0));
+  const float grad_out[] = {4, 6, 5, 5};
+  float grad_x[12];
+  std::fill(grad_x, grad_x + 12, 1.0f);
+  cpu.AverageMaskedStepsGrad(grad_out, ids, 2, 3, 2, grad_x, /*accumulate=*/true);
+  EXPECT_THAT(std::vector<float>(grad_x, grad_x + 12),
+              ::testing::ElementsAre(3, 4, 1, 1, 3, 4, 1, 1, 1, 1, 1, 1));
+  cpu.AverageMaskedStepsGrad(grad_out, ids, 2, 3, 2, grad_x, /*accumulate=*/false);
+  EXPECT_THAT(std::vector<float>(grad_x, grad_x + 12),
+              ::testing::ElementsAre(2, 3, 0, 0, 2, 3, 0, 0, 0, 0, 0, 0));
+}
+
+// With mask_zero, padded sequences train as their unpadded steps alone would: the same
+// predictions, loss and gradients as a model given only those ids, and no gradient for the
+// padding row. Dense and Dropout between the table and the mean pass the mask on.
+TEST(EmbeddingTest, MaskZeroTrainsPaddedSequencesAsTheirStepsAlone) {
+  auto make = [](int64_t steps, bool mask_zero) {
+    return Model::FromKerasJson(Sequential(
+        Input({steps}, "int32"),
+        {Embedding(
+             {{"name", "emb"}, {"input_dim", 10}, {"output_dim", 3}, {"mask_zero", mask_zero}}),
+         {{"class_name", "Dense"}, {"config", {{"name", "per_step"}, {"units", 4}}}},
+         {{"class_name", "Dropout"}, {"config", {{"rate", 0.0}}}},
+         {{"class_name", "GlobalAveragePooling1D"}, {"config", json::object()}},
+         {{"class_name", "Dense"}, {"config", {{"units", 1}, {"activation", "sigmoid"}}}}}));
+  };
+  auto padded = make(4, true);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  auto unpadded = make(2, false);
+  ASSERT_TRUE(unpadded.ok()) << unpadded.status();
+  EXPECT_TRUE(padded->variables()[0].row_sparse);  // ids still straight from the input
+  const std::vector<Tensor> variables = padded->InitialVariables(5);
+  auto loss = Loss::FromKeras("binary_crossentropy");
+  ASSERT_OK(loss);
+  const Tensor y = Tensor::FromVector<int32_t>({2}, {1, 0});
+  auto padded_ws = padded->NewWorkspace(1);
+  auto unpadded_ws = unpadded->NewWorkspace(1);
+  std::vector<Tensor> padded_grads, unpadded_grads;
+  auto a =
+      padded->TrainStep(variables, Tensor::FromVector<float>({2, 4}, {5, 3, 0, 0, /**/ 0, 7, 0, 2}),
+                        y, *loss, 0.5f, *padded_ws, padded_grads);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = unpadded->TrainStep(variables, Tensor::FromVector<float>({2, 2}, {5, 3, /**/ 7, 2}), y,
+                               *loss, 0.5f, *unpadded_ws, unpadded_grads);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FLOAT_EQ(a->loss_sum, b->loss_sum);
+  ASSERT_EQ(padded_grads.size(), unpadded_grads.size());
+  for (size_t v = 0; v < padded_grads.size(); ++v) {
+    for (int64_t i = 0; i < padded_grads[v].num_elements(); ++i) {
+      EXPECT_FLOAT_EQ(padded_grads[v].data<float>()[i], unpadded_grads[v].data<float>()[i])
+          << padded->variables()[v].name << " [" << i << "]";
+    }
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(padded_grads[0].data<float>()[k], 0.0f);  // row 0
+  // A sequence of padding alone averages to zeros: the output is the head's bias, not NaN.
+  auto empty =
+      padded->Predict(variables, Tensor::FromVector<float>({1, 4}, {0, 0, 0, 0}), *padded_ws);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_FLOAT_EQ(empty->data<float>()[0], 0.5f);  // sigmoid(0): the bias starts at zeros
+
+  // The mask must end at a mean: a model whose output still carries it is refused.
+  auto unfinished = Model::FromKerasJson(Sequential(
+      Input({4}, "int32"),
+      {Embedding({{"name", "emb"}, {"input_dim", 10}, {"output_dim", 1}, {"mask_zero", true}}),
+       {{"class_name", "Reshape"}, {"config", {{"target_shape", {4}}}}}}));
+  EXPECT_THAT(std::string(unfinished.status().message()),
+              HasSubstr("is given the mask of model layer \"emb\" (Embedding)"));
+  auto output_masked = Model::FromKerasJson(Sequential(
+      Input({4}, "int32"),
+      {Embedding({{"name", "emb"}, {"input_dim", 10}, {"output_dim", 1}, {"mask_zero", true}}),
+       {{"class_name", "Dense"}, {"config", {{"units", 1}}}}}));
+  EXPECT_THAT(std::string(output_masked.status().message()),
+              HasSubstr("a model output carries the mask of model layer \"emb\" (Embedding) "
+                        "(mask_zero)"));
+}
+
 TEST(EmbeddingTest, BuildsKerasShapesVariablesAndInitialValues) {
   auto model = Model::FromKerasJson(Sequential(
       Input({4}, "int32"), {Embedding({{"name", "emb"}, {"input_dim", 1000}, {"output_dim", 8}}),
@@ -279,8 +362,12 @@ TEST(EmbeddingTest, RefusesWhatStratumDoesNotImplementByName) {
         {Embedding(std::move(config)), {{"class_name", "Flatten"}, {"config", json::object()}}}));
     return std::string(model.status().message());
   };
-  EXPECT_THAT(refusal({{"input_dim", 5}, {"output_dim", 2}, {"mask_zero", true}}),
-              HasSubstr("mask_zero to true, which Stratum does not support yet"));
+  // The mask reaches only GlobalAveragePooling1D: Flatten (as in Keras) does not take it.
+  EXPECT_THAT(
+      refusal({{"name", "words"}, {"input_dim", 5}, {"output_dim", 2}, {"mask_zero", true}}),
+      HasSubstr("(Flatten) is given the mask of model layer \"words\" (Embedding) "
+                "(mask_zero), which Stratum carries only through Dense, Dropout and "
+                "Activation to GlobalAveragePooling1D"));
   EXPECT_THAT(refusal({{"output_dim", 2}}), HasSubstr("input_dim missing: set it to a positive"));
   EXPECT_THAT(refusal({{"input_dim", 5}, {"output_dim", 0}}), HasSubstr("output_dim 0"));
   EXPECT_THAT(refusal({{"input_dim", 5}, {"output_dim", 2}, {"embeddings_constraint", "non_neg"}}),

@@ -2,6 +2,10 @@
 // up by integer ids (an input of any shape [...] becomes [..., output_dim]), and the mean over
 // the steps of a sequence [steps, features] -> [features], as Keras computes them.
 //
+// With mask_zero, id 0 is padding: it still looks up row 0 (as in Keras), and the model
+// carries the mask to a GlobalAveragePooling1D after it (through Dense, Dropout and
+// Activation), whose mean then leaves those steps out (model_json.cc's MaskGiven).
+//
 // Ids reach the layer as the model's float values: an InputLayer of dtype int32 or int64 takes
 // them unscaled. An id outside [0, input_dim) looks up zeros and moves no row (TensorFlow's
 // GPU behaviour; its CPU refuses the step).
@@ -26,11 +30,12 @@ using keras::Find;
 class Embedding final : public Layer {
  public:
   Embedding(int64_t input_dim, int64_t output_dim, keras::Initializer initializer,
-            keras::Regularizer regularizer)
+            keras::Regularizer regularizer, bool mask_zero)
       : input_dim_(input_dim),
         output_dim_(output_dim),
         initializer_(std::move(initializer)),
-        regularizer_(regularizer) {}
+        regularizer_(regularizer),
+        mask_zero_(mask_zero) {}
 
   absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
                                    const std::string& where) override {
@@ -53,6 +58,7 @@ class Embedding final : public Layer {
                                                   initializer_, regularizer_));
     build.variables.back().row_sparse = true;
     build.scratch_per_example = ids_per_example_;  // the ids' positions among given rows
+    build.masks_zero_ids = mask_zero_;
     return build;
   }
 
@@ -92,6 +98,7 @@ class Embedding final : public Layer {
   const int64_t output_dim_;
   const keras::Initializer initializer_;
   const keras::Regularizer regularizer_;
+  const bool mask_zero_;
   int64_t ids_per_example_ = 0;
 };
 
@@ -99,6 +106,8 @@ class GlobalAveragePooling1D final : public Layer {
  public:
   explicit GlobalAveragePooling1D(bool keepdims) : keepdims_(keepdims) {}
 
+  // A second input, when the model gives one, is the ids of an Embedding with mask_zero
+  // [steps]: the mean then leaves out the steps whose id is 0.
   absl::StatusOr<LayerBuild> Build(const std::vector<Shape>& inputs,
                                    const std::string& where) override {
     const Shape& in = inputs[0];
@@ -109,17 +118,40 @@ class GlobalAveragePooling1D final : public Layer {
     }
     steps_ = in.dim(0);
     width_ = in.dim(1);
+    masked_ = inputs.size() == 2;
+    if (masked_ && inputs[1].num_elements() != steps_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is given the mask of ", inputs[1].num_elements(), " ids for sequences of ",
+          steps_, " steps: give the Embedding one id per step ([steps] per example)"));
+    }
     LayerBuild build;
     build.output = keepdims_ ? Shape({1, width_}) : Shape({width_});
     return build;
   }
 
+  // The masked mean has no CUDA kernel yet.
+  bool RunsOnGpu() const override { return !masked_; }
+
   void Forward(const LayerForward& args) const override {
+    if (masked_) {
+      args.device->AverageMaskedSteps(args.inputs[0], args.inputs[1], args.batch, steps_, width_,
+                                      args.output);
+      return;
+    }
     args.device->AverageSteps(args.inputs[0], args.batch, steps_, width_, args.output);
   }
 
   void Backward(const LayerBackward& args) const override {
+    // Ids have no gradient.
+    if (masked_ && args.grad_inputs[1] != nullptr && !args.accumulate[1]) {
+      args.device->Zero(args.grad_inputs[1], args.batch * steps_);
+    }
     if (args.grad_inputs[0] == nullptr) return;
+    if (masked_) {
+      args.device->AverageMaskedStepsGrad(args.grad_output, args.inputs[1], args.batch, steps_,
+                                          width_, args.grad_inputs[0], args.accumulate[0]);
+      return;
+    }
     args.device->AverageStepsGrad(args.grad_output, args.batch, steps_, width_, args.grad_inputs[0],
                                   args.accumulate[0]);
   }
@@ -128,6 +160,7 @@ class GlobalAveragePooling1D final : public Layer {
   const bool keepdims_;
   int64_t steps_ = 0;
   int64_t width_ = 0;
+  bool masked_ = false;
 };
 
 // A positive integer option below 2^31.
@@ -156,12 +189,6 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& confi
   STRATUM_RETURN_IF_ERROR(keras::RefuseFrozen(where, config));
   STRATUM_ASSIGN_OR_RETURN(const bool mask_zero,
                            keras::ParseBool(where, config, "mask_zero", false));
-  if (mask_zero) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where,
-        " sets mask_zero to true, which Stratum does not support yet (masks are not carried to "
-        "the layers after it): remove it, and keep id 0 for padding the model may learn"));
-  }
   STRATUM_ASSIGN_OR_RETURN(const bool sparse, keras::ParseBool(where, config, "sparse", false));
   if (sparse) {
     return absl::InvalidArgumentError(
@@ -183,7 +210,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& confi
       keras::ParseInitializer(where, config, "embeddings_initializer", "random_uniform"));
   STRATUM_ASSIGN_OR_RETURN(keras::Regularizer regularizer,
                            keras::ParseRegularizer(where, config, "embeddings_regularizer"));
-  return std::make_unique<Embedding>(input_dim, output_dim, std::move(initializer), regularizer);
+  return std::make_unique<Embedding>(input_dim, output_dim, std::move(initializer), regularizer,
+                                     mask_zero);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeGlobalAveragePooling1D(const nlohmann::json& config,

@@ -103,6 +103,13 @@ class CudaDevice final : public Device {
                     float* out) const override;
   void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
                         float* grad_x, bool accumulate) const override;
+  // No CUDA kernel: a masked GlobalAveragePooling1D trains on the CPU (Layer::RunsOnGpu), so
+  // these record UNIMPLEMENTED if called.
+  void AverageMaskedSteps(const float* x, const float* step_ids, int64_t batch, int64_t steps,
+                          int64_t width, float* out) const override;
+  void AverageMaskedStepsGrad(const float* grad_out, const float* step_ids, int64_t batch,
+                              int64_t steps, int64_t width, float* grad_x,
+                              bool accumulate) const override;
   void Conv2D(const Window2D& w, int64_t batch, const float* x, const float* kernel,
               const float* bias, float* out) const override;
   void Conv2DBackwardData(const Window2D& w, int64_t batch, const float* grad_out,

@@ -167,6 +167,15 @@ class Device {
                             float* out) const = 0;
   virtual void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
                                 float* grad_x, bool accumulate) const = 0;
+  // The same over the steps whose id step_ids[b, s] is not 0 (the mask of an Embedding
+  // with mask_zero): out[b, :] = their mean, zeros when every step of b is padding (where
+  // Keras divides 0 by 0), and grad_x[b, s, :] (+)= grad_out[b, :] / their count at those
+  // steps, 0 (or nothing added) at the others.
+  virtual void AverageMaskedSteps(const float* x, const float* step_ids, int64_t batch,
+                                  int64_t steps, int64_t width, float* out) const = 0;
+  virtual void AverageMaskedStepsGrad(const float* grad_out, const float* step_ids, int64_t batch,
+                                      int64_t steps, int64_t width, float* grad_x,
+                                      bool accumulate) const = 0;
 
   // Inverted dropout: mask = 1 / (1 - rate) with probability 1 - rate, else 0, and
   // out = x * mask. The CPU draws the mask from `rng`; a GPU from a seed drawn from it and

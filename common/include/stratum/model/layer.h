@@ -73,6 +73,9 @@ struct LayerBuild {
   std::vector<VariableSpec> variables;
   int64_t scratch_per_example = 0;
   int64_t scratch_per_step = 0;
+  // The output's steps are masked where input 0's ids are 0 (Keras' mask of an Embedding
+  // with mask_zero); the model carries the mask to the layer that takes it.
+  bool masks_zero_ids = false;
 };
 
 // Sums small per-step values over the replicas in sync, for a layer whose statistics span
