@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "grpc_worker_executor.h"
 #include "proto/worker.pb.h"
+#include "remote_worker_executor.h"
 #include "stratum/net/host_port.h"
 #include "stratum/util/process_info.h"
 #include "stratum/util/status_macros.h"
@@ -65,9 +65,13 @@ std::vector<std::unique_ptr<WorkerExecutor>> MakeWorkerExecutors(
     }
     request.set_num_workers(static_cast<int>(workers.size()));
     request.set_worker_index(index);
-    executors.push_back(std::make_unique<GrpcWorkerExecutor>(
-        absl::StrCat("worker:", index), *cluster.TaskAddress(kWorker, index), std::move(request),
-        setup.rpc_timeout, setup.channel, may_set_up_again));
+    const std::string task = absl::StrCat("worker:", index);
+    const std::string address = *cluster.TaskAddress(kWorker, index);
+    executors.push_back(std::make_unique<RemoteWorkerExecutor>(
+        task, address, std::move(request), setup.rpc_timeout,
+        std::make_unique<GrpcWorkerConnection>(absl::StrCat(task, " at ", address), address,
+                                               setup.channel),
+        may_set_up_again));
   }
   return executors;
 }

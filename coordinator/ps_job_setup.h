@@ -46,7 +46,7 @@ struct WorkerSetup {
   ChannelOptions channel;
 };
 
-// One executor per worker of `cluster`; `may_set_up_again` as GrpcWorkerExecutor takes it.
+// One executor per worker of `cluster`; `may_set_up_again` as RemoteWorkerExecutor takes it.
 std::vector<std::unique_ptr<WorkerExecutor>> MakeWorkerExecutors(
     const ClusterSpec& cluster, const WorkerSetup& setup,
     const std::function<absl::Status()>& may_set_up_again);

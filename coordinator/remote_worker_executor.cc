@@ -1,4 +1,4 @@
-#include "grpc_worker_executor.h"
+#include "remote_worker_executor.h"
 
 #include <optional>
 #include <utility>
@@ -6,43 +6,37 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
-#include "stratum/net/health.h"
-#include "stratum/net/status.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
 
-GrpcWorkerExecutor::GrpcWorkerExecutor(std::string task, std::string address,
-                                       proto::SetupJobRequest setup, absl::Duration timeout,
-                                       ChannelOptions channel,
-                                       std::function<absl::Status()> may_set_up_again)
+RemoteWorkerExecutor::RemoteWorkerExecutor(std::string task, std::string address,
+                                           proto::SetupJobRequest setup, absl::Duration timeout,
+                                           std::unique_ptr<WorkerConnection> connection,
+                                           std::function<absl::Status()> may_set_up_again)
     : task_(std::move(task)),
       address_(std::move(address)),
       setup_(std::move(setup)),
       timeout_(timeout),
-      channel_(std::move(channel)),
-      may_set_up_again_(std::move(may_set_up_again)),
-      stub_(proto::WorkerService::NewStub(MakeChannel(address_, channel_))) {}
+      connection_(std::move(connection)),
+      may_set_up_again_(std::move(may_set_up_again)) {}
 
-GrpcWorkerExecutor::~GrpcWorkerExecutor() {
+RemoteWorkerExecutor::~RemoteWorkerExecutor() {
   {
     absl::MutexLock lock(&setup_mutex_);
     if (generation_ == 0) return;  // never set up: nothing held
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   proto::LeaveRequest request;
   request.set_coordinator_incarnation(setup_.coordinator_incarnation());
   request.set_coordinator_secret(setup_.coordinator().secret());
-  proto::LeaveResponse response;
-  (void)stub_->Leave(&context, request, &response);
+  connection_->Leave(request, absl::Seconds(1));
 }
 
-std::string GrpcWorkerExecutor::name() const { return absl::StrCat(task_, " at ", address_); }
+std::string RemoteWorkerExecutor::name() const { return absl::StrCat(task_, " at ", address_); }
 
-absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closure) {
+absl::StatusOr<ClosureOutputs> RemoteWorkerExecutor::Execute(const Closure& closure) {
   absl::StatusOr<uint64_t> generation = EnsureSetUp();
   if (!generation.ok()) return generation.status();
   proto::RunClosureRequest request;
@@ -58,25 +52,14 @@ absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closur
       sent->mutable_per_worker()->set_dataset(arg.per_worker()->dataset);
     }
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-  {
-    absl::MutexLock lock(&mutex_);
-    if (cancelled_) return absl::CancelledError("the coordinator is shutting down");
-    in_flight_.insert(&context);
+  if (cancelled_) return absl::CancelledError("the coordinator is shutting down");
+  absl::StatusOr<proto::RunClosureResponse> response = connection_->RunClosure(request, timeout_);
+  if (!response.ok() && cancelled_) {
+    return absl::CancelledError("the coordinator shut down before the closure ended");
   }
-  proto::RunClosureResponse response;
-  absl::Status status = FromGrpcStatus(stub_->RunClosure(&context, request, &response), name());
-  {
-    absl::MutexLock lock(&mutex_);
-    in_flight_.erase(&context);
-    if (cancelled_ && !status.ok()) {
-      return absl::CancelledError("the coordinator shut down before the closure ended");
-    }
-  }
-  if (!status.ok()) return Classify(status, *generation);
+  if (!response.ok()) return Classify(response.status(), *generation);
   ClosureOutputs outputs;
-  for (const proto::TensorProto& output : response.outputs()) {
+  for (const proto::TensorProto& output : response->outputs()) {
     absl::StatusOr<Tensor> tensor = TensorFromProto(output);
     if (!tensor.ok()) return tensor.status();
     outputs.push_back(*std::move(tensor));
@@ -84,18 +67,17 @@ absl::StatusOr<ClosureOutputs> GrpcWorkerExecutor::Execute(const Closure& closur
   return outputs;
 }
 
-void GrpcWorkerExecutor::Cancel() {
-  absl::MutexLock lock(&mutex_);
+void RemoteWorkerExecutor::Cancel() {
   cancelled_ = true;
-  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  connection_->CancelAll();
 }
 
-absl::Status GrpcWorkerExecutor::LeftOut() const {
+absl::Status RemoteWorkerExecutor::LeftOut() const {
   absl::MutexLock lock(&left_out_mutex_);
   return left_out_;
 }
 
-absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& stop) {
+absl::Status RemoteWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& stop) {
   uint64_t refused_by = 0;
   {
     absl::MutexLock lock(&left_out_mutex_);
@@ -105,7 +87,7 @@ absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& sto
     // Left out: the process that could not set the job up will not by itself; its restart
     // (another incarnation on the address) may.
     while (!stop) {
-      absl::StatusOr<TaskReport> report = GetTaskReport(address_, absl::Seconds(1), channel_);
+      absl::StatusOr<TaskReport> report = connection_->Report(absl::Seconds(1));
       if (report.ok() && report->incarnation != refused_by) {
         spdlog::info("{} restarted; it will be set up anew", name());
         absl::MutexLock lock(&left_out_mutex_);
@@ -118,7 +100,7 @@ absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& sto
   }
   bool said = false;
   while (!stop) {
-    if (CheckHealth(address_, absl::Seconds(1), channel_).ok()) {
+    if (connection_->Health(absl::Seconds(1)).ok()) {
       spdlog::info("{} answers again; it will be set up anew", name());
       return absl::OkStatus();
     }
@@ -129,17 +111,14 @@ absl::Status GrpcWorkerExecutor::WaitUntilAvailable(const std::atomic<bool>& sto
   return absl::CancelledError("stopping");
 }
 
-absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
+absl::StatusOr<uint64_t> RemoteWorkerExecutor::EnsureSetUp() {
   absl::MutexLock lock(&setup_mutex_);
   if (set_up_) return generation_;
   // A worker that lost its job may have been set up by another coordinator since.
   if (generation_ > 0) STRATUM_RETURN_IF_ERROR(may_set_up_again_());
   // The process asked (read first: one that restarts meanwhile is another, not left out).
-  const absl::StatusOr<TaskReport> asked = GetTaskReport(address_, absl::Seconds(1), channel_);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-  proto::SetupJobResponse response;
-  absl::Status status = FromGrpcStatus(stub_->SetupJob(&context, setup_, &response), name());
+  const absl::StatusOr<TaskReport> asked = connection_->Report(absl::Seconds(1));
+  const absl::Status status = connection_->SetupJob(setup_, timeout_).status();
   if (!status.ok()) {
     // The worker's own answer about the job (its data, memory, files), as opposed to a
     // transport fault, a lease or a restart, which Classify handles.
@@ -169,8 +148,8 @@ absl::StatusOr<uint64_t> GrpcWorkerExecutor::EnsureSetUp() {
   return ++generation_;
 }
 
-absl::Status GrpcWorkerExecutor::Classify(const absl::Status& status, uint64_t generation,
-                                          bool locked) {
+absl::Status RemoteWorkerExecutor::Classify(const absl::Status& status, uint64_t generation,
+                                            bool locked) {
   if (IsErrorKind(status, ErrorKind::kHeldByAnotherCoordinator)) {
     return Rewrapped(status, absl::StrCat(status.message(),
                                           "; this coordinator stops and leaves the job to it"));

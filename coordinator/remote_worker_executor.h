@@ -1,49 +1,47 @@
-// GrpcWorkerExecutor: the ClusterCoordinator's WorkerExecutor for one stratum-worker over
-// gRPC (proto::WorkerService). It sets the job up on the worker on first use and again
-// after the worker restarted (lost its job) or was unreachable, and classifies the worker's
-// failures for the coordinator: UNAVAILABLE (down) and ABORTED (restarted) run the closure
-// elsewhere; FAILED_PRECONDITION when another coordinator holds the worker ends the job. A
-// worker that answers but cannot set the job up is left out (LeftOut) until it restarts.
-// Internal to coordinator/ (the PS training job builds one per worker).
+// RemoteWorkerExecutor: the ClusterCoordinator's WorkerExecutor for one worker process
+// (stratum-worker), reached through a WorkerConnection (gRPC in a job). It sets the job up
+// on the worker on first use and again after the worker restarted (lost its job) or was
+// unreachable, and classifies the worker's failures for the coordinator: UNAVAILABLE
+// (down) and ABORTED (restarted) run the closure elsewhere; FAILED_PRECONDITION when
+// another coordinator holds the worker ends the job. A worker that answers but cannot set
+// the job up is left out (LeftOut) until it restarts. Internal to coordinator/ (the PS
+// training job builds one per worker).
 //
 // Thread safety: Execute, Cancel and WaitUntilAvailable may be called from several of the
 // coordinator's threads at once (several closures in flight on one worker): one thread sets
-// the job up while the others wait (setup_mutex_), and Cancel ends every RPC in flight.
+// the job up while the others wait (setup_mutex_), and Cancel ends every call in flight.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
-
-#include <grpcpp/client_context.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/worker.grpc.pb.h"
+#include "proto/worker.pb.h"
 #include "stratum/coordinator/cluster_coordinator.h"
-#include "stratum/net/channel.h"
+#include "worker_connection.h"
 
 namespace stratum {
 
-class GrpcWorkerExecutor : public WorkerExecutor {
+class RemoteWorkerExecutor : public WorkerExecutor {
  public:
   // `task` ("worker:1") and `address` name the worker; `setup` is the job it is given;
-  // `timeout` bounds every RPC. `may_set_up_again`: asked before the job is set up on the
+  // `timeout` bounds every call. `may_set_up_again`: asked before the job is set up on the
   // worker again; an error ends the job instead (this coordinator lost the cluster to
   // another one).
-  GrpcWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
-                     absl::Duration timeout, ChannelOptions channel,
-                     std::function<absl::Status()> may_set_up_again);
+  RemoteWorkerExecutor(std::string task, std::string address, proto::SetupJobRequest setup,
+                       absl::Duration timeout, std::unique_ptr<WorkerConnection> connection,
+                       std::function<absl::Status()> may_set_up_again);
 
   // Done with the worker (best effort): another coordinator may set it up at once, not
   // only once this one's claim has run out.
-  ~GrpcWorkerExecutor() override;
+  ~RemoteWorkerExecutor() override;
 
   std::string name() const override;
   absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override;
@@ -66,9 +64,8 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   std::string address_;
   proto::SetupJobRequest setup_;
   absl::Duration timeout_;
-  ChannelOptions channel_;
+  std::unique_ptr<WorkerConnection> connection_;
   std::function<absl::Status()> may_set_up_again_;
-  std::unique_ptr<proto::WorkerService::Stub> stub_;
   absl::Mutex setup_mutex_;
   bool set_up_ ABSL_GUARDED_BY(setup_mutex_) = false;
   // Why the worker is left out (OK: it is not), and the worker process that refused: it is
@@ -77,9 +74,7 @@ class GrpcWorkerExecutor : public WorkerExecutor {
   absl::Status left_out_ ABSL_GUARDED_BY(left_out_mutex_);
   uint64_t left_out_incarnation_ ABSL_GUARDED_BY(left_out_mutex_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(setup_mutex_) = 0;  // counts set-ups
-  absl::Mutex mutex_;
-  bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mutex_);
+  std::atomic<bool> cancelled_ = false;                    // Cancel was called
 };
 
 }  // namespace stratum
