@@ -57,14 +57,15 @@ class PsOutsiderTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // The PS runs under a small descriptor limit, so that a flood can reach it.
-    auto cluster = LocalCluster::Start(
-        {.num_workers = 1,
-         .num_ps = 1,
-         .not_started = {{"worker", 0}},
-         .wrapper_by_task =
-             {{{"ps", 0},
-               {"/bin/sh", "-c", absl::StrCat("ulimit -n ", kPsDescriptors, " && exec \"$0\" \"$@\"")}}},
-         .forward_output = false});
+    auto cluster =
+        LocalCluster::Start({.num_workers = 1,
+                             .num_ps = 1,
+                             .not_started = {{"worker", 0}},
+                             .wrapper_by_task = {{{"ps", 0},
+                                                  {"/bin/sh", "-c",
+                                                   absl::StrCat("ulimit -n ", kPsDescriptors,
+                                                                " && exec \"$0\" \"$@\"")}}},
+                             .forward_output = false});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     coordinator_ = std::make_unique<PsClient>("ps:0", Address(), options_);
