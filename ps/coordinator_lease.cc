@@ -73,12 +73,12 @@ absl::Status CoordinatorLease::Claim(const CoordinatorClaimant& claimant, absl::
   if (absl::Status forged = ForgeryOf(caller); !forged.ok()) return forged;
   // Two processes cannot serve on one address of one host: this is the holder restarted,
   // provided it calls from where the holder called (anyone can name the address and host).
-  const bool restart = holder_ != 0 && holder_ != claimant.incarnation &&
-                       !claimant.address.empty() && claimant.address == holder_claim_.address &&
-                       claimant.host == holder_claim_.host && !claimant.peer.empty() &&
-                       claimant.peer == holder_claim_.peer;
-  if (!restart && holder_ != 0 && claimant.address == holder_claim_.address &&
-      claimant.host == holder_claim_.host && claimant.peer != holder_claim_.peer) {
+  const bool names_holder =
+      holder_ != 0 && holder_ != claimant.incarnation && !claimant.address.empty() &&
+      claimant.address == holder_claim_.address && claimant.host == holder_claim_.host;
+  const bool from_holders_address = !claimant.peer.empty() && claimant.peer == holder_claim_.peer;
+  const bool restart = names_holder && from_holders_address;
+  if (names_holder && !from_holders_address) {
     spdlog::info(
         "{} names the address and host of the holder ({}) but calls from {}, not {}: it is "
         "taken for the holder restarted only once the holder has been silent for the lease",
