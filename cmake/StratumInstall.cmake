@@ -32,7 +32,7 @@ install(FILES ${PROJECT_BINARY_DIR}/StratumConfig.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Stratum)
 
 # pkg-config: the libraries in link order, then what they need.
-set(STRATUM_PC_LIBS "-lstratum_coordinator -lstratum_worker -lstratum_ps -lstratum_common -lstratum_proto ${STRATUM_DNNL_LIBRARY} -lgomp")
+set(STRATUM_PC_LIBS "-lstratum_coordinator -lstratum_worker -lstratum_ps -lstratum_common -lstratum_proto ${STRATUM_DNNL_LIBRARY} ${STRATUM_FARMHASH_LIBRARY} -lgomp")
 set(STRATUM_PC_CFLAGS "")
 if(STRATUM_CUDA_ENABLED)
   string(APPEND STRATUM_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublas ${STRATUM_NCCL_LIBRARY} ${STRATUM_CUDNN_LIBRARY}")

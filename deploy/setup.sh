@@ -27,6 +27,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libspdlog-dev libeigen3-dev zlib1g-dev libssl-dev
   libdnnl-dev  # oneDNN: the CPU convolutions
+  libfarmhash-dev  # StringLookup's hashing of out-of-vocabulary tokens (linked statically)
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers: the fuzz tests (tests/fuzz/)
   iproute2  # the tests' simulated hosts (network namespaces)

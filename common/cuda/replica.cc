@@ -411,7 +411,8 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
         input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(), input.data->row_size,
         input.order, counters, input.stride, input.offset, input.rows, input.rescale,
         device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream));
-    const int fused = model_.graph().SoftmaxOutputNode(true);
+    // The GPU loss kernels take a softmax's logits; a sigmoid's probabilities are clipped.
+    const int fused = model_.graph().LogitsOutputNode(true, ActivationKind::kSoftmax);
     STRATUM_RETURN_IF_ERROR(Forward(input.rows, true));
     STRATUM_RETURN_IF_ERROR(EnqueueLoss(input.rows, true, fused, loss_scale, sums, counters));
     STRATUM_RETURN_IF_ERROR(Backward(input.rows, fused));
@@ -516,7 +517,7 @@ absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, 
   STRATUM_RETURN_IF_ERROR(GatherRescale(
       data.images.as<uint8_t>(), data.labels.as<uint8_t>(), data.row_size, nullptr, nullptr, 0,
       first, rows, rescale, device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream_.get()));
-  const int fused = model_.graph().SoftmaxOutputNode(false);
+  const int fused = model_.graph().LogitsOutputNode(false, ActivationKind::kSoftmax);
   STRATUM_RETURN_IF_ERROR(Forward(rows, false));
   return EnqueueLoss(rows, false, fused, 1.0f, sums_.as<MetricSums>() + 1, nullptr);
 }

@@ -1,5 +1,6 @@
 #include "stratum/data/csv.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -163,7 +164,8 @@ bool ParseFloat(const std::string& s, double& out) {
 struct Column {
   std::string name;
   CsvColumnDefault spec;
-  int output = -1;  // -1: not read; -2: the label; else the index in x
+  int output = -1;                            // -1: not read; -2: the label; else the index in x
+  std::shared_ptr<const TokenLookup> lookup;  // values to ids, or null
 };
 
 class CsvFileFormat;
@@ -260,6 +262,16 @@ absl::StatusOr<std::optional<Element>> CsvExampleReader::Next() {
     if (column.output == -1) continue;
     const std::string& text = fields_[c];
     double value = 0;
+    if (column.lookup != nullptr && column.spec.type == Type::kString) {
+      // A token: an empty field is the token "" (make_csv_dataset's default for text).
+      const int64_t id = column.lookup->Index(text);
+      if (column.output == -2) {
+        *y.data<int64_t>() = id;
+      } else {
+        xs[column.output] = static_cast<float>(id);
+      }
+      continue;
+    }
     if (text.empty() || text == format_.options().na_value) {
       if (column.spec.required) {
         return absl::InvalidArgumentError(
@@ -267,6 +279,9 @@ absl::StatusOr<std::optional<Element>> CsvExampleReader::Next() {
                          "\" is empty and has no default: give one in column_defaults"));
       }
       value = column.spec.value;
+      if (column.lookup != nullptr) {
+        value = static_cast<double>(column.lookup->Index(static_cast<int64_t>(value)));
+      }
     } else if (column.spec.type == Type::kInt64) {
       int64_t v;
       if (!ParseInt(text, v)) {
@@ -275,6 +290,7 @@ absl::StatusOr<std::optional<Element>> CsvExampleReader::Next() {
                                                        "\", not an int64: fix the value, or make "
                                                        "the column's default a float"));
       }
+      if (column.lookup != nullptr) v = column.lookup->Index(v);
       if (column.output == -2) {
         *y.data<int64_t>() = v;
         continue;
@@ -395,18 +411,45 @@ absl::StatusOr<std::shared_ptr<const RecordFormat>> CsvFormat(const std::string&
       }
       column.spec.type = all_int ? Type::kInt64 : all_number ? Type::kFloat32 : Type::kString;
     }
-    if (column.spec.type == Type::kString) {
+    if (const auto lookup = options.lookups.find(names[c]); lookup != options.lookups.end()) {
+      column.lookup = lookup->second;
+      const bool strings = column.lookup->kind() == TokenLookup::Kind::kString;
+      // A StringLookup takes the column as text, whatever it looks like ("007" is a token).
+      if (strings) column.spec.type = Type::kString;
+      if (!strings && column.spec.type != Type::kInt64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CSV column \"", names[c], "\" goes through an IntegerLookup but holds ",
+                         column.spec.type == Type::kString ? "text" : "float32 numbers", text_seen,
+                         ": give it a StringLookup for text, or integer values"));
+      }
+    }
+    if (column.spec.type == Type::kString && column.lookup == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CSV column \"", names[c], "\" holds text", text_seen,
-          ", but Stratum's models take numbers: leave it out with select_columns, or give "
-          "numeric values"));
+          ", but Stratum's models take numbers: make its tokens ids with a StringLookup in the "
+          "source's preprocess, leave it out with select_columns, or give numeric values"));
     }
     if (is_label) {
       column.output = -2;
-      label_type = column.spec.type;
-    } else {
+      label_type = column.lookup != nullptr ? Type::kInt64 : column.spec.type;
+    } else if (options.input_columns.empty()) {
       column.output = static_cast<int>(features++);
     }
+  }
+  for (size_t i = 0; i < options.input_columns.size(); ++i) {
+    const std::string& input = options.input_columns[i];
+    const auto named = std::find(names.begin(), names.end(), input);
+    Column* column = named == names.end() ? nullptr : &columns[named - names.begin()];
+    if (column == nullptr || input == options.label_name ||
+        (!options.select_columns.empty() &&
+         std::find(options.select_columns.begin(), options.select_columns.end(), input) ==
+             options.select_columns.end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model takes an input \"", input,
+          "\", which is no selected feature column of the CSV data: the columns are ",
+          absl::StrJoin(names, ", "), "; name the model's inputs after the columns they take"));
+    }
+    column->output = static_cast<int>(features++);
   }
   if (features == 0) {
     return absl::InvalidArgumentError(

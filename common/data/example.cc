@@ -304,18 +304,25 @@ absl::StatusOr<FeatureSpec> ParseOne(absl::string_view field, const std::string&
     }
     spec.shape = Shape(std::move(dims));
   }
-  if (spec.type == FeatureSpec::Type::kString) {
-    if (!j.contains("decode_raw") || !j["decode_raw"].is_string()) {
+  if (spec.type == FeatureSpec::Type::kString && !j.contains("decode_raw")) {
+    // Tokens: a StringLookup (the source's preprocess) makes them ids.
+    spec.tokens = true;
+    if (j.contains("default_value")) {
+      return SpecError(field, key, "a string feature has no default_value in Stratum");
+    }
+  } else if (spec.type == FeatureSpec::Type::kString) {
+    if (!j["decode_raw"].is_string()) {
       return SpecError(field, key,
-                       "is a string feature without decode_raw: Stratum's tensors hold numbers, "
-                       "so give \"decode_raw\": \"uint8\" (or int32, int64, float32), as "
-                       "tf.io.decode_raw would");
+                       "has a decode_raw that is not a type name: give \"decode_raw\": "
+                       "\"uint8\" (or int32, int64, float32), as tf.io.decode_raw would");
     }
     absl::StatusOr<DType> out_type = DTypeFromName(j["decode_raw"].get<std::string>());
     if (!out_type.ok()) return SpecError(field, key, out_type.status().message());
     spec.decode_raw = *out_type;
     if (spec.kind != FeatureSpec::Kind::kFixedLen) {
-      return SpecError(field, key, "a VarLenFeature of strings is not supported: use FixedLen");
+      return SpecError(field, key,
+                       "a VarLenFeature of strings takes no decode_raw: its strings are tokens "
+                       "for a StringLookup; give a FixedLenFeature to decode one string");
     }
     if (j.contains("default_value")) {
       return SpecError(field, key, "a string feature has no default_value in Stratum");
@@ -382,7 +389,7 @@ DType FeatureSpec::output_dtype() const {
     case Type::kInt64:
       return DType::kInt64;
     case Type::kString:
-      return decode_raw;
+      return tokens ? DType::kInt64 : decode_raw;
   }
   return DType::kFloat32;
 }
@@ -524,12 +531,34 @@ absl::Status ExampleParser::Parse(absl::string_view record, Element& out) const 
                                                        : count > static_cast<size_t>(wanted))) {
           return WrongCount(spec, count, wanted);
         }
-        if (ok) std::memcpy(tensor.raw_data(), ints.data(), count * sizeof(int64_t));
+        if (ok && spec.lookup != nullptr) {
+          int64_t* out = tensor.data<int64_t>();
+          for (size_t v = 0; v < count; ++v) out[v] = spec.lookup->Index(ints[v]);
+        } else if (ok) {
+          std::memcpy(tensor.raw_data(), ints.data(), count * sizeof(int64_t));
+        }
         break;
       case FeatureSpec::Type::kString: {
         bytes.clear();
         ok = DecodeBytes(feature.list, bytes);
         if (!ok) break;
+        if (spec.tokens) {
+          if (spec.lookup == nullptr) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "feature \"", spec.key,
+                "\" holds string tokens, but no StringLookup makes them ids (Stratum's tensors "
+                "hold numbers): give one in the source's preprocess, or decode_raw to read one "
+                "string as numbers"));
+          }
+          count = bytes.size();
+          if (spec.kind == FeatureSpec::Kind::kFixedLen ? count != static_cast<size_t>(wanted)
+                                                        : count > static_cast<size_t>(wanted)) {
+            return WrongCount(spec, count, wanted);
+          }
+          int64_t* out = tensor.data<int64_t>();
+          for (size_t v = 0; v < count; ++v) out[v] = spec.lookup->Index(bytes[v]);
+          break;
+        }
         if (bytes.size() != 1) {
           return absl::InvalidArgumentError(absl::StrCat(
               "feature \"", spec.key, "\" has ", bytes.size(),

@@ -1,5 +1,6 @@
 #include "stratum/job/job_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -188,11 +189,88 @@ absl::Status ParseFiles(const json& object, const Fields& fields, absl::string_v
   return ParseReadOptions(object, fields, out.read);
 }
 
+// The source's "preprocess": {feature: Keras layer}, each a StringLookup or IntegerLookup.
+absl::Status ParsePreprocess(const json& object, const Fields& fields, absl::string_view base_dir,
+                             DataSourceSpec& out) {
+  if (!object.contains("preprocess")) return absl::OkStatus();
+  const json& preprocess = object["preprocess"];
+  const std::string example =
+      "{\"features\": {\"class_name\": \"StringLookup\", \"config\": {\"vocabulary\": "
+      "[\"a\", \"b\"]}}}";
+  if (!preprocess.is_object()) {
+    return fields.Error(
+        fields.Path("preprocess"), "is not an object",
+        absl::StrCat("give the Keras layer each feature goes through, e.g. ", example));
+  }
+  for (const auto& [feature, layer] : preprocess.items()) {
+    const std::string path = fields.Path(absl::StrCat("preprocess.", feature));
+    const json* config = layer.is_object() && layer.contains("config") ? &layer["config"] : nullptr;
+    const bool known =
+        layer.is_object() && layer.contains("class_name") &&
+        (layer["class_name"] == "StringLookup" || layer["class_name"] == "IntegerLookup");
+    if (!known || config == nullptr || !config->is_object()) {
+      return fields.Error(path, "is not a StringLookup or IntegerLookup layer",
+                          absl::StrCat("give one as Keras' to_json() writes it (the layers "
+                                       "Stratum applies to data), e.g. ",
+                                       example));
+    }
+    PreprocessSpec spec{feature, layer};
+    json& vocabulary = spec.layer["config"]["vocabulary"];
+    if (vocabulary.is_string()) vocabulary = Resolve(vocabulary.get<std::string>(), base_dir);
+    if (vocabulary.is_null()) spec.layer["config"].erase("vocabulary");
+    out.preprocess.push_back(std::move(spec));
+  }
+  return absl::OkStatus();
+}
+
+// Each feature's lookup fits its values: a StringLookup makes a string feature's tokens ids,
+// an IntegerLookup an int64 feature's; tokens need one.
+absl::Status CheckFeatureLookups(const Fields& fields, const DataSourceSpec& out) {
+  for (const PreprocessSpec& preprocess : out.preprocess) {
+    const auto feature =
+        std::find_if(out.features.begin(), out.features.end(),
+                     [&](const FeatureSpec& f) { return f.key == preprocess.feature; });
+    const std::string path = fields.Path(absl::StrCat("preprocess.", preprocess.feature));
+    if (feature == out.features.end()) {
+      return fields.Error(path, "names no feature", "name one of data's features");
+    }
+    const bool strings = preprocess.layer["class_name"] == "StringLookup";
+    if (strings ? !feature->tokens : feature->type != FeatureSpec::Type::kInt64) {
+      return fields.Error(
+          path,
+          absl::StrCat("is ", preprocess.layer["class_name"].get<std::string>(), " on a ",
+                       feature->type == FeatureSpec::Type::kInt64     ? "int64"
+                       : feature->type == FeatureSpec::Type::kFloat32 ? "float32"
+                                                                      : "decode_raw string",
+                       " feature"),
+          "apply StringLookup to string features without decode_raw (tokens), and "
+          "IntegerLookup to int64 features");
+    }
+  }
+  for (const FeatureSpec& feature : out.features) {
+    const bool looked_up =
+        std::any_of(out.preprocess.begin(), out.preprocess.end(),
+                    [&](const PreprocessSpec& p) { return p.feature == feature.key; });
+    if (feature.tokens && !looked_up) {
+      return fields.Error(
+          fields.Path(absl::StrCat("features.", feature.key)),
+          "is a string feature without decode_raw",
+          absl::StrCat("Stratum's tensors hold numbers, so give \"decode_raw\": \"uint8\" (or "
+                       "int32, int64, float32), as tf.io.decode_raw would, or make its tokens ids "
+                       "with a StringLookup in ",
+                       fields.Path("preprocess"), " (e.g. {\"", feature.key,
+                       "\": {\"class_name\": \"StringLookup\", \"config\": {\"vocabulary\": "
+                       "[...]}}})"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseTFRecordSource(const json& object, const Fields& fields,
                                  absl::string_view base_dir, DataSourceSpec& out) {
   if (absl::Status s =
           fields.CheckKnown({"format", "files", "compression_type", "features", "label_key",
-                             "num_parallel_reads", "interleave", "ignore_errors"});
+                             "preprocess", "num_parallel_reads", "interleave", "ignore_errors"});
       !s.ok()) {
     return s;
   }
@@ -217,24 +295,23 @@ absl::Status ParseTFRecordSource(const json& object, const Fields& fields,
                           : absl::StrCat("is \"", out.label, "\", which is not among the features"),
         "name the feature that holds the labels, e.g. \"label_key\": \"label\"");
   }
-  if (out.features.size() != 2) {
-    return fields.Error(
-        fields.Path("features"),
-        absl::StrCat("has ", out.features.size() - 1, " features besides the label"),
-        "give exactly one, the model's input (Stratum's models take one input "
-        "tensor)");
+  if (out.features.size() < 2) {
+    return fields.Error(fields.Path("features"), "has no feature besides the label",
+                        "give the features the model takes (one per model input, by name)");
   }
-  // The parser makes (x, y): the input first, the label last.
-  if (out.features[0].key == out.label) std::swap(out.features[0], out.features[1]);
-  return absl::OkStatus();
+  // The parser makes the inputs' features first, the label last.
+  std::stable_partition(out.features.begin(), out.features.end(),
+                        [&](const FeatureSpec& f) { return !is_label(f); });
+  STRATUM_RETURN_IF_ERROR(ParsePreprocess(object, fields, base_dir, out));
+  return CheckFeatureLookups(fields, out);
 }
 
 absl::Status ParseCsvSource(const json& object, const Fields& fields, absl::string_view base_dir,
                             DataSourceSpec& out) {
-  if (absl::Status s = fields.CheckKnown({"format", "files", "compression_type", "label_name",
-                                          "column_names", "column_defaults", "select_columns",
-                                          "field_delim", "use_quote_delim", "na_value", "header",
-                                          "num_parallel_reads", "interleave", "ignore_errors"});
+  if (absl::Status s = fields.CheckKnown(
+          {"format", "files", "compression_type", "label_name", "preprocess", "column_names",
+           "column_defaults", "select_columns", "field_delim", "use_quote_delim", "na_value",
+           "header", "num_parallel_reads", "interleave", "ignore_errors"});
       !s.ok()) {
     return s;
   }
@@ -284,7 +361,7 @@ absl::Status ParseCsvSource(const json& object, const Fields& fields, absl::stri
   }
   csv.compression = out.compression;
   out.label = csv.label_name;
-  return absl::OkStatus();
+  return ParsePreprocess(object, fields, base_dir, out);
 }
 
 absl::Status ParseSource(const json& object, const std::string& path, absl::string_view source,

@@ -134,7 +134,7 @@ const float* GraphExecutor::Output(size_t i) const {
 
 const float* GraphExecutor::Logits(int fused, int64_t batch, bool training) const {
   if (fused < 0) return nullptr;
-  return model_.nodes[static_cast<size_t>(fused)].layer->SoftmaxLogits(
+  return model_.nodes[static_cast<size_t>(fused)].layer->Logits(
       ForwardArgs(fused, batch, training, nullptr));
 }
 
@@ -208,7 +208,7 @@ void GraphExecutor::Backward(int64_t batch, bool training, int fused,
         .output = act_[out],
         .scratch = forward.scratch,
         .grad_output = grad,
-        .fused_softmax = n == fused,
+        .fused_activation = n == fused,
         .grad_inputs = args.grad_inputs,
         .accumulate = std::span<const bool>(args.accumulate.get(), node.inputs.size()),
         .grad_variables = args.grad_variables,

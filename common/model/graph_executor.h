@@ -64,7 +64,7 @@ class GraphExecutor {
   // After Forward: the output [batch, output size] (the one output), or output `i`.
   const float* Output(size_t i = 0) const;
   // After Forward: the logits of the fused softmax node `fused` (Model::Impl::
-  // SoftmaxOutputNode), or nullptr for -1.
+  // LogitsOutputNode), or nullptr for -1.
   const float* Logits(int fused, int64_t batch, bool training) const;
 
   // Clears the step's gradients and returns where the loss writes its gradient: d/d(output),

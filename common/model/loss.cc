@@ -359,7 +359,8 @@ StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const T
         break;
       }
       case Kind::kBinaryCrossentropy: {
-        // Keras' mean over the outputs; on logits, sigmoid_cross_entropy_with_logits.
+        // Keras' mean over the outputs; on logits (from_logits, or a sigmoid output's),
+        // sigmoid_cross_entropy_with_logits.
         bool all_correct = true;
         double loss = 0;
         const float per_output = scale / static_cast<float>(classes);
@@ -368,9 +369,12 @@ StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const T
           const float out = p[c];
           const bool positive = from_logits_ ? out > 0 : out > 0.5f;
           all_correct = all_correct && positive == (target > 0.5f);
-          if (from_logits_) {
-            loss += std::max(out, 0.0f) - out * target + std::log1p(std::exp(-std::abs(out)));
-            if (g != nullptr) g[c] = per_output * (1.0f / (1.0f + std::exp(-out)) - target);
+          if (z != nullptr) {
+            const float logit = z[c];
+            loss += std::max(logit, 0.0f) - logit * target + std::log1p(std::exp(-std::abs(logit)));
+            // d/d(logit): sigmoid(logit) - target, the predictions themselves when fused.
+            const float sigmoid = logits != nullptr ? out : 1.0f / (1.0f + std::exp(-logit));
+            if (g != nullptr) g[c] = per_output * (sigmoid - target);
             continue;
           }
           const float q = std::clamp(out, kEpsilon, 1 - kEpsilon);

@@ -46,18 +46,25 @@ using Floats = std::vector<float, Eigen::aligned_allocator<float>>;
 
 }  // namespace
 
-int Model::Impl::SoftmaxOutputNode(bool training) const {
+int Model::Impl::LogitsOutputNode(bool training, ActivationKind activation) const {
   if (outputs.size() != 1) return -1;
   int tensor = outputs[0];
   while (true) {
     const int n = tensors[static_cast<size_t>(tensor)].producer;
     if (n < 0) return -1;
     const GraphNode& node = nodes[static_cast<size_t>(n)];
-    if (!node.layer->IsIdentity(training)) return node.layer->EndsInSoftmax() ? n : -1;
+    if (!node.layer->IsIdentity(training)) {
+      return node.layer->FusableActivation() == activation ? n : -1;
+    }
     tensor = node.inputs[0];
     // The loss's gradient skips the softmax only when nothing else reads the chain.
     if (training && tensors[static_cast<size_t>(tensor)].consumers != 1) return -1;
   }
+}
+
+int Model::Impl::FusedOutputNode(bool training, const Loss& loss) const {
+  const ActivationKind activation = loss.fused_activation();
+  return activation == ActivationKind::kLinear ? -1 : LogitsOutputNode(training, activation);
 }
 
 namespace {
@@ -261,6 +268,17 @@ const std::vector<VariableSpec>& Model::variables() const { return impl_->variab
 Shape Model::input_shape() const { return impl_->input_shape; }
 int64_t Model::output_size() const { return impl_->output_size; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
+
+const std::vector<std::string>& Model::input_keys() const {
+  return impl_->input_keys.empty() ? impl_->input_names : impl_->input_keys;
+}
+
+std::vector<Shape> Model::input_shapes() const {
+  std::vector<Shape> shapes;
+  for (int tensor : impl_->inputs)
+    shapes.push_back(impl_->tensors[static_cast<size_t>(tensor)].shape);
+  return shapes;
+}
 int Model::num_outputs() const { return static_cast<int>(impl_->outputs.size()); }
 
 const char* DtypePolicyName(DtypePolicy policy) {
@@ -483,13 +501,15 @@ absl::Status CheckOneOutput(const Model::Impl& model) {
 absl::Status Model::CheckLoss(const Loss& loss) const {
   STRATUM_RETURN_IF_ERROR(CheckOneOutput(*impl_));
   if (!loss.is_crossentropy() || !loss.from_logits()) return absl::OkStatus();
-  const int softmax = impl_->SoftmaxOutputNode(false);
-  if (softmax < 0) return absl::OkStatus();
+  const bool binary = loss.kind() == Loss::Kind::kBinaryCrossentropy;
+  const int output =
+      impl_->LogitsOutputNode(false, binary ? ActivationKind::kSigmoid : ActivationKind::kSoftmax);
+  if (output < 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "loss ", loss.name(), " has from_logits true, but the model's output (layer \"",
-      impl_->nodes[static_cast<size_t>(softmax)].name,
-      "\") is a softmax, so it gives probabilities, not logits: set from_logits to false, or "
-      "make the last layer's activation linear"));
+      impl_->nodes[static_cast<size_t>(output)].name, "\") is a ", binary ? "sigmoid" : "softmax",
+      ", so it gives probabilities, not logits: set from_logits to false, or make the last "
+      "layer's activation linear"));
 }
 
 std::unique_ptr<Workspace> Model::NewWorkspace(uint64_t seed) const {
@@ -628,7 +648,7 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
   }
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, true, state);
-  const int fused = loss.fuses_softmax() ? impl_->SoftmaxOutputNode(true) : -1;
+  const int fused = impl_->FusedOutputNode(true, loss);
   float* loss_grad = state.executor.StartGradients(fused);
   const StepStats stats =
       loss.Compute(OutputOf(*impl_, state, batch), state.executor.Logits(fused, batch, true), y,
@@ -654,7 +674,7 @@ absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, 
   Workspace::State& state = ws.state();
   Grow(state, batch);
   Forward(variables, x.data<float>(), batch, false, state);
-  const int fused = loss.fuses_softmax() ? impl_->SoftmaxOutputNode(false) : -1;
+  const int fused = impl_->FusedOutputNode(false, loss);
   StepStats stats = loss.Compute(OutputOf(*impl_, state, batch),
                                  state.executor.Logits(fused, batch, false), y, 1.0f, nullptr);
   if (impl_->regularized) {

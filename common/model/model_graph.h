@@ -47,6 +47,10 @@ struct Model::Impl {
   std::string name;
   bool sequential = true;  // a Sequential model (else Functional), for Summary
   std::vector<std::string> input_names;
+  // What the model's caller names each input by: a Functional model's dict keys
+  // (keras.Model({"features": input}, ...)), else the InputLayers' names; empty for a
+  // Sequential model (input_names then).
+  std::vector<std::string> input_keys;
   std::vector<int> inputs;   // tensor ids, in the model's input order
   std::vector<int> outputs;  // tensor ids, in the model's output order
   std::vector<GraphNode> nodes;
@@ -70,10 +74,12 @@ struct Model::Impl {
   // Per-tensor sizes; a workspace made for another model does not match.
   std::vector<int64_t> signature;
 
-  // The node whose softmax output the model returns (through layers that are the identity
-  // in this mode), whose logits a cross-entropy then takes; -1 when there is none. In
-  // training, only a chain that nothing else reads fuses.
-  int SoftmaxOutputNode(bool training) const;
+  // The node whose `activation` (softmax or sigmoid) output the model returns (through
+  // layers that are the identity in this mode), whose logits a cross-entropy then takes; -1
+  // when there is none. In training, only a chain that nothing else reads fuses.
+  int LogitsOutputNode(bool training, ActivationKind activation) const;
+  // That node for `loss` (Loss::fused_activation), or -1.
+  int FusedOutputNode(bool training, const Loss& loss) const;
 };
 
 // The graph of Keras' model.to_json() (Sequential or Functional), unwrapped and checked.

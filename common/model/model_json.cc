@@ -63,6 +63,15 @@ absl::StatusOr<LayerSpec> MakeLayer(const json& spec, size_t index,
   const std::string where = Where(layer.name, layer.class_name);
   STRATUM_ASSIGN_OR_RETURN(layer.policy, keras::ParseDtypePolicy(where, config));
   const LayerFactory make = FindLayerFactory(layer.class_name);
+  if (layer.class_name == "StringLookup") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where,
+        " takes strings, which Stratum's model tensors do not hold: apply it to the data "
+        "instead, as the ParameterServerStrategy tutorial's dataset.map does, with the layer "
+        "in the data source's \"preprocess\" (e.g. \"preprocess\": {\"features\": "
+        "{\"class_name\": \"StringLookup\", \"config\": {...}}}), and give the model an "
+        "int64 input for the ids"));
+  }
   if (make == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("model layer \"", layer.name, "\" has class \"", layer.class_name,
@@ -555,7 +564,10 @@ absl::StatusOr<std::vector<std::string>> InboundLayers(const json& layer_json,
 
 // input_layers / output_layers: one reference, a list of them, or (Keras 3, named) an
 // object of them.
-absl::StatusOr<std::vector<std::string>> EndpointLayers(const json& config, const char* key) {
+// `keys` (when given) receives the names the model's caller passes them by: an object's keys
+// (Keras' dict of inputs), else the layers' own names.
+absl::StatusOr<std::vector<std::string>> EndpointLayers(const json& config, const char* key,
+                                                        std::vector<std::string>* keys = nullptr) {
   const json* value = Find(config, key);
   const std::string what = absl::StrCat("model ", key);
   if (value == nullptr || !(value->is_array() || value->is_object()) || value->empty()) {
@@ -568,6 +580,7 @@ absl::StatusOr<std::vector<std::string>> EndpointLayers(const json& config, cons
   if (value->is_array() && !value->empty() && (*value)[0].is_string()) {
     STRATUM_ASSIGN_OR_RETURN(std::string layer, RefLayer(*value, what));
     layers.push_back(std::move(layer));
+    if (keys != nullptr) *keys = layers;
     return layers;
   }
   for (const json& ref : value->is_object() ? [&] {
@@ -578,6 +591,14 @@ absl::StatusOr<std::vector<std::string>> EndpointLayers(const json& config, cons
                                             : *value) {
     STRATUM_ASSIGN_OR_RETURN(std::string layer, RefLayer(ref, what));
     layers.push_back(std::move(layer));
+  }
+  if (keys != nullptr) {
+    keys->clear();
+    if (value->is_object()) {
+      for (const auto& [name, item] : value->items()) keys->push_back(name);
+    } else {
+      *keys = layers;
+    }
   }
   return layers;
 }
@@ -631,7 +652,7 @@ absl::Status BuildFunctional(const json& spec, Model::Impl& impl) {
   impl.name = FindString(*config, "name").value_or("model");
   impl.sequential = false;
   STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> input_layers,
-                           EndpointLayers(*config, "input_layers"));
+                           EndpointLayers(*config, "input_layers", &impl.input_keys));
   STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> output_layers,
                            EndpointLayers(*config, "output_layers"));
 

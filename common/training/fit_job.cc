@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -13,7 +15,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "stratum/data/csv.h"
 #include "stratum/data/idx.h"
+#include "stratum/data/lookup.h"
 #include "stratum/data/record_files.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/util/status_macros.h"
@@ -71,16 +76,166 @@ struct RecordSource {
   std::shared_ptr<const RecordFormat> format;
 };
 
+// Reads the features of several model inputs (each tensor of an element but the last, the
+// label) as the one x a step takes: the features in the model's input order, flattened and
+// side by side, as float32.
+class ExampleReaderOfInputs final : public ExampleReader {
+ public:
+  ExampleReaderOfInputs(std::unique_ptr<ExampleReader> features, std::vector<int> order,
+                        int64_t width)
+      : features_(std::move(features)), order_(std::move(order)), width_(width) {}
+
+  absl::StatusOr<std::optional<Element>> Next() override {
+    STRATUM_ASSIGN_OR_RETURN(std::optional<Element> element, features_->Next());
+    if (!element) return element;
+    Tensor x(DType::kFloat32, Shape({width_}));
+    float* out = x.data<float>();
+    for (int feature : order_) {
+      const Tensor& values = (*element)[static_cast<size_t>(feature)];
+      const int64_t n = values.num_elements();
+      switch (values.dtype()) {
+        case DType::kInt64:
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(values.data<int64_t>()[i]);
+          break;
+        case DType::kUInt8:
+          for (int64_t i = 0; i < n; ++i) out[i] = values.data<uint8_t>()[i];
+          break;
+        case DType::kInt32:
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(values.data<int32_t>()[i]);
+          break;
+        default:
+          std::copy_n(values.data<float>(), n, out);
+      }
+      out += n;
+    }
+    Element assembled;
+    assembled.push_back(std::move(x));
+    assembled.push_back(std::move(element->back()));
+    return assembled;
+  }
+
+ private:
+  std::unique_ptr<ExampleReader> features_;
+  std::vector<int> order_;
+  int64_t width_;
+};
+
+class RecordFormatOfInputs final : public RecordFormat {
+ public:
+  RecordFormatOfInputs(std::shared_ptr<const RecordFormat> features, std::vector<int> order,
+                       int64_t width)
+      : features_(std::move(features)), order_(std::move(order)), width_(width) {}
+  absl::StatusOr<std::unique_ptr<ExampleReader>> Open(const std::string& path) const override {
+    STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<ExampleReader> reader, features_->Open(path));
+    return std::make_unique<ExampleReaderOfInputs>(std::move(reader), order_, width_);
+  }
+  absl::StatusOr<int64_t> Count(const std::string& path) const override {
+    return features_->Count(path);
+  }
+  std::string Name() const override { return features_->Name(); }
+
+ private:
+  std::shared_ptr<const RecordFormat> features_;
+  std::vector<int> order_;
+  int64_t width_;
+};
+
+// The lookups of the source's preprocess, by feature.
+absl::StatusOr<std::map<std::string, std::shared_ptr<const TokenLookup>>> SourceLookups(
+    const std::string& field, const DataSourceSpec& source) {
+  std::map<std::string, std::shared_ptr<const TokenLookup>> lookups;
+  for (const PreprocessSpec& preprocess : source.preprocess) {
+    STRATUM_ASSIGN_OR_RETURN(
+        lookups[preprocess.feature],
+        TokenLookup::FromKerasLayer(
+            preprocess.layer, absl::StrCat("job field ", field, ".preprocess.", preprocess.feature),
+            {}));
+  }
+  return lookups;
+}
+
+// How the model names input i in messages: "features" (InputLayer "model_input").
+std::string InputName(const Model& model, size_t i) {
+  const std::string& key = model.input_keys()[i];
+  const std::string& name = model.input_names()[i];
+  return key == name ? absl::StrCat("\"", key, "\"")
+                     : absl::StrCat("\"", key, "\" (InputLayer \"", name, "\")");
+}
+
+// The tfrecord features in the order of the model's inputs (each input takes the feature of
+// its name; a model of one input takes the one feature, whatever its name), or an empty
+// order when the one feature is x as it is.
+absl::StatusOr<std::vector<int>> InputOrder(const std::string& field,
+                                            const std::vector<FeatureSpec>& features,
+                                            const Model& model) {
+  const size_t inputs = model.input_names().size();
+  const size_t given = features.size() - 1;  // the label is last
+  if (inputs == 1 && given == 1) return std::vector<int>{};
+  std::vector<int> order;
+  std::vector<bool> used(given, false);
+  const std::vector<Shape> shapes = model.input_shapes();
+  for (size_t i = 0; i < inputs; ++i) {
+    int found = -1;
+    for (size_t f = 0; f < given; ++f) {
+      if (features[f].key == model.input_keys()[i] || features[f].key == model.input_names()[i]) {
+        found = static_cast<int>(f);
+      }
+    }
+    if (found < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".features has no feature for the model's input ", InputName(model, i),
+          ": name each feature after the model input it feeds (its key in the model's dict of "
+          "inputs, or its InputLayer's name)"));
+    }
+    const FeatureSpec& feature = features[static_cast<size_t>(found)];
+    const int64_t values = feature.output_shape().num_elements();
+    if (values != shapes[i].num_elements()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": feature \"", feature.key, "\" has ", values,
+                       " values per example, but the model's input ", InputName(model, i),
+                       " takes ", shapes[i].ToString(), " (", shapes[i].num_elements(),
+                       "): fix the feature's shape (or pad_to), or the input's"));
+    }
+    used[static_cast<size_t>(found)] = true;
+    order.push_back(found);
+  }
+  for (size_t f = 0; f < given; ++f) {
+    if (!used[f]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".features has feature \"", features[f].key,
+                       "\", which no model input takes (the model's inputs are ",
+                       absl::StrJoin(model.input_keys(), ", "),
+                       "): remove it, or name it after the input it feeds"));
+    }
+  }
+  return order;
+}
+
 absl::StatusOr<RecordSource> OpenRecordSource(const std::string& field,
-                                              const DataSourceSpec& source) {
+                                              const DataSourceSpec& source, const Model& model) {
   RecordSource out;
   STRATUM_ASSIGN_OR_RETURN(out.files,
                            ResolveDataFiles(source.files, "", absl::StrCat(field, ".files")));
+  STRATUM_ASSIGN_OR_RETURN(const auto lookups, SourceLookups(field, source));
   if (source.format == "tfrecord") {
-    out.format = TFRecordExamples(source.compression, source.features);
+    std::vector<FeatureSpec> features = source.features;
+    for (FeatureSpec& feature : features) {
+      if (const auto lookup = lookups.find(feature.key); lookup != lookups.end()) {
+        feature.lookup = lookup->second;
+      }
+    }
+    STRATUM_ASSIGN_OR_RETURN(const std::vector<int> order, InputOrder(field, features, model));
+    out.format = TFRecordExamples(source.compression, std::move(features));
+    if (!order.empty()) {
+      out.format = std::make_shared<RecordFormatOfInputs>(std::move(out.format), order,
+                                                          model.input_shape().num_elements());
+    }
     return out;
   }
-  absl::StatusOr<std::shared_ptr<const RecordFormat>> csv = CsvFormat(out.files[0], source.csv);
+  CsvOptions options = source.csv;
+  options.lookups = lookups;
+  if (model.input_names().size() > 1) options.input_columns = model.input_keys();
+  absl::StatusOr<std::shared_ptr<const RecordFormat>> csv = CsvFormat(out.files[0], options);
   if (!csv.ok()) {
     return absl::Status(csv.status().code(), absl::StrCat(field, ": ", csv.status().message()));
   }
@@ -90,8 +245,8 @@ absl::StatusOr<RecordSource> OpenRecordSource(const std::string& field,
 
 // Streams the files: nothing is read now but each file's record count.
 absl::StatusOr<Dataset> LoadRecordSource(const std::string& field, const DataSourceSpec& source,
-                                         int64_t& examples) {
-  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source));
+                                         const Model& model, int64_t& examples) {
+  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source, model));
   ReadOptions read = source.read;
   STRATUM_ASSIGN_OR_RETURN(
       read.record_counts,
@@ -106,8 +261,9 @@ absl::StatusOr<Dataset> LoadRecordSource(const std::string& field, const DataSou
 // The first example of the source's files, for the checks before training; nullopt when the
 // files hold none.
 absl::StatusOr<std::optional<Element>> FirstExample(const std::string& field,
-                                                    const DataSourceSpec& source) {
-  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source));
+                                                    const DataSourceSpec& source,
+                                                    const Model& model) {
+  STRATUM_ASSIGN_OR_RETURN(RecordSource opened, OpenRecordSource(field, source, model));
   for (const std::string& file : opened.files) {
     STRATUM_ASSIGN_OR_RETURN(auto reader, opened.format->Open(file));
     STRATUM_ASSIGN_OR_RETURN(std::optional<Element> first, reader->Next());
@@ -118,7 +274,7 @@ absl::StatusOr<std::optional<Element>> FirstExample(const std::string& field,
 
 absl::Status CheckRecordSource(const std::string& field, const DataSourceSpec& source,
                                const Model& model, const Loss& loss) {
-  STRATUM_ASSIGN_OR_RETURN(const std::optional<Element> first, FirstExample(field, source));
+  STRATUM_ASSIGN_OR_RETURN(const std::optional<Element> first, FirstExample(field, source, model));
   if (!first) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".files hold no examples, so the model could not ",
@@ -127,9 +283,10 @@ absl::Status CheckRecordSource(const std::string& field, const DataSourceSpec& s
   }
   const Tensor& x = (*first)[0];
   const Tensor& y = (*first)[1];
-  const std::string input = source.format == "tfrecord"
-                                ? absl::StrCat("feature \"", source.features[0].key, "\"")
-                                : "the feature columns";
+  const std::string input = source.format != "tfrecord" ? "the feature columns"
+                            : source.features.size() > 2
+                                ? "the features"
+                                : absl::StrCat("feature \"", source.features[0].key, "\"");
   const int64_t wanted = model.input_shape().num_elements();
   if (x.num_elements() != wanted) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -225,7 +382,9 @@ absl::Status CheckSourceHeaders(const std::string& field, const DataSourceSpec& 
 
 // Keras' Rescaling(1/255) for uint8 pixels; other data is taken as it is.
 double DefaultRescale(const DataSourceSpec& source) {
-  bool pixels = source.format == "tfrecord" && source.features[0].output_dtype() == DType::kUInt8;
+  bool pixels = source.format == "tfrecord" &&
+                std::all_of(source.features.begin(), source.features.end() - 1,
+                            [](const FeatureSpec& f) { return f.output_dtype() == DType::kUInt8; });
   if (source.format == "idx") {
     absl::StatusOr<IdxHeader> header = ReadIdxHeader(source.images);
     pixels = !header.ok() || header->dtype == DType::kUInt8;
@@ -259,7 +418,7 @@ absl::StatusOr<FitData> LoadFitData(const DataSpec& spec, const Model& model) {
   const int64_t classes = model.output_size();
   auto load = [&](const std::string& field, const DataSourceSpec& source, int64_t& examples) {
     return source.format == "idx" ? LoadSource(field, source, classes, examples)
-                                  : LoadRecordSource(field, source, examples);
+                                  : LoadRecordSource(field, source, model, examples);
   };
   absl::StatusOr<Dataset> train = load("data.train", spec.train, data.train_examples);
   if (!train.ok()) return train.status();

@@ -137,8 +137,8 @@ TEST(ExampleTest, SpecsAreCheckedWithTheFix) {
   EXPECT_THAT(Refusal({{"x", {{"type", "SparseFeature"}, {"dtype", "int64"}}}}),
               HasSubstr("data.train.features.x: type \"SparseFeature\" is not one Stratum "
                         "parses: use FixedLenFeature or VarLenFeature"));
-  EXPECT_THAT(Refusal({{"x", {{"dtype", "string"}}}}),
-              HasSubstr("is a string feature without decode_raw"));
+  EXPECT_THAT(Refusal({{"x", {{"dtype", "string"}, {"default_value", "a"}}}}),
+              HasSubstr("a string feature has no default_value"));
   EXPECT_THAT(Refusal({{"x", {{"type", "VarLenFeature"}, {"dtype", "int64"}}}}),
               HasSubstr("a VarLenFeature needs pad_to"));
   EXPECT_THAT(Refusal({{"x", {{"dtype", "int64"}, {"shpe", {1}}}}}),
@@ -152,6 +152,45 @@ TEST(ExampleTest, SpecsAreCheckedWithTheFix) {
               HasSubstr("values per example: give the shape of one example"));
   EXPECT_THAT(Refusal({{"x", {{"dtype", "float32"}, {"default_value", 1e300}}}}),
               HasSubstr("beyond float32's range"));
+}
+
+// A string feature without decode_raw holds tokens, which a lookup makes int64 ids (the
+// job's preprocess); without one, parsing says what to give.
+TEST(ExampleTest, TokensBecomeIdsThroughTheirLookup) {
+  tensorflow::Example example;
+  auto& f = *example.mutable_features()->mutable_feature();
+  for (const char* token : {"hulk", "avenger", "thanos"})
+    f["words"].mutable_bytes_list()->add_value(token);
+  f["label"].mutable_bytes_list()->add_value("no");
+  f["ids"].mutable_int64_list()->add_value(36);
+  const std::string record = example.SerializeAsString();
+
+  std::vector<FeatureSpec> specs = Specs({
+      {"words", {{"type", "VarLenFeature"}, {"dtype", "string"}, {"pad_to", 4}}},
+      {"label", {{"dtype", "string"}, {"shape", json::array()}}},
+      {"ids", {{"dtype", "int64"}, {"shape", {1}}}},
+  });
+  // Keys in order: ids, label, words.
+  ASSERT_EQ(specs[2].key, "words");
+  EXPECT_TRUE(specs[2].tokens);
+  EXPECT_EQ(specs[2].output_dtype(), DType::kInt64);
+  Element out;
+  EXPECT_THAT(ExampleParser(specs).Parse(record, out),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("feature \"label\" holds string tokens, but no StringLookup")));
+  auto lookup = [](const std::string& class_name, json config) {
+    return *TokenLookup::FromKerasLayer({{"class_name", class_name}, {"config", config}}, "x", {});
+  };
+  specs[0].lookup = lookup("IntegerLookup", {{"vocabulary", {12, 36}}});
+  specs[1].lookup = lookup("StringLookup", {{"vocabulary", {"yes", "no"}}, {"num_oov_indices", 0}});
+  specs[2].lookup = lookup("StringLookup", {{"vocabulary", {"avenger", "hulk"}}});
+  out.clear();
+  ASSERT_OK(ExampleParser(specs).Parse(record, out));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_THAT(Values<int64_t>(out[0]), ElementsAre(2));
+  EXPECT_THAT(Values<int64_t>(out[1]), ElementsAre(1));
+  // Padded with zeros to pad_to, as padded_batch pads the ids.
+  EXPECT_THAT(Values<int64_t>(out[2]), ElementsAre(2, 1, 0, 0));
 }
 
 }  // namespace

@@ -258,11 +258,25 @@ TEST(JobSpecTest, TFRecordAndCsvSourcesAreCheckedWithTheFix) {
   EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
                                 "features": {)" +
                            label + "}}")),
-              HasSubstr("data.train.features has 0 features besides the label: give exactly one"));
+              HasSubstr("data.train.features has no feature besides the label: give the "
+                        "features the model takes"));
   EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
                                 "features": {"x": {"dtype": "string"}, )" +
                            label + "}}")),
-              HasSubstr("data.train.features.x: is a string feature without decode_raw"));
+              HasSubstr("data.train.features.x is a string feature without decode_raw: "
+                        "Stratum's tensors hold numbers, so give \"decode_raw\""));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
+                                "features": {"x": {"dtype": "int64"}, )" +
+                           label + R"(}, "preprocess": {"x": {"class_name": "StringLookup",
+                                "config": {"vocabulary": ["a"]}}}})")),
+              HasSubstr("data.train.preprocess.x is StringLookup on a int64 feature: apply "
+                        "StringLookup to string features without decode_raw (tokens), and "
+                        "IntegerLookup to int64 features"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "tfrecord", "files": "a", "label_key": "label",
+                                "features": {"x": {"dtype": "int64"}, )" +
+                           label + R"(}, "preprocess": {"y": {"class_name": "Normalization",
+                                "config": {}}}})")),
+              HasSubstr("data.train.preprocess.y is not a StringLookup or IntegerLookup layer"));
   EXPECT_THAT(
       ErrorOf(data(R"({"format": "tfrecord", "files": "a", "compression_type": "LZ4"})")),
       HasSubstr("data.train.compression_type is \"LZ4\": use \"\" (none), \"GZIP\" or \"ZLIB\""));

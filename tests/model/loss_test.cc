@@ -62,7 +62,8 @@ TEST(LossTest, BinaryCrossentropyMatchesKeras) {
   auto loss = Loss::FromKeras("binary_crossentropy");
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_EQ(loss->ToKeras()["class_name"], "BinaryCrossentropy");
-  EXPECT_FALSE(loss->fuses_softmax());
+  // On a sigmoid output it takes the logits (below); on other probabilities it clips them.
+  EXPECT_EQ(loss->fused_activation(), ActivationKind::kSigmoid);
   // Probabilities 0.8 (label 1) and 0.3 (label 1), ids as uint8.
   const Tensor p = Tensor::FromVector<float>({2, 1}, {0.8f, 0.3f});
   const Tensor ids = Tensor::FromVector<uint8_t>({2}, {1, 1});
@@ -90,6 +91,16 @@ TEST(LossTest, BinaryCrossentropyMatchesKeras) {
   EXPECT_NEAR(stats.loss_sum, 0.5 + std::log1p(std::exp(-0.5)) + std::log1p(std::exp(-30.0)), 1e-6);
   EXPECT_EQ(stats.correct, 1);  // 0.5 > 0 says 1; -30 says 0
   EXPECT_NEAR(grad[0], 1 / (1 + std::exp(-0.5f)), 1e-6);
+  // A sigmoid output's logits, given beside its probabilities, as Keras takes the logits it
+  // caches on a sigmoid: a saturated wrong output keeps its gradient, p - t, where clipped
+  // probabilities would give none.
+  const Tensor saturated = Tensor::FromVector<float>({2, 1}, {1.0f, 0.5f});
+  const std::vector<float> saturated_logits = {40.0f, 0.0f};
+  stats = loss->Compute(saturated.Matrix(), saturated_logits.data(), labels, 1, grad.data());
+  EXPECT_NEAR(stats.loss_sum, 40 + std::log1p(std::exp(-40.0)) + std::log(2.0), 1e-5);
+  EXPECT_EQ(stats.correct, 1);
+  EXPECT_FLOAT_EQ(grad[0], 1.0f);
+  EXPECT_FLOAT_EQ(grad[1], 0.5f);
   // Labels other than 0 and 1 are refused, naming the example.
   EXPECT_THAT(
       std::string(loss->ValidateTargets(Tensor::FromVector<uint8_t>({2}, {1, 7}), 2, 1).message()),

@@ -23,8 +23,8 @@ class Activation final : public Layer {
     return build;
   }
 
-  bool EndsInSoftmax() const override { return kind_ == ActivationKind::kSoftmax; }
-  const float* SoftmaxLogits(const LayerForward& args) const override { return args.inputs[0]; }
+  ActivationKind FusableActivation() const override { return FusableOf(kind_); }
+  const float* Logits(const LayerForward& args) const override { return args.inputs[0]; }
 
   void Forward(const LayerForward& args) const override {
     args.device->Activation(kind_, args.inputs[0], args.output, args.batch * rows_per_example_,
@@ -34,7 +34,7 @@ class Activation final : public Layer {
   // Transforms the gradient in place (grad_inputs[0] may be grad_output).
   void Backward(const LayerBackward& args) const override {
     const int64_t rows = args.batch * rows_per_example_;
-    if (!args.fused_softmax) {
+    if (!args.fused_activation) {
       args.device->ActivationGrad(kind_, args.output, args.grad_output, rows, width_);
     }
     if (args.grad_inputs[0] != nullptr) {

@@ -54,18 +54,21 @@ class Dense final : public Layer {
       build.variables.push_back(
           keras::MakeVariable("bias", Shape({units_}), bias_initializer_, bias_regularizer_));
     }
-    // A softmax keeps its logits, which a cross-entropy takes instead of the probabilities.
-    if (EndsInSoftmax()) build.scratch_per_example = rows_per_example_ * units_;
+    // A softmax or sigmoid keeps its logits, which a cross-entropy takes instead of the
+    // probabilities.
+    if (FusableActivation() != ActivationKind::kLinear) {
+      build.scratch_per_example = rows_per_example_ * units_;
+    }
     return build;
   }
 
-  bool EndsInSoftmax() const override { return activation_ == ActivationKind::kSoftmax; }
-  const float* SoftmaxLogits(const LayerForward& args) const override { return args.scratch; }
+  ActivationKind FusableActivation() const override { return FusableOf(activation_); }
+  const float* Logits(const LayerForward& args) const override { return args.scratch; }
 
   void Forward(const LayerForward& args) const override {
     const Device& device = *args.device;
     const int64_t rows = args.batch * rows_per_example_;
-    float* z = EndsInSoftmax() ? args.scratch : args.output;
+    float* z = FusableActivation() != ActivationKind::kLinear ? args.scratch : args.output;
     device.MatMul(args.inputs[0], false, args.variables[0], false, rows, units_, in_width_, z,
                   false);
     device.BiasActivation(activation_, z, use_bias_ ? args.variables[1] : nullptr, args.output,
@@ -77,7 +80,7 @@ class Dense final : public Layer {
     const int64_t rows = args.batch * rows_per_example_;
     float* grad = args.grad_output;
     float* bias_grad = use_bias_ ? args.grad_variables[1] : nullptr;
-    device.ActivationGradSumRows(args.fused_softmax ? ActivationKind::kLinear : activation_,
+    device.ActivationGradSumRows(args.fused_activation ? ActivationKind::kLinear : activation_,
                                  args.output, grad, rows, units_, bias_grad);
     device.MatMul(args.inputs[0], true, grad, false, in_width_, units_, rows,
                   args.grad_variables[0], false);

@@ -7,19 +7,23 @@
 // every value is a number, else string.
 //
 // Elements are (x, y): x float32 [features], the selected columns other than the label,
-// in the file's column order (Stratum's models take one input tensor); y the label column
-// (int64 or float32 by its type). A string column among the features is refused by name.
+// in the file's column order, or in input_columns' order when given (the model's named
+// inputs); y the label column (int64 or float32 by its type). A text column needs a
+// StringLookup (`lookups`), which makes its tokens ids; without one it is refused by name.
+// An IntegerLookup makes an int64 column's values ids.
 //
 // Thread safety: the format is immutable.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stratum/data/lookup.h"
 #include "stratum/data/record_files.h"
 #include "stratum/data/tfrecord.h"
 
@@ -42,6 +46,10 @@ struct CsvOptions {
   bool use_quote_delim = true;
   std::string na_value;  // a field equal to it counts as empty
   Compression compression = Compression::kNone;
+  // Per column: the lookup its values go through (the job's preprocess).
+  std::map<std::string, std::shared_ptr<const TokenLookup>> lookups;
+  // The columns that form x, in order; empty: the selected columns but the label.
+  std::vector<std::string> input_columns;
 };
 
 // The format of `first_file` (read for its header and type inference) and the files like

@@ -42,6 +42,15 @@ struct StrategySpec {
   CommunicationSpec communication;      // multi_worker_mirrored
 };
 
+// A Keras preprocessing layer applied to one feature of a source as it is read, before
+// batching, as the ParameterServerStrategy tutorial's dataset.map applies its lookups:
+// StringLookup (string tokens to ids) or IntegerLookup (int64 tokens to ids).
+struct PreprocessSpec {
+  std::string feature;   // the feature (tfrecord) or column (csv) it applies to
+  nlohmann::json layer;  // {"class_name": ..., "config": ...}; a vocabulary file's path
+                         // made absolute with the job file's folder
+};
+
 struct DataSourceSpec {
   std::string format = "idx";  // idx, tfrecord or csv
   // idx: absolute, or relative to the job file's folder
@@ -51,10 +60,13 @@ struct DataSourceSpec {
   // (patterns are matched when the data is read)
   std::vector<std::string> files;
   Compression compression = Compression::kNone;  // compression_type
-  std::vector<FeatureSpec> features;             // tfrecord: tf.io feature specs, in key order
-  std::string label;                             // tfrecord: label_key; csv: label_name
-  CsvOptions csv;                                // csv
-  ReadOptions read;  // tfrecord and csv: num_parallel_reads, interleave, ...
+  // tfrecord: tf.io feature specs, in key order but the label's last; the others feed the
+  // model's inputs by name (or the one input, whatever its name)
+  std::vector<FeatureSpec> features;
+  std::string label;                       // tfrecord: label_key; csv: label_name
+  std::vector<PreprocessSpec> preprocess;  // tfrecord and csv, in key order
+  CsvOptions csv;                          // csv
+  ReadOptions read;                        // tfrecord and csv: num_parallel_reads, interleave, ...
 
   // Whether the job gives this source (data.test is optional).
   bool given() const { return format == "idx" ? !images.empty() : !files.empty(); }

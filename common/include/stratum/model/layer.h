@@ -119,10 +119,11 @@ struct LayerBackward {
   std::span<const VariableRows> variable_rows;  // as in LayerForward
   const float* output = nullptr;
   float* scratch = nullptr;
-  // d(objective)/d(output); the layer may overwrite it. With fused_softmax, d/d(logits) of
-  // the softmax the layer ends in (the loss took the logits): the softmax is not applied.
+  // d(objective)/d(output); the layer may overwrite it. With fused_activation, d/d(logits)
+  // of the softmax or sigmoid the layer ends in (the loss took the logits): its derivative
+  // is not applied.
   float* grad_output = nullptr;
-  bool fused_softmax = false;
+  bool fused_activation = false;
   // d(objective)/d(input i), overwritten (or added to, where accumulate[i]); nullptr where
   // no gradient is needed.
   std::span<float* const> grad_inputs;
@@ -134,6 +135,13 @@ struct LayerBackward {
   float replica_share = 1.0f;
   CrossReplicaSum* replicas = nullptr;  // as in LayerForward
 };
+
+// `activation` when a loss may take its logits in its place (softmax, sigmoid), else kLinear.
+inline ActivationKind FusableOf(ActivationKind activation) {
+  return activation == ActivationKind::kSoftmax || activation == ActivationKind::kSigmoid
+             ? activation
+             : ActivationKind::kLinear;
+}
 
 class Layer {
  public:
@@ -148,10 +156,11 @@ class Layer {
   // inference): the model then passes the input's buffer on, and its gradient back, without
   // calling Forward or Backward.
   virtual bool IsIdentity(bool /*training*/) const { return false; }
-  // Whether the output is a softmax whose logits a cross-entropy may take instead
-  // (SoftmaxLogits gives them after Forward).
-  virtual bool EndsInSoftmax() const { return false; }
-  virtual const float* SoftmaxLogits(const LayerForward& /*args*/) const { return nullptr; }
+  // The activation the output ends in when a loss may take its logits instead: softmax (a
+  // cross-entropy) or sigmoid (binary_crossentropy), as Keras takes the logits it caches on
+  // them; kLinear for none. Logits gives them after Forward.
+  virtual ActivationKind FusableActivation() const { return ActivationKind::kLinear; }
+  virtual const float* Logits(const LayerForward& /*args*/) const { return nullptr; }
 
   virtual void Forward(const LayerForward& args) const = 0;
   // Writes the gradients of the inputs in their order: a tensor given twice appears twice in

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "stratum/device/device.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -54,9 +55,10 @@ class Loss {
   static Loss CategoricalCrossentropy(bool from_logits = false);
   static Loss MeanSquaredError();
   // Keras' binary_crossentropy: the mean over the outputs of each example's sigmoid
-  // cross-entropy, on probabilities (clipped to [1e-7, 1 - 1e-7], not fused with a sigmoid
-  // output's logits as Keras does: the two differ only where an output saturates) or on
-  // logits (from_logits); targets 0/1 ids for one output, or float32 [N, outputs]. Its
+  // cross-entropy, on a sigmoid output's logits (as Keras takes the logits it caches on a
+  // sigmoid: a saturated output still has a gradient), on other probabilities (clipped to
+  // [1e-7, 1 - 1e-7]), or on logits (from_logits); targets 0/1 ids for one output, or
+  // float32 [N, outputs]. Its
   // accuracy is Keras' binary_accuracy (the output above 0.5, or a logit above 0); with
   // several outputs an example counts as correct when all of them are.
   static Loss BinaryCrossentropy(bool from_logits = false);
@@ -64,10 +66,15 @@ class Loss {
   Kind kind() const { return kind_; }
   bool from_logits() const { return from_logits_; }
   bool is_crossentropy() const { return kind_ != Kind::kMeanSquaredError; }
-  // Whether it takes a softmax output's logits in place of its probabilities (the model
-  // then skips the softmax in the backward pass): the categorical cross-entropies.
-  bool fuses_softmax() const {
-    return kind_ == Kind::kSparseCategoricalCrossentropy || kind_ == Kind::kCategoricalCrossentropy;
+  // The output activation whose logits it takes in place of the probabilities (the model
+  // then skips that activation in the backward pass): softmax for the categorical
+  // cross-entropies, sigmoid for binary_crossentropy on probabilities; kLinear for none.
+  ActivationKind fused_activation() const {
+    if (kind_ == Kind::kSparseCategoricalCrossentropy || kind_ == Kind::kCategoricalCrossentropy) {
+      return ActivationKind::kSoftmax;
+    }
+    if (kind_ == Kind::kBinaryCrossentropy && !from_logits_) return ActivationKind::kSigmoid;
+    return ActivationKind::kLinear;
   }
   // Whether targets are class ids ([B] integers) rather than [B, C] floats.
   bool sparse_targets() const { return kind_ == Kind::kSparseCategoricalCrossentropy; }
@@ -85,8 +92,9 @@ class Loss {
   absl::Status ValidateTargets(const Tensor& y, int64_t batch, int64_t classes) const;
 
   // Loss and accuracy of a batch, and optionally its gradient. `predictions` is the model's
-  // [B, C] output. `logits`, when not null, holds the [B, C] pre-softmax values of a softmax
-  // output: cross-entropies then use them (fused softmax + cross-entropy). `grad`, when not
+  // [B, C] output. `logits`, when not null, holds the [B, C] values before the output's
+  // fused_activation(): cross-entropies then use them (fused softmax or sigmoid +
+  // cross-entropy). `grad`, when not
   // null, receives scale * d(sum of per-example losses) / d(predictions), or / d(logits) when
   // logits are used, as a row-major [B, C] array. `y` must have passed ValidateTargets.
   StepStats Compute(ConstMatrixMap predictions, const float* logits, const Tensor& y, float scale,

@@ -113,6 +113,11 @@ class Model {
   Shape input_shape() const;
   // The model's inputs (its InputLayers), in the order their values are taken.
   const std::vector<std::string>& input_names() const;
+  // What a caller names them by, in the same order: a Functional model's dict keys
+  // (keras.Model({"features": input}, ...)), else the InputLayers' names.
+  const std::vector<std::string>& input_keys() const;
+  // Each input's shape per example, in the same order.
+  std::vector<Shape> input_shapes() const;
   // Outputs per example (classes for a classifier); with several outputs, of all of them.
   int64_t output_size() const;
   int num_outputs() const;
