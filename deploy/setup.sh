@@ -79,3 +79,8 @@ if [ -x "$build_dir/bin/stratum-data" ] && [ ! -e "$data_dir/test-00001-of-00002
     --compression_type GZIP >/dev/null
   echo "setup.sh: wrote the TFRecord example's data into $data_dir"
 fi
+# The ParameterServerStrategy tutorial's data (examples/ps_tutorial.json).
+if [ ! -e "$repo/examples/data/ps-tutorial/test.tfrecord" ]; then
+  python3 "$repo/examples/ps_tutorial_data.py" --out "$repo/examples/data/ps-tutorial"
+  echo "setup.sh: wrote the parameter-server tutorial's data into $repo/examples/data/ps-tutorial"
+fi

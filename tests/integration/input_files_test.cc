@@ -1,7 +1,9 @@
 // TFRecord and CSV input as a user meets it: shards written by `stratum-data convert`,
 // trained on by stratum-train, MultiWorkerMirrored workers (FILE sharding, AUTO's fallback
 // to DATA, FILE refused with too few files) and parameter-server workers reading disjoint
-// files; broken data refused before training with the file named.
+// files; broken data refused before training with the file named; string tokens made ids
+// by the source's StringLookup, and several features feeding a model's named inputs (the
+// ParameterServerStrategy tutorial, reproduced).
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -11,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "proto/example.pb.h"
+#include "stratum/data/tfrecord.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/util/subprocess.h"
 
@@ -312,6 +316,229 @@ TEST_F(InputFilesTest, ParameterServerWorkersReadDisjointFiles) {
   const json result = json::parse(file);
   EXPECT_EQ(result["steps"], 200);
   EXPECT_GT(result["test_accuracy"].get<double>(), 0.6);
+}
+
+// The ParameterServerStrategy tutorial: its data (examples/ps_tutorial_data.py), its job
+// (examples/ps_tutorial.json: StringLookup on the tokens and the labels, Embedding(8, 16384)
+// split by MinSizePartitioner(256 KiB, 2) into 2 shards of 4 rows), 3 workers and 2 ps; it
+// reaches the accuracy the tutorial prints, 1.0.
+TEST_F(InputFilesTest, TheParameterServerTutorialTrainsOnStringTokensToItsAccuracy) {
+  const std::string data = *dir_ + "/ps-tutorial";
+  SubprocessOptions generate;
+  generate.argv = {"/usr/bin/python3",
+                   std::string(STRATUM_SOURCE_DIR) + "/examples/ps_tutorial_data.py",
+                   "--out=" + data};
+  generate.forward_fd = -1;
+  generate.capture_output = true;
+  auto generator = Subprocess::Spawn(std::move(generate));
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  auto generated = (*generator)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(generated.ok() && generated->success()) << (*generator)->output();
+
+  std::ifstream file(std::string(STRATUM_SOURCE_DIR) + "/examples/ps_tutorial.json");
+  json job = json::parse(file);
+  job["data"]["train"]["files"] = {data + "/train.tfrecord"};
+  job["data"]["test"]["files"] = {data + "/test.tfrecord"};
+  const std::string summary = TempPath("ps_tutorial_summary.json");
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 3,
+       .num_ps = 2,
+       .chief = true,
+       .args_by_type = {{"chief",
+                         {"--job=" + Write(job, "ps_tutorial"), "--summary_json=" + summary}}},
+       .forward_output = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(120));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  const std::string output = (*cluster)->Output({"chief", 0});
+  ASSERT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("variable embedding/embeddings/part_0 (262144 bytes) on ps:0"));
+  EXPECT_THAT(output, HasSubstr("variable embedding/embeddings/part_1 (262144 bytes) on ps:1"));
+  std::ifstream result_file(summary);
+  const json result = json::parse(result_file);
+  EXPECT_EQ(result["steps"], 20);
+  // The label is whether "avenger" is among the tokens: learnt exactly (chance is 0.57).
+  EXPECT_GE(result["test_accuracy"].get<double>(), 0.99) << output;
+}
+
+// Several features feed a Functional model's named inputs by name, whatever their order in
+// the file: string tokens (VarLen, padded) through a StringLookup into an Embedding, and a
+// float score; the label is a string too.
+TEST_F(InputFilesTest, FeaturesFeedTheModelInputsOfTheirNames) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> words = {"free", "meeting", "offer", "report", "lunch", "win"};
+  std::uniform_real_distribution<float> uniform(0, 1);
+  auto write = [&](const std::string& name, int count) {
+    auto writer = TFRecordWriter::Open(*dir_ + "/" + name, Compression::kNone);
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    for (int i = 0; i < count; ++i) {
+      tensorflow::Example example;
+      auto& f = *example.mutable_features()->mutable_feature();
+      bool spam = false;
+      const int length = 1 + static_cast<int>(rng() % 4);
+      for (int w = 0; w < length; ++w) {
+        const std::string& word = words[rng() % words.size()];
+        spam = spam || word == "free" || word == "win";
+        f["words"].mutable_bytes_list()->add_value(word);
+      }
+      const float score = uniform(rng);
+      spam = spam || score > 0.8f;
+      f["score"].mutable_float_list()->add_value(score);
+      f["label"].mutable_bytes_list()->add_value(spam ? "spam" : "ham");
+      EXPECT_TRUE((*writer)->Write(example.SerializeAsString()).ok());
+    }
+    EXPECT_TRUE((*writer)->Close().ok());
+  };
+  write("named-train.tfrecord", 4000);
+  write("named-test.tfrecord", 500);
+  const json lookups = {
+      {"words",
+       {{"class_name", "StringLookup"},
+        {"config", {{"vocabulary", words}, {"mask_token", ""}, {"num_oov_indices", 1}}}}},
+      {"label",
+       {{"class_name", "StringLookup"},
+        {"config", {{"vocabulary", {"ham", "spam"}}, {"num_oov_indices", 0}}}}}};
+  auto source = [&](const std::string& file) {
+    return json{{"format", "tfrecord"},
+                {"files", {*dir_ + "/" + file}},
+                {"features",
+                 {{"score", {{"dtype", "float32"}, {"shape", {1}}}},
+                  {"words", {{"type", "VarLenFeature"}, {"dtype", "string"}, {"pad_to", 4}}},
+                  {"label", {{"dtype", "string"}, {"shape", json::array()}}}}},
+                {"label_key", "label"},
+                {"preprocess", lookups}};
+  };
+  auto input = [](const std::string& name, int size, const std::string& dtype) {
+    return json{
+        {"class_name", "InputLayer"},
+        {"name", name},
+        {"config", {{"batch_input_shape", {nullptr, size}}, {"dtype", dtype}, {"name", name}}},
+        {"inbound_nodes", json::array()}};
+  };
+  auto layer = [](const std::string& class_name, const std::string& name, json config,
+                  std::vector<std::string> inbound) {
+    json nodes = json::array();
+    for (const std::string& from : inbound) nodes.push_back({from, 0, 0, json::object()});
+    config["name"] = name;
+    return json{
+        {"class_name", class_name}, {"name", name}, {"config", config}, {"inbound_nodes", {nodes}}};
+  };
+  // The model's inputs in the order words, score; the file's features in key order.
+  const json model = {
+      {"class_name", "Functional"},
+      {"config",
+       {{"name", "spam"},
+        {"layers",
+         {input("words", 4, "int64"), input("score", 1, "float32"),
+          layer("Embedding", "embedding",
+                {{"input_dim", 8}, {"output_dim", 8}, {"mask_zero", true}}, {"words"}),
+          layer("GlobalAveragePooling1D", "mean", json::object(), {"embedding"}),
+          layer("Concatenate", "both", json::object(), {"mean", "score"}),
+          layer("Dense", "hidden", {{"units", 16}, {"activation", "relu"}}, {"both"}),
+          layer("Dense", "out", {{"units", 1}, {"activation", "sigmoid"}}, {"hidden"})}},
+        {"input_layers", {{"words", 0, 0}, {"score", 0, 0}}},
+        {"output_layers", {{"out", 0, 0}}}}}};
+  json job = {{"model", model},
+              {"compile",
+               {{"optimizer", {{"class_name", "Adam"}, {"config", {{"learning_rate", 0.01}}}}},
+                {"loss", "binary_crossentropy"},
+                {"metrics", {"binary_accuracy"}}}},
+              {"data",
+               {{"train", source("named-train.tfrecord")},
+                {"test", source("named-test.tfrecord")},
+                {"rescale", 1}}},
+              {"fit", {{"epochs", 6}, {"batch_size_per_replica", 32}, {"seed", 3}}}};
+  const std::string summary = TempPath("named_summary.json");
+  BinaryRun run = RunBinary("stratum-train", {"--job=" + Write(job, "named"),
+                                              "--summary_json=" + summary, "--progress=lines"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream file(summary);
+  // The rule needs both inputs (0.99 seen); the tokens alone or the score alone fall short.
+  EXPECT_GT(json::parse(file)["test_accuracy"].get<double>(), 0.95) << run.output;
+
+  // A feature no input takes, and an input no feature feeds, are named.
+  json extra = job;
+  extra["data"]["train"]["features"]["length"] = {{"dtype", "int64"}, {"shape", {1}}};
+  run = RunBinary("stratum-train", {"--job=" + Write(extra, "named_extra")});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.output,
+              HasSubstr("data.train.features has feature \"length\", which no model input takes "
+                        "(the model's inputs are words, score)"));
+  json missing = job;
+  missing["data"]["train"]["features"].erase("score");
+  run = RunBinary("stratum-train", {"--job=" + Write(missing, "named_missing")});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.output,
+              HasSubstr("data.train.features has no feature for the model's input \"score\""));
+}
+
+// CSV text: a StringLookup makes a text column ids and a text label a class id; the columns
+// feed the model's inputs named after them. Without a lookup a text column is refused with
+// that fix.
+TEST_F(InputFilesTest, CsvTextColumnsBecomeIdsThroughTheirLookups) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  const std::vector<std::string> colors = {"red", "green", "blue", "cyan"};
+  for (const char* name : {"colors-train.csv", "colors-test.csv"}) {
+    std::ofstream out(*dir_ + "/" + name);
+    out << "x,color,label\n";
+    for (int i = 0; i < (name[7] == 't' && name[8] == 'r' ? 3000 : 500); ++i) {
+      const std::string& color = colors[rng() % colors.size()];
+      const float x = uniform(rng);
+      out << x << "," << color << "," << ((color == "red") != (x > 0.5f) ? "yes" : "no") << "\n";
+    }
+  }
+  const json lookups = {
+      {"color", {{"class_name", "StringLookup"}, {"config", {{"vocabulary", colors}}}}},
+      {"label",
+       {{"class_name", "StringLookup"},
+        {"config", {{"vocabulary", {"no", "yes"}}, {"num_oov_indices", 0}}}}}};
+  auto source = [&](const std::string& file) {
+    return json{{"format", "csv"},
+                {"files", {*dir_ + "/" + file}},
+                {"label_name", "label"},
+                {"preprocess", lookups}};
+  };
+  const json model = json::parse(R"({"class_name": "Functional", "config": {"name": "colors",
+      "layers": [
+        {"class_name": "InputLayer", "name": "color", "config": {"name": "color",
+         "batch_input_shape": [null, 1], "dtype": "int64"}, "inbound_nodes": []},
+        {"class_name": "InputLayer", "name": "x", "config": {"name": "x",
+         "batch_input_shape": [null, 1], "dtype": "float32"}, "inbound_nodes": []},
+        {"class_name": "Embedding", "name": "embedding", "config": {"name": "embedding",
+         "input_dim": 5, "output_dim": 4}, "inbound_nodes": [[["color", 0, 0, {}]]]},
+        {"class_name": "Flatten", "name": "flat", "config": {"name": "flat"},
+         "inbound_nodes": [[["embedding", 0, 0, {}]]]},
+        {"class_name": "Concatenate", "name": "both", "config": {"name": "both"},
+         "inbound_nodes": [[["flat", 0, 0, {}], ["x", 0, 0, {}]]]},
+        {"class_name": "Dense", "name": "hidden", "config": {"name": "hidden", "units": 16,
+         "activation": "relu"}, "inbound_nodes": [[["both", 0, 0, {}]]]},
+        {"class_name": "Dense", "name": "out", "config": {"name": "out", "units": 1,
+         "activation": "sigmoid"}, "inbound_nodes": [[["hidden", 0, 0, {}]]]}],
+      "input_layers": [["color", 0, 0], ["x", 0, 0]], "output_layers": [["out", 0, 0]]}})");
+  json job = {{"model", model},
+              {"compile",
+               {{"optimizer", {{"class_name", "Adam"}, {"config", {{"learning_rate", 0.01}}}}},
+                {"loss", "binary_crossentropy"},
+                {"metrics", {"binary_accuracy"}}}},
+              {"data",
+               {{"train", source("colors-train.csv")},
+                {"test", source("colors-test.csv")},
+                {"rescale", 1}}},
+              {"fit", {{"epochs", 8}, {"batch_size_per_replica", 32}, {"seed", 3}}}};
+  const std::string summary = TempPath("colors_summary.json");
+  BinaryRun run = RunBinary("stratum-train", {"--job=" + Write(job, "colors"),
+                                              "--summary_json=" + summary, "--progress=lines"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream file(summary);
+  EXPECT_GT(json::parse(file)["test_accuracy"].get<double>(), 0.95) << run.output;
+
+  job["data"]["train"]["preprocess"].erase("color");
+  run = RunBinary("stratum-train", {"--job=" + Write(job, "colors_text")});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.output, HasSubstr("CSV column \"color\" holds text"));
+  EXPECT_THAT(run.output, HasSubstr("make its tokens ids with a StringLookup in the source's "
+                                    "preprocess"));
 }
 
 }  // namespace
