@@ -693,6 +693,11 @@ absl::Status ParameterServerJob::TakeStats(StepStats& into) {
     into.loss_sum += *(*outputs)[0].data<float>();
     into.correct += std::llround(*(*outputs)[1].data<float>());
     into.examples += std::llround(*(*outputs)[2].data<float>());
+    if (outputs->size() > 3 && (*outputs)[3].num_elements() == 2 * AucCounts::kBuckets) {
+      const float* counts = (*outputs)[3].data<float>();
+      const std::vector<double> values(counts, counts + 2 * AucCounts::kBuckets);
+      into.auc.Merge(AucCounts::FromValues(values.data(), static_cast<int64_t>(values.size())));
+    }
   }
   return absl::OkStatus();
 }
@@ -889,6 +894,7 @@ absl::StatusOr<FitSummary> ParameterServerJob::Finish(const FitSummary& trained)
   summary_.tested = trained.tested;
   summary_.test_loss = trained.test_loss;
   summary_.test_accuracy = trained.test_accuracy;
+  summary_.test_auc = trained.test_auc;
   summary_.steps = global_step_;  // the job's step counter, across restarts
   summary_.examples_per_sec = static_cast<double>(train_examples_) / std::max(train_seconds_, 1e-9);
   summary_.wall_s = Now() - start_;

@@ -345,6 +345,7 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
         sums.loss_sum += s.loss_sum;
         sums.correct += s.correct;
         sums.examples += s.examples;
+        sums.auc.Merge(s.auc);
       }
     }
     const bool last = step + 1 == steps;
@@ -373,9 +374,15 @@ absl::StatusOr<std::vector<Tensor>> WorkerJob::TrainSteps(int64_t steps) {
     sums = *taken;
   }
 #endif
+  // The AUC counts, when the model measures them, as a fourth output (float32 counts are
+  // exact for any closure's batches).
+  const std::vector<double> auc = sums.auc.Values();
+  Tensor auc_counts(DType::kFloat32, Shape({static_cast<int64_t>(auc.size())}));
+  for (size_t i = 0; i < auc.size(); ++i) auc_counts.data<float>()[i] = static_cast<float>(auc[i]);
   return std::vector<Tensor>{Tensor::Scalar(static_cast<float>(sums.loss_sum)),
                              Tensor::Scalar(static_cast<float>(sums.correct)),
-                             Tensor::Scalar(static_cast<float>(sums.examples))};
+                             Tensor::Scalar(static_cast<float>(sums.examples)),
+                             std::move(auc_counts)};
 }
 
 // What a registered function sees of the job.

@@ -644,7 +644,8 @@ absl::Status ParseCallbacks(const json& list, absl::string_view source, absl::st
   }
   // The keys of the epochs' logs: a monitor or a file name's placeholder must be one.
   std::set<std::string> logged = {"loss"};
-  for (const std::string& metric : job.metrics) logged.insert(metric);
+  // Keras logs its AUC metric as "auc", however compile.metrics spells it.
+  for (const std::string& metric : job.metrics) logged.insert(metric == "AUC" ? "auc" : metric);
   if (job.data.test.given() && job.fit.validate) {
     for (const std::string& name : std::vector<std::string>(logged.begin(), logged.end())) {
       logged.insert("val_" + name);
@@ -866,13 +867,15 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view json_text, absl::string_v
   job.loss = root["compile"]["loss"];
   if (absl::Status s = compile.Get("metrics", job.metrics); !s.ok()) return s;
   for (const std::string& metric : job.metrics) {
-    static const std::set<std::string> kMetrics = {"accuracy", "acc", "sparse_categorical_accuracy",
-                                                   "categorical_accuracy", "binary_accuracy"};
+    static const std::set<std::string> kMetrics = {
+        "accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy",
+        "auc",      "AUC"};
     if (kMetrics.count(metric) == 0) {
       return compile.Error("compile.metrics", absl::StrCat("has \"", metric, "\""),
                            "Stratum reports the loss and the accuracy its loss pairs with "
                            "(\"accuracy\", \"sparse_categorical_accuracy\", "
-                           "\"categorical_accuracy\", \"binary_accuracy\")");
+                           "\"categorical_accuracy\", \"binary_accuracy\"), and Keras' AUC "
+                           "(\"auc\") for a model of one sigmoid output");
     }
   }
 

@@ -369,6 +369,9 @@ StepStats Loss::Compute(ConstMatrixMap predictions, const float* logits, const T
           const float out = p[c];
           const bool positive = from_logits_ ? out > 0 : out > 0.5f;
           all_correct = all_correct && positive == (target > 0.5f);
+          if (classes == 1) {
+            stats.auc.Add(from_logits_ ? 1.0f / (1.0f + std::exp(-out)) : out, target > 0.5f);
+          }
           if (z != nullptr) {
             const float logit = z[c];
             loss += std::max(logit, 0.0f) - logit * target + std::log1p(std::exp(-std::abs(logit)));

@@ -1,5 +1,6 @@
 #include "stratum/training/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -17,12 +18,31 @@
 
 namespace stratum {
 
+bool IsAucMetric(const std::string& metric) { return metric == "auc" || metric == "AUC"; }
+
+bool MeasuresAuc(const std::vector<std::string>& metrics) {
+  return std::any_of(metrics.begin(), metrics.end(), IsAucMetric);
+}
+
 Logs LogsOf(const EpochLog& log, const std::vector<std::string>& metrics) {
   Logs logs = {{"loss", log.loss}};
-  for (const std::string& metric : metrics) logs[metric] = log.accuracy;
+  // Keras names the AUC metric "auc" in the logs, whatever case the job gave it in.
+  for (const std::string& metric : metrics) {
+    if (IsAucMetric(metric)) {
+      if (log.auc) logs["auc"] = *log.auc;
+    } else {
+      logs[metric] = log.accuracy;
+    }
+  }
   if (log.validated) {
     logs["val_loss"] = log.val_loss;
-    for (const std::string& metric : metrics) logs["val_" + metric] = log.val_accuracy;
+    for (const std::string& metric : metrics) {
+      if (IsAucMetric(metric)) {
+        if (log.val_auc) logs["val_auc"] = *log.val_auc;
+      } else {
+        logs["val_" + metric] = log.val_accuracy;
+      }
+    }
   }
   return logs;
 }
@@ -32,10 +52,10 @@ namespace {
 using json = nlohmann::json;
 
 // Whether a larger value of `monitor` is better, as Keras' mode "auto" infers it: the
-// accuracies are, the losses are not.
+// accuracies and the AUC are, the losses are not.
 bool HigherIsBetter(const std::string& mode, const std::string& monitor) {
   if (mode != "auto") return mode == "max";
-  return monitor.find("acc") != std::string::npos;
+  return monitor.find("acc") != std::string::npos || monitor.find("auc") != std::string::npos;
 }
 
 // keras.callbacks.EarlyStopping.

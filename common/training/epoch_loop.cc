@@ -104,9 +104,11 @@ class Progress {
   void EndEpoch(const EpochLog& log, int epochs, const StepRunner::EpochLineNotes& notes) {
     if (style_ == ProgressStyle::kNone) return;
     std::string text = absl::StrFormat("loss %.4f - accuracy %.4f", log.loss, log.accuracy);
+    if (log.auc) absl::StrAppend(&text, absl::StrFormat(" - auc %.4f", *log.auc));
     if (log.validated) {
       absl::StrAppend(&text, absl::StrFormat(" - val_loss %.4f - val_accuracy %.4f", log.val_loss,
                                              log.val_accuracy));
+      if (log.val_auc) absl::StrAppend(&text, absl::StrFormat(" - val_auc %.4f", *log.val_auc));
     }
     absl::StrAppend(
         &text, absl::StrFormat(" - %.0f examples/s - %.2fs", log.examples_per_sec, log.seconds));
@@ -464,6 +466,7 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
   const double seen = static_cast<double>(std::max<int64_t>(epoch_stats.examples, 1));
   log.loss = epoch_stats.loss_sum / seen;
   log.accuracy = static_cast<double>(epoch_stats.correct) / seen;
+  if (MeasuresAuc(options_.metrics) && !epoch_stats.auc.empty()) log.auc = epoch_stats.auc.Auc();
   if (absl::Status finite = CheckEpochLoss(log.loss, iteration_, epoch, step, Resume());
       !finite.ok()) {
     progress_.Interrupt();
@@ -478,6 +481,7 @@ absl::Status EpochLoop::EndEpoch(int epoch, int64_t first_step, int64_t step, St
     STRATUM_ASSIGN_OR_RETURN(const EpochLog val, runner_.Evaluate());
     log.val_loss = val.val_loss;
     log.val_accuracy = val.val_accuracy;
+    if (MeasuresAuc(options_.metrics)) log.val_auc = val.val_auc;
     log.validated = true;
   }
   ++trained_epochs_;
@@ -546,11 +550,13 @@ absl::Status EpochLoop::Test(int64_t restored_epochs) {
       summary_.history.back().validated) {
     summary_.test_loss = summary_.history.back().val_loss;
     summary_.test_accuracy = summary_.history.back().val_accuracy;
+    summary_.test_auc = summary_.history.back().val_auc;
     return absl::OkStatus();
   }
   STRATUM_ASSIGN_OR_RETURN(const EpochLog test, runner_.Evaluate());
   summary_.test_loss = test.val_loss;
   summary_.test_accuracy = test.val_accuracy;
+  if (MeasuresAuc(options_.metrics)) summary_.test_auc = test.val_auc;
   return absl::OkStatus();
 }
 

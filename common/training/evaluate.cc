@@ -46,11 +46,7 @@ absl::StatusOr<Tensor> ToModelInput(const Tensor& x, const Model& model, double 
 
 StepStats SumOverReplicas(const PerReplica<StepStats>& stats) {
   StepStats total{};
-  for (const StepStats& s : stats.values()) {
-    total.loss_sum += s.loss_sum;
-    total.correct += s.correct;
-    total.examples += s.examples;
-  }
+  for (const StepStats& s : stats.values()) Accumulate(total, s);
   return total;
 }
 
@@ -58,20 +54,30 @@ void Accumulate(StepStats& into, const StepStats& more) {
   into.loss_sum += more.loss_sum;
   into.correct += more.correct;
   into.examples += more.examples;
+  into.auc.Merge(more.auc);
 }
 
 absl::Status SumOverWorkers(const Strategy& strategy, StepStats& stats) {
   if (strategy.num_workers() == 1) return absl::OkStatus();
-  // float32 counts are exact below 2^24 examples per epoch and worker.
-  Tensor values(DType::kFloat32, Shape({3}));
+  // float32 counts are exact below 2^24 examples per epoch and worker. The AUC counts
+  // travel always (zeros where a worker has none), so that every worker sends the same size.
+  const int64_t size = 3 + 2 * AucCounts::kBuckets;
+  Tensor values(DType::kFloat32, Shape({size}));
+  values.SetZero();
   float* v = values.data<float>();
   v[0] = static_cast<float>(stats.loss_sum);
   v[1] = static_cast<float>(stats.correct);
   v[2] = static_cast<float>(stats.examples);
+  const std::vector<double> counts = stats.auc.Values();
+  for (size_t i = 0; i < counts.size(); ++i) v[3 + i] = static_cast<float>(counts[i]);
   std::vector<Tensor> across = {std::move(values)};
   STRATUM_RETURN_IF_ERROR(strategy.AllReduceAcrossWorkers(ReduceOp::kSum, across));
   v = across[0].data<float>();
   stats = {static_cast<double>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2])};
+  const std::vector<double> summed(v + 3, v + size);
+  if (std::any_of(summed.begin(), summed.end(), [](double c) { return c != 0; })) {
+    stats.auc = AucCounts::FromValues(summed.data(), static_cast<int64_t>(summed.size()));
+  }
   return absl::OkStatus();
 }
 
@@ -130,6 +136,7 @@ EpochLog ValidationLog(const StepStats& total) {
   const double examples = static_cast<double>(std::max<int64_t>(total.examples, 1));
   log.val_loss = total.loss_sum / examples;
   log.val_accuracy = static_cast<double>(total.correct) / examples;
+  if (!total.auc.empty()) log.val_auc = total.auc.Auc();
   log.validated = true;
   return log;
 }

@@ -21,6 +21,7 @@
 #include "stratum/data/lookup.h"
 #include "stratum/data/record_files.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/training/callbacks.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -577,6 +578,15 @@ absl::Status CheckTrainingJob(const JobSpec& job) {
         CheckMemoryFits(model, *optimizer, job.fit.batch_size_per_replica, replicas, replicas));
   }
   STRATUM_RETURN_IF_ERROR(FitOptionsFrom(job).status());
+  if (MeasuresAuc(job.metrics) &&
+      (loss.kind() != Loss::Kind::kBinaryCrossentropy || model.output_size() != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compile.metrics asks for \"auc\", which Stratum measures as Keras' AUC of a model of "
+        "one output trained with binary_crossentropy, but this model has ",
+        model.output_size(), " outputs and the loss is ", loss.name(),
+        ": leave \"auc\" out, or train a binary classifier (Dense(1, activation=\"sigmoid\"), "
+        "binary_crossentropy)"));
+  }
   return CheckDataHeaders(job.data, model, loss);
 }
 

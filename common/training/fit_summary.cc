@@ -14,9 +14,11 @@ nlohmann::json EpochLogJson(const EpochLog& log) {
                          {"accuracy", log.accuracy},
                          {"examples_per_sec", log.examples_per_sec},
                          {"seconds", log.seconds}};
+  if (log.auc) json["auc"] = *log.auc;
   if (log.validated) {  // as Keras' History: no val_ keys for an epoch not validated
     json["val_loss"] = log.val_loss;
     json["val_accuracy"] = log.val_accuracy;
+    if (log.val_auc) json["val_auc"] = *log.val_auc;
   }
   if (!log.stopped_by.empty()) json["stopped_by"] = log.stopped_by;
   return json;
@@ -31,6 +33,8 @@ EpochLog EpochLogFromJson(const nlohmann::json& json) {
   log.val_loss = JsonNumberOr(json, "val_loss", 0);
   log.val_accuracy = JsonNumberOr(json, "val_accuracy", 0);
   log.validated = json.contains("val_loss");
+  if (json.contains("auc")) log.auc = JsonNumberOr(json, "auc", 0);
+  if (json.contains("val_auc")) log.val_auc = JsonNumberOr(json, "val_auc", 0);
   log.examples_per_sec = JsonNumberOr(json, "examples_per_sec", 0);
   log.seconds = JsonNumberOr(json, "seconds", 0);
   if (json.contains("stopped_by") && json["stopped_by"].is_string()) {
@@ -44,6 +48,7 @@ nlohmann::json FitSummary::ToJson() const {
   for (const EpochLog& log : history) history_json.push_back(EpochLogJson(log));
   return {{"test_accuracy", tested ? nlohmann::json(test_accuracy) : nlohmann::json()},
           {"test_loss", tested ? nlohmann::json(test_loss) : nlohmann::json()},
+          {"test_auc", tested && test_auc ? nlohmann::json(*test_auc) : nlohmann::json()},
           {"steps", steps},
           {"examples_per_sec", examples_per_sec > 0 ? nlohmann::json(examples_per_sec) : nullptr},
           {"wall_s", wall_s},
@@ -62,7 +67,8 @@ nlohmann::json FitSummary::ToJson() const {
 std::string FitSummary::ResultLine() const {
   return absl::StrFormat(
       "%s, %s, %.1f s",
-      tested ? absl::StrFormat("test accuracy %.4f, test loss %.4f", test_accuracy, test_loss)
+      tested ? absl::StrFormat("test accuracy %.4f, test loss %.4f%s", test_accuracy, test_loss,
+                               test_auc ? absl::StrFormat(", test auc %.4f", *test_auc) : "")
              : "no test accuracy (the job has no data.test)",
       examples_per_sec > 0 ? absl::StrFormat("%.0f examples/s", examples_per_sec)
                            : "nothing left to train",

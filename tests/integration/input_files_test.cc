@@ -339,6 +339,7 @@ TEST_F(InputFilesTest, TheParameterServerTutorialTrainsOnStringTokensToItsAccura
   json job = json::parse(file);
   job["data"]["train"]["files"] = {data + "/train.tfrecord"};
   job["data"]["test"]["files"] = {data + "/test.tfrecord"};
+  job["compile"]["metrics"] = {"binary_accuracy", "auc"};
   const std::string summary = TempPath("ps_tutorial_summary.json");
   auto cluster = LocalCluster::Start(
       {.num_workers = 3,
@@ -359,6 +360,10 @@ TEST_F(InputFilesTest, TheParameterServerTutorialTrainsOnStringTokensToItsAccura
   EXPECT_EQ(result["steps"], 20);
   // The label is whether "avenger" is among the tokens: learnt exactly (chance is 0.57).
   EXPECT_GE(result["test_accuracy"].get<double>(), 0.99) << output;
+  // Keras' AUC, summed over the workers' closures and the evaluation.
+  EXPECT_THAT(output, HasSubstr(" - auc "));
+  EXPECT_GE(result["history"][3]["val_auc"].get<double>(), 0.99) << output;
+  EXPECT_GE(result["test_auc"].get<double>(), 0.99) << output;
 }
 
 // Several features feed a Functional model's named inputs by name, whatever their order in
@@ -442,7 +447,7 @@ TEST_F(InputFilesTest, FeaturesFeedTheModelInputsOfTheirNames) {
               {"compile",
                {{"optimizer", {{"class_name", "Adam"}, {"config", {{"learning_rate", 0.01}}}}},
                 {"loss", "binary_crossentropy"},
-                {"metrics", {"binary_accuracy"}}}},
+                {"metrics", {"binary_accuracy", "auc"}}}},
               {"data",
                {{"train", source("named-train.tfrecord")},
                 {"test", source("named-test.tfrecord")},
@@ -453,8 +458,11 @@ TEST_F(InputFilesTest, FeaturesFeedTheModelInputsOfTheirNames) {
                                               "--summary_json=" + summary, "--progress=lines"});
   ASSERT_EQ(run.code, 0) << run.output;
   std::ifstream file(summary);
+  const json result = json::parse(file);
   // The rule needs both inputs (0.99 seen); the tokens alone or the score alone fall short.
-  EXPECT_GT(json::parse(file)["test_accuracy"].get<double>(), 0.95) << run.output;
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.95) << run.output;
+  EXPECT_GT(result["test_auc"].get<double>(), 0.98) << run.output;
+  EXPECT_THAT(run.output, HasSubstr(", test auc "));
 
   // A feature no input takes, and an input no feature feeds, are named.
   json extra = job;

@@ -271,5 +271,42 @@ TEST(LossTest, ValidatesTargets) {
               HasSubstr("takes float32 targets of shape [4, 10]"));
 }
 
+// Keras' AUC: keras.metrics.AUC() on labels [0, 0, 1, 1] and predictions [0, 0.5, 0.3, 0.9]
+// is 0.75 (3 of the 4 positive-negative pairs are ordered right); the counts add up over
+// batches and survive their trip as numbers.
+TEST(AucCountsTest, MeasuresKerasAucAndAddsUp) {
+  AucCounts counts;
+  EXPECT_TRUE(counts.empty());
+  EXPECT_EQ(counts.Auc(), 0);
+  counts.Add(0.0f, false);
+  counts.Add(0.5f, false);
+  AucCounts more;
+  more.Add(0.3f, true);
+  more.Add(0.9f, true);
+  EXPECT_EQ(more.Auc(), 0);  // no negatives: Keras' divide_no_nan
+  counts.Merge(more);
+  EXPECT_NEAR(counts.Auc(), 0.75, 1e-12);
+  const std::vector<double> values = counts.Values();
+  ASSERT_EQ(values.size(), 2u * AucCounts::kBuckets);
+  EXPECT_NEAR(AucCounts::FromValues(values.data(), static_cast<int64_t>(values.size())).Auc(), 0.75,
+              1e-12);
+  AucCounts perfect, reversed;
+  for (int i = 0; i < 100; ++i) {
+    perfect.Add(0.6f + 0.003f * static_cast<float>(i), true);
+    perfect.Add(0.4f - 0.003f * static_cast<float>(i), false);
+    reversed.Add(0.4f - 0.003f * static_cast<float>(i), true);
+    reversed.Add(0.6f + 0.003f * static_cast<float>(i), false);
+  }
+  EXPECT_NEAR(perfect.Auc(), 1.0, 1e-12);
+  EXPECT_NEAR(reversed.Auc(), 0.0, 1e-12);
+  // binary_crossentropy counts a one-output model's examples: probabilities as they are,
+  // logits through a sigmoid.
+  auto loss = Loss::FromKeras("binary_crossentropy");
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const Tensor p = Tensor::FromVector<float>({4, 1}, {0.0f, 0.5f, 0.3f, 0.9f});
+  const Tensor y = Tensor::FromVector<uint8_t>({4}, {0, 0, 1, 1});
+  EXPECT_NEAR(loss->Compute(p.Matrix(), nullptr, y, 1, nullptr).auc.Auc(), 0.75, 1e-12);
+}
+
 }  // namespace
 }  // namespace stratum

@@ -75,6 +75,17 @@ TEST_F(CheckTrainingJobTest, FromLogitsOnASoftmaxOutputIsRefusedWithTheFix) {
   EXPECT_TRUE(CheckTrainingJob(job_).ok()) << CheckTrainingJob(job_);
 }
 
+// Keras' AUC is measured for binary classifiers; asked of a 10-class softmax model it is
+// refused with the fix, before training.
+TEST_F(CheckTrainingJobTest, AucIsRefusedForAModelThatIsNoBinaryClassifier) {
+  job_.metrics = {"accuracy", "auc"};
+  EXPECT_EQ(Refusal(),
+            "compile.metrics asks for \"auc\", which Stratum measures as Keras' AUC of a model of "
+            "one output trained with binary_crossentropy, but this model has 10 outputs and the "
+            "loss is sparse_categorical_crossentropy: leave \"auc\" out, or train a binary "
+            "classifier (Dense(1, activation=\"sigmoid\"), binary_crossentropy)");
+}
+
 // A labels field pointing at an images file has as many rows as the images: it used to
 // pass the header check and fail only when that data set was first used (for data.test,
 // after a whole epoch).

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "stratum/device/device.h"
+#include "stratum/model/auc.h"
 #include "stratum/tensor/tensor.h"
 
 namespace stratum {
@@ -28,6 +29,9 @@ struct StepStats {
   double loss_sum = 0;   // sum of the per-example losses, not scaled
   int64_t correct = 0;   // examples whose prediction matches the label (Keras' "accuracy")
   int64_t examples = 0;  // examples in the batch
+  // Keras' AUC counts, for a model of one output trained with binary_crossentropy; empty
+  // for other models.
+  AucCounts auc;
 };
 
 // The first of the first `count` class ids in `y` (integers, [N] or [N, 1]) outside

@@ -31,8 +31,13 @@ namespace stratum {
 // twins when validated, and what callbacks add ("learning_rate").
 using Logs = std::map<std::string, double>;
 
-// An epoch's logs, its accuracy under each name of `metrics`.
+// An epoch's logs, its accuracy under each name of `metrics`, and its AUC as "auc".
 Logs LogsOf(const EpochLog& log, const std::vector<std::string>& metrics);
+
+// Whether a compile.metrics name is Keras' AUC ("auc", "AUC"), and whether a job's metrics
+// ask for it.
+bool IsAucMetric(const std::string& metric);
+bool MeasuresAuc(const std::vector<std::string>& metrics);
 
 // What callbacks see and change of the training they watch: the epoch loop's.
 class CallbackHost {

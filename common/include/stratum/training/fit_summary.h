@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ struct EpochLog {
   double accuracy = 0;
   double val_loss = 0;
   double val_accuracy = 0;
+  // Keras' AUC, for a model of one sigmoid output (binary_crossentropy); shown when the
+  // job's metrics ask for "auc".
+  std::optional<double> auc;
+  std::optional<double> val_auc;
   bool validated = false;  // val_loss and val_accuracy were measured (a test set, validate)
   double examples_per_sec = 0;
   double seconds = 0;
@@ -38,6 +43,7 @@ struct FitSummary {
   std::vector<EpochLog> history;
   double test_loss = 0;
   double test_accuracy = 0;
+  std::optional<double> test_auc;  // with a test set, for a model that measures AUC
   bool tested = false;  // test_loss and test_accuracy were measured (the job has a test set)
   int64_t steps = 0;
   // Training examples over training time (validation excluded); 0 when this run trained
