@@ -77,8 +77,8 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
               HasSubstr("job field model is missing"));
   EXPECT_THAT(ErrorOf(R"({"model": {}, "data": {}})"), HasSubstr("job field compile is missing"));
   EXPECT_THAT(
-      ErrorOf(R"({"model": {}, "compile": {"loss": "mse", "metrics": ["auc"]}, "data": {}})"),
-      HasSubstr("compile.metrics has \"auc\""));
+      ErrorOf(R"({"model": {}, "compile": {"loss": "mse", "metrics": ["precision"]}, "data": {}})"),
+      HasSubstr("compile.metrics has \"precision\""));
   EXPECT_THAT(
       ErrorOf(R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a"}}})"),
       HasSubstr("data.train needs \"images\" and \"labels\""));
