@@ -57,10 +57,15 @@ absl::StatusOr<PartitionerSpec> PartitionerFromJson(const nlohmann::json& json) 
     if (!json.contains("max_shard_bytes")) return FieldError("max_shard_bytes", "is missing");
     absl::StatusOr<int64_t> max_bytes = PositiveField(json, "max_shard_bytes", 1);
     if (!max_bytes.ok()) return max_bytes.status();
-    absl::StatusOr<int64_t> max_shards = PositiveField(json, "max_shards", 0);
-    if (!max_shards.ok()) return max_shards.status();
     spec.max_shard_bytes = *max_bytes;
-    spec.max_shards = json.contains("max_shards") ? *max_shards : 0;
+    // TensorFlow's max_shards=None: no limit, written 0 (as the docs give it) or left out.
+    const bool unlimited =
+        !json.contains("max_shards") || json["max_shards"].is_null() || json["max_shards"] == 0;
+    if (!unlimited) {
+      absl::StatusOr<int64_t> max_shards = PositiveField(json, "max_shards", 0);
+      if (!max_shards.ok()) return max_shards.status();
+      spec.max_shards = *max_shards;
+    }
   } else {
     return FieldError("type",
                       absl::StrCat("is \"", type, "\": use fixed_shards, min_size or max_size"));

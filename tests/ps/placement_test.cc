@@ -71,6 +71,19 @@ TEST(PartitionerTest, ParsesTheJobsPartitionerAndRefusesNonsense) {
               HasSubstr("num_shards is 0"));
   EXPECT_FALSE(
       PartitionerFromJson(nlohmann::json::parse(R"({"type": "fixed_shards", "shards": 2})")).ok());
+  // max_size's max_shards 0 (as the docs write it), null or left out: no limit, as
+  // TensorFlow's max_shards=None; a negative count is refused.
+  for (const char* text : {R"({"type": "max_size", "max_shard_bytes": 64, "max_shards": 0})",
+                           R"({"type": "max_size", "max_shard_bytes": 64, "max_shards": null})",
+                           R"({"type": "max_size", "max_shard_bytes": 64})"}) {
+    auto unlimited = PartitionerFromJson(nlohmann::json::parse(text));
+    ASSERT_OK(unlimited);
+    EXPECT_EQ(unlimited->max_shards, 0) << text;
+  }
+  EXPECT_FALSE(
+      PartitionerFromJson(
+          nlohmann::json::parse(R"({"type": "max_size", "max_shard_bytes": 64, "max_shards": -1})"))
+          .ok());
 }
 
 TEST(PlacementTest, RoundRobinIsTensorFlowsOrder) {
