@@ -30,7 +30,8 @@ def feature_and_label_gen(rng, num_examples):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the folder to write into")
-    parser.add_argument("--train", type=int, default=200, help="training examples (the tutorial's 200)")
+    parser.add_argument("--train", type=int, default=200,
+                        help="training examples (the tutorial's 200)")
     parser.add_argument("--test", type=int, default=64, help="test examples")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

