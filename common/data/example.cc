@@ -218,7 +218,12 @@ void FillDefault(Tensor& tensor, const std::vector<D>& values) {
   }
 }
 
-absl::Status WrongCount(const FeatureSpec& spec, size_t count, int64_t wanted) {
+// OK when `count` values fit the spec: exactly `wanted` (FixedLen) or at most (VarLen).
+absl::Status CheckCount(const FeatureSpec& spec, size_t count, int64_t wanted) {
+  const auto limit = static_cast<size_t>(wanted);
+  if (spec.kind == FeatureSpec::Kind::kFixedLen ? count == limit : count <= limit) {
+    return absl::OkStatus();
+  }
   if (spec.kind == FeatureSpec::Kind::kVarLen) {
     return absl::InvalidArgumentError(absl::StrCat("feature \"", spec.key, "\" has ", count,
                                                    " values, more than its pad_to ", spec.pad_to,
@@ -515,22 +520,14 @@ absl::Status ExampleParser::Parse(absl::string_view record, Element& out) const 
         floats.clear();
         ok = DecodeFloats(feature.list, floats);
         count = floats.size();
-        if (ok &&
-            (spec.kind == FeatureSpec::Kind::kFixedLen ? count != static_cast<size_t>(wanted)
-                                                       : count > static_cast<size_t>(wanted))) {
-          return WrongCount(spec, count, wanted);
-        }
+        if (absl::Status fits = CheckCount(spec, count, wanted); ok && !fits.ok()) return fits;
         if (ok) std::memcpy(tensor.raw_data(), floats.data(), count * sizeof(float));
         break;
       case FeatureSpec::Type::kInt64:
         ints.clear();
         ok = DecodeInt64s(feature.list, ints);
         count = ints.size();
-        if (ok &&
-            (spec.kind == FeatureSpec::Kind::kFixedLen ? count != static_cast<size_t>(wanted)
-                                                       : count > static_cast<size_t>(wanted))) {
-          return WrongCount(spec, count, wanted);
-        }
+        if (absl::Status fits = CheckCount(spec, count, wanted); ok && !fits.ok()) return fits;
         if (ok && spec.lookup != nullptr) {
           int64_t* out = tensor.data<int64_t>();
           for (size_t v = 0; v < count; ++v) out[v] = spec.lookup->Index(ints[v]);
@@ -551,10 +548,7 @@ absl::Status ExampleParser::Parse(absl::string_view record, Element& out) const 
                 "string as numbers"));
           }
           count = bytes.size();
-          if (spec.kind == FeatureSpec::Kind::kFixedLen ? count != static_cast<size_t>(wanted)
-                                                        : count > static_cast<size_t>(wanted)) {
-            return WrongCount(spec, count, wanted);
-          }
+          if (absl::Status fits = CheckCount(spec, count, wanted); !fits.ok()) return fits;
           int64_t* out = tensor.data<int64_t>();
           for (size_t v = 0; v < count; ++v) out[v] = spec.lookup->Index(bytes[v]);
           break;
