@@ -189,14 +189,20 @@ absl::Status ParseFiles(const json& object, const Fields& fields, absl::string_v
   return ParseReadOptions(object, fields, out.read);
 }
 
-// The source's "preprocess": {feature: Keras layer}, each a StringLookup or IntegerLookup.
+// The source's "preprocess": {feature: Keras layer}, each of `classes` (StringLookup and
+// IntegerLookup for features and columns; TextVectorization and StringLookup for lines).
 absl::Status ParsePreprocess(const json& object, const Fields& fields, absl::string_view base_dir,
-                             DataSourceSpec& out) {
+                             DataSourceSpec& out,
+                             const std::vector<std::string>& classes = {"StringLookup",
+                                                                        "IntegerLookup"}) {
   if (!object.contains("preprocess")) return absl::OkStatus();
   const json& preprocess = object["preprocess"];
+  const bool lines = out.format == "text";
   const std::string example =
-      "{\"features\": {\"class_name\": \"StringLookup\", \"config\": {\"vocabulary\": "
-      "[\"a\", \"b\"]}}}";
+      lines ? "{\"line\": {\"class_name\": \"TextVectorization\", \"config\": {\"vocabulary\": "
+              "\"vocab.txt\", \"output_sequence_length\": 64}}}"
+            : "{\"features\": {\"class_name\": \"StringLookup\", \"config\": {\"vocabulary\": "
+              "[\"a\", \"b\"]}}}";
   if (!preprocess.is_object()) {
     return fields.Error(
         fields.Path("preprocess"), "is not an object",
@@ -206,10 +212,11 @@ absl::Status ParsePreprocess(const json& object, const Fields& fields, absl::str
     const std::string path = fields.Path(absl::StrCat("preprocess.", feature));
     const json* config = layer.is_object() && layer.contains("config") ? &layer["config"] : nullptr;
     const bool known =
-        layer.is_object() && layer.contains("class_name") &&
-        (layer["class_name"] == "StringLookup" || layer["class_name"] == "IntegerLookup");
+        layer.is_object() && layer.contains("class_name") && layer["class_name"].is_string() &&
+        std::find(classes.begin(), classes.end(), layer["class_name"].get<std::string>()) !=
+            classes.end();
     if (!known || config == nullptr || !config->is_object()) {
-      return fields.Error(path, "is not a StringLookup or IntegerLookup layer",
+      return fields.Error(path, absl::StrCat("is not a ", absl::StrJoin(classes, " or "), " layer"),
                           absl::StrCat("give one as Keras' to_json() writes it (the layers "
                                        "Stratum applies to data), e.g. ",
                                        example));
@@ -364,6 +371,41 @@ absl::Status ParseCsvSource(const json& object, const Fields& fields, absl::stri
   return ParsePreprocess(object, fields, base_dir, out);
 }
 
+// Text lines (tf.data.TextLineDataset): each line through the TextVectorization (or
+// StringLookup) in preprocess.line, labelled by the index of the files entry that names its
+// file.
+absl::Status ParseTextSource(const json& object, const Fields& fields, absl::string_view base_dir,
+                             DataSourceSpec& out) {
+  if (absl::Status s =
+          fields.CheckKnown({"format", "files", "compression_type", "labels", "preprocess",
+                             "num_parallel_reads", "interleave", "ignore_errors"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ParseFiles(object, fields, base_dir, out); !s.ok()) return s;
+  if (absl::Status s = fields.Get("labels", out.label); !s.ok()) return s;
+  if (out.label != "file_index") {
+    return fields.Error(
+        fields.Path("labels"),
+        out.label.empty() ? "is missing" : absl::StrCat("is \"", out.label, "\""),
+        "give \"file_index\": a line's label is the index of the files entry that names its "
+        "file (0 for the first), as TensorFlow's text-loading tutorial labels each file's "
+        "lines; for a label on each line, read the file as csv with a field_delim");
+  }
+  STRATUM_RETURN_IF_ERROR(
+      ParsePreprocess(object, fields, base_dir, out, {"TextVectorization", "StringLookup"}));
+  if (out.preprocess.size() != 1 || out.preprocess[0].feature != "line") {
+    return fields.Error(
+        fields.Path(out.preprocess.empty() ? "preprocess"
+                                           : "preprocess." + out.preprocess[0].feature),
+        out.preprocess.empty() ? "is missing" : "names something other than \"line\"",
+        "give the layer that makes each line ids, as {\"line\": {\"class_name\": "
+        "\"TextVectorization\", \"config\": {\"vocabulary\": \"vocab.txt\", "
+        "\"output_sequence_length\": 64}}}: Stratum's tensors hold numbers");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseSource(const json& object, const std::string& path, absl::string_view source,
                          absl::string_view base_dir, DataSourceSpec& out) {
   Fields fields(object, path, source);
@@ -372,9 +414,10 @@ absl::Status ParseSource(const json& object, const std::string& path, absl::stri
   if (out.format == "idx") return ParseIdxSource(fields, path, base_dir, out);
   if (out.format == "tfrecord") return ParseTFRecordSource(object, fields, base_dir, out);
   if (out.format == "csv") return ParseCsvSource(object, fields, base_dir, out);
+  if (out.format == "text") return ParseTextSource(object, fields, base_dir, out);
   return fields.Error(fields.Path("format"), absl::StrCat("is \"", out.format, "\""),
                       "Stratum reads \"idx\" (gzipped or not), \"tfrecord\" (tf.train.Example "
-                      "records) and \"csv\"");
+                      "records), \"csv\" and \"text\" (one example a line)");
 }
 
 // One argument of a Keras callback: its name, what it takes, and Keras' default (null for a

@@ -63,14 +63,15 @@ absl::StatusOr<LayerSpec> MakeLayer(const json& spec, size_t index,
   const std::string where = Where(layer.name, layer.class_name);
   STRATUM_ASSIGN_OR_RETURN(layer.policy, keras::ParseDtypePolicy(where, config));
   const LayerFactory make = FindLayerFactory(layer.class_name);
-  if (layer.class_name == "StringLookup") {
+  if (layer.class_name == "StringLookup" || layer.class_name == "TextVectorization") {
+    const std::string feature = layer.class_name == "StringLookup" ? "features" : "line";
     return absl::InvalidArgumentError(absl::StrCat(
         where,
         " takes strings, which Stratum's model tensors do not hold: apply it to the data "
         "instead, as the ParameterServerStrategy tutorial's dataset.map does, with the layer "
-        "in the data source's \"preprocess\" (e.g. \"preprocess\": {\"features\": "
-        "{\"class_name\": \"StringLookup\", \"config\": {...}}}), and give the model an "
-        "int64 input for the ids"));
+        "in the data source's \"preprocess\" (e.g. \"preprocess\": {\"",
+        feature, "\": {\"class_name\": \"", layer.class_name,
+        "\", \"config\": {...}}}), and give the model an int64 input for the ids"));
   }
   if (make == nullptr) {
     return absl::InvalidArgumentError(

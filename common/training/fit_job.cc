@@ -20,6 +20,7 @@
 #include "stratum/data/idx.h"
 #include "stratum/data/lookup.h"
 #include "stratum/data/record_files.h"
+#include "stratum/data/text_lines.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/training/callbacks.h"
 #include "stratum/util/status_macros.h"
@@ -212,8 +213,50 @@ absl::StatusOr<std::vector<int>> InputOrder(const std::string& field,
   return order;
 }
 
+// Text lines: each files entry resolved on its own, for its index labels its files' lines.
+absl::StatusOr<RecordSource> OpenTextSource(const std::string& field, const DataSourceSpec& source,
+                                            const Model& model) {
+  RecordSource out;
+  TextLineOptions options;
+  options.compression = source.compression;
+  for (size_t entry = 0; entry < source.files.size(); ++entry) {
+    STRATUM_ASSIGN_OR_RETURN(
+        const std::vector<std::string> files,
+        ResolveDataFiles({source.files[entry]}, "", absl::StrCat(field, ".files[", entry, "]")));
+    for (const std::string& file : files) {
+      const auto [named, added] = options.labels.emplace(file, static_cast<int64_t>(entry));
+      if (!added) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".files[", named->second, "] and [", entry, "] both name ", file,
+                         ", whose lines they label ", named->second, " and ", entry,
+                         ": name each file in one entry"));
+      }
+      out.files.push_back(file);
+    }
+  }
+  const PreprocessSpec& preprocess = source.preprocess.at(0);
+  STRATUM_ASSIGN_OR_RETURN(
+      options.vectorizer,
+      TextVectorizer::FromKerasLayer(preprocess.layer,
+                                     absl::StrCat("job field ", field, ".preprocess.line"), {}));
+  const int64_t wanted = model.input_shape().num_elements();
+  options.length = options.vectorizer->output_sequence_length().value_or(wanted);
+  if (model.input_names().size() != 1 || options.length != wanted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": each line is ", options.length, " ids (", options.vectorizer->class_name(),
+        options.vectorizer->output_sequence_length() ? "'s output_sequence_length" : "",
+        "), but the model takes ", model.input_names().size() == 1 ? "" : "several inputs, ",
+        model.input_shape().ToString(), " (", wanted,
+        " values) per example: give the model one input of the line's ids, or set "
+        "output_sequence_length to its length"));
+  }
+  out.format = TextLines(std::move(options));
+  return out;
+}
+
 absl::StatusOr<RecordSource> OpenRecordSource(const std::string& field,
                                               const DataSourceSpec& source, const Model& model) {
+  if (source.format == "text") return OpenTextSource(field, source, model);
   RecordSource out;
   STRATUM_ASSIGN_OR_RETURN(out.files,
                            ResolveDataFiles(source.files, "", absl::StrCat(field, ".files")));
@@ -284,7 +327,8 @@ absl::Status CheckRecordSource(const std::string& field, const DataSourceSpec& s
   }
   const Tensor& x = (*first)[0];
   const Tensor& y = (*first)[1];
-  const std::string input = source.format != "tfrecord" ? "the feature columns"
+  const std::string input = source.format == "text"       ? "a line's ids"
+                            : source.format != "tfrecord" ? "the feature columns"
                             : source.features.size() > 2
                                 ? "the features"
                                 : absl::StrCat("feature \"", source.features[0].key, "\"");
@@ -305,6 +349,16 @@ absl::Status CheckRecordSource(const std::string& field, const DataSourceSpec& s
         loss.sparse_targets() ? " takes one integer class id per example (int64, shape [])"
                               : absl::StrCat(" takes float32 targets of shape [", classes, "]"),
         ": fix the label's spec, or the loss"));
+  }
+  // Text lines are labelled 0..entries-1 by their files entry.
+  const auto entries = static_cast<int64_t>(source.files.size());
+  const int64_t ids = classes == 1 ? 2 : classes;
+  if (source.format == "text" && entries > ids) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".files has ", entries, " entries, whose lines are labelled 0 to ", entries - 1,
+        " by their entry, but the model tells ", ids, " classes apart (", classes,
+        classes == 1 ? " output" : " outputs",
+        "): give one entry per class (a glob pattern names a class's files), or more outputs"));
   }
   return absl::OkStatus();
 }

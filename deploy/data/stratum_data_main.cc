@@ -2,7 +2,8 @@
 //   stratum-data convert: writes an IDX or CSV data set as TFRecord shards of tf.Example
 //     (what TensorFlow input pipelines read), and prints the job file's "data.train" entry
 //     that reads them.
-//   stratum-data count: the examples of TFRecord or CSV files, each file's CRCs checked.
+//   stratum-data count: the examples of TFRecord, CSV or text-line files, each TFRecord
+//     file's CRCs checked.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,6 +18,7 @@
 #include "stratum/data/csv.h"
 #include "stratum/data/idx.h"
 #include "stratum/data/record_files.h"
+#include "stratum/data/text_lines.h"
 #include "stratum/util/exit_codes.h"
 #include "stratum/util/flags.h"
 
@@ -30,7 +32,7 @@ ABSL_FLAG(std::string, out, "",
           "convert: the output prefix; shards are PREFIX-00000-of-0000N.tfrecord[.gz]");
 ABSL_FLAG(int, shards, 1, "convert: the number of TFRecord files to write");
 ABSL_FLAG(std::string, compression_type, "", "convert, count: \"\", GZIP or ZLIB");
-ABSL_FLAG(std::string, format, "tfrecord", "count: tfrecord or csv");
+ABSL_FLAG(std::string, format, "tfrecord", "count: tfrecord, csv or text");
 ABSL_FLAG(std::string, features, "",
           "head: the feature spec (JSON, as a job file's \"features\") to parse the records with");
 ABSL_FLAG(int, n, 5, "head: how many examples to print");
@@ -45,7 +47,7 @@ constexpr char kUsage[] =
     "train-images-idx3-ubyte.gz \\\n"
     "             --labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "
     "--out=data/train --shards=8\n"
-    "  count    count the examples of TFRecord or CSV files (--format, --files)\n"
+    "  count    count the examples of TFRecord, CSV or text-line files (--format, --files)\n"
     "  head     print the first --n examples of TFRecord files parsed with --features, one\n"
     "           JSON object per example";
 
@@ -167,9 +169,15 @@ int Count() {
       if (!rows.ok()) return Fail(rows.status());
       counts.push_back(*rows);
     }
+  } else if (kind == "text") {
+    for (const std::string& file : *files) {
+      absl::StatusOr<int64_t> lines = CountTextLines(file, *compression);
+      if (!lines.ok()) return Fail(lines.status());
+      counts.push_back(*lines);
+    }
   } else {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--format=", kind, " is not one stratum-data counts: use tfrecord or csv")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--format=", kind, " is not one stratum-data counts: use tfrecord, csv or text")));
   }
   int64_t total = 0;
   for (size_t i = 0; i < files->size(); ++i) {

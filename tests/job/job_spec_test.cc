@@ -86,7 +86,8 @@ TEST(JobSpecTest, ErrorsNameTheFieldAndTheFix) {
       ErrorOf(
           R"({"model": {}, "compile": {"loss": "mse"}, "data": {"train": {"images": "a", "labels": "b", "format": "parquet"}}})"),
       HasSubstr("data.train.format is \"parquet\": Stratum reads \"idx\" (gzipped or not), "
-                "\"tfrecord\" (tf.train.Example records) and \"csv\""));
+                "\"tfrecord\" (tf.train.Example records), \"csv\" and \"text\" (one example "
+                "a line)"));
   EXPECT_THAT(
       ErrorOf(
           R"({"strategy": {"type": "tpu"}, "model": {}, "compile": {"loss": "mse"}, "data": {}})"),
@@ -244,6 +245,49 @@ TEST(JobSpecTest, ReadsTFRecordAndCsvSources) {
   EXPECT_EQ(test.csv.column_defaults[2].type, CsvColumnDefault::Type::kString);
   EXPECT_TRUE(test.csv.column_defaults[3].required);
   EXPECT_EQ(job->data.rescale, 0);  // chosen from the data when it is read
+}
+
+TEST(JobSpecTest, ReadsTextLineSourcesAndChecksThemWithTheFix) {
+  auto data = [](const std::string& train) {
+    return R"({"model": {}, "compile": {"loss": "sparse_categorical_crossentropy"},
+               "data": {"train": )" +
+           train + "}}";
+  };
+  const std::string line =
+      R"("preprocess": {"line": {"class_name": "TextVectorization",
+                                 "config": {"vocabulary": "vocab.txt"}}})";
+  auto job = ParseJobSpec(data(R"({"format": "text", "files": ["cowper.txt", "derby/*.txt.gz"],
+      "compression_type": "GZIP", "labels": "file_index", )" +
+                               line + "}"),
+                          "job.json", "/jobs");
+  ASSERT_TRUE(job.ok()) << job.status();
+  const DataSourceSpec& train = job->data.train;
+  EXPECT_EQ(train.format, "text");
+  EXPECT_EQ(train.files, (std::vector<std::string>{"/jobs/cowper.txt", "/jobs/derby/*.txt.gz"}));
+  EXPECT_EQ(train.compression, Compression::kGzip);
+  EXPECT_EQ(train.label, "file_index");
+  ASSERT_EQ(train.preprocess.size(), 1u);
+  EXPECT_EQ(train.preprocess[0].layer["config"]["vocabulary"], "/jobs/vocab.txt");
+
+  EXPECT_THAT(ErrorOf(data(R"({"format": "text", "files": "a", )" + line + "}")),
+              HasSubstr("data.train.labels is missing: give \"file_index\": a line's label is "
+                        "the index of the files entry that names its file"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "text", "files": "a", "labels": "file_index"})")),
+              HasSubstr("data.train.preprocess is missing: give the layer that makes each line "
+                        "ids"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "text", "files": "a", "labels": "file_index",
+      "preprocess": {"text": {"class_name": "StringLookup", "config": {}}}})")),
+              HasSubstr("data.train.preprocess.text names something other than \"line\""));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "text", "files": "a", "labels": "file_index",
+      "preprocess": {"line": {"class_name": "IntegerLookup", "config": {}}}})")),
+              HasSubstr("data.train.preprocess.line is not a TextVectorization or StringLookup "
+                        "layer"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "text", "files": "a", "labels": "file_index",
+      "label_name": "y", )" +
+                           line + "}")),
+              HasSubstr("data.train.label_name is not a field Stratum knows"));
+  EXPECT_THAT(ErrorOf(data(R"({"format": "lines", "files": "a"})")),
+              HasSubstr("\"csv\" and \"text\" (one example a line)"));
 }
 
 TEST(JobSpecTest, TFRecordAndCsvSourcesAreCheckedWithTheFix) {

@@ -44,29 +44,32 @@ struct StrategySpec {
 
 // A Keras preprocessing layer applied to one feature of a source as it is read, before
 // batching, as the ParameterServerStrategy tutorial's dataset.map applies its lookups:
-// StringLookup (string tokens to ids) or IntegerLookup (int64 tokens to ids).
+// StringLookup (string tokens to ids) or IntegerLookup (int64 tokens to ids); for text lines,
+// TextVectorization (a line to ids) on the feature "line".
 struct PreprocessSpec {
-  std::string feature;   // the feature (tfrecord) or column (csv) it applies to
+  std::string feature;   // the feature (tfrecord), column (csv) or "line" (text)
   nlohmann::json layer;  // {"class_name": ..., "config": ...}; a vocabulary file's path
                          // made absolute with the job file's folder
 };
 
 struct DataSourceSpec {
-  std::string format = "idx";  // idx, tfrecord or csv
+  std::string format = "idx";  // idx, tfrecord, csv or text
   // idx: absolute, or relative to the job file's folder
   std::string images;
   std::string labels;
-  // tfrecord and csv: paths or glob patterns, absolute or made so with the job file's folder
+  // tfrecord, csv and text: paths or glob patterns, absolute or made so with the job file's folder
   // (patterns are matched when the data is read)
   std::vector<std::string> files;
   Compression compression = Compression::kNone;  // compression_type
   // tfrecord: tf.io feature specs, in key order but the label's last; the others feed the
   // model's inputs by name (or the one input, whatever its name)
   std::vector<FeatureSpec> features;
-  std::string label;                       // tfrecord: label_key; csv: label_name
-  std::vector<PreprocessSpec> preprocess;  // tfrecord and csv, in key order
+  // tfrecord: label_key; csv: label_name; text: labels ("file_index": a line's label is the
+  // index of the files entry that names its file)
+  std::string label;
+  std::vector<PreprocessSpec> preprocess;  // tfrecord, csv and text, in key order
   CsvOptions csv;                          // csv
-  ReadOptions read;                        // tfrecord and csv: num_parallel_reads, interleave, ...
+  ReadOptions read;  // tfrecord, csv and text: num_parallel_reads, interleave, ...
 
   // Whether the job gives this source (data.test is optional).
   bool given() const { return format == "idx" ? !images.empty() : !files.empty(); }
