@@ -35,7 +35,7 @@ install(FILES ${PROJECT_BINARY_DIR}/StratumConfig.cmake
 set(STRATUM_PC_LIBS "-lstratum_coordinator -lstratum_worker -lstratum_ps -lstratum_common -lstratum_proto ${STRATUM_DNNL_LIBRARY} ${STRATUM_FARMHASH_LIBRARY} -lgomp")
 set(STRATUM_PC_CFLAGS "")
 if(STRATUM_CUDA_ENABLED)
-  string(APPEND STRATUM_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublas ${STRATUM_NCCL_LIBRARY} ${STRATUM_CUDNN_LIBRARY}")
+  string(APPEND STRATUM_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -ldl ${STRATUM_NCCL_LIBRARY} ${STRATUM_CUDNN_LIBRARY}")
   string(APPEND STRATUM_PC_CFLAGS " -I${CUDAToolkit_INCLUDE_DIRS} -DSTRATUM_WITH_CUDA=1")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/stratum.pc.in ${PROJECT_BINARY_DIR}/stratum.pc @ONLY)

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/cuda/cublas_library.h"
 
 namespace stratum::cuda {
 namespace {
@@ -23,9 +24,14 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
 
 absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  // A status came from a call, so the library is loaded.
+  const absl::StatusOr<const CublasLibrary*> cublas = Cublas();
+  if (!cublas.ok()) {
+    return Failed(call, file, line, absl::StrCat("cuBLAS status ", static_cast<int>(status)));
+  }
   return Failed(
       call, file, line,
-      absl::StrCat(cublasGetStatusString(status), " (", cublasGetStatusName(status), ")"));
+      absl::StrCat((*cublas)->status_string(status), " (", (*cublas)->status_name(status), ")"));
 }
 
 absl::Status NcclStatus(ncclResult_t result, const char* call, const char* file, int line) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda/convolutions.h"
+#include "stratum/cuda/cublas_library.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/util/status_macros.h"
 
@@ -35,6 +36,7 @@ constexpr int64_t kTwoPassRows = 4096;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
+  STRATUM_RETURN_IF_ERROR(Cublas().status());
   STRATUM_ASSIGN_OR_RETURN(
       DeviceBuffer partial,
       DeviceBuffer::Allocate(*options.allocator, static_cast<size_t>(kPartialFloats) * 4));
@@ -45,6 +47,7 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& options, DeviceBuffer partial)
     : device_(options.device),
       stream_(options.stream),
       cublas_(options.cublas),
+      cublas_library_(*Cublas()),
       counters_(options.counters),
       allocator_(options.allocator),
       partial_(std::move(partial)),
@@ -141,9 +144,9 @@ void CudaDevice::MatMul(const float* a, bool transpose_a, const float* b, bool t
   const Ptr tc = Typed(c);
   if (compute_ == ElementType::kFloat32) {
     Record(STRATUM_CUDA_STATUS_(
-        CublasStatus,
-        cublasSgemm(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                    static_cast<int>(k), &alpha, b, ldb, a, lda, &beta, c, static_cast<int>(n))));
+        CublasStatus, cublas_library_->sgemm(cublas_, op_b, op_a, static_cast<int>(n),
+                                             static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                                             ldb, a, lda, &beta, c, static_cast<int>(n))));
     return;
   }
   size_t used = 0;
@@ -159,10 +162,11 @@ void CudaDevice::MatMul(const float* a, bool transpose_a, const float* b, bool t
   }
   const cudaDataType_t half = CudaType(compute_);
   Record(STRATUM_CUDA_STATUS_(
-      CublasStatus, cublasGemmEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                 static_cast<int>(k), &alpha, tb.p, half, ldb, ta.p, half, lda,
-                                 &beta, tc.p, CudaType(tc.dtype), static_cast<int>(n),
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)));
+      CublasStatus,
+      cublas_library_->gemm_ex(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                               static_cast<int>(k), &alpha, tb.p, half, ldb, ta.p, half, lda, &beta,
+                               tc.p, CudaType(tc.dtype), static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT)));
 }
 
 void CudaDevice::AddBias(float* x, const float* bias, int64_t rows, int64_t width) const {

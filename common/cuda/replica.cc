@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/graph_executor.h"
+#include "stratum/cuda/cublas_library.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/cuda_device.h"
 #include "stratum/util/status_macros.h"
@@ -157,7 +158,7 @@ Replica::Replica(const Model& model, const Loss& loss, CachingAllocator& allocat
 
 Replica::~Replica() {
   for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) (*Cublas())->destroy(cublas_);
 }
 
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const Model& model, const Loss& loss,
@@ -184,13 +185,14 @@ absl::Status Replica::Init(const Optimizer& optimizer) {
   const int device = options_.device;
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   STRATUM_ASSIGN_OR_RETURN(stream_, Stream::Create(device));
-  STRATUM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-  STRATUM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_.get()));
+  STRATUM_ASSIGN_OR_RETURN(const CublasLibrary* cublas, Cublas());
+  STRATUM_CUBLAS_RETURN_IF_ERROR(cublas->create(&cublas_));
+  STRATUM_CUBLAS_RETURN_IF_ERROR(cublas->set_stream(cublas_, stream_.get()));
   // A workspace of its own keeps cuBLAS from allocating while a graph is captured.
   STRATUM_ASSIGN_OR_RETURN(cublas_workspace_,
                            DeviceBuffer::Allocate(allocator_, kCublasWorkspaceBytes));
   STRATUM_CUBLAS_RETURN_IF_ERROR(
-      cublasSetWorkspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes));
+      cublas->set_workspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes));
 
   // The trainable variables first: the optimizer updates one range, and the non-trainable
   // ones after it take their change as it is.

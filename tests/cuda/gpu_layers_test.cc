@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "stratum/cuda/all_reduce.h"
+#include "stratum/cuda/cublas_library.h"
 #include "stratum/cuda/cuda_check.h"
 #include "stratum/cuda/cuda_device.h"
 #include "stratum/cuda/device.h"
@@ -45,8 +46,9 @@ class GpuFixture {
  public:
   GpuFixture() : allocator_(0) {
     stream_ = *Stream::Create(0);
-    STRATUM_CUBLAS_CHECK(cublasCreate(&cublas_));
-    STRATUM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_.get()));
+    cublas_library_ = *Cublas();
+    STRATUM_CUBLAS_CHECK(cublas_library_->create(&cublas_));
+    STRATUM_CUBLAS_CHECK(cublas_library_->set_stream(cublas_, stream_.get()));
     counters_ = *DeviceBuffer::Allocate(allocator_, sizeof(StepCounters));
     STRATUM_CUDA_CHECK(cudaMemset(counters_.data(), 0, sizeof(StepCounters)));
     device_ = *CudaDevice::Create({.device = 0,
@@ -59,7 +61,7 @@ class GpuFixture {
   ~GpuFixture() {
     device_.reset();
     buffers_.clear();
-    cublasDestroy(cublas_);
+    cublas_library_->destroy(cublas_);
   }
 
   const CudaDevice& device() const { return *device_; }
@@ -90,6 +92,7 @@ class GpuFixture {
  private:
   CachingAllocator allocator_;
   Stream stream_;
+  const CublasLibrary* cublas_library_ = nullptr;
   cublasContext* cublas_ = nullptr;
   DeviceBuffer counters_;
   std::vector<DeviceBuffer> buffers_;

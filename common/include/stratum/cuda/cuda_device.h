@@ -31,6 +31,7 @@ struct cublasContext;
 namespace stratum::cuda {
 
 class Convolutions;
+struct CublasLibrary;
 
 struct CudaDeviceOptions {
   int device = 0;  // physical device
@@ -149,6 +150,7 @@ class CudaDevice final : public Device {
   const int device_;
   cudaStream_t stream_;
   cublasContext* cublas_;
+  const CublasLibrary* cublas_library_;  // loaded before the device is created
   const StepCounters* counters_;
   CachingAllocator* allocator_;
   DeviceBuffer partial_;  // ColumnSums' partial sums

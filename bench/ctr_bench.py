@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""The synthetic click-through workload (issue 31's "Scale"): examples/ctr.json, a table of
+2^23 x 32 float32 (1 GiB) split into 128 MiB shards over 2 parameter servers, trained by
+stratum-launch with 1 and then 2 workers on data bench/ctr_data writes, while this script
+samples every process's peak RSS (VmHWM) every 0.25 s.
+
+Usage: bench/ctr_bench.py [--build build] [--data /tmp/stratum_ctr] [--train 200000]
+                          [--test 50000] [--workers 1,2] [--ps 2] [--rows 8388608]
+Prints one JSON line per run (examples/s, test AUC beside the best reachable, the peak RSS
+of each role), then the figures beside their goals: 2 workers >= 1.6x the examples/s of 1
+worker, and a worker's peak RSS under 200 MiB."""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+
+
+def peak_rss_by_role(launcher, stop, peaks):
+    """Until `stop`: the highest VmHWM of each child of `launcher`, by role and pid."""
+    while not stop.is_set():
+        try:
+            children = open("/proc/%d/task/%d/children" % (launcher, launcher)).read().split()
+        except OSError:
+            children = []
+        for pid in children:
+            try:
+                binary = os.path.basename(open("/proc/%s/cmdline" % pid).read().split("\0")[0])
+                for line in open("/proc/%s/status" % pid):
+                    if line.startswith("VmHWM:"):
+                        kib = int(line.split()[1])
+                        key = (binary.replace("stratum-", ""), pid)
+                        peaks[key] = max(peaks.get(key, 0), kib * 1024)
+            except (OSError, IndexError, ValueError):
+                pass  # the process ended between the listing and the read
+        stop.wait(0.25)
+
+
+def write_data(build, data, rows, train, test):
+    marker = os.path.join(data, "best_auc.json")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            made = json.load(f)
+        if made.get("args") == [rows, train, test]:
+            return made["best_test_auc"]
+    out = subprocess.run([os.path.join(build, "bin", "ctr_data"), "--out", data, "--rows",
+                          str(rows), "--train", str(train), "--test", str(test)],
+                         check=True, capture_output=True, text=True).stdout
+    best = None
+    for line in out.splitlines():
+        try:
+            best = json.loads(line).get("best_test_auc", best)
+        except ValueError:
+            pass
+    with open(marker, "w") as f:
+        json.dump({"args": [rows, train, test], "best_test_auc": best}, f)
+    return best
+
+
+def run(build, data, workers, ps, rows, best_auc):
+    with open(os.path.join(ROOT, "examples", "ctr.json")) as f:
+        job = json.load(f)
+    job["data"]["train"]["files"] = [os.path.join(data, "train-*.tfrecord")]
+    job["data"]["test"]["files"] = [os.path.join(data, "test.tfrecord")]
+    job["model"]["config"]["layers"][1]["config"]["input_dim"] = rows
+    job["fit"]["epochs"] = 1
+    job.pop("checkpoint", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path, summary_path = os.path.join(tmp, "job.json"), os.path.join(tmp, "summary.json")
+        with open(job_path, "w") as f:
+            json.dump(job, f)
+        launcher = subprocess.Popen(
+            [os.path.join(build, "bin", "stratum-launch"), "--job=" + job_path,
+             "--workers=%d" % workers, "--ps=%d" % ps, "--summary-json=" + summary_path],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stop, peaks = threading.Event(), {}
+        sampler = threading.Thread(target=peak_rss_by_role, args=(launcher.pid, stop, peaks))
+        sampler.start()
+        output = launcher.communicate(timeout=1800)[0]
+        stop.set()
+        sampler.join()
+        if launcher.returncode != 0:
+            raise SystemExit("ctr_bench: stratum-launch exited %d:\n%s" %
+                             (launcher.returncode, output[-3000:]))
+        with open(summary_path) as f:
+            summary = json.load(f)
+    rss = {}
+    for (role, _), peak in peaks.items():
+        rss[role] = max(rss.get(role, 0), peak)
+    return {"benchmark": "ctr", "workers": workers, "ps": ps, "table_rows": rows,
+            "table_mib": rows * 32 * 4 / MIB,
+            "examples_per_sec": summary["examples_per_sec"], "test_auc": summary["test_auc"],
+            "best_test_auc": best_auc,
+            "peak_rss_mib": {role: round(peak / MIB, 1) for role, peak in sorted(rss.items())}}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--data", default="/tmp/stratum_ctr")
+    parser.add_argument("--rows", type=int, default=1 << 23)
+    parser.add_argument("--train", type=int, default=200000)
+    parser.add_argument("--test", type=int, default=50000)
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--ps", type=int, default=2)
+    args = parser.parse_args()
+    best = write_data(args.build, args.data, args.rows, args.train, args.test)
+    results = {}
+    for workers in (int(w) for w in args.workers.split(",")):
+        results[workers] = run(args.build, args.data, workers, args.ps, args.rows, best)
+        print(json.dumps(results[workers]), flush=True)
+    worker_rss = max(r["peak_rss_mib"].get("worker", 0) for r in results.values())
+    summary = {"benchmark": "ctr_goals", "worker_peak_rss_mib": worker_rss,
+               "worker_rss_goal": "a worker's peak RSS under 200 MiB while training the 1 GiB "
+                                  "table", "worker_rss_met": worker_rss < 200}
+    if 1 in results and 2 in results:
+        scaling = results[2]["examples_per_sec"] / results[1]["examples_per_sec"]
+        summary.update({"scaling_2_over_1": scaling,
+                        "scaling_goal": "2 workers >= 1.6x the examples/s of 1 (2 ps)",
+                        "scaling_met": scaling >= 1.6, "cores": os.cpu_count()})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
