@@ -4,14 +4,21 @@
 stratum-launch with 1 and then 2 workers on data bench/ctr_data writes, while this script
 samples every process's peak RSS (VmHWM) every 0.25 s.
 
+Then the same model on a table of 2^20 rows under MultiWorkerMirrored with 2 workers, whose
+worker:0 logs what the embedding table's exchange all-reduced per step (the rows the workers
+read, then their gradients) beside what a dense all-reduce of the table would.
+
 Usage: bench/ctr_bench.py [--build build] [--data /tmp/stratum_ctr] [--train 200000]
                           [--test 50000] [--workers 1,2] [--ps 2] [--rows 8388608]
+                          [--mwms_rows 1048576]
 Prints one JSON line per run (examples/s, test AUC beside the best reachable, the peak RSS
-of each role), then the figures beside their goals: 2 workers >= 1.6x the examples/s of 1
-worker, and a worker's peak RSS under 200 MiB."""
+of each role; the exchange's bytes), then the figures beside their goals: 2 workers >= 1.6x
+the examples/s of 1 worker, a worker's peak RSS under 200 MiB, and the sparse exchange
+under a fifth of the dense all-reduce's bytes."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -99,6 +106,35 @@ def run(build, data, workers, ps, rows, best_auc):
             "peak_rss_mib": {role: round(peak / MIB, 1) for role, peak in sorted(rss.items())}}
 
 
+def run_mwms(build, data, rows):
+    """MultiWorkerMirrored, 2 workers: the exchange's bytes per step from worker:0's log."""
+    with open(os.path.join(ROOT, "examples", "ctr.json")) as f:
+        job = json.load(f)
+    job["strategy"] = {"type": "multi_worker_mirrored"}
+    job["data"]["train"]["files"] = [os.path.join(data, "train-*.tfrecord")]
+    job["data"]["test"]["files"] = [os.path.join(data, "test.tfrecord")]
+    job["model"]["config"]["layers"][1]["config"]["input_dim"] = rows
+    job["fit"]["epochs"] = 1
+    job.pop("checkpoint", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path, logs = os.path.join(tmp, "job.json"), os.path.join(tmp, "logs")
+        with open(job_path, "w") as f:
+            json.dump(job, f)
+        subprocess.run([os.path.join(build, "bin", "stratum-launch"), "--job=" + job_path,
+                        "--workers=2", "--log_dir=" + logs], check=True, capture_output=True,
+                       timeout=1800)
+        with open(os.path.join(logs, "worker-0.log")) as f:
+            log = f.read()
+    found = re.search(r"exchange all-reduced (\d+) bytes per step .* would move (\d+) "
+                      r"\(.*\), over (\d+) steps", log)
+    if found is None:
+        raise SystemExit("ctr_bench: worker:0's log has no line on the exchange:\n" + log[-3000:])
+    sparse, dense, steps = (int(g) for g in found.groups())
+    return {"benchmark": "ctr_mwms_exchange", "workers": 2, "table_rows": rows,
+            "sparse_bytes_per_step": sparse, "dense_bytes_per_step": dense,
+            "ratio": sparse / dense, "steps": steps}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -108,6 +144,8 @@ def main():
     parser.add_argument("--test", type=int, default=50000)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument("--mwms_rows", type=int, default=1 << 20,
+                        help="the table of the MultiWorkerMirrored run (0 skips it)")
     args = parser.parse_args()
     best = write_data(args.build, args.data, args.rows, args.train, args.test)
     results = {}
@@ -123,6 +161,15 @@ def main():
         summary.update({"scaling_2_over_1": scaling,
                         "scaling_goal": "2 workers >= 1.6x the examples/s of 1 (2 ps)",
                         "scaling_met": scaling >= 1.6, "cores": os.cpu_count()})
+    if args.mwms_rows > 0:
+        mwms_data = args.data + "-mwms"
+        write_data(args.build, mwms_data, args.mwms_rows, args.train, args.test)
+        exchange = run_mwms(args.build, mwms_data, args.mwms_rows)
+        print(json.dumps(exchange), flush=True)
+        summary.update({"exchange_ratio": exchange["ratio"],
+                        "exchange_goal": "MultiWorkerMirrored's sparse exchange under a fifth "
+                                         "of the bytes of a dense all-reduce of the table",
+                        "exchange_met": exchange["ratio"] < 0.2})
     print(json.dumps(summary))
 
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fit_internal.h"
 #include "spdlog/spdlog.h"
@@ -141,10 +142,20 @@ class CpuStepRunner : public StepRunner {
   // travel in the all-reduce and change (Optimizer::ApplyRows).
   std::vector<int> row_tables_;
   // The rows of each row table this step reads, on every worker (sorted, unique).
-  absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByAll(
-      const PerReplica<Element>& parts) const;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByAll(const PerReplica<Element>& parts);
   // Replica r's variables for a step on `rows`: its own, the row tables' rows gathered.
   std::vector<Tensor> StepValues(int r, const std::vector<std::vector<int64_t>>& rows) const;
+
+ public:
+  // What the row tables' exchange moved across the workers, for the log at the end: the
+  // bytes all-reduced per step (the rows every worker read, then their gradients) beside
+  // those a dense all-reduce of the whole tables would; empty with no row table or one
+  // worker.
+  std::string DescribeRowExchange() const;
+
+ private:
+  double row_exchange_bytes_ = 0;  // all-reduced for the row tables, over the steps
+  int64_t row_exchange_steps_ = 0;
 };
 
 CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss& loss,
@@ -192,7 +203,7 @@ CpuStepRunner::CpuStepRunner(Strategy& strategy, const Model& model, const Loss&
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
-    const PerReplica<Element>& parts) const {
+    const PerReplica<Element>& parts) {
   std::vector<const Tensor*> xs;
   for (const Element& part : parts.values()) xs.push_back(&part.front());
   STRATUM_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> rows,
@@ -222,6 +233,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
     for (int64_t row : read) *at++ = static_cast<float>(row);
   }
   STRATUM_RETURN_IF_ERROR(strategy_.AllReduceAcrossWorkers(ReduceOp::kSum, all));
+  row_exchange_bytes_ += 4.0 * static_cast<double>(counts[0].num_elements() + total);
   std::vector<std::vector<int64_t>> every(tables);
   const float* from = all[0].data<float>();
   for (int w = 0; w < workers; ++w) {
@@ -231,11 +243,32 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
       for (int64_t i = 0; i < count; ++i) every[t].push_back(std::lround(*from++));
     }
   }
-  for (std::vector<int64_t>& table : every) {
+  for (size_t t = 0; t < tables; ++t) {
+    std::vector<int64_t>& table = every[t];
     std::sort(table.begin(), table.end());
     table.erase(std::unique(table.begin(), table.end()), table.end());
+    // Their gradients: one row each, all-reduced with the step's other gradients.
+    const Shape& shape = model_.variables()[static_cast<size_t>(row_tables_[t])].shape;
+    row_exchange_bytes_ += 4.0 * static_cast<double>(table.size()) *
+                           static_cast<double>(shape.num_elements() / shape.dim(0));
   }
+  ++row_exchange_steps_;
   return every;
+}
+
+std::string CpuStepRunner::DescribeRowExchange() const {
+  if (row_exchange_steps_ == 0) return "";
+  double dense = 0;
+  for (int v : row_tables_) {
+    dense +=
+        4.0 * static_cast<double>(model_.variables()[static_cast<size_t>(v)].shape.num_elements());
+  }
+  const double sparse = row_exchange_bytes_ / static_cast<double>(row_exchange_steps_);
+  return absl::StrFormat(
+      "the embedding tables' exchange all-reduced %.0f bytes per step on average (the rows "
+      "the workers read, then their gradients), where a dense all-reduce of the tables would "
+      "move %.0f (%.2f%%), over %d steps",
+      sparse, dense, 100.0 * sparse / dense, row_exchange_steps_);
 }
 
 std::vector<Tensor> CpuStepRunner::StepValues(int r,
@@ -421,7 +454,13 @@ absl::StatusOr<FitSummary> Fit(Strategy& strategy, const Model& model, const Los
                            .has_test = data.has_test,
                            .start = fit_start,
                            .worker_names = fit_internal::WorkerNames(strategy)};
-  return RunEpochs(strategy, model, optimizer, options, spec, std::move(state), runner);
+  absl::StatusOr<FitSummary> summary =
+      RunEpochs(strategy, model, optimizer, options, spec, std::move(state), runner);
+  if (const std::string exchange = runner.DescribeRowExchange();
+      !exchange.empty() && strategy.worker_index() == 0) {
+    spdlog::info("{}", exchange);
+  }
+  return summary;
 }
 
 }  // namespace stratum

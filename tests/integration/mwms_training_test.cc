@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -114,8 +115,18 @@ TEST(MwmsTrainingTest, AnEmbeddingTableTravelsByRowsAndTheWorkersAgree) {
     ASSERT_TRUE(exit.ok()) << exit.status();
     EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
   }
-  EXPECT_THAT((*cluster)->Output({"worker", 0}),
-              HasSubstr("embedding tables intensity/embeddings travel by rows"));
+  const std::string log = (*cluster)->Output({"worker", 0});
+  EXPECT_THAT(log, HasSubstr("embedding tables intensity/embeddings travel by rows"));
+  // What the exchange moved, beside the dense all-reduce of the 64 MiB table.
+  std::smatch exchange;
+  ASSERT_TRUE(std::regex_search(
+      log, exchange,
+      std::regex("exchange all-reduced ([0-9]+) bytes per step .* would move ([0-9]+) "
+                 "\\(.*\\), over 150 steps")))
+      << log;
+  EXPECT_GT(std::stod(exchange[1]), 0);
+  EXPECT_EQ(std::stod(exchange[2]), 4.0 * (1 << 22) * 4);  // float32 rows of 4
+  EXPECT_LT(std::stod(exchange[1]) * 100, std::stod(exchange[2]));
   const nlohmann::json result = ReadJson(summary);
   ASSERT_TRUE(result.is_object()) << "no summary at " << summary;
   EXPECT_EQ(result["num_replicas_in_sync"], 4);
