@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<ParameterServerCluster>> ParameterServerCluster::
     rules.push_back(UpdateJsonFor(spec, job.optimizer));
   }
   STRATUM_RETURN_IF_ERROR(
-      self->variables_->Create(self->model_->InitialVariables(job.fit.seed), rules));
+      self->variables_->Create(self->model_->InitialFills(job.fit.seed), rules));
   for (const ShardSpec& shard : shards) {
     spdlog::info("variable {} ({} bytes) on ps:{}", shard.name, shard.bytes, shard.ps_task);
   }

@@ -117,8 +117,8 @@ absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions
                            PartitionerFromJson(job.strategy.variable_partitioner));
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(options.placement).status());
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
-  // A shard travels whole in one message when it is created and pulled (a row-sparse
-  // table's steps move rows, but the coordinator creates and evaluates it whole).
+  // A shard travels whole in one message when it is pulled (a row-sparse table's steps move
+  // rows, but the coordinator evaluates it whole; its PS makes it from a fill).
   const auto limit = static_cast<int64_t>(options.channel.max_message_bytes) - (1 << 20);
   for (const VariableSpec& variable : model.variables()) {
     for (const ShardSpec& shard : ShardVariable(variable.name, variable.shape, partitioner)) {
@@ -408,8 +408,7 @@ absl::Status ParameterServerJob::CreateVariables() {
   ps_watcher_.emplace(*variables_,
                       PsWatcherOptions{.saves_checkpoints = !job_.checkpoint.dir.empty()});
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Claim());
-  if (absl::Status status =
-          variables_->Create(model_->InitialVariables(job_.fit.seed), UpdateRules());
+  if (absl::Status status = variables_->Create(model_->InitialFills(job_.fit.seed), UpdateRules());
       !status.ok()) {
     return status;
   }
@@ -568,9 +567,26 @@ absl::Status ParameterServerJob::Save(int64_t step, const nlohmann::json& histor
 }
 
 absl::StatusOr<EpochLog> ParameterServerJob::EvaluateTest() {
-  absl::StatusOr<std::vector<Tensor>> current = variables_->Pull();
-  if (!current.ok()) return current.status();
-  return EvaluateDataset(evaluation_, *model_, *loss_, *current, data_.test, data_.rescale, 1024);
+  constexpr int64_t kBatch = 1024;
+  // An embedding table is pulled by the rows the test set reads, never whole.
+  GivenTableRows tables;
+  for (size_t v = 0; v < model_->variables().size(); ++v) {
+    if (model_->variables()[v].row_sparse) tables.variables.push_back(static_cast<int>(v));
+  }
+  if (tables.variables.empty()) {
+    STRATUM_ASSIGN_OR_RETURN(const std::vector<Tensor> current, variables_->Pull());
+    return EvaluateDataset(evaluation_, *model_, *loss_, current, data_.test, data_.rescale,
+                           kBatch);
+  }
+  STRATUM_ASSIGN_OR_RETURN(
+      tables.rows, RowsReadByDataset(*model_, tables.variables, data_.test, data_.rescale, kBatch));
+  ShardedVariables::RowSelection selection(model_->variables().size(), nullptr);
+  for (size_t t = 0; t < tables.variables.size(); ++t) {
+    selection[static_cast<size_t>(tables.variables[t])] = &tables.rows[t];
+  }
+  STRATUM_ASSIGN_OR_RETURN(const std::vector<Tensor> current, variables_->Pull(selection));
+  return EvaluateDataset(evaluation_, *model_, *loss_, current, data_.test, data_.rescale, kBatch,
+                         &tables);
 }
 
 absl::Status ParameterServerJob::StopEarly() {
@@ -850,8 +866,7 @@ void ParameterServerJob::GoOnWithNothingRolledBack() {
 absl::StatusOr<std::optional<int64_t>> ParameterServerJob::ReseedParameterServers() {
   holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel);
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Claim());
-  STRATUM_RETURN_IF_ERROR(
-      variables_->Create(model_->InitialVariables(job_.fit.seed), UpdateRules()));
+  STRATUM_RETURN_IF_ERROR(variables_->Create(model_->InitialFills(job_.fit.seed), UpdateRules()));
   return checkpoints_->RestoreLatest();
 }
 

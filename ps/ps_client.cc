@@ -115,14 +115,42 @@ absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<Na
                                                             const nlohmann::json& optimizer,
                                                             bool replace) {
   proto::CreateVariablesRequest request;
-  request.set_replace(replace);
-  *request.mutable_coordinator() = ThisCoordinator(options_);
-  const std::string optimizer_json = optimizer.is_null() ? "" : optimizer.dump();
   for (const NamedValue& variable : initial) {
     proto::VariableDef* def = request.add_variables();
     def->set_name(variable.name);
     TensorToProto(variable.value, def->mutable_initial_value());
-    def->set_optimizer_json(optimizer_json);
+  }
+  return SendCreate(request, optimizer, replace);
+}
+
+absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<FilledShard>& shards,
+                                                            const nlohmann::json& optimizer,
+                                                            bool replace) {
+  proto::CreateVariablesRequest request;
+  for (const FilledShard& shard : shards) {
+    proto::VariableDef* def = request.add_variables();
+    def->set_name(shard.name);
+    proto::InitialFill* fill = def->mutable_fill();
+    fill->set_kind(static_cast<int>(shard.fill.kind));
+    fill->set_low(shard.fill.low);
+    fill->set_span(shard.fill.span);
+    fill->set_limit(shard.fill.limit);
+    fill->set_stream_seed(shard.fill.stream_seed);
+    fill->set_first(shard.first);
+    fill->set_counter(shard.fill.counter);
+    for (int64_t d : shard.shape.dims()) fill->add_dims(d);
+  }
+  return SendCreate(request, optimizer, replace);
+}
+
+absl::StatusOr<std::vector<bool>> PsClient::SendCreate(proto::CreateVariablesRequest& request,
+                                                       const nlohmann::json& optimizer,
+                                                       bool replace) {
+  request.set_replace(replace);
+  *request.mutable_coordinator() = ThisCoordinator(options_);
+  const std::string optimizer_json = optimizer.is_null() ? "" : optimizer.dump();
+  for (proto::VariableDef& def : *request.mutable_variables()) {
+    def.set_optimizer_json(optimizer_json);
   }
   grpc::ClientContext context;
   PrepareCall(context, options_.timeout);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
+#include "stratum/model/initial_fill.h"
 #include "stratum/net/health.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
@@ -13,9 +14,50 @@
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/json_depth.h"
+#include "stratum/util/memory.h"
 
 namespace stratum {
 namespace {
+
+// A variable's initial value: the one sent, or made here from its fill (a table's shard,
+// never built whole by the coordinator), refused when it would not fit this process.
+absl::StatusOr<Tensor> InitialValue(const proto::VariableDef& def) {
+  if (!def.has_fill()) return TensorFromProto(def.initial_value());
+  const proto::InitialFill& fill = def.fill();
+  if (fill.kind() < 0 || fill.kind() > static_cast<int>(InitialFill::Kind::kSymmetric) ||
+      fill.first() < 0 || fill.dims_size() > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fill kind ", fill.kind(), ", first value ", fill.first(), ", ",
+                     fill.dims_size(), " dimensions: send the fill of Model::InitialFills"));
+  }
+  std::vector<int64_t> dims;
+  int64_t count = 1;
+  for (int64_t d : fill.dims()) {
+    if (d < 0 || (d > 0 && count > (int64_t{1} << 40) / d)) {
+      return absl::InvalidArgumentError(absl::StrCat("a shard with dimension ", d, " after ", count,
+                                                     " values: at most 2^40 values"));
+    }
+    count *= d;
+    dims.push_back(d);
+  }
+  const auto bytes = static_cast<uint64_t>(count) * sizeof(float);
+  if (const std::optional<uint64_t> available = AvailableMemoryBytes();
+      available && bytes > *available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a shard of ", bytes, " bytes does not fit the ", *available,
+        " bytes this parameter server may still allocate: give the job more ps tasks, or "
+        "this one more memory"));
+  }
+  Tensor value(DType::kFloat32, Shape(dims));
+  const InitialFill made{.kind = static_cast<InitialFill::Kind>(fill.kind()),
+                         .low = fill.low(),
+                         .span = fill.span(),
+                         .limit = fill.limit(),
+                         .stream_seed = fill.stream_seed(),
+                         .counter = fill.counter()};
+  FillInitialValues(made, fill.first(), count, value.data<float>());
+  return value;
+}
 
 struct Gradient {
   const std::string* name;
@@ -118,7 +160,7 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext*,
     return ToGrpcStatus(held);
   }
   for (const proto::VariableDef& def : request->variables()) {
-    absl::StatusOr<Tensor> initial = TensorFromProto(def.initial_value());
+    absl::StatusOr<Tensor> initial = InitialValue(def);
     if (!initial.ok()) {
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
           "initial value of variable \"", def.name(), "\": ", initial.status().message())));

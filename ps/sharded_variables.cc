@@ -193,6 +193,30 @@ absl::Status ShardedVariables::Create(const std::vector<Tensor>& initial,
   });
 }
 
+absl::Status ShardedVariables::Create(const std::vector<InitialFill>& fills,
+                                      const std::vector<nlohmann::json>& optimizers) {
+  return ForEachTask([&](int task) -> absl::Status {
+    // One request per optimizer; a fill is a few bytes, whatever its shard's size.
+    std::map<std::string, std::pair<const nlohmann::json*, std::vector<FilledShard>>> groups;
+    for (size_t s : shards_of_task_[static_cast<size_t>(task)]) {
+      const ShardSpec& shard = shards_[s];
+      const size_t v = variable_of_shard_[s];
+      auto& [optimizer, filled] = groups[optimizers[v].dump()];
+      optimizer = &optimizers[v];
+      const int64_t row_size = shard.shape.rank() == 0 || shard.shape.dim(0) == 0
+                                   ? 0
+                                   : shard.shape.num_elements() / shard.shape.dim(0);
+      filled.push_back({shard.name, shard.shape, fills[v], shard.first_row * row_size});
+    }
+    for (const auto& [key, group] : groups) {
+      STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]
+                                  ->CreateVariables(group.second, *group.first, /*replace=*/true)
+                                  .status());
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::Status ShardedVariables::Assign(const std::vector<Tensor>& values) {
   if (values.size() != names_.size()) {
     return absl::InvalidArgumentError(

@@ -452,33 +452,41 @@ std::string Model::Summary() const {
   return out.str();
 }
 
-std::vector<Tensor> Model::InitialVariables(uint64_t seed) const {
-  std::vector<Tensor> result;
+std::vector<InitialFill> Model::InitialFills(uint64_t seed) const {
+  std::vector<InitialFill> fills;
   for (size_t v = 0; v < impl_->variables.size(); ++v) {
     const VariableSpec& spec = impl_->variables[v];
-    Tensor tensor(DType::kFloat32, spec.shape);
-    auto flat = tensor.Flat();
+    InitialFill fill;
     const auto [fan_in, fan_out] = Fans(spec.shape);
     double limit = 0;
     if (spec.initializer == "glorot_uniform") limit = std::sqrt(6.0 / (fan_in + fan_out));
     if (spec.initializer == "he_uniform") limit = std::sqrt(6.0 / fan_in);
     if (spec.initializer == "lecun_uniform") limit = std::sqrt(3.0 / fan_in);
-    if (spec.initializer == "ones") flat.setConstant(1.0f);
-    const bool uniform = spec.initializer == "random_uniform";
-    if (limit > 0 || uniform) {
-      // A seed of the initializer's own gives the same values in every run, as in Keras
-      // (two such initializers with one seed give one another's values, as there too).
-      RandomStream rng(spec.seed.has_value() ? SplitMix64(*spec.seed)
-                                             : SplitMix64(seed ^ SplitMix64(v + 1)));
-      if (uniform) {
-        const float span = spec.uniform_high - spec.uniform_low;
-        for (Eigen::Index j = 0; j < flat.size(); ++j)
-          flat[j] = spec.uniform_low + span * Uniform01(rng);
-      } else {
-        const auto l = static_cast<float>(limit);
-        for (Eigen::Index j = 0; j < flat.size(); ++j) flat[j] = l * (2 * Uniform01(rng) - 1);
-      }
+    if (spec.initializer == "ones") fill.kind = InitialFill::Kind::kOnes;
+    if (spec.initializer == "random_uniform") {
+      fill.kind = InitialFill::Kind::kUniform;
+      fill.low = spec.uniform_low;
+      fill.span = spec.uniform_high - spec.uniform_low;
+    } else if (limit > 0) {
+      fill.kind = InitialFill::Kind::kSymmetric;
+      fill.limit = static_cast<float>(limit);
     }
+    // A seed of the initializer's own gives the same values in every run, as in Keras (two
+    // such initializers with one seed give one another's values, as there too).
+    fill.stream_seed =
+        spec.seed.has_value() ? SplitMix64(*spec.seed) : SplitMix64(seed ^ SplitMix64(v + 1));
+    fill.counter = spec.row_sparse;
+    fills.push_back(fill);
+  }
+  return fills;
+}
+
+std::vector<Tensor> Model::InitialVariables(uint64_t seed) const {
+  const std::vector<InitialFill> fills = InitialFills(seed);
+  std::vector<Tensor> result;
+  for (size_t v = 0; v < fills.size(); ++v) {
+    Tensor tensor(DType::kFloat32, impl_->variables[v].shape);
+    FillInitialValues(fills[v], 0, tensor.num_elements(), tensor.data<float>());
     result.push_back(std::move(tensor));
   }
   return result;

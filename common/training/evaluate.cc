@@ -99,7 +99,8 @@ Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_
 
 absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
                                          const std::vector<Tensor>& variables, const Dataset& data,
-                                         double rescale, int64_t global_batch) {
+                                         double rescale, int64_t global_batch,
+                                         const GivenTableRows* given) {
   // Several workers: each evaluates its shard; the totals are summed over the workers.
   const int workers = strategy.num_workers();
   const Dataset shard = workers > 1 ? data.Shard(workers, strategy.worker_index()) : data;
@@ -110,7 +111,12 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
       DistributedDataset::FromGlobalBatches(batches, strategy.NumLocalReplicas(), {});
   if (!distributed.ok()) return distributed.status();
   std::vector<std::unique_ptr<Workspace>> workspaces;
-  for (int r = 0; r < strategy.NumLocalReplicas(); ++r) workspaces.push_back(model.NewWorkspace(r));
+  for (int r = 0; r < strategy.NumLocalReplicas(); ++r) {
+    workspaces.push_back(model.NewWorkspace(r));
+    if (given != nullptr) {
+      STRATUM_RETURN_IF_ERROR(workspaces.back()->SetVariableRows(given->variables, given->rows));
+    }
+  }
   auto iterator = distributed->MakeIterator();
   StepStats total{};
   while (true) {
@@ -129,6 +135,27 @@ absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model,
   }
   STRATUM_RETURN_IF_ERROR(SumOverWorkers(strategy, total));
   return ValidationLog(total);
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByDataset(
+    const Model& model, const std::vector<int>& variables, const Dataset& data, double rescale,
+    int64_t batch) {
+  std::vector<std::vector<int64_t>> rows(variables.size());
+  auto iterator = MakeBatches(data, model, batch, rescale, 0, 0, false).MakeIterator();
+  while (true) {
+    STRATUM_ASSIGN_OR_RETURN(std::optional<Element> next, iterator->GetNext());
+    if (!next) break;
+    STRATUM_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> read,
+                             model.RowsRead({&next->front()}, variables));
+    for (size_t t = 0; t < read.size(); ++t) {
+      std::vector<int64_t> merged;
+      merged.reserve(rows[t].size() + read[t].size());
+      std::set_union(rows[t].begin(), rows[t].end(), read[t].begin(), read[t].end(),
+                     std::back_inserter(merged));
+      rows[t] = std::move(merged);
+    }
+  }
+  return rows;
 }
 
 EpochLog ValidationLog(const StepStats& total) {

@@ -23,6 +23,7 @@
 #include "stratum/data/text_lines.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/training/callbacks.h"
+#include "stratum/util/memory.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -545,45 +546,6 @@ absl::Status CheckDataHeaders(const DataSpec& data, const Model& model, const Lo
 
 namespace {
 
-// Bytes this process may still allocate: MemAvailable, or less under the memory limit of
-// its cgroup (v2) or of a cgroup above it (a container's, a Slurm job's), where what is
-// left is the limit less the usage, page cache that can be dropped (inactive_file) not
-// counted as used.
-std::optional<uint64_t> AvailableBytes() {
-  std::optional<uint64_t> available;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string line; std::getline(meminfo, line);) {
-    uint64_t kib = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %lu kB", &kib) == 1) available = kib * 1024;
-  }
-  std::string path;
-  std::ifstream cgroup("/proc/self/cgroup");
-  for (std::string line; std::getline(cgroup, line);) {
-    if (absl::StartsWith(line, "0::")) path = line.substr(3);
-  }
-  for (std::string dir = absl::StrCat("/sys/fs/cgroup", path == "/" ? "" : path);;) {
-    std::ifstream max_file(dir + "/memory.max");
-    std::ifstream current_file(dir + "/memory.current");
-    std::string max_text;
-    uint64_t limit = 0;
-    uint64_t current = 0;
-    if (max_file >> max_text && absl::SimpleAtoi(max_text, &limit) && current_file >> current) {
-      uint64_t reclaimable = 0;
-      std::ifstream stat(dir + "/memory.stat");
-      for (std::string line; std::getline(stat, line);) {
-        uint64_t bytes = 0;
-        if (std::sscanf(line.c_str(), "inactive_file %lu", &bytes) == 1) reclaimable = bytes;
-      }
-      const uint64_t used = current > reclaimable ? current - reclaimable : 0;
-      const uint64_t left = limit > used ? limit - used : 0;
-      available = available ? std::min(*available, left) : left;
-    }
-    if (dir == "/sys/fs/cgroup") break;
-    dir = dir.substr(0, dir.rfind('/'));
-  }
-  return available;
-}
-
 std::string GiB(double bytes) { return absl::StrFormat("%.1f GiB", bytes / (1u << 30)); }
 
 }  // namespace
@@ -595,7 +557,7 @@ absl::Status CheckMemoryFits(const Model& model, const Optimizer& optimizer,
   const double per_replica =
       static_cast<double>(model.WorkspaceFloats(batch_per_replica)) * sizeof(float);
   const double needed = per_copy * copies + per_replica * replicas;
-  const std::optional<uint64_t> available = AvailableBytes();
+  const std::optional<uint64_t> available = AvailableMemoryBytes();
   if (!available || needed <= static_cast<double>(*available)) return absl::OkStatus();
   // A configuration error (exit 2): the job, as it is, cannot train here.
   return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stratum/model/model.h"
+#include "stratum/ps/placement.h"
 #include "stratum/testing/in_process_ps.h"
 #include "stratum/testing/status_matchers.h"
 
@@ -145,6 +147,66 @@ TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
 // A table larger than one message carries (three 96 MiB shards on one PS, 288 MiB, over
 // gRPC's 256 MiB) is created and pulled whole in several requests, and comes back as it
 // went.
+// A model's variables made by their PSs from fills (only the fills travel) equal, bit for
+// bit, what Model::InitialVariables builds whole: a RandomUniform table split by rows over
+// two PSs, a glorot_uniform kernel and a zero bias; a shard that would not fit the PS is
+// refused by name.
+TEST_F(ShardedVariablesTest, ShardsMadeByTheirPsFromFillsEqualTheVariablesBuiltWhole) {
+  const absl::StatusOr<Model> model = Model::FromKerasJson(nlohmann::json::parse(R"({
+      "class_name": "Sequential", "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 3], "dtype": "int64"}},
+        {"class_name": "Embedding", "config": {"name": "emb", "input_dim": 1001,
+                                                "output_dim": 7}},
+        {"class_name": "Flatten", "config": {}},
+        {"class_name": "Dense", "config": {"name": "out", "units": 5}}]}})"));
+  ASSERT_OK(model.status());
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<ShardSpec> shards;
+  for (const VariableSpec& variable : model->variables()) {
+    names.push_back(variable.name);
+    shapes.push_back(variable.shape);
+    std::vector<ShardSpec> split =
+        ShardVariable(variable.name, variable.shape,
+                      {.kind = PartitionerSpec::Kind::kFixedShards, .num_shards = 3});
+    for (ShardSpec& shard : split) {
+      shard.ps_task = shard.shard_index % 2;
+      shards.push_back(std::move(shard));
+    }
+  }
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int task = 0; task < 2; ++task) {
+    clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task),
+                                                 servers_[task]->address(),
+                                                 PsClientOptions{.timeout = absl::Seconds(5)}));
+  }
+  ShardedVariables filled(names, shapes, shards, std::move(clients));
+  const std::vector<nlohmann::json> rules(names.size(), kSgd);
+  ASSERT_OK(filled.Create(model->InitialFills(7), rules));
+  const absl::StatusOr<std::vector<Tensor>> pulled = filled.Pull();
+  ASSERT_OK(pulled.status());
+  const std::vector<Tensor> whole = model->InitialVariables(7);
+  ASSERT_EQ(pulled->size(), whole.size());
+  for (size_t v = 0; v < whole.size(); ++v) {
+    EXPECT_TRUE((*pulled)[v].BitwiseEqual(whole[v])) << names[v];
+  }
+  EXPECT_NE(whole[0].data<float>()[0], 0.0f);  // drawn, not zeros
+
+  // A shard of 2^38 floats (1 TiB): refused before anything is allocated.
+  std::vector<std::unique_ptr<PsClient>> one;
+  one.push_back(std::make_unique<PsClient>("ps:0", servers_[0]->address(),
+                                           PsClientOptions{.timeout = absl::Seconds(5)}));
+  ShardedVariables huge(
+      {"huge"}, {Shape({int64_t{1} << 32, 64})},
+      {{.name = "huge", .variable = "huge", .shape = Shape({int64_t{1} << 32, 64})}},
+      std::move(one));
+  const absl::Status refused =
+      huge.Create(std::vector<InitialFill>{{.kind = InitialFill::Kind::kOnes}}, {kSgd});
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("this parameter server may still allocate: give the job more "
+                                   "ps tasks"));
+}
+
 TEST(ShardedVariablesLargeTest, ATableLargerThanARequestTravelsInSeveralAndComesBackWhole) {
   absl::StatusOr<std::unique_ptr<InProcessPs>> ps = InProcessPs::Start();
   ASSERT_TRUE(ps.ok()) << ps.status();

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "stratum/model/initial_fill.h"
 #include "stratum/model/layer.h"
 #include "stratum/model/loss.h"
 #include "stratum/tensor/tensor.h"
@@ -151,6 +152,9 @@ class Model {
   // Variables initialized as the layers' initializers say; the same seed gives the same
   // values, bit for bit. An initializer with a seed of its own ignores `seed`.
   std::vector<Tensor> InitialVariables(uint64_t seed) const;
+  // How InitialVariables makes each variable's values, apart from them (a parameter server
+  // makes its shards' values from these).
+  std::vector<InitialFill> InitialFills(uint64_t seed) const;
   // Whether `loss` reads this model's output as what it is, and the model has the one output
   // a loss trains. INVALID_ARGUMENT, with the fix,
   // for a cross-entropy with from_logits true on a softmax output: that output holds

@@ -18,11 +18,26 @@
 
 namespace stratum {
 
+// Row-sparse variables (embedding tables) given as some of their rows
+// (Workspace::SetVariableRows): rows[i] of variables[i], sorted and unique.
+struct GivenTableRows {
+  std::vector<int> variables;
+  std::vector<std::vector<int64_t>> rows;
+};
+
 // The test-set loss and accuracy of `variables`, computed over the strategy's replicas
-// (EpochLog's val_loss and val_accuracy, validated).
+// (EpochLog's val_loss and val_accuracy, validated). With `given`, the tables it names are
+// in `variables` as its rows alone (those RowsReadByDataset found), not whole.
 absl::StatusOr<EpochLog> EvaluateDataset(Strategy& strategy, const Model& model, const Loss& loss,
                                          const std::vector<Tensor>& variables, const Dataset& data,
-                                         double rescale, int64_t global_batch);
+                                         double rescale, int64_t global_batch,
+                                         const GivenTableRows* given = nullptr);
+
+// The rows of the row-sparse `variables` that evaluating `data` in batches of `batch`
+// reads, each sorted and unique: what a coordinator pulls of an embedding table to test it.
+absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByDataset(
+    const Model& model, const std::vector<int>& variables, const Dataset& data, double rescale,
+    int64_t batch);
 
 // The batch pipeline Fit uses: rescaled float32 features, reshaped to the model's input.
 Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,

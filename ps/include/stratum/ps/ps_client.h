@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps.grpc.pb.h"
+#include "stratum/model/initial_fill.h"
 #include "stratum/net/channel.h"
 #include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/store_checkpoint.h"
@@ -61,6 +62,15 @@ struct NamedValue {
   std::optional<std::vector<int64_t>> rows;
 };
 
+// A shard whose initial values the PS makes itself from its variable's fill
+// (Model::InitialFills): values `first` on of the variable, in `shape`.
+struct FilledShard {
+  std::string name;
+  Shape shape;
+  InitialFill fill;
+  int64_t first = 0;
+};
+
 // A parameter server that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED), that shut
 // down during the call (CANCELLED), or that lacks a variable the job created on it (it
 // restarted between two calls), is the job's problem, not the caller's:
@@ -88,6 +98,10 @@ class PsClient {
   // Creates variables (idempotent for identical specs; `replace`: existing ones start
   // afresh, see VariableStore::Create); returns which were new.
   absl::StatusOr<std::vector<bool>> CreateVariables(const std::vector<NamedValue>& initial,
+                                                    const nlohmann::json& optimizer,
+                                                    bool replace = false);
+  // The same, the PS making the values from their fills: only the fills travel.
+  absl::StatusOr<std::vector<bool>> CreateVariables(const std::vector<FilledShard>& shards,
                                                     const nlohmann::json& optimizer,
                                                     bool replace = false);
   // The values of `names`, then the rows `row_reads` name (an embedding table's that a batch
@@ -122,6 +136,9 @@ class PsClient {
 
  private:
   std::string Peer() const;
+  // Sends `request` (either kind of CreateVariables) as this coordinator.
+  absl::StatusOr<std::vector<bool>> SendCreate(proto::CreateVariablesRequest& request,
+                                               const nlohmann::json& optimizer, bool replace);
   // Sends `request` (either kind of Restore) as this coordinator.
   absl::Status SendRestore(proto::RestoreRequest& request);
   // Sets the call's deadline, `timeout` from now; while the channel's connection is failed,

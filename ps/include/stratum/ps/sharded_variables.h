@@ -28,6 +28,10 @@ class ShardedVariables {
   // earlier job's, on a long-lived parameter server) start afresh: the job owns them.
   absl::Status Create(const std::vector<Tensor>& initial,
                       const std::vector<nlohmann::json>& optimizers);
+  // The same, each PS making its shards' values from their variables' fills
+  // (Model::InitialFills): no variable is built whole here, and only the fills travel.
+  absl::Status Create(const std::vector<InitialFill>& fills,
+                      const std::vector<nlohmann::json>& optimizers);
   // One optimizer would convert to a list of its fields: pass one per variable.
   absl::Status Create(const std::vector<Tensor>& initial, const nlohmann::json& optimizer) = delete;
   // Which rows of each variable a step takes, per variable in the model's order: nullptr
