@@ -69,7 +69,8 @@ def write_data(build, data, rows, train, test):
     return best
 
 
-def run(build, data, workers, ps, rows, best_auc):
+def ctr_job(data, rows):
+    """examples/ctr.json for one epoch of `data`'s files, on a table of `rows` rows."""
     with open(os.path.join(ROOT, "examples", "ctr.json")) as f:
         job = json.load(f)
     job["data"]["train"]["files"] = [os.path.join(data, "train-*.tfrecord")]
@@ -77,6 +78,11 @@ def run(build, data, workers, ps, rows, best_auc):
     job["model"]["config"]["layers"][1]["config"]["input_dim"] = rows
     job["fit"]["epochs"] = 1
     job.pop("checkpoint", None)
+    return job
+
+
+def run(build, data, workers, ps, rows, best_auc):
+    job = ctr_job(data, rows)
     with tempfile.TemporaryDirectory() as tmp:
         job_path, summary_path = os.path.join(tmp, "job.json"), os.path.join(tmp, "summary.json")
         with open(job_path, "w") as f:
@@ -108,14 +114,8 @@ def run(build, data, workers, ps, rows, best_auc):
 
 def run_mwms(build, data, rows):
     """MultiWorkerMirrored, 2 workers: the exchange's bytes per step from worker:0's log."""
-    with open(os.path.join(ROOT, "examples", "ctr.json")) as f:
-        job = json.load(f)
+    job = ctr_job(data, rows)
     job["strategy"] = {"type": "multi_worker_mirrored"}
-    job["data"]["train"]["files"] = [os.path.join(data, "train-*.tfrecord")]
-    job["data"]["test"]["files"] = [os.path.join(data, "test.tfrecord")]
-    job["model"]["config"]["layers"][1]["config"]["input_dim"] = rows
-    job["fit"]["epochs"] = 1
-    job.pop("checkpoint", None)
     with tempfile.TemporaryDirectory() as tmp:
         job_path, logs = os.path.join(tmp, "job.json"), os.path.join(tmp, "logs")
         with open(job_path, "w") as f:

@@ -322,6 +322,7 @@ class ParameterServerJob : public StepRunner {
   int64_t global_step_ = 0;
   std::optional<ClusterCoordinator> coordinator_;
   FitData data_;
+  std::optional<GivenTableRows> test_rows_;  // the tables' rows the test set reads
   int replicas_per_worker_ = 1;
   int64_t steps_per_epoch_ = 0;
   int64_t steps_per_closure_ = 1;
@@ -568,18 +569,24 @@ absl::Status ParameterServerJob::Save(int64_t step, const nlohmann::json& histor
 
 absl::StatusOr<EpochLog> ParameterServerJob::EvaluateTest() {
   constexpr int64_t kBatch = 1024;
-  // An embedding table is pulled by the rows the test set reads, never whole.
-  GivenTableRows tables;
-  for (size_t v = 0; v < model_->variables().size(); ++v) {
-    if (model_->variables()[v].row_sparse) tables.variables.push_back(static_cast<int>(v));
+  // An embedding table is pulled by the rows the test set reads (found once), never whole.
+  if (!test_rows_) {
+    GivenTableRows tables;
+    for (size_t v = 0; v < model_->variables().size(); ++v) {
+      if (model_->variables()[v].row_sparse) tables.variables.push_back(static_cast<int>(v));
+    }
+    if (!tables.variables.empty()) {
+      STRATUM_ASSIGN_OR_RETURN(tables.rows, RowsReadByDataset(*model_, tables.variables, data_.test,
+                                                              data_.rescale, kBatch));
+    }
+    test_rows_ = std::move(tables);
   }
+  const GivenTableRows& tables = *test_rows_;
   if (tables.variables.empty()) {
     STRATUM_ASSIGN_OR_RETURN(const std::vector<Tensor> current, variables_->Pull());
     return EvaluateDataset(evaluation_, *model_, *loss_, current, data_.test, data_.rescale,
                            kBatch);
   }
-  STRATUM_ASSIGN_OR_RETURN(
-      tables.rows, RowsReadByDataset(*model_, tables.variables, data_.test, data_.rescale, kBatch));
   ShardedVariables::RowSelection selection(model_->variables().size(), nullptr);
   for (size_t t = 0; t < tables.variables.size(); ++t) {
     selection[static_cast<size_t>(tables.variables[t])] = &tables.rows[t];

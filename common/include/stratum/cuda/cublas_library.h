@@ -23,9 +23,9 @@ struct CublasLibrary {
   decltype(&cublasSgemm) sgemm;
   // The exported cublasGemmEx (the header overloads it with an inline cudaDataType form).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t);
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t);
   decltype(&cublasGetStatusString) status_string;
   decltype(&cublasGetStatusName) status_name;
 };
