@@ -148,12 +148,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByDataset(
     STRATUM_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> read,
                              model.RowsRead({&next->front()}, variables));
     for (size_t t = 0; t < read.size(); ++t) {
-      std::vector<int64_t> merged;
-      merged.reserve(rows[t].size() + read[t].size());
-      std::set_union(rows[t].begin(), rows[t].end(), read[t].begin(), read[t].end(),
-                     std::back_inserter(merged));
-      rows[t] = std::move(merged);
+      rows[t].insert(rows[t].end(), read[t].begin(), read[t].end());
     }
+  }
+  for (std::vector<int64_t>& table : rows) {  // sorted and unique once, not per batch
+    std::sort(table.begin(), table.end());
+    table.erase(std::unique(table.begin(), table.end()), table.end());
   }
   return rows;
 }
