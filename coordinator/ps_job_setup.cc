@@ -42,7 +42,7 @@ absl::StatusOr<std::vector<ShardSpec>> PlaceModelVariables(const Model& model,
 
 std::vector<std::unique_ptr<WorkerExecutor>> MakeWorkerExecutors(
     const ClusterSpec& cluster, const WorkerSetup& setup,
-    const std::function<absl::Status()>& may_set_up_again) {
+    const std::function<absl::Status()>& may_set_up_again, const WorkerConnectionFactory& connect) {
   std::vector<std::unique_ptr<WorkerExecutor>> executors;
   const std::vector<int> workers = cluster.task_indices(kWorker);
   for (int index : workers) {
@@ -67,10 +67,11 @@ std::vector<std::unique_ptr<WorkerExecutor>> MakeWorkerExecutors(
     request.set_worker_index(index);
     const std::string task = absl::StrCat("worker:", index);
     const std::string address = *cluster.TaskAddress(kWorker, index);
+    const std::string peer = absl::StrCat(task, " at ", address);
     executors.push_back(std::make_unique<RemoteWorkerExecutor>(
         task, address, std::move(request), setup.rpc_timeout,
-        std::make_unique<GrpcWorkerConnection>(absl::StrCat(task, " at ", address), address,
-                                               setup.channel),
+        connect ? connect(peer, address, setup.channel)
+                : std::make_unique<GrpcWorkerConnection>(peer, address, setup.channel),
         may_set_up_again));
   }
   return executors;

@@ -18,6 +18,7 @@
 #include "stratum/net/channel.h"
 #include "stratum/ps/placement.h"
 #include "stratum/ps/ps_client.h"
+#include "worker_connection.h"
 
 namespace stratum {
 
@@ -47,8 +48,10 @@ struct WorkerSetup {
 };
 
 // One executor per worker of `cluster`; `may_set_up_again` as RemoteWorkerExecutor takes it.
+// `connect` makes each worker's connection (unset: gRPC).
 std::vector<std::unique_ptr<WorkerExecutor>> MakeWorkerExecutors(
     const ClusterSpec& cluster, const WorkerSetup& setup,
-    const std::function<absl::Status()>& may_set_up_again);
+    const std::function<absl::Status()>& may_set_up_again,
+    const WorkerConnectionFactory& connect = nullptr);
 
 }  // namespace stratum

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/worker.pb.h"
+#include "ps_job_links.h"
 #include "ps_job_setup.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/keras_export.h"
@@ -51,10 +52,10 @@ double Now() {
 // incarnation restarted and lost them. 0 where a PS did not answer (it then counts as
 // restarted).
 std::vector<uint64_t> PsIncarnations(const std::vector<std::string>& addresses,
-                                     const ChannelOptions& channel) {
+                                     const ChannelOptions& channel, const PsJobLinks& links) {
   std::vector<uint64_t> incarnations;
   for (const std::string& address : addresses) {
-    absl::StatusOr<TaskReport> report = GetTaskReport(address, absl::Seconds(5), channel);
+    absl::StatusOr<TaskReport> report = links.report(address, absl::Seconds(5), channel);
     incarnations.push_back(report.ok() ? report->incarnation : 0);
   }
   return incarnations;
@@ -168,12 +169,13 @@ class ParameterServerJob : public StepRunner {
  public:
   ParameterServerJob(const JobSpec& job, const std::string& job_json,
                      const std::string& job_base_dir, const ClusterSpec& cluster,
-                     const PsTrainingOptions& options)
+                     const PsTrainingOptions& options, const PsJobLinks& links)
       : job_(job),
         job_json_(job_json),
         job_base_dir_(job_base_dir),
         cluster_(cluster),
         options_(options),
+        links_(links),
         start_(Now()),
         num_ps_(cluster.num_tasks(kPs)),
         num_workers_(cluster.num_tasks(kWorker)),
@@ -301,6 +303,7 @@ class ParameterServerJob : public StepRunner {
   const std::string& job_base_dir_;
   const ClusterSpec& cluster_;
   const PsTrainingOptions& options_;
+  const PsJobLinks& links_;
   const double start_;
   const int num_ps_;
   const int num_workers_;
@@ -397,14 +400,15 @@ absl::Status ParameterServerJob::CreateVariables() {
                         .channel = options_.channel,
                         .coordinator = CoordinatorDescription(cluster_),
                         .coordinator_address = AdvertisedAddress(cluster_, options_.listen_address),
-                        .checkpoint_dir = job_.checkpoint.dir};
+                        .checkpoint_dir = job_.checkpoint.dir,
+                        .connect = links_.ps};
   for (int task = 0; task < num_ps_; ++task) {
     ps_addresses_.push_back(*cluster_.TaskAddress(kPs, task));
     clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task), ps_addresses_.back(),
                                                  ps_client_options_));
   }
   variables_.emplace(names, shapes, shards_, std::move(clients));
-  holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel);
+  holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel, links_);
   // One coordinator at a time: the PSs are claimed before anything is created on them.
   ps_watcher_.emplace(*variables_,
                       PsWatcherOptions{.saves_checkpoints = !job_.checkpoint.dir.empty()});
@@ -444,8 +448,8 @@ void ParameterServerJob::ConnectWorkers() {
                     .rpc_timeout = options_.rpc_timeout,
                     .channel = options_.channel};
   PsWatcher* ps_watcher = &*ps_watcher_;
-  std::vector<std::unique_ptr<WorkerExecutor>> executors =
-      MakeWorkerExecutors(cluster_, setup, [ps_watcher] { return ps_watcher->CheckHold(); });
+  std::vector<std::unique_ptr<WorkerExecutor>> executors = MakeWorkerExecutors(
+      cluster_, setup, [ps_watcher] { return ps_watcher->CheckHold(); }, links_.worker);
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.closures_per_worker = std::max(1, options_.closures_per_worker);
   coordinator_options.cancel = options_.cancel;
@@ -836,7 +840,7 @@ absl::StatusOr<std::vector<TaskReport>> ParameterServerJob::WaitForParameterServ
   wait.cancel = options_.cancel;
   wait.channel = options_.channel;
   wait.timeout_flag = "--ps_recovery_timeout";
-  absl::StatusOr<std::vector<TaskReport>> back = WaitForClusterHealthy(ps_only, wait);
+  absl::StatusOr<std::vector<TaskReport>> back = links_.wait_healthy(ps_only, wait);
   if (back.ok()) return back;
   if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {
     return absl::CancelledError(absl::StrCat(
@@ -871,7 +875,7 @@ void ParameterServerJob::GoOnWithNothingRolledBack() {
 }
 
 absl::StatusOr<std::optional<int64_t>> ParameterServerJob::ReseedParameterServers() {
-  holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel);
+  holding_incarnations_ = PsIncarnations(ps_addresses_, options_.channel, links_);
   STRATUM_RETURN_IF_ERROR(ps_watcher_->Claim());
   STRATUM_RETURN_IF_ERROR(variables_->Create(model_->InitialFills(job_.fit.seed), UpdateRules()));
   return checkpoints_->RestoreLatest();
@@ -929,12 +933,34 @@ absl::StatusOr<FitSummary> ParameterServerJob::Finish(const FitSummary& trained)
 
 }  // namespace
 
+PsJobLinks GrpcPsJobLinks() {
+  return {
+      .ps = GrpcPsTransport,
+      .worker = [](const std::string& peer, const std::string& address,
+                   const ChannelOptions& channel) -> std::unique_ptr<WorkerConnection> {
+        return std::make_unique<GrpcWorkerConnection>(peer, address, channel);
+      },
+      .report =
+          [](const std::string& address, absl::Duration timeout, const ChannelOptions& channel) {
+            return GetTaskReport(address, timeout, channel);
+          },
+      .wait_healthy = WaitForClusterHealthy};
+}
+
+absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
+                                                 const std::string& job_base_dir,
+                                                 const ClusterSpec& cluster,
+                                                 const PsTrainingOptions& options,
+                                                 const PsJobLinks& links) {
+  ParameterServerJob parameter_server_job(job, job_json, job_base_dir, cluster, options, links);
+  return parameter_server_job.Run();
+}
+
 absl::StatusOr<FitSummary> RunParameterServerJob(const JobSpec& job, const std::string& job_json,
                                                  const std::string& job_base_dir,
                                                  const ClusterSpec& cluster,
                                                  const PsTrainingOptions& options) {
-  ParameterServerJob parameter_server_job(job, job_json, job_base_dir, cluster, options);
-  return parameter_server_job.Run();
+  return RunParameterServerJob(job, job_json, job_base_dir, cluster, options, GrpcPsJobLinks());
 }
 
 }  // namespace stratum

@@ -8,6 +8,7 @@
 // the RunClosure calls in flight (and makes later ones fail) from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -42,6 +43,10 @@ class WorkerConnection {
   virtual absl::Status Health(absl::Duration timeout) = 0;
   virtual void CancelAll() = 0;
 };
+
+// Makes the connection to the worker at `address`; `peer` names it in errors.
+using WorkerConnectionFactory = std::function<std::unique_ptr<WorkerConnection>(
+    const std::string& peer, const std::string& address, const ChannelOptions& channel)>;
 
 // proto::WorkerService over gRPC to `address`; `peer` names the worker in errors.
 class GrpcWorkerConnection final : public WorkerConnection {

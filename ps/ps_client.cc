@@ -3,8 +3,6 @@
 #include "data_path.h"
 #include "stratum/util/error_kind.h"
 
-#include <grpcpp/channel.h>
-#include <grpcpp/client_context.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -95,21 +93,10 @@ PsClient::PsClient(std::string task, std::string address, PsClientOptions option
     : task_(std::move(task)),
       address_(std::move(address)),
       options_(options),
-      channel_(MakeChannel(address_, options_.channel)),
-      stub_(proto::ParameterServer::NewStub(channel_)) {}
+      transport_(options_.connect ? options_.connect(address_, options_.channel)
+                                  : GrpcPsTransport(address_, options_.channel)) {}
 
 std::string PsClient::Peer() const { return absl::StrCat(task_, " at ", address_); }
-
-void PsClient::PrepareCall(grpc::ClientContext& context, absl::Duration timeout) {
-  const absl::Time now = absl::Now();
-  context.set_deadline(absl::ToChronoTime(now + timeout));
-  // Idle or connecting channels are fine: the call itself waits for the connection.
-  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_TRANSIENT_FAILURE) return;
-  // The back-off ends now and the connection is tried again. A PS still down costs the
-  // whole wait: gRPC stays in TRANSIENT_FAILURE through failed retries, it cannot tell.
-  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
-  channel_->WaitForConnected(absl::ToChronoTime(now + std::min(kReconnectWait, timeout / 2)));
-}
 
 absl::StatusOr<std::vector<bool>> PsClient::CreateVariables(const std::vector<NamedValue>& initial,
                                                             const nlohmann::json& optimizer,
@@ -152,11 +139,9 @@ absl::StatusOr<std::vector<bool>> PsClient::SendCreate(proto::CreateVariablesReq
   for (proto::VariableDef& def : *request.mutable_variables()) {
     def.set_optimizer_json(optimizer_json);
   }
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::CreateVariablesResponse response;
   if (absl::Status status =
-          FromGrpcStatus(stub_->CreateVariables(&context, request, &response), Peer());
+          FromGrpcStatus(transport_->CreateVariables(request, &response, options_.timeout), Peer());
       !status.ok()) {
     return status;
   }
@@ -173,10 +158,9 @@ std::shared_ptr<PsDataClient> PsClient::DataClient() {
   if (options_.data_path_min_bytes < 0 || options_.channel.tls) return nullptr;
   absl::MutexLock lock(&data_mutex_);
   if (data_asked_ || absl::Now() < data_retry_after_) return data_;
-  grpc::ClientContext context;
-  PrepareCall(context, std::min(options_.timeout, absl::Seconds(10)));
+  const absl::Duration timeout = std::min(options_.timeout, absl::Seconds(10));
   proto::DataPathResponse response;
-  const grpc::Status status = stub_->DataPath(&context, proto::DataPathRequest(), &response);
+  const grpc::Status status = transport_->DataPath(proto::DataPathRequest(), &response, timeout);
   // UNIMPLEMENTED: a PS without a data path. Anything else: ask again next time.
   if (!status.ok() && status.error_code() != grpc::StatusCode::UNIMPLEMENTED) return nullptr;
   data_asked_ = true;
@@ -229,10 +213,9 @@ absl::StatusOr<std::vector<Tensor>> PsClient::Pull(const std::vector<std::string
   proto::PullRequest request;
   for (const std::string& name : names) request.add_names(name);
   AddRowReads(row_reads, request.mutable_row_reads());
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::PullResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Pull(&context, request, &response), Peer());
+  if (absl::Status status =
+          FromGrpcStatus(transport_->Pull(request, &response, options_.timeout), Peer());
       !status.ok()) {
     return status;
   }
@@ -279,10 +262,9 @@ absl::Status PsClient::Push(const std::vector<NamedValue>& gradients, std::vecto
   }
   request.set_pull_after(pulled != nullptr);
   AddRowReads(row_reads, request.mutable_row_reads());
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::PushResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Push(&context, request, &response), Peer());
+  if (absl::Status status =
+          FromGrpcStatus(transport_->Push(request, &response, options_.timeout), Peer());
       !status.ok()) {
     return status;
   }
@@ -301,28 +283,23 @@ absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
     message->set_name(value.name);
     TensorToProto(value.value, message->mutable_tensor());
   }
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::AssignResponse response;
-  return FromGrpcStatus(stub_->Assign(&context, request, &response), Peer());
+  return FromGrpcStatus(transport_->Assign(request, &response, options_.timeout), Peer());
 }
 
 absl::Status PsClient::SetLearningRate(float rate) {
   proto::SetLearningRateRequest request;
   *request.mutable_coordinator() = ThisCoordinator(options_);
   request.set_learning_rate(rate);
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::SetLearningRateResponse response;
-  return FromGrpcStatus(stub_->SetLearningRate(&context, request, &response), Peer());
+  return FromGrpcStatus(transport_->SetLearningRate(request, &response, options_.timeout), Peer());
 }
 
 absl::StatusOr<proto::ListVariablesResponse> PsClient::ListVariables() {
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::ListVariablesResponse response;
   if (absl::Status status = FromGrpcStatus(
-          stub_->ListVariables(&context, proto::ListVariablesRequest(), &response), Peer());
+          transport_->ListVariables(proto::ListVariablesRequest(), &response, options_.timeout),
+          Peer());
       !status.ok()) {
     return status;
   }
@@ -333,10 +310,9 @@ absl::StatusOr<proto::SaveResponse> PsClient::Save(const std::string& path) {
   proto::SaveRequest request;
   request.set_path(path);
   *request.mutable_coordinator() = ThisCoordinator(options_);
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::SaveResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Save(&context, request, &response), Peer());
+  if (absl::Status status =
+          FromGrpcStatus(transport_->Save(request, &response, options_.timeout), Peer());
       !status.ok()) {
     return LostIfUnheld(status);
   }
@@ -372,10 +348,9 @@ absl::Status PsClient::Restore(const std::vector<CheckpointFileRef>& files,
 
 absl::Status PsClient::SendRestore(proto::RestoreRequest& request) {
   *request.mutable_coordinator() = ThisCoordinator(options_);
-  grpc::ClientContext context;
-  PrepareCall(context, options_.timeout);
   proto::RestoreResponse response;
-  return LostIfUnheld(FromGrpcStatus(stub_->Restore(&context, request, &response), Peer()));
+  return LostIfUnheld(
+      FromGrpcStatus(transport_->Restore(request, &response, options_.timeout), Peer()));
 }
 
 absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, bool leaving,
@@ -386,11 +361,11 @@ absl::StatusOr<proto::WatchResponse> PsClient::Watch(bool saves_checkpoints, boo
   request.set_claim(claim);
   request.set_committed_save(committed_save);
   *request.mutable_coordinator() = ThisCoordinator(options_);
-  grpc::ClientContext context;
   // A claim may wait out the lease of a holder that just died (about 6 s).
-  PrepareCall(context, claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1)));
+  const absl::Duration timeout =
+      claim ? options_.timeout : std::min(options_.timeout, absl::Seconds(1));
   proto::WatchResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Watch(&context, request, &response), Peer());
+  if (absl::Status status = FromGrpcStatus(transport_->Watch(request, &response, timeout), Peer());
       !status.ok()) {
     return status;
   }

@@ -184,7 +184,8 @@ absl::Status SetUpData(WorkerJob& job, const JobSpec& spec, const proto::SetupJo
 }
 
 absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest& request,
-                                                    const ChannelOptions& channel) {
+                                                    const ChannelOptions& channel,
+                                                    const PsTransportFactory& ps_transport) {
   auto job = std::make_unique<WorkerJob>();
   job->incarnation = request.coordinator_incarnation();
   job->worker_index = request.worker_index();
@@ -243,6 +244,7 @@ absl::StatusOr<std::unique_ptr<WorkerJob>> BuildJob(const proto::SetupJobRequest
   for (int task = 0; task < request.ps_addresses_size(); ++task) {
     PsClientOptions client_options;
     client_options.channel = channel;
+    client_options.connect = ps_transport;
     if (request.ps_timeout_ms() > 0)
       client_options.timeout = absl::Milliseconds(request.ps_timeout_ms());
     clients.push_back(std::make_unique<PsClient>(absl::StrCat("ps:", task),
@@ -442,8 +444,10 @@ absl::Status AsClosureError(const std::string& function, const absl::Status& sta
 
 }  // namespace
 
-PsWorker::PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions functions)
+PsWorker::PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions functions,
+                   PsTransportFactory ps_transport)
     : channel_(std::move(channel)),
+      ps_transport_(std::move(ps_transport)),
       functions_(std::move(functions)),
       lease_(lease, {.held = "this worker",
                      .why = "two coordinators would take turns setting it up for their own "
@@ -459,7 +463,8 @@ absl::StatusOr<proto::SetupJobResponse> PsWorker::SetupJob(const proto::SetupJob
   claimant.incarnation = request.coordinator_incarnation();
   claimant.peer = std::string(peer);
   STRATUM_RETURN_IF_ERROR(lease_.Claim(claimant, lease_.lease() + absl::Seconds(1)));
-  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<WorkerJob> job, BuildJob(request, channel_));
+  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<WorkerJob> job,
+                           BuildJob(request, channel_, ps_transport_));
   proto::SetupJobResponse response;
   absl::MutexLock lock(&mutex_);
   response.set_num_replicas(job->strategy->NumReplicasInSync());

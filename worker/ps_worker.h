@@ -13,7 +13,8 @@
 // claims it, its closures keep the claim, Leave ends it): another one is refused, naming
 // the holder, while the holder's closures come; it takes over once the holder has been
 // silent for the lease, or at once when it is the holder restarted. The PS clients dial with
-// `channel` (the task's TLS settings). Thread-safe (closures run one at a time).
+// `channel` (the task's TLS settings) over gRPC, or over the transport `ps_transport` makes
+// when given (PSs in the test's own process). Thread-safe (closures run one at a time).
 // Internal to worker/.
 #pragma once
 
@@ -26,6 +27,7 @@
 #include "proto/worker.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/ps/coordinator_lease.h"
+#include "stratum/ps/ps_transport.h"
 #include "stratum/worker/worker_functions.h"
 
 namespace stratum {
@@ -34,7 +36,8 @@ class WorkerJob;
 
 class PsWorker {
  public:
-  PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions functions);
+  PsWorker(ChannelOptions channel, absl::Duration lease, WorkerFunctions functions,
+           PsTransportFactory ps_transport = nullptr);
   ~PsWorker();
 
   // `peer`: where the call came from (PeerHostOf; "" when unknown), which a coordinator
@@ -51,6 +54,7 @@ class PsWorker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ChannelOptions channel_;
+  const PsTransportFactory ps_transport_;
   const WorkerFunctions functions_;
   CoordinatorLease lease_;
   absl::Mutex mutex_;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "proto/ps.grpc.pb.h"
 #include "ps/data_path.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"

@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"
 #include "stratum/ps/ps_client.h"

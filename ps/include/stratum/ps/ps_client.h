@@ -5,7 +5,9 @@
 // at once and waits for it a little (up to kReconnectWait, at most half the call's
 // deadline), instead of failing on gRPC's remembered error until its back-off ends. Pushes
 // and pulls go over the PS's raw data path (data_path.h) when it offers one, else over
-// gRPC. Thread-safe (gRPC channels, stubs and the data path's client are).
+// gRPC. The calls travel over a PsTransport (ps_transport.h): gRPC in a job, another
+// where PsClientOptions::connect says (a PS in the same process, in tests). Thread-safe
+// (transports and the data path's client are).
 #pragma once
 
 #include <memory>
@@ -18,10 +20,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
-#include "proto/ps.grpc.pb.h"
+#include "proto/ps.pb.h"
 #include "stratum/model/initial_fill.h"
 #include "stratum/net/channel.h"
 #include "stratum/ps/coordinator_lease.h"
+#include "stratum/ps/ps_transport.h"
 #include "stratum/ps/store_checkpoint.h"
 #include "stratum/tensor/tensor.h"
 
@@ -44,6 +47,8 @@ struct PsClientOptions {
   // The job's checkpoint folder, declared when the coordinator claims a PS: the PS saves
   // and restores only files inside it ("": the job writes no checkpoints).
   std::string checkpoint_dir;
+  // Makes the transport to a PS; unset: gRPC (GrpcPsTransport).
+  PsTransportFactory connect;
 };
 
 // This process as a coordinator names itself to the parameter servers and workers it
@@ -141,9 +146,6 @@ class PsClient {
                                                const nlohmann::json& optimizer, bool replace);
   // Sends `request` (either kind of Restore) as this coordinator.
   absl::Status SendRestore(proto::RestoreRequest& request);
-  // Sets the call's deadline, `timeout` from now; while the channel's connection is failed,
-  // first makes it again and waits for it (see the file comment).
-  void PrepareCall(grpc::ClientContext& context, absl::Duration timeout);
   // The PS's data path, asked for on first use; null: use gRPC.
   std::shared_ptr<PsDataClient> DataClient();
   // After a data call that got no answer: ask the PS again for its data path, next time
@@ -154,8 +156,7 @@ class PsClient {
   std::string task_;
   std::string address_;
   PsClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<proto::ParameterServer::Stub> stub_;
+  std::unique_ptr<PsTransport> transport_;
   mutable absl::Mutex data_mutex_;
   bool data_asked_ ABSL_GUARDED_BY(data_mutex_) = false;
   std::shared_ptr<PsDataClient> data_ ABSL_GUARDED_BY(data_mutex_);
