@@ -220,7 +220,10 @@ absl::StatusOr<bool> ClusterCoordinator::AwaitUnlessCancelled(const absl::Condit
   while (true) {
     // A cancel is looked for every kCancelPoll of real time; the deadline is on the clock.
     const absl::Time now = clock().Now();
-    if (mutex_.AwaitWithTimeout(condition, std::min(kCancelPoll, deadline - now))) return true;
+    ++blocked_callers_;
+    const bool met = mutex_.AwaitWithTimeout(condition, std::min(kCancelPoll, deadline - now));
+    --blocked_callers_;
+    if (met) return true;
     CheckEveryWorkerDown();
     if (!error_.ok() && condition.Eval()) return true;
     if (options_.cancel != nullptr && options_.cancel->HasBeenNotified()) {
@@ -305,6 +308,13 @@ absl::Status ClusterCoordinator::Drain(absl::Duration timeout) {
 int64_t ClusterCoordinator::retried_closures() const {
   absl::MutexLock lock(&mutex_);
   return retried_;
+}
+
+bool ClusterCoordinator::AwaitBlockedCallers(int count, absl::Duration timeout) const {
+  absl::MutexLock lock(&mutex_);
+  auto blocked = [this, count]()
+                     ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return blocked_callers_ >= count; };
+  return mutex_.AwaitWithTimeout(absl::Condition(&blocked), timeout);
 }
 
 }  // namespace stratum

@@ -152,7 +152,7 @@ absl::StatusOr<std::string> CoordinationService::GetKeyValue(const std::string& 
     if (absl::Status stop = StopStatus(); !stop.ok()) return stop;
     if (auto it = values_.find(key); it != values_.end()) return it->second;
     if (absl::Now() >= deadline) break;
-    changed_.WaitWithDeadline(&mutex_, deadline);
+    WaitForChange(deadline);
   }
   const std::string unregistered = UnregisteredTasks();
   return absl::DeadlineExceededError(absl::StrCat(
@@ -222,7 +222,7 @@ absl::Status CoordinationService::WaitAtBarrier(const std::string& id, const Tas
       changed_.SignalAll();
       break;
     }
-    changed_.WaitWithDeadline(&mutex_, deadline);
+    WaitForChange(deadline);
   }
   return barrier.result;
 }
@@ -280,8 +280,22 @@ bool CoordinationService::AwaitEveryTaskTold(absl::Duration timeout) {
       return entry.second.state == TaskState::kConnected && !entry.second.told;
     });
     if (none) return true;
-    if (shut_down_ || changed_.WaitWithDeadline(&mutex_, deadline)) return false;
+    if (shut_down_ || WaitForChange(deadline)) return false;
   }
+}
+
+bool CoordinationService::WaitForChange(absl::Time deadline) {
+  ++blocked_callers_;
+  const bool timed_out = changed_.WaitWithDeadline(&mutex_, deadline);
+  --blocked_callers_;
+  return timed_out;
+}
+
+bool CoordinationService::AwaitBlockedCallers(int count, absl::Duration timeout) const {
+  absl::MutexLock lock(&mutex_);
+  auto blocked = [this, count]()
+                     ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return blocked_callers_ >= count; };
+  return mutex_.AwaitWithTimeout(absl::Condition(&blocked), timeout);
 }
 
 void CoordinationService::CheckHeartbeats() {

@@ -16,18 +16,22 @@ using testing::FakeClock;
 using ::testing::HasSubstr;
 using testing::StatusIs;
 
-// A worker that adds 1 to its argument, and can be told to fail, to be slow, or to be
-// down until restarted.
+// A worker that adds 1 to its argument, and can be told to fail, to hold its closures
+// until the test lets them go on, or to be down until restarted. Its Await* methods let a
+// test wait for what the coordinator's threads did to it instead of sleeping.
 class FakeWorker : public WorkerExecutor {
  public:
   explicit FakeWorker(std::string name) : name_(std::move(name)) {}
   std::string name() const override { return name_; }
 
   absl::StatusOr<ClosureOutputs> Execute(const Closure& closure) override {
-    ++started_;
-    absl::SleepFor(delay_);
     {
       absl::MutexLock lock(&mutex_);
+      ++started_;
+      auto may_go_on = [this]()
+                           ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return !paused_ || cancelled_; };
+      mutex_.Await(absl::Condition(&may_go_on));
+      if (paused_) return absl::CancelledError(name_ + ": the closure was cancelled");
       if (hang_next_) {
         hang_next_ = false;
         auto cancelled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return cancelled_; };
@@ -49,14 +53,15 @@ class FakeWorker : public WorkerExecutor {
   }
 
   absl::Status WaitUntilAvailable(const std::atomic<bool>& stop) override {
-    while (!stop) {
-      {
-        absl::MutexLock lock(&mutex_);
-        if (!down_) return absl::OkStatus();
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return absl::CancelledError("stopping");
+    absl::MutexLock lock(&mutex_);
+    ++waiting_;
+    // The coordinator sets `stop` and then calls Cancel, which wakes this wait.
+    auto back_or_stopped = [this, &stop]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+      return !down_ || stop.load() || cancelled_;
+    };
+    mutex_.Await(absl::Condition(&back_or_stopped));
+    --waiting_;
+    return down_ ? absl::CancelledError("stopping") : absl::OkStatus();
   }
 
   void Cancel() override {
@@ -68,6 +73,15 @@ class FakeWorker : public WorkerExecutor {
   void HangOnNextCall() {
     absl::MutexLock lock(&mutex_);
     hang_next_ = true;
+  }
+  // Closures that start from now on wait in Execute (in flight) until Resume.
+  void Pause() {
+    absl::MutexLock lock(&mutex_);
+    paused_ = true;
+  }
+  void Resume() {
+    absl::MutexLock lock(&mutex_);
+    paused_ = false;
   }
 
   void Restart() {
@@ -82,21 +96,30 @@ class FakeWorker : public WorkerExecutor {
     absl::MutexLock lock(&mutex_);
     return executed_;
   }
-  bool down() {
-    absl::MutexLock lock(&mutex_);
-    return down_;
-  }
-  absl::Duration delay_ = absl::ZeroDuration();
-  std::atomic<int> started_{0};  // calls of Execute
+
+  // Each waits up to 10 s, and is true once its count is reached: calls of Execute begun,
+  // closures run to the end, coordinator threads blocked in WaitUntilAvailable.
+  bool AwaitStarted(int count) { return AwaitAtLeast(started_, count); }
+  bool AwaitExecuted(int count) { return AwaitAtLeast(executed_, count); }
+  bool AwaitWaiting(int count) { return AwaitAtLeast(waiting_, count); }
 
  private:
+  bool AwaitAtLeast(const int& counter, int count) {
+    absl::MutexLock lock(&mutex_);
+    auto reached = [&counter, count]() { return counter >= count; };
+    return mutex_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(10));
+  }
+
   std::string name_;
   absl::Mutex mutex_;
   bool down_ = false;
+  bool paused_ = false;
   bool hang_next_ = false;
   bool cancelled_ = false;
   int fail_next_unavailable_ = 0;
+  int started_ = 0;
   int executed_ = 0;
+  int waiting_ = 0;
 };
 
 struct Fixture {
@@ -157,33 +180,40 @@ TEST(ClusterCoordinatorTest, ScheduleReturnsRemoteValuesThatBecomeReady) {
 
 TEST(ClusterCoordinatorTest, AClosureOnAWorkerThatDiesRunsElsewhereAndTheWorkerComesBack) {
   Fixture f(2);
-  f.fakes[0]->delay_ = f.fakes[1]->delay_ = absl::Milliseconds(2);
   f.fakes[0]->DieOnNextCall();
+  f.fakes[1]->Pause();  // so that worker:0 takes a closure, and dies of it
   std::vector<std::shared_ptr<RemoteValue>> values;
   for (int i = 0; i < 30; ++i)
     values.push_back(*f.coordinator->Schedule("step", {Tensor::Scalar(float(i))}));
+  ASSERT_TRUE(f.fakes[0]->AwaitWaiting(1));  // worker:0 died; its thread waits for it
   // While worker:0 is down, worker:1 carries on.
-  absl::SleepFor(absl::Milliseconds(30));
+  f.fakes[1]->Resume();
+  ASSERT_TRUE(f.fakes[1]->AwaitExecuted(10));
   f.fakes[0]->Restart();
   ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
   for (int i = 0; i < 30; ++i) EXPECT_EQ(Output(values[i]), i + 1);  // every closure ran
   EXPECT_GE(f.coordinator->retried_closures(), 1);
-  // worker:0 took closures again after its restart.
+  // worker:0 took closures again after its restart (worker:1 holds one meanwhile, so that
+  // it cannot have run them all).
   const int before = f.fakes[0]->executed();
+  f.fakes[1]->Pause();
   for (int i = 0; i < 30; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
+  EXPECT_TRUE(f.fakes[0]->AwaitExecuted(before + 1));
+  f.fakes[1]->Resume();
   ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
   EXPECT_GT(f.fakes[0]->executed(), before);
 }
 
 TEST(ClusterCoordinatorTest, TheFirstErrorIsRaisedOnceAndTheQueueIsCancelled) {
   Fixture f(1);
-  f.fakes[0]->delay_ = absl::Milliseconds(5);
+  f.fakes[0]->Pause();  // the later closures are queued while "raise" runs
   auto bad = *f.coordinator->Schedule("raise", {Tensor::Scalar(0)});
   std::vector<std::shared_ptr<RemoteValue>> later;
   for (int i = 0; i < 10; ++i) {
     auto value = f.coordinator->Schedule("step", {Tensor::Scalar(0)});
     if (value.ok()) later.push_back(*value);
   }
+  f.fakes[0]->Resume();
   absl::Status joined = f.coordinator->Join(absl::Seconds(10));
   EXPECT_EQ(joined.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(joined.message()),
@@ -203,12 +233,22 @@ TEST(ClusterCoordinatorTest, TheFirstErrorIsRaisedOnceAndTheQueueIsCancelled) {
 
 TEST(ClusterCoordinatorTest, ScheduleBlocksOnlyWhenTheQueueIsFull) {
   Fixture f(1, {.max_queue_size = 2});
-  f.fakes[0]->delay_ = absl::Milliseconds(200);
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < 3; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(150));  // room: no waiting for steps
-  for (int i = 0; i < 3; ++i) ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));  // full: waited for a slot
+  f.fakes[0]->Pause();  // no step finishes until Resume
+  absl::Notification first_three, last_three;
+  std::thread program([&] {
+    for (int i = 0; i < 3; ++i) EXPECT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
+    first_three.Notify();
+    for (int i = 0; i < 3; ++i) EXPECT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
+    last_three.Notify();
+  });
+  // Room (one in flight, two queued): no waiting for steps, none of which can finish.
+  EXPECT_TRUE(first_three.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Full: the fourth waits for a slot.
+  EXPECT_TRUE(f.coordinator->AwaitBlockedCallers(1, absl::Seconds(10)));
+  EXPECT_FALSE(last_three.HasBeenNotified());
+  f.fakes[0]->Resume();
+  program.join();
+  EXPECT_TRUE(last_three.HasBeenNotified());
   ASSERT_OK(f.coordinator->Join(absl::Seconds(10)));
 }
 
@@ -216,13 +256,12 @@ TEST(ClusterCoordinatorTest, AClosureThatKillsEveryWorkerBecomesAnError) {
   Fixture f(2, {.max_attempts = 3});
   f.fakes[0]->DieOnNextCall();
   f.fakes[1]->DieOnNextCall();
+  // Once the closure has killed both (two attempts), both come back, to be killed again.
   std::thread restarter([&] {
-    for (int i = 0; i < 4; ++i) {
-      absl::SleepFor(absl::Milliseconds(20));
-      for (FakeWorker* fake : f.fakes) {
-        fake->Restart();
-        fake->DieOnNextCall();
-      }
+    for (FakeWorker* fake : f.fakes) EXPECT_TRUE(fake->AwaitWaiting(1));
+    for (FakeWorker* fake : f.fakes) {
+      fake->DieOnNextCall();  // before it is back: its thread may take the closure at once
+      fake->Restart();
     }
   });
   auto value = *f.coordinator->Schedule("step", {Tensor::Scalar(0)});
@@ -240,8 +279,10 @@ TEST(ClusterCoordinatorTest, ACancelEndsTheWaitsWhileEveryWorkerIsDown) {
   Fixture f(1, {.max_queue_size = 1, .cancel = &cancel});
   f.fakes[0]->DieOnNextCall();  // and never restarted
   ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
-  std::thread signal([&cancel] {
-    absl::SleepFor(absl::Milliseconds(300));
+  std::thread signal([&] {
+    // Once the worker is down and Join waits for it.
+    EXPECT_TRUE(f.fakes[0]->AwaitWaiting(1));
+    EXPECT_TRUE(f.coordinator->AwaitBlockedCallers(1, absl::Seconds(10)));
     cancel.Notify();
   });
   const absl::Time start = absl::Now();
@@ -287,15 +328,11 @@ TEST(ClusterCoordinatorTest, EveryWorkerDownPastTheRecoveryTimeoutIsAnErrorNamin
   Fixture g(2, {.worker_recovery_timeout = absl::Milliseconds(500), .clock = &clock});
   for (FakeWorker* fake : g.fakes) fake->DieOnNextCall();
   auto value = *g.coordinator->Schedule("step", {Tensor::Scalar(0)});
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!(g.fakes[0]->down() && g.fakes[1]->down()) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));  // the closure kills both, in real time
-  }
+  // The closure kills both, in real time: then every worker is down, on the clock too.
+  for (FakeWorker* fake : g.fakes) ASSERT_TRUE(fake->AwaitWaiting(1));
   clock.Advance(absl::Milliseconds(499));
   g.fakes[1]->Restart();
-  while (value->status() == RemoteValueStatus::kNotReady && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));  // the real thread that runs it
-  }
+  (void)value->Fetch(absl::Seconds(10));  // the real thread that runs it
   clock.Advance(absl::Seconds(5));
   EXPECT_OK(g.coordinator->Join(absl::Seconds(10)));
   EXPECT_EQ(Output(value), 1.0f);
@@ -303,15 +340,20 @@ TEST(ClusterCoordinatorTest, EveryWorkerDownPastTheRecoveryTimeoutIsAnErrorNamin
 
 TEST(ClusterCoordinatorTest, DrainLetsTheRunningClosuresFinishAndDropsTheQueuedOnes) {
   Fixture f(2);
-  f.fakes[0]->delay_ = f.fakes[1]->delay_ = absl::Milliseconds(50);
+  for (FakeWorker* fake : f.fakes) fake->Pause();
   f.fakes[1]->DieOnNextCall();  // its closure is not run again while draining
   std::vector<std::shared_ptr<RemoteValue>> values;
   for (int i = 0; i < 10; ++i)
     values.push_back(*f.coordinator->Schedule("step", {Tensor::Scalar(float(i))}));
-  // One closure in flight on each worker.
-  while (f.fakes[0]->started_ == 0 || f.fakes[1]->started_ == 0)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_OK(f.coordinator->Drain(absl::Seconds(10)));
+  // One closure in flight on each worker; they finish once Drain has dropped the queue.
+  for (FakeWorker* fake : f.fakes) ASSERT_TRUE(fake->AwaitStarted(1));
+  std::thread finish([&] {
+    (void)values.back()->Fetch(absl::Seconds(10));  // queued: Drain cancels it
+    for (FakeWorker* fake : f.fakes) fake->Resume();
+  });
+  const absl::Status drained = f.coordinator->Drain(absl::Seconds(10));
+  finish.join();
+  ASSERT_OK(drained);
   int ready = 0, cancelled = 0;
   for (const auto& value : values) {
     ASSERT_NE(value->status(), RemoteValueStatus::kNotReady);
@@ -334,7 +376,7 @@ TEST(ClusterCoordinatorTest, ShuttingDownCancelsAClosureStuckOnAWorker) {
   Fixture f(1);
   f.fakes[0]->HangOnNextCall();
   ASSERT_OK(f.coordinator->Schedule("step", {Tensor::Scalar(0)}));
-  while (f.fakes[0]->started_ == 0) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(f.fakes[0]->AwaitStarted(1));
   EXPECT_EQ(f.coordinator->Drain(absl::Milliseconds(100)).code(),
             absl::StatusCode::kDeadlineExceeded);
   const absl::Time start = absl::Now();

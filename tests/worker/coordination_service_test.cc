@@ -78,7 +78,8 @@ TEST_F(CoordinationServiceTest, AfterAFailureTheLeaderWaitsForTheOthersToReportO
   ASSERT_OK(service_.ReportError(kW0, absl::UnavailableError("worker:2 closed")));
   EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(20)));
   std::thread reporter([this] {
-    absl::SleepFor(absl::Milliseconds(30));
+    // During the wait below: the report wakes it, and it waits on for worker:2.
+    EXPECT_TRUE(service_.AwaitBlockedCallers(1, absl::Seconds(10)));
     (void)service_.ReportError(kW1, absl::UnavailableError("worker:0 closed"));
   });
   EXPECT_FALSE(service_.AwaitEveryTaskTold(absl::Milliseconds(200)));  // worker:2 is silent
@@ -114,7 +115,7 @@ TEST_F(CoordinationServiceTest, HeartbeatChecksRegistrationAndIncarnation) {
 
 TEST_F(CoordinationServiceTest, GetKeyValueWaitsForTheKey) {
   std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(service_.AwaitBlockedCallers(1, absl::Seconds(10)));  // GetKeyValue waits
     ASSERT_OK(service_.SetKeyValue("nccl/id", "first"));
   });
   absl::StatusOr<std::string> value = service_.GetKeyValue("nccl/id", In(absl::Seconds(10)));
@@ -144,7 +145,8 @@ TEST_F(CoordinationServiceTest, BarrierReleasesEveryTaskWhenAllArrive) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      absl::SleepFor(absl::Milliseconds(20 * i));
+      // One after the other: worker:i arrives once the i before it wait at the barrier.
+      EXPECT_TRUE(service_.AwaitBlockedCallers(i, absl::Seconds(10)));
       results[i] = service_.WaitAtBarrier("init", {"worker", i}, In(absl::Seconds(10)));
     });
   }
@@ -159,7 +161,7 @@ TEST_F(CoordinationServiceTest, BarrierTimeoutNamesTheTasksThatDidNotArrive) {
   ASSERT_OK(service_.RegisterTask(kW1, 2));
   absl::Status other;
   std::thread waiter([&] { other = service_.WaitAtBarrier("init", kW1, In(absl::Seconds(10))); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(service_.AwaitBlockedCallers(1, absl::Seconds(10)));  // worker:1 has arrived
   const absl::Status status = service_.WaitAtBarrier("init", kW0, In(absl::Milliseconds(200)));
   waiter.join();
   const auto timed_out =
@@ -193,7 +195,7 @@ TEST_F(CoordinationServiceTest, ReportedErrorWakesWaitersAndIsReturnedByLaterCal
       [&] { barrier = service_.WaitAtBarrier("init", kW0, In(absl::Seconds(30))); });
   std::thread get_waiter(
       [&] { get = service_.GetKeyValue("never", In(absl::Seconds(30))).status(); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(service_.AwaitBlockedCallers(2, absl::Seconds(10)));
   const absl::Time reported = absl::Now();
   ASSERT_OK(service_.ReportError(kW1, absl::InternalError("NCCL error: unhandled")));
   barrier_waiter.join();
@@ -249,7 +251,7 @@ TEST_F(CoordinationServiceTest, ShutdownWakesWaiters) {
   RegisterAll();
   absl::Status get;
   std::thread waiter([&] { get = service_.GetKeyValue("never", In(absl::Seconds(30))).status(); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(service_.AwaitBlockedCallers(1, absl::Seconds(10)));
   service_.Shutdown();
   waiter.join();
   const auto shutting_down =

@@ -154,6 +154,10 @@ class ClusterCoordinator {
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // Closures that were put back on the queue because their worker failed.
   int64_t retried_closures() const;
+  // Waits until at least `count` callers are blocked in Schedule (the queue is full) or Join,
+  // or `timeout` passes; true when they are. Lets a test act once a wait is provably under
+  // way instead of sleeping and hoping it is.
+  bool AwaitBlockedCallers(int count, absl::Duration timeout) const;
 
  private:
   struct Pending {
@@ -192,6 +196,8 @@ class ClusterCoordinator {
   bool draining_ ABSL_GUARDED_BY(mutex_) = false;  // Drain: closures are not run again
   std::vector<int> waiting_for_worker_ ABSL_GUARDED_BY(mutex_);  // threads, per worker
   absl::Time every_worker_down_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
+  // Callers inside AwaitUnlessCancelled's wait (visible under mutex_ only while they block).
+  int blocked_callers_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace stratum

@@ -131,6 +131,11 @@ class CoordinationService {
   // down"), which every later call returns too. Idempotent.
   void Shutdown();
 
+  // Waits until at least `count` callers are blocked in GetKeyValue, WaitAtBarrier or
+  // AwaitEveryTaskTold, or `timeout` passes; true when they are. Lets a test act once a
+  // wait is provably under way instead of sleeping and hoping it is.
+  bool AwaitBlockedCallers(int count, absl::Duration timeout) const;
+
   // OK, or the first failure of the cluster.
   absl::Status cluster_error() const;
   // Random, drawn at construction: agents see a new value when the leader restarted.
@@ -168,6 +173,8 @@ class CoordinationService {
   // "worker:2 (never registered: ...)", "worker:1 (no heartbeat for 12s)", or the name.
   std::string DescribeMissing(const TaskKey& task) const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   std::string UnregisteredTasks() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
+  // changed_.WaitWithDeadline, counted in blocked_callers_: true when it timed out.
+  bool WaitForChange(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const CoordinationServiceOptions options_;
   const std::function<absl::Time()> now_;
@@ -181,6 +188,8 @@ class CoordinationService {
   std::map<std::string, Barrier> barriers_ ABSL_GUARDED_BY(mutex_);
   absl::Status cluster_error_ ABSL_GUARDED_BY(mutex_);
   bool shut_down_ ABSL_GUARDED_BY(mutex_) = false;
+  // Callers inside changed_.WaitWithDeadline (visible under mutex_ only while they block).
+  int blocked_callers_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace stratum
