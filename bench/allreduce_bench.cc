@@ -6,13 +6,18 @@
 // warm-ups, every run started together (a 1-float all-reduce as the barrier). Stratum and
 // Gloo take turns, twice each (S G G S), and each side's figure is the mean of its two,
 // so that on a shared machine a load that changes during the run does not favour a side.
+// With --network_hosts every rank (Stratum's and Gloo's) runs on a simulated host of its
+// own (tests' NetworkHosts: a network namespace per host, veth cables to one bridge), so
+// the bytes cross a network path as between machines, optionally limited to --link_gbit.
 //
 //   allreduce_bench            # parent: runs 2 and 4 processes, prints JSON lines
+//   allreduce_bench --network_hosts [--link_gbit=1]   # each rank on its own host (root)
 //   allreduce_bench --rank=R --size=N --leader=HOST:PORT   # one process (spawned)
 #include <unistd.h>
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -23,6 +28,8 @@
 #include "bench/bench_util.h"
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
+#include "stratum/testing/network_hosts.h"
+#include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/collectives.h"
 #include "stratum/worker/coordination_grpc_service.h"
 #include "stratum/worker/coordination_service.h"
@@ -41,6 +48,15 @@ ABSL_FLAG(bool, gloo, true, "Also measure Gloo through PyTorch, side by side");
 ABSL_FLAG(bool, unix_sockets, true,
           "Ranks reach each other over Unix sockets (the default for ranks of one host); "
           "false: loopback TCP only");
+ABSL_FLAG(bool, network_hosts, false,
+          "Each rank on a simulated host of its own (a network namespace on a bridge), TCP "
+          "between them; needs root and iproute2");
+ABSL_FLAG(double, link_gbit, 0,
+          "With --network_hosts: each host sends at most this many Gbit/s (tc token bucket); "
+          "0: as fast as the veth cables go");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Internal: the address this rank listens on");
+ABSL_FLAG(bool, serve_leader, false,
+          "Internal: this rank serves the coordination service on --leader");
 ABSL_FLAG(int, pairs, 2,
           "Runs of each side, taking turns (Stratum, Gloo, Gloo, Stratum, ...); figures are "
           "their means");
@@ -58,6 +74,27 @@ std::vector<size_t> Sizes() {
 
 // One rank: connects, measures every size, rank 0 prints "size median_s" lines.
 int RunRank(int rank, int size, const std::string& leader) {
+  // On simulated hosts no parent's address is reachable: rank 0 serves the leader.
+  std::optional<CoordinationService> service;
+  std::optional<GrpcCoordinationService> grpc_service;
+  std::unique_ptr<TaskServer> server;
+  if (absl::GetFlag(FLAGS_serve_leader)) {
+    std::vector<TaskKey> tasks;
+    for (int r = 0; r < size; ++r) tasks.push_back({kWorker, r});
+    service.emplace(CoordinationServiceOptions{.tasks = tasks});
+    grpc_service.emplace(*service);
+    TaskServerOptions server_options;
+    server_options.task = TaskKey{kChief, 0};
+    server_options.binary = "allreduce_bench";
+    server_options.listen_address = leader;
+    absl::StatusOr<std::unique_ptr<TaskServer>> started =
+        TaskServer::Start(server_options, {&*grpc_service});
+    if (!started.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(started.status().message()).c_str());
+      return 1;
+    }
+    server = *std::move(started);
+  }
   CoordinationAgentOptions agent_options;
   agent_options.leader_address = leader;
   agent_options.task = {kWorker, rank};
@@ -70,6 +107,7 @@ int RunRank(int rank, int size, const std::string& leader) {
   CoordinationRendezvous rendezvous(**agent);
   TcpTransportOptions tcp{.rank = rank,
                           .size = size,
+                          .host = absl::GetFlag(FLAGS_host),
                           .connect_timeout = absl::Seconds(30),
                           .same_host_unix_sockets = absl::GetFlag(FLAGS_unix_sockets)};
   auto transport = ConnectTcpTransport(tcp, rendezvous);
@@ -101,67 +139,120 @@ int RunRank(int rank, int size, const std::string& leader) {
   }
   (void)(*agent)->WaitAtBarrier("bench/end", absl::Seconds(30));
   (void)(*agent)->Disconnect();
+  if (server != nullptr) {
+    // The others disconnect after the barrier; a moment for them before the leader goes.
+    (void)service->AwaitEveryTaskTold(absl::Milliseconds(200));
+    grpc_service->Shutdown();
+    server->Shutdown(absl::Seconds(1));
+  }
   return 0;
 }
 
-// Runs `n` ranks; the median seconds per size.
-absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n) {
-  std::vector<TaskKey> tasks;
-  for (int r = 0; r < n; ++r) tasks.push_back({kWorker, r});
-  CoordinationService service(CoordinationServiceOptions{.tasks = tasks});
-  GrpcCoordinationService grpc_service(service);
-  auto port = PickFreePort();
-  if (!port.ok()) return port.status();
-  const std::string address = absl::StrCat("127.0.0.1:", *port);
-  TaskServerOptions server_options;
-  server_options.task = TaskKey{kChief, 0};
-  server_options.binary = "allreduce_bench";
-  server_options.listen_address = address;
-  auto server = TaskServer::Start(server_options, {&grpc_service});
-  if (!server.ok()) return server.status();
+// This program's own path, to start its ranks.
+absl::StatusOr<std::string> ThisProgram() {
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (length <= 0) return absl::InternalError("cannot find this program's path");
-  const std::string program(self, static_cast<size_t>(length));
-  std::vector<absl::StatusOr<std::string>> outputs(static_cast<size_t>(n));
+  return std::string(self, static_cast<size_t>(length));
+}
+
+// Runs `argvs` at once, each with a deadline; their outputs.
+absl::StatusOr<std::vector<std::string>> RunTogether(
+    const std::vector<std::vector<std::string>>& argvs) {
+  std::vector<absl::StatusOr<std::string>> outputs(argvs.size());
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      outputs[r] =
-          bench::RunProgram({program, absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
-                             "--leader=" + address, "--sizes_kib=" + absl::GetFlag(FLAGS_sizes_kib),
-                             absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations)),
-                             absl::StrCat("--unix_sockets=", absl::GetFlag(FLAGS_unix_sockets))},
-                            absl::Minutes(10));
-    });
+  for (size_t r = 0; r < argvs.size(); ++r) {
+    threads.emplace_back([&, r] { outputs[r] = bench::RunProgram(argvs[r], absl::Minutes(10)); });
   }
   for (auto& thread : threads) thread.join();
-  grpc_service.Shutdown();
-  (*server)->Shutdown(absl::Seconds(1));
-  for (const auto& output : outputs) {
+  std::vector<std::string> texts;
+  for (auto& output : outputs) {
     if (!output.ok()) return output.status();
+    texts.push_back(*std::move(output));
   }
+  return texts;
+}
+
+// Runs `n` ranks (each on a host of `hosts` when given); the median seconds per size.
+absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::NetworkHosts* hosts) {
+  STRATUM_ASSIGN_OR_RETURN(const std::string program, ThisProgram());
+  auto port = PickFreePort();
+  if (!port.ok()) return port.status();
+  std::optional<CoordinationService> service;
+  std::optional<GrpcCoordinationService> grpc_service;
+  std::unique_ptr<TaskServer> server;
+  std::string address = absl::StrCat("127.0.0.1:", *port);
+  if (hosts != nullptr) {
+    address = absl::StrCat(hosts->Ip(0), ":", *port);  // served by rank 0
+  } else {
+    std::vector<TaskKey> tasks;
+    for (int r = 0; r < n; ++r) tasks.push_back({kWorker, r});
+    service.emplace(CoordinationServiceOptions{.tasks = tasks});
+    grpc_service.emplace(*service);
+    TaskServerOptions server_options;
+    server_options.task = TaskKey{kChief, 0};
+    server_options.binary = "allreduce_bench";
+    server_options.listen_address = address;
+    STRATUM_ASSIGN_OR_RETURN(server, TaskServer::Start(server_options, {&*grpc_service}));
+  }
+  std::vector<std::vector<std::string>> argvs;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> argv = {
+        program,
+        absl::StrCat("--rank=", r),
+        absl::StrCat("--size=", n),
+        "--leader=" + address,
+        "--sizes_kib=" + absl::GetFlag(FLAGS_sizes_kib),
+        absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations)),
+        absl::StrCat("--unix_sockets=", hosts == nullptr && absl::GetFlag(FLAGS_unix_sockets))};
+    if (hosts != nullptr) {
+      argv.push_back("--host=" + hosts->Ip(r));
+      if (r == 0) argv.push_back("--serve_leader");
+      argv = hosts->OnHost(r, argv);
+    }
+    argvs.push_back(std::move(argv));
+  }
+  absl::StatusOr<std::vector<std::string>> outputs = RunTogether(argvs);
+  if (server != nullptr) {
+    grpc_service->Shutdown();
+    server->Shutdown(absl::Seconds(1));
+  }
+  if (!outputs.ok()) return outputs.status();
   std::map<size_t, double> medians;
-  std::istringstream lines(*outputs[0]);
+  std::istringstream lines((*outputs)[0]);
   size_t bytes;
   double seconds;
   while (lines >> bytes >> seconds) medians[bytes] = seconds;
   return medians;
 }
 
-// Gloo through PyTorch, from ../shared/peers/allreduce_gloo.py: busbw per size.
-std::map<size_t, double> MeasureGloo(int n) {
+// Gloo through PyTorch, from ../shared/peers/allreduce_gloo.py: busbw per size. On
+// simulated hosts each rank runs the anchor's own loop on its host (bench/gloo_rank.py),
+// rank 0's host the rendezvous.
+std::map<size_t, double> MeasureGloo(int n, const testing::NetworkHosts* hosts) {
   std::map<size_t, double> busbw;
   const std::string script = std::string(STRATUM_SOURCE_DIR) + "/../shared/peers/allreduce_gloo.py";
-  auto output =
-      bench::RunProgram({"/usr/bin/python3", script, std::to_string(n)}, absl::Minutes(10));
-  if (!output.ok()) {
+  std::vector<std::vector<std::string>> argvs;
+  if (hosts == nullptr) {
+    argvs.push_back({"/usr/bin/python3", script, std::to_string(n)});
+  } else {
+    for (int r = 0; r < n; ++r) {
+      argvs.push_back(
+          hosts->OnHost(r, {"/usr/bin/env", "MASTER_ADDR=" + hosts->Ip(0), "MASTER_PORT=29533",
+                            "GLOO_SOCKET_IFNAME=eth0", "/usr/bin/python3",
+                            std::string(STRATUM_SOURCE_DIR) + "/bench/gloo_rank.py", script,
+                            std::to_string(r), std::to_string(n)}));
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> outputs = RunTogether(argvs);
+  if (!outputs.ok()) {
     std::fprintf(stderr, "gloo anchor not measured: %s\n",
-                 std::string(output.status().message()).substr(0, 300).c_str());
+                 std::string(outputs.status().message()).substr(0, 300).c_str());
     return busbw;
   }
+  const std::string& output = (*outputs)[0];
   const std::regex line(R"(bytes=(\d+) .*busbw_GBps=([0-9.]+))");
-  for (std::sregex_iterator it(output->begin(), output->end(), line), end; it != end; ++it) {
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
     busbw[std::stoul((*it)[1])] = std::stod((*it)[2]);
   }
   return busbw;
@@ -187,17 +278,47 @@ int RunParent() {
     counts.push_back(std::stoi(std::string(part)));
   }
   const int pairs = std::max(1, absl::GetFlag(FLAGS_pairs));
+  const bool on_hosts = absl::GetFlag(FLAGS_network_hosts);
+  const double link_gbit = absl::GetFlag(FLAGS_link_gbit);
+  // How the ranks reach each other, as the figures' setup says it.
+  std::string path = absl::GetFlag(FLAGS_unix_sockets) ? "Unix sockets" : "loopback TCP";
+  std::string gloo_path = "loopback TCP";
+  if (on_hosts) {
+    path = link_gbit > 0
+               ? absl::StrCat("TCP between network namespaces, links of ", link_gbit, " Gbit/s")
+               : "TCP between network namespaces (veth)";
+    gloo_path = path;
+  }
   for (int n : counts) {
+    std::unique_ptr<testing::NetworkHosts> hosts;
+    if (on_hosts) {
+      absl::StatusOr<std::unique_ptr<testing::NetworkHosts>> made =
+          testing::NetworkHosts::Create(n);
+      if (!made.ok()) {
+        std::fprintf(stderr, "allreduce_bench: --network_hosts: %s\n",
+                     std::string(made.status().message()).c_str());
+        return 2;
+      }
+      hosts = *std::move(made);
+      for (int host = 0; host < n && link_gbit > 0; ++host) {
+        if (absl::Status limited = hosts->LimitRate(host, static_cast<int64_t>(link_gbit * 1e9));
+            !limited.ok()) {
+          std::fprintf(stderr, "allreduce_bench: --link_gbit: %s\n",
+                       std::string(limited.message()).c_str());
+          return 2;
+        }
+      }
+    }
     // Stratum and Gloo take turns (S G G S for two pairs), so a load that rises or falls
     // during the run weighs on both sides alike.
     std::vector<std::map<size_t, double>> stratum_busbw, stratum_seconds, gloo_busbw;
     for (int pair = 0; pair < pairs; ++pair) {
       for (int turn = 0; turn < 2; ++turn) {
         if ((turn == 0) == (pair % 2 == 1)) {
-          if (absl::GetFlag(FLAGS_gloo)) gloo_busbw.push_back(MeasureGloo(n));
+          if (absl::GetFlag(FLAGS_gloo)) gloo_busbw.push_back(MeasureGloo(n, hosts.get()));
           continue;
         }
-        auto medians = MeasureStratum(n);
+        auto medians = MeasureStratum(n, hosts.get());
         if (!medians.ok()) {
           std::fprintf(stderr, "allreduce_bench: %s\n",
                        std::string(medians.status().message()).c_str());
@@ -214,28 +335,33 @@ int RunParent() {
     const std::map<size_t, double> gloo = Mean(gloo_busbw);
     const std::map<size_t, double> seconds = Mean(stratum_seconds);
     for (const auto& [bytes, busbw] : Mean(stratum_busbw)) {
-      const std::string setup = absl::StrCat(
-          n, " processes, ", absl::GetFlag(FLAGS_unix_sockets) ? "Unix sockets" : "loopback TCP",
-          ", ring, float32 ", bytes >> 10, " KiB, mean of ", pairs, " runs");
+      const std::string setup = absl::StrCat(n, " processes, ", path, ", ring, float32 ",
+                                             bytes >> 10, " KiB, mean of ", pairs, " runs");
       const std::string name = absl::StrCat("allreduce_busbw_n", n, "_", bytes >> 10, "KiB");
       bench::PrintFigure(name, busbw, "GB/s", nlohmann::json(), "at_least", setup);
       if (bytes == (4 << 10) && n == 2) {
-        bench::PrintFigure("allreduce_latency_n2_4KiB", seconds.at(bytes) * 1e3, "ms", 0.1,
-                           "at_most", setup);
+        bench::PrintFigure("allreduce_latency_n2_4KiB", seconds.at(bytes) * 1e3, "ms",
+                           on_hosts ? 0.15 : 0.1, "at_most", setup);
+      }
+      if (link_gbit > 0 && on_hosts) {
+        // What the link allows is its rate: busbw is what each link carries each way.
+        bench::PrintFigure(absl::StrCat("allreduce_busbw_of_link_n", n, "_", bytes >> 10, "KiB"),
+                           busbw * 8 / link_gbit, "x",
+                           bytes >= (16 << 20) ? nlohmann::json(0.9) : nlohmann::json(), "at_least",
+                           setup);
       }
       auto anchor = gloo.find(bytes);
       if (anchor != gloo.end() && anchor->second > 0) {
-        bench::PrintFigure(absl::StrCat("gloo_busbw_n", n, "_", bytes >> 10, "KiB"), anchor->second,
-                           "GB/s", nlohmann::json(), "at_least",
-                           absl::StrCat(n,
-                                        " processes, Gloo via PyTorch over loopback TCP, ring, "
-                                        "float32 ",
-                                        bytes >> 10, " KiB, mean of ", pairs, " runs"));
+        bench::PrintFigure(
+            absl::StrCat("gloo_busbw_n", n, "_", bytes >> 10, "KiB"), anchor->second, "GB/s",
+            nlohmann::json(), "at_least",
+            absl::StrCat(n, " processes, Gloo via PyTorch over ", gloo_path, ", ring, float32 ",
+                         bytes >> 10, " KiB, mean of ", pairs, " runs"));
         bench::PrintFigure(
             absl::StrCat("allreduce_busbw_vs_gloo_n", n, "_", bytes >> 10, "KiB"),
             busbw / anchor->second, "x",
             bytes >= (4 << 20) ? nlohmann::json(1.5) : nlohmann::json(), "at_least",
-            setup + ", side by side in this run, taking turns with Gloo (loopback TCP)");
+            setup + ", side by side in this run, taking turns with Gloo (" + gloo_path + ")");
       }
     }
   }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 
@@ -25,6 +26,7 @@ absl::Status RunIp(const std::vector<std::string>& args) {
   SubprocessOptions options;
   options.argv = {IpProgram()};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
+  if (options.argv.front().empty()) return absl::FailedPreconditionError("no `ip` program");
   options.forward_fd = -1;
   options.capture_output = true;
   STRATUM_ASSIGN_OR_RETURN(auto process, Subprocess::Spawn(options));
@@ -94,6 +96,19 @@ std::vector<std::string> NetworkHosts::OnHost(int host,
 
 absl::Status NetworkHosts::Disconnect(int host) {
   return RunIp({"-n", SwitchNamespace(), "link", "set", absl::StrCat("port", host), "down"});
+}
+
+absl::Status NetworkHosts::LimitRate(int host, int64_t bits_per_second) {
+  if (bits_per_second <= 0) {
+    return RunIp(
+        {"netns", "exec", HostNamespace(host), "tc", "qdisc", "del", "dev", "eth0", "root"});
+  }
+  // A token bucket (tbf): netem, which would add delay, is not in every kernel. Its burst
+  // holds a millisecond at the rate (at least 64 KiB), as a NIC's queue would.
+  const int64_t burst = std::max<int64_t>(64 << 10, bits_per_second / 8 / 1000);
+  return RunIp({"netns", "exec", HostNamespace(host), "tc", "qdisc", "replace", "dev", "eth0",
+                "root", "tbf", "rate", absl::StrCat(bits_per_second, "bit"), "burst",
+                absl::StrCat(burst), "latency", "10ms"});
 }
 
 absl::Status NetworkHosts::Reconnect(int host) {

@@ -16,6 +16,7 @@
 // Unsupported() says why not, for a test to skip with.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,9 @@ class NetworkHosts {
   // it is dropped, nobody is told), and plugs it back in.
   absl::Status Disconnect(int host);
   absl::Status Reconnect(int host);
+  // Shapes what `host` sends to `bits_per_second` (tc's token bucket on its cable), as a
+  // NIC of that speed; 0 removes the limit. Needs tc (iproute2).
+  absl::Status LimitRate(int host, int64_t bits_per_second);
 
  private:
   NetworkHosts(std::string prefix, int count) : prefix_(std::move(prefix)), count_(count) {}
