@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -81,6 +82,20 @@ class PsDataServer {
   // (a call arriving now is refused as UNAVAILABLE). Idempotent.
   void Shutdown();
 
+  // What the acceptors have done so far: connections taken from the listeners (kept, or
+  // closed at once over a cap), and accepts that failed for want of descriptors or memory
+  // (the acceptor then waits for connections to end and accepts again).
+  struct AcceptCounts {
+    int64_t accepted = 0;
+    int64_t exhausted = 0;
+  };
+  AcceptCounts accept_counts();
+  // Waits until `reached` holds for the counts or `timeout` passes; true when it holds. Lets
+  // a test act once its connections are provably accepted, or a flood has provably met the
+  // descriptor limit, instead of sleeping.
+  bool AwaitAccepts(const std::function<bool(const AcceptCounts&)>& reached,
+                    absl::Duration timeout);
+
  private:
   struct Connection;
   PsDataServer(VariableStore& store, PsDataServerOptions options);
@@ -101,6 +116,7 @@ class PsDataServer {
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mutex_);
   absl::Time last_client_cap_warning_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  AcceptCounts accept_counts_ ABSL_GUARDED_BY(mutex_);
 };
 
 struct PsDataClientOptions {

@@ -159,7 +159,9 @@ void PsDataServer::AcceptLoop(const Socket* listener) {
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
     ReapFinished();
+    if (socket.ok()) ++accept_counts_.accepted;
     if (absl::IsResourceExhausted(socket.status())) {
+      ++accept_counts_.exhausted;
       // A flood of connections (or a small descriptor limit): what ended is reaped above;
       // wait a little for more to end, and accept again, so that the data path recovers by
       // itself once the flood stops.
@@ -212,6 +214,19 @@ void PsDataServer::AcceptLoop(const Socket* listener) {
     connections_.push_back(std::move(connection));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }
+}
+
+PsDataServer::AcceptCounts PsDataServer::accept_counts() {
+  absl::MutexLock lock(&mutex_);
+  return accept_counts_;
+}
+
+bool PsDataServer::AwaitAccepts(const std::function<bool(const AcceptCounts&)>& reached,
+                                absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  auto holds = [this, &reached]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return reached(accept_counts_); };
+  return mutex_.AwaitWithTimeout(absl::Condition(&holds), timeout);
 }
 
 void PsDataServer::ReapFinished() {

@@ -408,7 +408,7 @@ grpc::Status PsService::Watch(grpc::ServerContext* context, const proto::WatchRe
   if (left) {
     last_saving_watch_ = absl::InfinitePast();
   } else if (!request->leaving() && request->saves_checkpoints()) {
-    last_saving_watch_ = absl::Now();
+    last_saving_watch_ = clock_.Now();
     saving_coordinator_address_ = id.address();
   }
   // Only the holder's word counts (a refused caller got its error above; a leaving one that
@@ -435,11 +435,11 @@ std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
   {
     absl::MutexLock lock(&stop_mutex_);
     if (committed_since_stopping_) return "the coordinator saved the job's state";
-    if (absl::Now() - last_saving_watch_ <= watch_window) return "";
+    if (clock_.Now() - last_saving_watch_ <= watch_window) return "";
     // Probed at most every kProbeInterval: the caller asks often, and each probe is a
     // connection for the coordinator to accept.
     if (last_saving_watch_ != absl::InfinitePast()) {
-      if (absl::Now() - last_probe_ < kProbeInterval) return "";
+      if (clock_.Now() - last_probe_ < kProbeInterval) return "";
       silent_coordinator = saving_coordinator_address_;
     }
   }
@@ -447,7 +447,7 @@ std::string PsService::StopNeedNotWait(absl::Duration watch_window) const {
     // Unlocked: a probe may take its whole timeout.
     const bool gone = RefusesConnections(silent_coordinator, absl::Milliseconds(300));
     absl::MutexLock lock(&stop_mutex_);
-    last_probe_ = absl::Now();
+    last_probe_ = clock_.Now();
     if (!gone) return "";
   }
   absl::MutexLock lock(&stop_mutex_);

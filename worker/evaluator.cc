@@ -54,7 +54,8 @@ absl::StatusOr<nlohmann::json> EarlierEvaluations(const std::string& path) {
 }  // namespace
 
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
-                          absl::Duration poll_interval, bool once) {
+                          absl::Duration poll_interval, bool once,
+                          const std::function<void()>& after_pass) {
   if (job.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError(
         "the evaluator reads checkpoints, but the job has no checkpoint.dir: add one");
@@ -172,6 +173,7 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
   while (!stopping) {
     stopping = once || shutdown.WaitFor(poll_interval);
     STRATUM_RETURN_IF_ERROR(evaluate_latest());
+    if (after_pass) after_pass();
   }
   return absl::OkStatus();
 }

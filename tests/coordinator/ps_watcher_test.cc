@@ -56,7 +56,7 @@ class PsWatcherTest : public ::testing::Test {
       auto answer = other.Watch(true);
       ASSERT_TRUE(answer.ok()) << answer.status();
       if (answer->stopping()) return;
-      absl::SleepFor(absl::Milliseconds(20));
+      absl::SleepFor(absl::Milliseconds(20));  // the stratum-ps process handles SIGTERM in its time
     }
     FAIL() << "ps:0 did not say it is stopping within 2 s of SIGTERM";
   }
@@ -68,6 +68,7 @@ class PsWatcherTest : public ::testing::Test {
     for (int i = 0; i < 40 && stopping.empty(); ++i) {
       EXPECT_OK(watcher_->CheckHold());
       stopping = watcher_->TakeStopping();
+      // A real channel to a restarted stratum-ps process connects again in gRPC's time.
       if (stopping.empty()) absl::SleepFor(absl::Milliseconds(50));
     }
     return stopping;

@@ -4,11 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <stdexcept>
-#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "idx_writer.h"
 #include "stratum/testing/status_matchers.h"
 
@@ -320,18 +321,31 @@ TEST(DatasetTest, PrefetchStopsPromptlyWhenDestroyedEarly) {
     std::unique_ptr<Iterator> it = forever.MakeIterator();
     for (int i = 0; i < round; ++i) ASSERT_TRUE(it->GetNext()->has_value());
   }  // destroyed with a full queue, a running producer, or never started
-  // A slow upstream: the producer is inside the upstream call when the iterator goes.
+  // A slow upstream: the producer is inside the upstream call when the iterator goes. The
+  // call for row 1 lasts until then, so the producer is provably in it.
+  absl::Notification inside;  // the producer is in the upstream call for row 1
+  absl::Notification going;   // the iterator is about to be destroyed
+  std::atomic<int> calls_after_going{0};
   Dataset slow = Dataset::FromTensorSlices({Range(1000)})
-                     .Map([](Element e) -> absl::StatusOr<Element> {
-                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                     .Map([&](Element e) -> absl::StatusOr<Element> {
+                       if (going.HasBeenNotified()) {
+                         ++calls_after_going;
+                       } else if (e[0].data<int32_t>()[0] == 1) {
+                         inside.Notify();
+                         going.WaitForNotificationWithTimeout(absl::Seconds(10));
+                       }
                        return e;
                      })
                      .Prefetch(2);
   {
     std::unique_ptr<Iterator> it = slow.MakeIterator();
     ASSERT_TRUE(it->GetNext()->has_value());
+    EXPECT_TRUE(inside.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    going.Notify();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // The producer stopped, at most after filling the buffer, not after the 998 rows left.
+  EXPECT_LE(calls_after_going, 2);
 }
 
 TEST(DatasetTest, CardinalityAndDebugString) {

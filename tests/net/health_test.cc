@@ -79,7 +79,7 @@ TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
   ASSERT_NE(holder, nullptr);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (holder->output().find("held") == std::string::npos && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(10));  // flock(1) is a real process: its output is polled
   }
   ASSERT_THAT(holder->output(), HasSubstr("held"));
   EXPECT_FALSE(ClaimPort(port));
@@ -211,6 +211,7 @@ TEST(WaitForClusterHealthyTest, PicksUpATaskThatStartsLate) {
   spec.SetTask("worker", 0, late);
   std::unique_ptr<TaskServer> server;
   std::thread starter([&] {
+    // Real time: the wait's gRPC channels fail and back off meanwhile (the test's point).
     absl::SleepFor(absl::Milliseconds(1500));
     server = Serve({"worker", 0}, late);
   });
@@ -239,6 +240,8 @@ TEST(WaitForClusterHealthyTest, CancelStopsTheWait) {
   spec.SetTask("worker", 0, FreeAddress());
   absl::Notification cancel;
   std::thread canceller([&] {
+    // Mid-wait, which is in a real gRPC health check against a closed port: nothing tells
+    // when it started, and any moment of it will do.
     absl::SleepFor(absl::Milliseconds(200));
     cancel.Notify();
   });

@@ -1,13 +1,13 @@
 #include "stratum/ps/coordinator_lease.h"
 
-#include <atomic>
+#include <algorithm>
 #include <functional>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "absl/time/clock.h"
+#include "absl/synchronization/mutex.h"
 #include "stratum/testing/fake_clock.h"
 #include "stratum/testing/status_matchers.h"
 
@@ -34,27 +34,71 @@ CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
   return {claimant.incarnation, claimant.secret};
 }
 
-// Runs `call` (a claim that waits) on a thread while the fake time moves on in `step`s,
-// with `each_step` (a holder's heartbeat, or nothing) before each; its status.
-absl::Status WhileTimeMoves(FakeClock& clock, const std::function<absl::Status()>& call,
-                            absl::Duration step, const std::function<void()>& each_step) {
-  std::atomic<bool> done = false;
-  absl::Status status;
-  std::thread caller([&] {
-    status = call();
-    done = true;
-  });
-  while (!done) {
-    if (each_step) each_step();
-    clock.Advance(step);
-    absl::SleepFor(absl::Microseconds(200));  // lets the waiter look (it would anyway)
+// A FakeClock that remembers the latest time a reader has seen, so that WhileTimeMoves
+// moves the time on only once the waiting call has looked at it: the call sees every step,
+// however the threads are scheduled.
+class SteppedClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    const absl::Time now = fake_.Now();
+    absl::MutexLock lock(&mutex_);
+    seen_ = std::max(seen_, now);
+    return now;
   }
-  caller.join();
-  return status;
-}
+  // FakeClock's wait, reading the time through Now() so that each look is seen.
+  bool AwaitWithDeadline(absl::Mutex& mutex, const absl::Condition& condition,
+                         absl::Time deadline) const override {
+    while (!condition.Eval()) {
+      if (Now() >= deadline) return false;
+      mutex.AwaitWithTimeout(condition, absl::Milliseconds(1));
+    }
+    return true;
+  }
+  void Advance(absl::Duration by) { fake_.Advance(by); }
+
+  // Runs `call` (a claim that waits) on a thread while the time moves on in `step`s, with
+  // `each_step` (a holder's heartbeat, or nothing) before each; its status. After each step
+  // it waits (up to 10 s) until the call has read the new time or returned.
+  absl::Status WhileTimeMoves(const std::function<absl::Status()>& call, absl::Duration step,
+                              const std::function<void()>& each_step) {
+    {
+      absl::MutexLock lock(&mutex_);
+      returned_ = false;
+    }
+    absl::Status status;
+    std::thread caller([&] {
+      status = call();
+      absl::MutexLock lock(&mutex_);
+      returned_ = true;
+    });
+    while (!returned()) {
+      if (each_step) each_step();
+      fake_.Advance(step);
+      const absl::Time now = fake_.Now();
+      absl::MutexLock lock(&mutex_);
+      auto looked = [this, now]()
+                        ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return returned_ || seen_ >= now; };
+      EXPECT_TRUE(mutex_.AwaitWithTimeout(absl::Condition(&looked), absl::Seconds(10)))
+          << "the waiting call did not look at the time within 10 s";
+    }
+    caller.join();
+    return status;
+  }
+
+ private:
+  bool returned() const {
+    absl::MutexLock lock(&mutex_);
+    return returned_;
+  }
+
+  FakeClock fake_;
+  mutable absl::Mutex mutex_;
+  mutable absl::Time seen_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  bool returned_ ABSL_GUARDED_BY(mutex_) = false;
+};
 
 TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom) {
-  FakeClock clock;
+  SteppedClock clock;
   CoordinatorLease lease(absl::Milliseconds(300), {}, clock);
   ASSERT_OK(lease.Claim(kFirst));
   clock.Advance(absl::Milliseconds(401));  // the holder is still within its lease
@@ -70,14 +114,15 @@ TEST(CoordinatorLeaseTest, ASecondCoordinatorIsRefusedWhileTheHolderIsHeardFrom)
   EXPECT_FALSE(lease.Heartbeat(Of(kSecond)).ok());
   EXPECT_FALSE(lease.Heartbeat({}).ok());
   // The holder's heartbeats keep it through a wait longer than the lease.
-  EXPECT_FALSE(WhileTimeMoves(
-                   clock, [&] { return lease.Claim(kSecond, absl::Milliseconds(600)); },
-                   absl::Milliseconds(100), [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); })
+  EXPECT_FALSE(clock
+                   .WhileTimeMoves([&] { return lease.Claim(kSecond, absl::Milliseconds(600)); },
+                                   absl::Milliseconds(100),
+                                   [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); })
                    .ok());
 }
 
 TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
-  FakeClock clock;
+  SteppedClock clock;
   CoordinatorLease lease(absl::Milliseconds(200), {}, clock);
   // Heartbeats do not claim: a PS nobody holds answers them, and stays free.
   EXPECT_OK(lease.Heartbeat(Of(kSecond)));
@@ -86,9 +131,8 @@ TEST(CoordinatorLeaseTest, ASilentHolderLosesThePsAndIsRefusedWhenItComesBack) {
   EXPECT_FALSE(lease.Claim(kSecond).ok());  // heard from just within the lease
   // Once the holder is silent for longer, a claim that waits gets the PS.
   const absl::Time start = clock.Now();
-  EXPECT_OK(WhileTimeMoves(
-      clock, [&] { return lease.Claim(kSecond, absl::Seconds(5)); }, absl::Milliseconds(10),
-      nullptr));
+  EXPECT_OK(clock.WhileTimeMoves([&] { return lease.Claim(kSecond, absl::Seconds(5)); },
+                                 absl::Milliseconds(10), nullptr));
   EXPECT_LT(clock.Now() - start, absl::Seconds(5));
   EXPECT_TRUE(lease.Release(Of(kSecond)));
   for (const absl::Status& back : {lease.Heartbeat(Of(kFirst)), lease.Claim(kFirst)}) {
@@ -130,7 +174,7 @@ TEST(CoordinatorLeaseTest, AReleaseOrARestartOnTheHoldersAddressHandsItOverAtOnc
 // holder's but calls from another network address is not taken for the holder restarted.
 // It waits out the lease like any other, so it cannot take over while the holder lives.
 TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
-  FakeClock clock;
+  SteppedClock clock;
   CoordinatorLease lease(absl::Milliseconds(300), {}, clock);
   ASSERT_OK(lease.Claim(kFirst));
   CoordinatorClaimant forger = kFirst;
@@ -138,9 +182,9 @@ TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
   forger.secret = "secret-of-the-forger";
   forger.who = "forger";
   forger.peer = "10.0.0.66";
-  const absl::Status refused = WhileTimeMoves(
-      clock, [&] { return lease.Claim(forger, absl::Milliseconds(700)); }, absl::Milliseconds(50),
-      [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); });
+  const absl::Status refused =
+      clock.WhileTimeMoves([&] { return lease.Claim(forger, absl::Milliseconds(700)); },
+                           absl::Milliseconds(50), [&] { EXPECT_OK(lease.Heartbeat(Of(kFirst))); });
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr("held by another coordinator (first)"));
   EXPECT_OK(lease.Heartbeat(Of(kFirst)));
@@ -151,9 +195,8 @@ TEST(CoordinatorLeaseTest, ARestartFromAnotherNetworkAddressWaitsOutTheLease) {
   // once the old process has been silent for the lease.
   forger.peer = "10.0.0.7";
   forger.who = "first, rescheduled";
-  EXPECT_OK(WhileTimeMoves(
-      clock, [&] { return lease.Claim(forger, absl::Seconds(5)); }, absl::Milliseconds(50),
-      nullptr));
+  EXPECT_OK(clock.WhileTimeMoves([&] { return lease.Claim(forger, absl::Seconds(5)); },
+                                 absl::Milliseconds(50), nullptr));
   EXPECT_THAT(std::string(lease.Heartbeat(Of(kFirst)).message()),
               HasSubstr("first, rescheduled took it over after this coordinator was silent"));
 }

@@ -3,8 +3,13 @@
 // frames for what a broken or hostile client sends; fake servers that die or go silent.
 #include "ps/data_path.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -241,6 +246,11 @@ TEST_P(DataPathTest, APullIsHeldToTheLimitsARequestIs) {
 // limit a few dozen above what is open) do not stop the data path for good; once they
 // close, it accepts again by itself. And a server keeps at most max_connections open.
 TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
+  using Counts = PsDataServer::AcceptCounts;
+  // Held back from the flood: closed once the flood has taken every other descriptor, it
+  // lets in one more connection, which the server then has no descriptor to accept.
+  int reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(reserve, 0);
   struct rlimit saved {};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
   int open_now = 0;
@@ -251,16 +261,41 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   low.rlim_cur = static_cast<rlim_t>(open_now + 40);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
   {
+    const Counts before = server_->accept_counts();
     std::vector<Socket> flood;
     for (int i = 0; i < 200; ++i) {
       absl::StatusOr<Socket> socket = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
       if (!socket.ok()) break;  // this process is out of descriptors too
       flood.push_back(*std::move(socket));
-      absl::SleepFor(absl::Milliseconds(1));  // the server accepts it, taking a descriptor
+      // The server accepts it, taking a descriptor (or finds none left).
+      const int64_t connected = before.accepted + static_cast<int64_t>(flood.size());
+      EXPECT_TRUE(server_->AwaitAccepts(
+          [&](const Counts& counts) {
+            return counts.accepted >= connected || counts.exhausted > before.exhausted;
+          },
+          absl::Seconds(10)));
     }
     EXPECT_GT(flood.size(), 10u);
-    absl::SleepFor(absl::Milliseconds(100));  // the server's accept meets the limit
-  }                                           // the flood closes
+    // The server's accept meets the limit. When this process ran out on a connect instead,
+    // every connection is accepted and no descriptor is left: one more takes the reserve's.
+    if (server_->accept_counts().exhausted == before.exhausted) {
+      close(reserve);
+      reserve = -1;
+      Socket extra(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), false);
+      EXPECT_TRUE(extra.valid()) << "the reserve's descriptor was taken";
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      address.sin_port = htons(static_cast<uint16_t>(server_->endpoint().tcp_port));
+      EXPECT_EQ(connect(extra.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+      flood.push_back(std::move(extra));
+    }
+    EXPECT_TRUE(server_->AwaitAccepts(
+        [&](const Counts& counts) { return counts.exhausted > before.exhausted; },
+        absl::Seconds(10)))
+        << "the server's accept never met the descriptor limit";
+  }  // the flood closes
+  if (reserve >= 0) close(reserve);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
   absl::StatusOr<std::vector<Tensor>> pulled;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -327,6 +362,7 @@ TEST_P(DataPathTest, IdleConnectionsAreClosedAndClientsReconnect) {
   auto client = Client();
   for (const absl::Duration pause :
        {absl::ZeroDuration(), kIdle * 0.6, kIdle * 0.95, kIdle * 1.5}) {
+    // Real idle time: the server's idle timeout runs on its socket's real-time deadline.
     absl::SleepFor(pause);
     absl::StatusOr<std::vector<Tensor>> pulled = client->Pull({"b"});
     EXPECT_OK(pulled.status()) << "after a pause of " << pause;

@@ -35,7 +35,8 @@ TEST(PsClientTest, APsThatIsBackIsReachedAtOnceByAClientWhoseConnectionFailed) {
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
   EXPECT_THAT(std::string(down.message()), ::testing::HasSubstr("ps:0 at " + address));
   EXPECT_LT(absl::Now() - stopped, 2 * kReconnectWait + absl::Milliseconds(500));
-  absl::SleepFor(absl::Seconds(2));  // the back-off grows to its longest while the PS is down
+  // Real time: gRPC's own reconnect back-off grows to its longest while the PS is down.
+  absl::SleepFor(absl::Seconds(2));
   ASSERT_OK((*ps)->Restart());
   const absl::Time start = absl::Now();
   const absl::StatusOr<std::vector<bool>> created = client.CreateVariables(initial, kSgd);

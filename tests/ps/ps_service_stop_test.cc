@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/ps/ps_service.h"
+#include "stratum/testing/fake_clock.h"
 #include "stratum/testing/status_matchers.h"
 #include "stratum/util/process_info.h"
 
@@ -62,7 +63,8 @@ class PsServiceStopTest : public ::testing::Test {
   const std::string dir_ =
       absl::StrCat(std::filesystem::temp_directory_path().string(), "/ps_service_stop_", getpid());
   VariableStore store_;
-  PsService service_{store_};
+  testing::FakeClock clock_;  // the watch window and the probe interval are counted in it
+  PsService service_{store_, {}, absl::Seconds(5), clock_};
 };
 
 TEST_F(PsServiceStopTest, AStoppingPsWaitsUntilTheSaveThatHoldsItsStateIsCommitted) {
@@ -144,18 +146,14 @@ TEST_F(PsServiceStopTest, ASilentCoordinatorIsWaitedForUntilItsAddressRefusesCon
   proto::WatchResponse answer;
   ASSERT_OK(service_.Watch(nullptr, &request, &answer));
   service_.BeginStopping();
-  absl::SleepFor(absl::Milliseconds(20));
+  clock_.Advance(absl::Milliseconds(20));
   // Silent for longer than the window, but still there.
   EXPECT_EQ(service_.StopNeedNotWait(absl::Milliseconds(1)), "");
   close(listener);
-  // Probed again within the probe interval (0.5 s).
-  std::string why;
-  const absl::Time deadline = absl::Now() + absl::Seconds(3);
-  while ((why = service_.StopNeedNotWait(absl::Milliseconds(1))).empty() &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_THAT(why, HasSubstr("its coordinator is gone"));
+  // Probed again once the probe interval (0.5 s) has passed.
+  clock_.Advance(absl::Milliseconds(500));
+  EXPECT_THAT(service_.StopNeedNotWait(absl::Milliseconds(1)),
+              HasSubstr("its coordinator is gone"));
 }
 
 }  // namespace

@@ -78,9 +78,12 @@ TEST(SubprocessTest, StopSendsTermThenKill) {
 
   // A child that ignores SIGTERM is killed after the grace period.
   auto stubborn = Shell("trap '' TERM; echo ready; while true; do sleep 0.05; done");
-  while (polite->output().empty() && stubborn->output().find("ready") == std::string::npos) {
-    absl::SleepFor(absl::Milliseconds(10));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (polite->output().empty() && stubborn->output().find("ready") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));  // the shell is a real process: its output is polled
   }
+  ASSERT_THAT(stubborn->output(), HasSubstr("ready"));
   const absl::Time start = absl::Now();
   ExitInfo killed = stubborn->Stop(absl::Milliseconds(300));
   EXPECT_EQ(killed.signal, SIGKILL);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stratum/testing/status_matchers.h"
@@ -271,17 +272,23 @@ TEST_P(SocketCollectivesTest, AStuckPeerIsADeadlineNamingIt) {
 
 TEST_P(SocketCollectivesTest, TheAbortCheckEndsAWaitLongBeforeTheTimeout) {
   std::atomic<bool> peer_lost{false};
+  std::atomic<bool> all_reduce_begun{false};
+  std::atomic<bool> checked{false};
+  absl::Notification checked_while_waiting;  // the all-reduce asked: it is waiting for worker:1
   Group group = MakeGroup(GetParam(), 2, {.timeout = absl::Seconds(60)}, [&] {
+    if (all_reduce_begun && !checked.exchange(true)) checked_while_waiting.Notify();
     return peer_lost ? absl::UnavailableError("worker:1 sent no heartbeat for 11s")
                      : absl::OkStatus();
   });
   std::vector<float> data(1 << 16, 1.0f);
-  // worker:1 never joins; a while later the job learns it is gone.
+  // worker:1 never joins; a while later (once the all-reduce waits for it) the job learns it
+  // is gone.
   std::thread heartbeats([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(checked_while_waiting.WaitForNotificationWithTimeout(absl::Seconds(10)));
     peer_lost = true;
   });
   const absl::Time start = absl::Now();
+  all_reduce_begun = true;
   absl::Status status = group.ranks[0]->AllReduce(ReduceOp::kSum, data.data(), data.size());
   heartbeats.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "should not wait for the timeout";

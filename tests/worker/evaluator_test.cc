@@ -2,11 +2,13 @@
 // and one that is damaged is reported once and skipped while it waits for a newer one.
 #include "stratum/worker/evaluator.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,8 +19,9 @@
 #include "../data/idx_writer.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 #include "stratum/checkpoint/checkpoint_folder.h"
 #include "stratum/testing/status_matchers.h"
@@ -36,16 +39,15 @@ constexpr char kModel[] = R"({"class_name": "Sequential", "config": {"layers": [
     {"class_name": "Flatten", "config": {"name": "flatten"}},
     {"class_name": "Dense", "config": {"name": "out", "units": 10, "activation": "softmax"}}]}})";
 
-// What spdlog's default logger writes while one lives (it puts the previous one back).
+// What spdlog's default logger writes while one lives (it puts the previous one back). A
+// wait for a line is woken by the lines themselves.
 class LogCapture {
  public:
-  LogCapture()
-      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000)),
-        previous_(spdlog::default_logger()) {
+  LogCapture() : sink_(std::make_shared<Sink>()), previous_(spdlog::default_logger()) {
     spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
   }
   ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::vector<std::string> Lines() const { return sink_->last_formatted(); }
+  std::vector<std::string> Lines() const { return sink_->Lines(); }
   int CountLines(const std::string& part, const std::string& level = "") const {
     int count = 0;
     for (const std::string& line : Lines()) {
@@ -54,18 +56,63 @@ class LogCapture {
     return count;
   }
   // Waits up to 30 s for a line holding `part`.
-  bool WaitFor(const std::string& part) const {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (CountLines(part) == 0) {
-      if (absl::Now() > deadline) return false;
-      absl::SleepFor(absl::Milliseconds(5));
+  bool WaitFor(const std::string& part) const { return sink_->AwaitLine(part, absl::Seconds(30)); }
+
+ private:
+  // Keeps every line, formatted.
+  class Sink final : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::vector<std::string> Lines() const {
+      absl::MutexLock lock(&mutex_);
+      return lines_;
     }
-    return true;
+    bool AwaitLine(const std::string& part, absl::Duration timeout) const {
+      absl::MutexLock lock(&mutex_);
+      auto logged = [this, &part]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+        return std::any_of(lines_.begin(), lines_.end(), [&part](const std::string& line) {
+          return absl::StrContains(line, part);
+        });
+      };
+      return mutex_.AwaitWithTimeout(absl::Condition(&logged), timeout);
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& message) override {
+      spdlog::memory_buf_t formatted;
+      formatter_->format(message, formatted);
+      absl::MutexLock lock(&mutex_);
+      lines_.push_back(fmt::to_string(formatted));
+    }
+    void flush_() override {}
+
+   private:
+    mutable absl::Mutex mutex_;
+    std::vector<std::string> lines_ ABSL_GUARDED_BY(mutex_);
+  };
+
+  std::shared_ptr<Sink> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// The passes a running evaluator has made over the checkpoint folder (RunEvaluator's
+// after_pass), so that a test waits for passes instead of sleeping through them.
+class PassCounter {
+ public:
+  void Count() {
+    absl::MutexLock lock(&mutex_);
+    ++passes_;
+  }
+  // Waits up to 30 s until `more` passes have been made after now.
+  bool AwaitMore(int more) const {
+    absl::MutexLock lock(&mutex_);
+    const int wanted = passes_ + more;
+    auto made = [this, wanted]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return passes_ >= wanted; };
+    return mutex_.AwaitWithTimeout(absl::Condition(&made), absl::Seconds(30));
   }
 
  private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
-  std::shared_ptr<spdlog::logger> previous_;
+  mutable absl::Mutex mutex_;
+  int passes_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 class EvaluatorTest : public ::testing::Test {
@@ -115,12 +162,16 @@ TEST_F(EvaluatorTest, ADamagedCheckpointIsReportedOnceAndSkippedForANewerOne) {
   }
   ShutdownWatcher shutdown;
   absl::Status ended = absl::UnknownError("still running");
-  std::thread evaluator([&] { ended = RunEvaluator(job_, shutdown, absl::Milliseconds(5)); });
+  PassCounter passes;
+  std::thread evaluator([&] {
+    ended = RunEvaluator(job_, shutdown, absl::Milliseconds(5), /*once=*/false,
+                         [&passes] { passes.Count(); });
+  });
   const std::string first =
       "checkpoint " + CheckpointFolder(job_.checkpoint.dir, 1) + " is damaged";
   EXPECT_TRUE(log.WaitFor(first));
   // Many more polls of the same latest checkpoint.
-  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(passes.AwaitMore(20));
   // Step 2: written by a run that diverged (Stratum never saves such variables).
   Save(2, [](std::vector<Tensor>& variables) {
     variables[0].data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
@@ -129,7 +180,7 @@ TEST_F(EvaluatorTest, ADamagedCheckpointIsReportedOnceAndSkippedForANewerOne) {
                              " is damaged (it holds NaN or infinity in " +
                              model_.variables()[0].name + "), so it is skipped";
   EXPECT_TRUE(log.WaitFor(second));
-  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(passes.AwaitMore(20));
   Save(3);
   EXPECT_TRUE(log.WaitFor("evaluated the checkpoint at step 3"));
   shutdown.RequestShutdown();

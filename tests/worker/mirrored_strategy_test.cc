@@ -102,13 +102,22 @@ TEST(MirroredStrategyTest, AFailingReplicaReleasesTheOthers) {
 
 TEST(MirroredStrategyTest, AReplicaThatSkipsTheAllReduceIsNamedAfterTheTimeout) {
   auto strategy = Mirrored(3, "", absl::Milliseconds(300));
-  absl::Status status = strategy->RunEach([](ReplicaContext& context) -> absl::Status {
+  // Replica 2 stays busy until the others' all-reduce has returned: one that finished first
+  // would release them at once (the next test), not let them time out.
+  absl::Mutex mutex;
+  int returned = 0;
+  absl::Status status = strategy->RunEach([&](ReplicaContext& context) -> absl::Status {
     if (context.replica_id_in_sync_group() == 2) {
-      absl::SleepFor(absl::Seconds(1));
+      absl::MutexLock lock(&mutex);
+      auto others_returned = [&returned]() { return returned == 2; };
+      EXPECT_TRUE(mutex.AwaitWithTimeout(absl::Condition(&others_returned), absl::Seconds(30)));
       return absl::OkStatus();  // never joins the collective
     }
     std::vector<Tensor> values = {Tensor(DType::kFloat32, {1})};
-    return context.AllReduce(ReduceOp::kSum, values);
+    absl::Status reduced = context.AllReduce(ReduceOp::kSum, values);
+    absl::MutexLock lock(&mutex);
+    ++returned;
+    return reduced;
   });
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(status.message()), HasSubstr("for replicas 2, which never arrived"));

@@ -22,6 +22,7 @@
 #include "stratum/ps/coordinator_lease.h"
 #include "stratum/ps/data_path_endpoint.h"
 #include "stratum/ps/variable_store.h"
+#include "stratum/util/clock.h"
 #include "stratum/util/process_info.h"
 
 namespace stratum {
@@ -30,11 +31,14 @@ class PsService final : public proto::ParameterServer::Service {
  public:
   // `data_path`: the endpoint of this PS's PsDataServer (a tcp_port of 0 for none).
   // `lease`: how long a coordinator's silence lets another take this PS over.
+  // `clock`: the time the lease and the stopping PS's wait are counted in (a test's
+  // FakeClock drives it); it must outlive the service.
   explicit PsService(VariableStore& store, DataPathEndpoint data_path = {},
-                     absl::Duration lease = absl::Seconds(5))
+                     absl::Duration lease = absl::Seconds(5), const Clock& clock = Clock::Real())
       : store_(store),
         data_path_(std::move(data_path)),
-        lease_(lease),
+        clock_(clock),
+        lease_(lease, {}, clock),
         next_save_id_(ProcessIncarnation()) {}
 
   // Claims must declare a checkpoint folder inside `root` ("" bounds nothing). Call before
@@ -77,6 +81,7 @@ class PsService final : public proto::ParameterServer::Service {
  private:
   VariableStore& store_;
   const DataPathEndpoint data_path_;
+  const Clock& clock_;
   CoordinatorLease lease_;
   std::string checkpoint_root_;
   mutable absl::Mutex stop_mutex_;

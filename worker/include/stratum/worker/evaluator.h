@@ -5,6 +5,8 @@
 // TensorFlow's evaluator in TF_CONFIG, issue #46169).
 #pragma once
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "stratum/job/job_spec.h"
@@ -17,7 +19,10 @@ namespace stratum {
 // missing test data) end it. A damaged latest checkpoint (corrupt, lacking a file, or
 // holding NaN or infinity) is reported once, naming it and the damage, and skipped until a
 // newer one comes; one it cannot read for another reason is logged (once) and retried.
+// `after_pass`, when set, is called after every pass over the folder, so that a test can
+// wait for passes instead of sleeping through them.
 absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
-                          absl::Duration poll_interval, bool once = false);
+                          absl::Duration poll_interval, bool once = false,
+                          const std::function<void()>& after_pass = nullptr);
 
 }  // namespace stratum
