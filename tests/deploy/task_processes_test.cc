@@ -17,19 +17,33 @@ std::unique_ptr<Subprocess> Start(const std::string& script) {
   SubprocessOptions options;
   options.argv = {"/bin/sh", "-c", script};
   options.forward_fd = -1;
+  options.capture_output = true;
   auto process = Subprocess::Spawn(options);
   EXPECT_TRUE(process.ok()) << process.status();
   return process.ok() ? *std::move(process) : nullptr;
 }
 
+// A process that ignores SIGTERM; it says "ready" once its trap is set. `exec` keeps the
+// ignored SIGTERM in the sleep itself, so the kill ends it.
+constexpr char kStubborn[] = "trap '' TERM; echo ready; exec sleep 60";
+
+// Waits until `process` has printed `text`, or `timeout` passes.
+bool WaitForOutput(const Subprocess& process, const std::string& text, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (process.output().find(text) == std::string::npos) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));  // the shell is a real process: its output is polled
+  }
+  return true;
+}
+
 // The frozen task of QA round 3: the launcher waited out its grace period without a word.
 TEST(StopInStagesTest, AProcessThatIgnoresSigtermIsReportedThenKilledAtTheGracePeriod) {
-  // `exec` keeps the ignored SIGTERM in the sleep itself, so the kill ends it.
-  auto stubborn = Start("trap '' TERM; exec sleep 60");
+  auto stubborn = Start(kStubborn);
   auto obedient = Start("exec sleep 60");
   ASSERT_NE(stubborn, nullptr);
   ASSERT_NE(obedient, nullptr);
-  absl::SleepFor(absl::Milliseconds(200));  // the trap is set
+  ASSERT_TRUE(WaitForOutput(*stubborn, "ready", absl::Seconds(10)));  // the trap is set
   std::vector<std::pair<pid_t, bool>> notices;
   const absl::Time start = absl::Now();
   StopAll(
@@ -46,9 +60,9 @@ TEST(StopInStagesTest, AProcessThatIgnoresSigtermIsReportedThenKilledAtTheGraceP
 
 // A grace period shorter than kSlowToStop has no "still waiting" to tell: only the kill.
 TEST(StopInStagesTest, AShortGracePeriodReportsOnlyTheKill) {
-  auto stubborn = Start("trap '' TERM; exec sleep 60");
+  auto stubborn = Start(kStubborn);
   ASSERT_NE(stubborn, nullptr);
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitForOutput(*stubborn, "ready", absl::Seconds(10)));  // the trap is set
   std::vector<bool> notices;
   StopAll({stubborn.get()}, absl::Milliseconds(300),
           [&](const Subprocess&, bool killed) { notices.push_back(killed); });

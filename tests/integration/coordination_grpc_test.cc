@@ -38,6 +38,7 @@ TaskKey Worker(int i) { return {"worker", i}; }
 absl::Status WaitForClusterError(const CoordinationClient& agent, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (agent.cluster_error().ok() && absl::Now() < deadline) {
+    // Polled: the agent's heartbeat thread learns the error over real gRPC and signals nothing.
     absl::SleepFor(absl::Milliseconds(20));
   }
   return agent.cluster_error();
@@ -130,7 +131,7 @@ TEST_F(CoordinationGrpcTest, BarrierTimeoutNamesTheMissingTaskAndTheLeader) {
   }
   absl::Status other;
   std::thread waiter([&] { other = agents[1]->WaitAtBarrier("init", absl::Seconds(5)); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(service_->AwaitBlockedCallers(1, absl::Seconds(10)));  // worker:1 has arrived
   const absl::Status status = agents[0]->WaitAtBarrier("init", absl::Milliseconds(300));
   waiter.join();
   const auto timed_out = StatusIs(
@@ -147,7 +148,7 @@ TEST_F(CoordinationGrpcTest, AReportedErrorReachesEveryAgent) {
   ConnectAll();
   absl::Status barrier;
   std::thread waiter([&] { barrier = agents_[0]->WaitAtBarrier("step/7", absl::Seconds(30)); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(service_->AwaitBlockedCallers(1, absl::Seconds(10)));  // the barrier waits
   ASSERT_OK(agents_[1]->ReportError(absl::InternalError("NCCL error: unhandled")));
   waiter.join();
   const auto failed =
@@ -189,6 +190,7 @@ TEST_F(CoordinationGrpcTest, AStoppedAgentIsNamedAfterTheHeartbeatTimeout) {
 TEST_F(CoordinationGrpcTest, ADisconnectedAgentIsNotReportedDead) {
   ConnectAll();
   ASSERT_OK(agents_[2]->Disconnect());
+  // Real time: a fake clock past the timeout would make the live agents look silent too.
   absl::SleepFor(kHeartbeatTimeout + absl::Milliseconds(300));
   EXPECT_TRUE(service_->cluster_error().ok()) << service_->cluster_error();
   EXPECT_THAT(agents_[0]->WaitAtBarrier("final", absl::Seconds(5)),

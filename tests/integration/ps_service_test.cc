@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/notification.h"
 #include "proto/ps.grpc.pb.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"
@@ -531,13 +532,14 @@ TEST(PsServiceStopTest, ASigtermedPsStopsAfterItsStopTimeoutWhenNoSaveComes) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   PsClient client("ps:0", (*cluster)->Address({"ps", 0}), {.timeout = absl::Seconds(5)});
   std::atomic<bool> done{false};
+  absl::Notification watching;  // the PS knows a coordinator that saves watches it
   std::thread watcher([&] {
     while (!done) {
-      (void)client.Watch(true);
+      if (client.Watch(true).ok() && !watching.HasBeenNotified()) watching.Notify();
       absl::SleepFor(absl::Milliseconds(200));
     }
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(watching.WaitForNotificationWithTimeout(absl::Seconds(10)));
   const absl::Time start = absl::Now();
   ASSERT_OK((*cluster)->Signal({"ps", 0}, SIGTERM));
   auto exit = (*cluster)->WaitForExit({"ps", 0}, absl::Seconds(10));

@@ -397,7 +397,8 @@ TEST(RoleBinariesTest, SigtermStopsACoordinatorThatIsStillWaiting) {
                                       .not_started = {{"ps", 0}},
                                       .args_by_type = {{"chief", {"--cluster_timeout=10m"}}}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::SleepFor(absl::Milliseconds(500));  // let it start waiting
+  // Printed just before it starts waiting (its SIGTERM handler is set from the start).
+  EXPECT_TRUE((*cluster)->WaitForOutput({"chief", 0}, "waiting up to 10m for", absl::Seconds(10)));
   const absl::Time start = absl::Now();
   ASSERT_OK((*cluster)->Signal({"chief", 0}, SIGTERM));
   auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(5));
