@@ -17,6 +17,7 @@
 #include "proto/example.pb.h"
 #include "stratum/data/tfrecord.h"
 #include "stratum/testing/local_cluster.h"
+#include "stratum/testing/status_matchers.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum {
@@ -391,9 +392,9 @@ TEST_F(InputFilesTest, FeaturesFeedTheModelInputsOfTheirNames) {
       spam = spam || score > 0.8f;
       f["score"].mutable_float_list()->add_value(score);
       f["label"].mutable_bytes_list()->add_value(spam ? "spam" : "ham");
-      EXPECT_TRUE((*writer)->Write(example.SerializeAsString()).ok());
+      EXPECT_OK((*writer)->Write(example.SerializeAsString()));
     }
-    EXPECT_TRUE((*writer)->Close().ok());
+    EXPECT_OK((*writer)->Close());
   };
   write("named-train.tfrecord", 4000);
   write("named-test.tfrecord", 500);
