@@ -27,6 +27,8 @@ def main():
     script, rank, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     spec = importlib.util.spec_from_file_location("allreduce_gloo_anchor", script)
     anchor = importlib.util.module_from_spec(spec)
+    # Registered, so that what RPC pickles by this name (the anchor's functions) is found.
+    sys.modules[spec.name] = anchor
     spec.loader.exec_module(anchor)
     anchor.os = types.SimpleNamespace(environ=_KeepSetEnviron())
     anchor.run(rank, n)
