@@ -73,8 +73,10 @@ std::unique_ptr<Subprocess> HoldClaimElsewhere(int port) {
 
 TEST(FreePortTest, APortClaimedByAnotherLiveProcessIsNotClaimedAgain) {
   ASSERT_OK(PickFreePort());  // makes the claim folder
-  // Below the range PickFreePort draws from, so no test beside this one claims it.
-  const int port = 10000 + getpid() % 10000;
+  // Below the range PickFreePort draws from, so no test beside this one claims it; another
+  // each run (--gtest_repeat), as this process keeps what it claimed.
+  static int runs = 0;
+  const int port = 10000 + (getpid() + 7919 * runs++) % 10000;
   std::unique_ptr<Subprocess> holder = HoldClaimElsewhere(port);
   ASSERT_NE(holder, nullptr);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
