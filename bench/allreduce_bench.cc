@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -72,31 +71,48 @@ std::vector<size_t> Sizes() {
   return sizes;
 }
 
-// One rank: connects, measures every size, rank 0 prints "size median_s" lines.
-int RunRank(int rank, int size, const std::string& leader) {
-  // On simulated hosts no parent's address is reachable: rank 0 serves the leader.
-  std::optional<CoordinationService> service;
-  std::optional<GrpcCoordinationService> grpc_service;
-  std::unique_ptr<TaskServer> server;
-  if (absl::GetFlag(FLAGS_serve_leader)) {
+// The coordination service of `size` ranks, served at `address` while it lives.
+class Leader {
+ public:
+  static absl::StatusOr<std::unique_ptr<Leader>> Serve(int size, const std::string& address) {
     std::vector<TaskKey> tasks;
     for (int r = 0; r < size; ++r) tasks.push_back({kWorker, r});
-    service.emplace(CoordinationServiceOptions{.tasks = tasks});
-    grpc_service.emplace(*service);
-    TaskServerOptions server_options;
-    server_options.task = TaskKey{kChief, 0};
-    server_options.binary = "allreduce_bench";
-    server_options.listen_address = leader;
-    absl::StatusOr<std::unique_ptr<TaskServer>> started =
-        TaskServer::Start(server_options, {&*grpc_service});
-    if (!started.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(started.status().message()).c_str());
+    std::unique_ptr<Leader> leader(new Leader(CoordinationServiceOptions{.tasks = tasks}));
+    TaskServerOptions options;
+    options.task = TaskKey{kChief, 0};
+    options.binary = "allreduce_bench";
+    options.listen_address = address;
+    STRATUM_ASSIGN_OR_RETURN(leader->server_, TaskServer::Start(options, {&leader->grpc_}));
+    return leader;
+  }
+  ~Leader() {
+    grpc_.Shutdown();
+    server_->Shutdown(absl::Seconds(1));
+  }
+  CoordinationService& service() { return service_; }
+
+ private:
+  explicit Leader(CoordinationServiceOptions options) : service_(options), grpc_(service_) {}
+
+  CoordinationService service_;
+  GrpcCoordinationService grpc_;
+  std::unique_ptr<TaskServer> server_;
+};
+
+// One rank: connects, measures every size, rank 0 prints "size median_s" lines.
+int RunRank(int rank, int size, const std::string& leader_address) {
+  // On simulated hosts no parent's address is reachable: rank 0 serves the leader.
+  std::unique_ptr<Leader> leader;
+  if (absl::GetFlag(FLAGS_serve_leader)) {
+    absl::StatusOr<std::unique_ptr<Leader>> served = Leader::Serve(size, leader_address);
+    if (!served.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(served.status().message()).c_str());
       return 1;
     }
-    server = *std::move(started);
+    leader = *std::move(served);
   }
   CoordinationAgentOptions agent_options;
-  agent_options.leader_address = leader;
+  agent_options.leader_address = leader_address;
   agent_options.task = {kWorker, rank};
   agent_options.connect_timeout = absl::Seconds(30);
   auto agent = CoordinationAgent::Connect(agent_options);
@@ -139,11 +155,9 @@ int RunRank(int rank, int size, const std::string& leader) {
   }
   (void)(*agent)->WaitAtBarrier("bench/end", absl::Seconds(30));
   (void)(*agent)->Disconnect();
-  if (server != nullptr) {
+  if (leader != nullptr) {
     // The others disconnect after the barrier; a moment for them before the leader goes.
-    (void)service->AwaitEveryTaskTold(absl::Milliseconds(200));
-    grpc_service->Shutdown();
-    server->Shutdown(absl::Seconds(1));
+    (void)leader->service().AwaitEveryTaskTold(absl::Milliseconds(200));
   }
   return 0;
 }
@@ -178,22 +192,12 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::Ne
   STRATUM_ASSIGN_OR_RETURN(const std::string program, ThisProgram());
   auto port = PickFreePort();
   if (!port.ok()) return port.status();
-  std::optional<CoordinationService> service;
-  std::optional<GrpcCoordinationService> grpc_service;
-  std::unique_ptr<TaskServer> server;
+  std::unique_ptr<Leader> leader;
   std::string address = absl::StrCat("127.0.0.1:", *port);
   if (hosts != nullptr) {
     address = absl::StrCat(hosts->Ip(0), ":", *port);  // served by rank 0
   } else {
-    std::vector<TaskKey> tasks;
-    for (int r = 0; r < n; ++r) tasks.push_back({kWorker, r});
-    service.emplace(CoordinationServiceOptions{.tasks = tasks});
-    grpc_service.emplace(*service);
-    TaskServerOptions server_options;
-    server_options.task = TaskKey{kChief, 0};
-    server_options.binary = "allreduce_bench";
-    server_options.listen_address = address;
-    STRATUM_ASSIGN_OR_RETURN(server, TaskServer::Start(server_options, {&*grpc_service}));
+    STRATUM_ASSIGN_OR_RETURN(leader, Leader::Serve(n, address));
   }
   std::vector<std::vector<std::string>> argvs;
   for (int r = 0; r < n; ++r) {
@@ -213,10 +217,7 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::Ne
     argvs.push_back(std::move(argv));
   }
   absl::StatusOr<std::vector<std::string>> outputs = RunTogether(argvs);
-  if (server != nullptr) {
-    grpc_service->Shutdown();
-    server->Shutdown(absl::Seconds(1));
-  }
+  leader.reset();
   if (!outputs.ok()) return outputs.status();
   std::map<size_t, double> medians;
   std::istringstream lines((*outputs)[0]);

@@ -20,68 +20,59 @@ class GrpcTransport final : public PsTransport {
   grpc::Status CreateVariables(const proto::CreateVariablesRequest& request,
                                proto::CreateVariablesResponse* response,
                                absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->CreateVariables(&context, request, response);
+    return Call(&Stub::CreateVariables, request, response, timeout);
   }
   grpc::Status Pull(const proto::PullRequest& request, proto::PullResponse* response,
                     absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Pull(&context, request, response);
+    return Call(&Stub::Pull, request, response, timeout);
   }
   grpc::Status Push(const proto::PushRequest& request, proto::PushResponse* response,
                     absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Push(&context, request, response);
+    return Call(&Stub::Push, request, response, timeout);
   }
   grpc::Status Assign(const proto::AssignRequest& request, proto::AssignResponse* response,
                       absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Assign(&context, request, response);
+    return Call(&Stub::Assign, request, response, timeout);
   }
   grpc::Status SetLearningRate(const proto::SetLearningRateRequest& request,
                                proto::SetLearningRateResponse* response,
                                absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->SetLearningRate(&context, request, response);
+    return Call(&Stub::SetLearningRate, request, response, timeout);
   }
   grpc::Status ListVariables(const proto::ListVariablesRequest& request,
                              proto::ListVariablesResponse* response,
                              absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->ListVariables(&context, request, response);
+    return Call(&Stub::ListVariables, request, response, timeout);
   }
   grpc::Status Save(const proto::SaveRequest& request, proto::SaveResponse* response,
                     absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Save(&context, request, response);
+    return Call(&Stub::Save, request, response, timeout);
   }
   grpc::Status Restore(const proto::RestoreRequest& request, proto::RestoreResponse* response,
                        absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Restore(&context, request, response);
+    return Call(&Stub::Restore, request, response, timeout);
   }
   grpc::Status DataPath(const proto::DataPathRequest& request, proto::DataPathResponse* response,
                         absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->DataPath(&context, request, response);
+    return Call(&Stub::DataPath, request, response, timeout);
   }
   grpc::Status Watch(const proto::WatchRequest& request, proto::WatchResponse* response,
                      absl::Duration timeout) override {
-    grpc::ClientContext context;
-    Prepare(context, timeout);
-    return stub_->Watch(&context, request, response);
+    return Call(&Stub::Watch, request, response, timeout);
   }
 
  private:
+  using Stub = proto::ParameterServer::Stub;
+
+  // One unary call with its deadline.
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, absl::Duration timeout) {
+    grpc::ClientContext context;
+    Prepare(context, timeout);
+    return (stub_.get()->*method)(&context, request, response);
+  }
+
   // Sets the call's deadline, `timeout` from now; while the channel's connection is failed,
   // first makes it again and waits for it (see ps_client.h).
   void Prepare(grpc::ClientContext& context, absl::Duration timeout) {
@@ -96,7 +87,7 @@ class GrpcTransport final : public PsTransport {
   }
 
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<proto::ParameterServer::Stub> stub_;
+  std::unique_ptr<Stub> stub_;
 };
 
 class InProcessTransport final : public PsTransport {

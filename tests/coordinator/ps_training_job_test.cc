@@ -140,50 +140,41 @@ class FakePsTransport final : public PsTransport {
   grpc::Status CreateVariables(const proto::CreateVariablesRequest& request,
                                proto::CreateVariablesResponse* response,
                                absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->CreateVariables(request, response, timeout) : Refused();
+    return Forward(&PsTransport::CreateVariables, ps_.Serving(), request, response, timeout);
   }
   grpc::Status Pull(const proto::PullRequest& request, proto::PullResponse* response,
                     absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->Pull(request, response, timeout) : Refused();
+    return Forward(&PsTransport::Pull, ps_.Serving(), request, response, timeout);
   }
   grpc::Status Push(const proto::PushRequest& request, proto::PushResponse* response,
                     absl::Duration timeout) override {
-    auto served = ps_.ServingPush();
-    return served ? served->transport->Push(request, response, timeout) : Refused();
+    return Forward(&PsTransport::Push, ps_.ServingPush(), request, response, timeout);
   }
   grpc::Status Assign(const proto::AssignRequest& request, proto::AssignResponse* response,
                       absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->Assign(request, response, timeout) : Refused();
+    return Forward(&PsTransport::Assign, ps_.Serving(), request, response, timeout);
   }
   grpc::Status SetLearningRate(const proto::SetLearningRateRequest& request,
                                proto::SetLearningRateResponse* response,
                                absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->SetLearningRate(request, response, timeout) : Refused();
+    return Forward(&PsTransport::SetLearningRate, ps_.Serving(), request, response, timeout);
   }
   grpc::Status ListVariables(const proto::ListVariablesRequest& request,
                              proto::ListVariablesResponse* response,
                              absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->ListVariables(request, response, timeout) : Refused();
+    return Forward(&PsTransport::ListVariables, ps_.Serving(), request, response, timeout);
   }
   grpc::Status Save(const proto::SaveRequest& request, proto::SaveResponse* response,
                     absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->Save(request, response, timeout) : Refused();
+    return Forward(&PsTransport::Save, ps_.Serving(), request, response, timeout);
   }
   grpc::Status Restore(const proto::RestoreRequest& request, proto::RestoreResponse* response,
                        absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->Restore(request, response, timeout) : Refused();
+    return Forward(&PsTransport::Restore, ps_.Serving(), request, response, timeout);
   }
   grpc::Status DataPath(const proto::DataPathRequest& request, proto::DataPathResponse* response,
                         absl::Duration timeout) override {
-    auto served = ps_.Serving();
-    return served ? served->transport->DataPath(request, response, timeout) : Refused();
+    return Forward(&PsTransport::DataPath, ps_.Serving(), request, response, timeout);
   }
   grpc::Status Watch(const proto::WatchRequest& request, proto::WatchResponse* response,
                      absl::Duration timeout) override {
@@ -195,6 +186,15 @@ class FakePsTransport final : public PsTransport {
   }
 
  private:
+  // The call, to `served`, or refused when the PS is stopped (null).
+  template <typename Request, typename Response>
+  static grpc::Status Forward(grpc::Status (PsTransport::*method)(const Request&, Response*,
+                                                                  absl::Duration),
+                              const std::shared_ptr<FakePs::Served>& served, const Request& request,
+                              Response* response, absl::Duration timeout) {
+    return served ? ((*served->transport).*method)(request, response, timeout) : Refused();
+  }
+
   FakePs& ps_;
 };
 

@@ -37,24 +37,15 @@ CoordinatorCredential Of(const CoordinatorClaimant& claimant) {
 // A FakeClock that remembers the latest time a reader has seen, so that WhileTimeMoves
 // moves the time on only once the waiting call has looked at it: the call sees every step,
 // however the threads are scheduled.
-class SteppedClock final : public Clock {
+// (FakeClock's wait reads the time through Now(), so each look it takes is seen too.)
+class SteppedClock final : public FakeClock {
  public:
   absl::Time Now() const override {
-    const absl::Time now = fake_.Now();
+    const absl::Time now = FakeClock::Now();
     absl::MutexLock lock(&mutex_);
     seen_ = std::max(seen_, now);
     return now;
   }
-  // FakeClock's wait, reading the time through Now() so that each look is seen.
-  bool AwaitWithDeadline(absl::Mutex& mutex, const absl::Condition& condition,
-                         absl::Time deadline) const override {
-    while (!condition.Eval()) {
-      if (Now() >= deadline) return false;
-      mutex.AwaitWithTimeout(condition, absl::Milliseconds(1));
-    }
-    return true;
-  }
-  void Advance(absl::Duration by) { fake_.Advance(by); }
 
   // Runs `call` (a claim that waits) on a thread while the time moves on in `step`s, with
   // `each_step` (a holder's heartbeat, or nothing) before each; its status. After each step
@@ -73,8 +64,8 @@ class SteppedClock final : public Clock {
     });
     while (!returned()) {
       if (each_step) each_step();
-      fake_.Advance(step);
-      const absl::Time now = fake_.Now();
+      Advance(step);
+      const absl::Time now = FakeClock::Now();
       absl::MutexLock lock(&mutex_);
       auto looked = [this, now]()
                         ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return returned_ || seen_ >= now; };
@@ -91,7 +82,6 @@ class SteppedClock final : public Clock {
     return returned_;
   }
 
-  FakeClock fake_;
   mutable absl::Mutex mutex_;
   mutable absl::Time seen_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   bool returned_ ABSL_GUARDED_BY(mutex_) = false;

@@ -12,7 +12,7 @@
 
 namespace stratum::testing {
 
-class FakeClock final : public Clock {
+class FakeClock : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50))
       : now_(start) {}
