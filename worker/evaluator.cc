@@ -146,8 +146,6 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
     if (!result.ok()) return result.status();
     evaluated = checkpoint->step;
     last_warning.clear();
-    spdlog::info("evaluated the checkpoint at step {}: val_loss {:.4f} - val_accuracy {:.4f}",
-                 checkpoint->step, result->val_loss, result->val_accuracy);
     const nlohmann::json latest_result = {{"step", checkpoint->step},
                                           {"val_loss", result->val_loss},
                                           {"val_accuracy", result->val_accuracy}};
@@ -165,6 +163,9 @@ absl::Status RunEvaluator(const JobSpec& job, const ShutdownWatcher& shutdown,
         !status.ok()) {
       spdlog::warn("{}", std::string(status.message()));
     }
+    // Said once the report holds it: whoever reads evaluation.json on this line finds it.
+    spdlog::info("evaluated the checkpoint at step {}: val_loss {:.4f} - val_accuracy {:.4f}",
+                 checkpoint->step, result->val_loss, result->val_accuracy);
     return absl::OkStatus();
   };
   // Stopped (the job is over, or the side-car is evicted): one last pass first, so that the
