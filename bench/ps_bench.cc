@@ -246,6 +246,9 @@ int Run() {
         MeasureUpdatesPerSec(self, address, workers, bytes, seconds, transport, hosts.get());
     if (!rate.ok()) {
       std::fprintf(stderr, "ps_bench: %s\n", std::string(rate.status().message()).c_str());
+      // exit() runs no destructors: the PS is stopped and the hosts' namespaces deleted first.
+      cluster->reset();
+      hosts.reset();
       std::exit(1);
     }
     return *rate;
