@@ -7,10 +7,13 @@
 // are measured too, at 4 MiB with one worker. With --network_hosts the PS and each worker
 // (Stratum's and PyTorch's) run on simulated hosts of their own (tests' NetworkHosts: a
 // network namespace per host, veth cables to one bridge), so every push crosses TCP as
-// between machines.
+// between machines. With --tls, last, a PS under mutual TLS (certificates from
+// deploy/make_tls_certs.sh) and one worker on its data path's TCP with TLS at 4 MiB,
+// against the plaintext TCP figure of the same run.
 //
 //   build/bin/ps_bench [--seconds=2] [--peers_dir=../shared/peers] [--sweep=false]
 //                      [--transports=auto,tcp,grpc] [--anchors=false] [--network_hosts]
+//                      [--tls]
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "nlohmann/json.hpp"
+#include "stratum/net/tls.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/testing/network_hosts.h"
@@ -39,7 +43,11 @@ ABSL_FLAG(bool, anchors, true, "Measure the PyTorch anchors and compare");
 ABSL_FLAG(bool, network_hosts, false,
           "The PS and each worker on a simulated host of its own (a network namespace on a "
           "bridge), TCP between them; needs root and iproute2");
+ABSL_FLAG(bool, tls, false,
+          "Also measure the data path's TCP under mutual TLS (4 MiB, 1 worker), last");
 ABSL_FLAG(std::string, worker_address, "", "Internal: run as one pushing worker against this PS");
+ABSL_FLAG(std::string, worker_tls_dir, "",
+          "Internal: the worker speaks mutual TLS with the certificates in this folder");
 ABSL_FLAG(bool, worker_creates, false,
           "Internal: the worker creates the variable first (the parent cannot reach the PS)");
 ABSL_FLAG(int64_t, worker_bytes, 0, "Internal: gradient size of a worker");
@@ -61,6 +69,16 @@ int RunWorker(const std::string& address, int64_t bytes, double seconds,
   PsClientOptions options;
   if (transport == "grpc") options.data_path_min_bytes = -1;
   if (transport == "tcp") options.shared_memory = false;
+  if (const std::string dir = absl::GetFlag(FLAGS_worker_tls_dir); !dir.empty()) {
+    // The hosts' addresses are not in the certificate: it names "stratum".
+    absl::StatusOr<TlsCredentials> tls =
+        LoadTlsCredentials({dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", "stratum"});
+    if (!tls.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
+      return 1;
+    }
+    options.channel.tls = *tls;
+  }
   PsClient client("ps:0", address, options);
   const std::string name = VariableName(bytes);
   if (absl::GetFlag(FLAGS_worker_creates)) {
@@ -111,12 +129,17 @@ struct Rate {
 absl::StatusOr<Rate> MeasureUpdatesPerSec(const std::string& self, const std::string& address,
                                           int workers, int64_t bytes, double seconds,
                                           const std::string& transport,
-                                          const testing::NetworkHosts* hosts) {
+                                          const testing::NetworkHosts* hosts,
+                                          const std::string& tls_dir = "") {
   std::vector<std::unique_ptr<Subprocess>> processes;
   for (int w = 0; w < workers; ++w) {
     SubprocessOptions options;
     options.argv = {self, "--worker_address=" + address, absl::StrCat("--worker_bytes=", bytes),
                     absl::StrCat("--seconds=", seconds), "--worker_transport=" + transport};
+    if (!tls_dir.empty()) {
+      options.argv.push_back("--worker_tls_dir=" + tls_dir);
+      options.argv.push_back("--worker_creates");
+    }
     if (hosts != nullptr) {
       options.argv.push_back("--worker_creates");
       options.argv = hosts->OnHost(w + 1, options.argv);
@@ -206,6 +229,41 @@ std::string SelfPath() {
   return std::string(path, static_cast<size_t>(std::max<ssize_t>(length, 0)));
 }
 
+// A PS under mutual TLS and one worker on its data path's TCP, at 4 MiB: updates/s, and
+// over `tcp_rate` (plaintext TCP in the same run) when measured.
+int MeasureTls(const std::string& self, double seconds, double tcp_rate,
+               const testing::NetworkHosts* hosts) {
+  const std::string certs = "/tmp/ps_bench_certs";
+  absl::StatusOr<std::string> made = bench::RunProgram(
+      {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", certs}, absl::Minutes(1));
+  auto cluster =
+      made.ok()
+          ? testing::LocalCluster::Start(
+                {.num_workers = 1,
+                 .num_ps = 1,
+                 .not_started = {{"worker", 0}},
+                 .all_args = {"--tls_cert=" + certs + "/tls.crt", "--tls_key=" + certs + "/tls.key",
+                              "--tls_ca=" + certs + "/ca.crt", "--tls_server_name=stratum"},
+                 .forward_output = false,
+                 .hosts = hosts})
+          : absl::StatusOr<std::unique_ptr<testing::LocalCluster>>(made.status());
+  absl::StatusOr<Rate> rate = cluster.ok()
+                                  ? MeasureUpdatesPerSec(self, (*cluster)->Address({"ps", 0}), 1,
+                                                         4 << 20, seconds, "tcp", hosts, certs)
+                                  : absl::StatusOr<Rate>(cluster.status());
+  if (!rate.ok()) {
+    std::fprintf(stderr, "ps_bench: --tls: %s\n", std::string(rate.status().message()).c_str());
+    return 1;
+  }
+  PrintRate(1, 4 << 20, *rate);
+  if (tcp_rate > 0) {
+    bench::PrintFigure("ps_tls_vs_plaintext_tcp_4MiB_1w", rate->updates_per_sec / tcp_rate, "x",
+                       nlohmann::json(), "reported",
+                       hosts != nullptr ? "TCP between network namespaces" : "loopback TCP");
+  }
+  return 0;
+}
+
 int Run() {
   const double seconds = absl::GetFlag(FLAGS_seconds);
   std::unique_ptr<testing::NetworkHosts> hosts;
@@ -260,8 +318,11 @@ int Run() {
   }
   // What each transport gives at the size of the first anchor: the data path's shared
   // memory (a worker on the PS's host), its TCP (a worker elsewhere), and gRPC.
+  double tcp_rate = 0;
   for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
-    PrintRate(1, 4 << 20, measure(1, 4 << 20, transport));
+    const Rate rate = measure(1, 4 << 20, transport);
+    if (transport == "tcp") tcp_rate = rate.updates_per_sec;
+    PrintRate(1, 4 << 20, rate);
   }
   // The two anchor configurations: PyTorch, then ours right after it, so that both meet the
   // same load on this shared machine.
@@ -296,6 +357,10 @@ int Run() {
             .dump()
             .c_str());
     std::fflush(stdout);
+  }
+  if (absl::GetFlag(FLAGS_tls)) {
+    cluster->reset();  // its PS holds the hosts' port
+    return MeasureTls(self, seconds, tcp_rate, hosts.get());
   }
   return 0;
 }

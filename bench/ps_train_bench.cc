@@ -3,9 +3,14 @@
 // stratum-train in one process on the same machine. One JSON object per figure. With
 // --model_from (an example job, such as examples/fashion_mnist_cnn.json), its model and
 // compile settings replace the reference model's, and the 2-worker run's speed over the
-// 1-worker run's is held to issue 30's scaling goal for the CNN (1.5x).
+// 1-worker run's is held to issue 30's scaling goal for the CNN (1.5x). With --tls, the
+// same job (1 worker, 2 ps) in plaintext and under mutual TLS (certificates from
+// deploy/make_tls_certs.sh), taking turns, and TLS's examples/s over plaintext's, held to
+// issue 36's goal (0.75x).
 //
 //   build/bin/ps_train_bench [--epochs=10] [--model_from=examples/fashion_mnist_cnn.json]
+//   build/bin/ps_train_bench --tls [--epochs=3]
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -17,6 +22,8 @@
 #include "stratum/util/flags.h"
 
 ABSL_FLAG(int, epochs, 10, "Epochs of data");
+ABSL_FLAG(bool, tls, false,
+          "Compare the PS job in plaintext and under mutual TLS instead (1 worker, 2 ps)");
 ABSL_FLAG(std::string, model_from, "",
           "An example job (path from the source folder) whose model and compile replace the "
           "reference model's");
@@ -38,6 +45,42 @@ void Print(const std::string& name, double value, const std::string& unit, doubl
                      goal > 0 ? "at_least" : "reported", setup);
 }
 
+// The job with 1 worker and 2 ps, in plaintext and under mutual TLS, in turns (plaintext,
+// TLS, TLS, plaintext): each mode's best examples/s, and TLS's over plaintext's.
+int CompareTls(const std::string& job_path, const std::string& summary, int epochs) {
+  const std::string bin = STRATUM_BIN_DIR;
+  const std::string certs = "/tmp/ps_train_bench_certs";
+  if (absl::StatusOr<std::string> made = bench::RunProgram(
+          {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", certs}, absl::Minutes(1));
+      !made.ok()) {
+    std::fprintf(stderr, "ps_train_bench: %s\n", std::string(made.status().message()).c_str());
+    return 1;
+  }
+  double best[2] = {0, 0};  // plaintext, TLS
+  for (const bool tls : {false, true, true, false}) {
+    std::vector<std::string> argv = {bin + "/stratum-launch", "--job=" + job_path,
+                                     "--workers=1",           "--ps=2",
+                                     "--log_level=warn",      "--summary-json=" + summary};
+    if (tls) {
+      argv.insert(argv.end(), {"--tls_cert=" + certs + "/tls.crt",
+                               "--tls_key=" + certs + "/tls.key", "--tls_ca=" + certs + "/ca.crt"});
+    }
+    auto result = RunForSummary(std::move(argv), summary);
+    if (!result.ok()) {
+      std::fprintf(stderr, "ps_train_bench: %s\n", std::string(result.status().message()).c_str());
+      return 1;
+    }
+    best[tls] = std::max(best[tls], (*result)["examples_per_sec"].get<double>());
+  }
+  const std::string setup =
+      absl::StrCat("1 worker, 2 ps on this host, ", epochs,
+                   " epochs of examples/fashion_mnist_ps.json; best of 2 runs each, taking turns");
+  Print("ps_training_plaintext_examples_per_sec", best[0], "examples/s", 0, setup);
+  Print("ps_training_tls_examples_per_sec", best[1], "examples/s", 0, setup);
+  Print("ps_training_tls_vs_plaintext", best[1] / best[0], "x", 0.75, setup);
+  return 0;
+}
+
 int Run() {
   const std::string bin = STRATUM_BIN_DIR;
   const int epochs = absl::GetFlag(FLAGS_epochs);
@@ -51,6 +94,11 @@ int Run() {
   const std::string job_path = "/tmp/ps_train_bench_job.json";
   std::ofstream(job_path) << job.dump();
   const std::string summary = "/tmp/ps_train_bench_summary.json";
+  if (absl::GetFlag(FLAGS_tls)) {
+    job["fit"]["epochs"] = epochs;
+    std::ofstream(job_path) << job.dump();
+    return CompareTls(job_path, summary, epochs);
+  }
 
   nlohmann::json single_job = job;  // the same job, in one process with the Default strategy
   single_job["strategy"] = {{"type", "default"}};

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "data_path.h"
+#include "spdlog/spdlog.h"
 #include "stratum/util/error_kind.h"
 
 namespace stratum {
@@ -247,6 +248,15 @@ absl::StatusOr<std::unique_ptr<PsDataClient::Connection>> PsDataClient::Connect(
                                        endpoint_.tcp_port, ": ", tcp.status().message()));
     }
     connection->socket = *std::move(tcp);
+    if (options_.tls != nullptr) {
+      if (absl::Status secured =
+              connection->socket.StartTls(*options_.tls, TlsRole::kClient, host_, deadline);
+          !secured.ok()) {
+        return absl::Status(
+            secured.code(),
+            absl::StrCat(peer_, ": cannot open the data connection: ", secured.message()));
+      }
+    }
   }
   data_wire::Hello hello;
   hello.token = endpoint_.token;
@@ -266,8 +276,12 @@ absl::StatusOr<std::unique_ptr<PsDataClient::Connection>> PsDataClient::Connect(
   connection->shared_memory = reply.shared_memory != 0;
   if (reply.idle_timeout_ms != 0)
     connection->idle_timeout = absl::Milliseconds(reply.idle_timeout_ms);
+  const char* transport = connection->shared_memory  ? "shared memory"
+                          : connection->socket.tls() ? "tcp+tls"
+                                                     : "tcp";
   absl::MutexLock lock(&mutex_);
-  transport_ = connection->shared_memory ? "shared memory" : "tcp";
+  if (transport_ != transport) spdlog::info("{}: data path over {}", peer_, transport);
+  transport_ = transport;
   return connection;
 }
 

@@ -13,10 +13,13 @@
 // is refused, and the server applies nothing from a frame that did not arrive whole.
 //
 // Every call has a deadline (PsDataClientOptions::timeout, sent to the server too) and its
-// errors name the PS. The data path is plaintext: a cluster with TLS does not offer it.
-// Its trust is gRPC plaintext's: a client must present the token the PS announced, and a
-// same-host client could still rewrite its shared segment while the PS reads it (after
-// the NaN check), which only its own pushes would suffer from.
+// errors name the PS. In a cluster with mutual TLS, TCP connections speak it too (the
+// cluster's certificates, checked both ways as gRPC checks them); same-host connections
+// stay on the Unix socket and shared memory, which never leave the host. A client must
+// present the token the PS announced (over gRPC, so under TLS only holders of the
+// cluster's certificates learn it), and a same-host client could still rewrite its shared
+// segment while the PS reads it (after the NaN check), which only its own pushes would
+// suffer from.
 //
 // Thread safety: PsDataServer and PsDataClient are thread-safe; a client keeps a small
 // pool of connections, one per concurrent call.
@@ -38,6 +41,7 @@
 #include "data_memory.h"
 #include "data_wire.h"
 #include "stratum/net/socket.h"
+#include "stratum/net/tls.h"
 #include "stratum/ps/data_path_endpoint.h"
 #include "stratum/ps/variable_store.h"
 #include "stratum/tensor/tensor.h"
@@ -56,6 +60,8 @@ struct PsDataServerOptions {
   // needs one), so that idle connections, a flood's or a vanished client's, are reaped.
   // Clients learn it in the hello and leave such connections first.
   absl::Duration idle_timeout = absl::Minutes(5);
+  // The cluster's mutual TLS for TCP connections; null: plaintext.
+  std::shared_ptr<const TlsContext> tls;
   // On Shutdown, how long calls in flight may finish before their connections are cut.
   absl::Duration shutdown_grace = absl::Seconds(3);
   // Open connections at most (a worker keeps one or two per PS): more are closed as they
@@ -127,6 +133,9 @@ struct PsDataClientOptions {
   bool shared_memory = true;  // offer it to a PS on this host
   data_wire::Limits limits;
   size_t max_idle_connections = 4;
+  // The cluster's mutual TLS for a TCP connection (the PS's certificate is checked for its
+  // host, or the context's server_name); null: plaintext.
+  std::shared_ptr<const TlsContext> tls;
 };
 
 // How a data call ended, for a caller deciding whether to fall back to gRPC.
@@ -154,7 +163,7 @@ class PsDataClient {
   absl::StatusOr<std::vector<Tensor>> Pull(const std::vector<std::string>& names,
                                            DataCallOutcome* outcome = nullptr,
                                            const std::vector<RowRead>& row_reads = {});
-  // "shared memory" or "tcp": how the newest connection moves tensors ("" before any).
+  // "shared memory", "tcp" or "tcp+tls": how the newest connection moves tensors ("" before any).
   std::string transport() const;
 
  private:

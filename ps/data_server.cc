@@ -278,7 +278,15 @@ void PsDataServer::Serve(Connection* connection) {
   const absl::Time deadline = absl::Now() + options_.hello_timeout;
   data_wire::Hello hello;
   data_wire::HelloReply reply;
-  if (socket.Receive(&hello, sizeof(hello), deadline).ok()) {
+  absl::Status secured;
+  if (options_.tls != nullptr && !socket.is_unix()) {
+    secured = socket.StartTls(*options_.tls, TlsRole::kServer, socket.PeerHost(), deadline);
+    if (!secured.ok()) {
+      spdlog::warn("refused a data connection from {}: {}", socket.PeerHost(),
+                   std::string(secured.message()));
+    }
+  }
+  if (secured.ok() && socket.Receive(&hello, sizeof(hello), deadline).ok()) {
     absl::Status refused;
     if (hello.magic != data_wire::kHelloMagic || hello.version != data_wire::kVersion) {
       refused = absl::InvalidArgumentError("not Stratum's data path, or another version");

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stratum/net/channel.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/status.h"
+#include "stratum/net/tls.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/process_info.h"
 
@@ -155,9 +157,19 @@ std::string PsClient::transport() const {
 }
 
 std::shared_ptr<PsDataClient> PsClient::DataClient() {
-  if (options_.data_path_min_bytes < 0 || options_.channel.tls) return nullptr;
+  if (options_.data_path_min_bytes < 0) return nullptr;
   absl::MutexLock lock(&data_mutex_);
   if (data_asked_ || absl::Now() < data_retry_after_) return data_;
+  if (options_.channel.tls && data_tls_ == nullptr) {
+    absl::StatusOr<std::shared_ptr<const TlsContext>> tls =
+        TlsContext::Create(*options_.channel.tls);
+    if (!tls.ok()) {  // gRPC, which took the same certificates, carries the tensors then
+      spdlog::warn("{}: no data path: {}", Peer(), std::string(tls.status().message()));
+      data_asked_ = true;
+      return nullptr;
+    }
+    data_tls_ = *std::move(tls);
+  }
   const absl::Duration timeout = std::min(options_.timeout, absl::Seconds(10));
   proto::DataPathResponse response;
   const grpc::Status status = transport_->DataPath(proto::DataPathRequest(), &response, timeout);
@@ -170,6 +182,7 @@ std::shared_ptr<PsDataClient> PsClient::DataClient() {
   options.timeout = options_.timeout;
   options.shared_memory = options_.shared_memory;
   options.limits.max_bytes = static_cast<uint64_t>(response.max_bytes());
+  options.tls = data_tls_;
   data_ = std::make_shared<PsDataClient>(
       Peer(), host,
       DataPathEndpoint{response.tcp_port(), response.unix_socket(), response.token(),

@@ -18,7 +18,8 @@
 
 ABSL_FLAG(bool, data_path, true,
           "Serve pushes and pulls also on a raw socket beside gRPC (shared memory for workers "
-          "on this host), announced through gRPC; off with TLS, which it does not speak");
+          "on this host), announced through gRPC; with the cluster's mutual TLS on TCP when it "
+          "has TLS");
 ABSL_FLAG(int, data_port, 0, "The data path's TCP port; 0: any free port");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "The folder every job's checkpoint folder must be in: a coordinator that claims this "
@@ -75,16 +76,22 @@ int main(int argc, char** argv) {
   }
   stratum::VariableStore store;
   std::unique_ptr<stratum::PsDataServer> data_server;
-  if (absl::GetFlag(FLAGS_data_path) && context.channel.tls) {
-    spdlog::info("data path off: the cluster speaks TLS, so pushes and pulls stay on gRPC");
-  } else if (absl::GetFlag(FLAGS_data_path) && !context.listen_address.empty()) {
+  if (absl::GetFlag(FLAGS_data_path) && !context.listen_address.empty()) {
+    stratum::PsDataServerOptions options{.host = stratum::HostOf(context.listen_address),
+                                         .port = absl::GetFlag(FLAGS_data_port),
+                                         .shutdown_grace = context.shutdown_grace};
+    if (context.channel.tls) {
+      absl::StatusOr<std::shared_ptr<const stratum::TlsContext>> tls =
+          stratum::TlsContext::Create(*context.channel.tls);
+      if (!tls.ok()) return stratum::ReportFatal(context.binary, tls.status());
+      options.tls = *std::move(tls);
+    }
     absl::StatusOr<std::unique_ptr<stratum::PsDataServer>> started =
-        stratum::PsDataServer::Start(store, {.host = stratum::HostOf(context.listen_address),
-                                             .port = absl::GetFlag(FLAGS_data_port),
-                                             .shutdown_grace = context.shutdown_grace});
+        stratum::PsDataServer::Start(store, std::move(options));
     if (!started.ok()) return stratum::ReportFatal(context.binary, started.status());
     data_server = *std::move(started);
-    spdlog::info("data path on TCP port {}{}", data_server->endpoint().tcp_port,
+    spdlog::info("data path on TCP port {}{}{}", data_server->endpoint().tcp_port,
+                 context.channel.tls ? " with mutual TLS" : "",
                  data_server->endpoint().unix_name.empty()
                      ? ""
                      : "; shared memory for workers on this host");

@@ -15,6 +15,7 @@
 #include "stratum/model/model.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/net/host_port.h"
+#include "stratum/net/tls.h"
 #include "stratum/training/fit_job.h"
 #include "stratum/util/counted.h"
 #include "stratum/util/error_kind.h"
@@ -29,7 +30,8 @@ namespace {
 
 // Logs how this worker reaches each peer: "collective links: TCP to worker:1; Unix socket
 // (same host) to worker:2". Whoever reads a slow job's log sees which path it took.
-void LogCollectiveLinks(const Transport& transport, const std::vector<std::string>& names) {
+void LogCollectiveLinks(const Transport& transport, const std::vector<std::string>& names,
+                        bool tls) {
   std::vector<std::string> tcp, unix_socket;
   for (int r = 0; r < transport.size(); ++r) {
     absl::StatusOr<PeerLink> link = TcpPeerLink(transport, r);
@@ -37,7 +39,10 @@ void LogCollectiveLinks(const Transport& transport, const std::vector<std::strin
     (*link == PeerLink::kTcp ? tcp : unix_socket).push_back(names[static_cast<size_t>(r)]);
   }
   std::vector<std::string> parts;
-  if (!tcp.empty()) parts.push_back("TCP to " + absl::StrJoin(tcp, ", "));
+  if (!tcp.empty()) {
+    parts.push_back(
+        absl::StrCat(tls ? "TCP with mutual TLS to " : "TCP to ", absl::StrJoin(tcp, ", ")));
+  }
   if (!unix_socket.empty()) {
     parts.push_back("Unix socket (same host) to " + absl::StrJoin(unix_socket, ", "));
   }
@@ -192,6 +197,10 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
   for (const TaskKey& task : tasks) tcp.names.push_back(task.ToString());
   tcp.connect_timeout = options.connect_timeout;
   tcp.abort_check = [&coordination] { return coordination.cluster_error(); };
+  // A TLS cluster's gradients cross the network under its TLS too.
+  if (options.channel.tls) {
+    STRATUM_ASSIGN_OR_RETURN(tcp.tls, TlsContext::Create(*options.channel.tls));
+  }
   CoordinationRendezvous rendezvous(coordination);
   STRATUM_ASSIGN_OR_RETURN(const std::vector<std::string> devices,
                            ResolveLocalDevices(job.strategy.devices));
@@ -200,7 +209,7 @@ absl::StatusOr<FitSummary> Train(const JobSpec& job, const MultiWorkerJobOptions
                            options.connect_timeout, rendezvous));
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                            ConnectTcpTransport(tcp, rendezvous));
-  LogCollectiveLinks(*transport, tcp.names);
+  LogCollectiveLinks(*transport, tcp.names, tcp.tls != nullptr);
   STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
                            Collectives::Create(std::move(transport), communication));
   MirroredOptions local;

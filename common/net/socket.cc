@@ -10,6 +10,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
@@ -17,6 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "stratum/net/free_port.h"
+#include "stratum/net/tls.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -80,22 +86,221 @@ absl::StatusOr<Socket> ConnectTo(int family, const sockaddr* address, socklen_t 
   return socket;
 }
 
+// What OpenSSL's reads and writes go through: send() with MSG_NOSIGNAL (a peer that closed
+// must give an error, not a SIGPIPE that kills a process that did not ignore it) and
+// recv(), remembering why the last one failed.
+struct SocketIo {
+  int fd = -1;
+  bool eof = false;
+  int last_errno = 0;
+};
+
+SocketIo& IoOf(BIO* bio) { return *static_cast<SocketIo*>(BIO_get_data(bio)); }
+
+int BioWrite(BIO* bio, const char* data, size_t size, size_t* written) {
+  SocketIo& io = IoOf(bio);
+  BIO_clear_retry_flags(bio);
+  for (;;) {
+    const ssize_t sent = send(io.fd, data, size, MSG_NOSIGNAL);
+    if (sent >= 0) {
+      *written = static_cast<size_t>(sent);
+      return 1;
+    }
+    if (errno == EINTR) continue;
+    io.last_errno = errno;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_write(bio);
+    return 0;
+  }
+}
+
+int BioRead(BIO* bio, char* data, size_t size, size_t* read) {
+  SocketIo& io = IoOf(bio);
+  BIO_clear_retry_flags(bio);
+  for (;;) {
+    const ssize_t got = recv(io.fd, data, size, 0);
+    if (got > 0) {
+      *read = static_cast<size_t>(got);
+      return 1;
+    }
+    if (got == 0) {
+      io.eof = true;
+      return 0;
+    }
+    if (errno == EINTR) continue;
+    io.last_errno = errno;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_read(bio);
+    return 0;
+  }
+}
+
+long BioControl(BIO* bio, int command, long /*number*/, void* /*pointer*/) {
+  if (command == BIO_CTRL_FLUSH) return 1;  // nothing is buffered here
+  if (command == BIO_CTRL_EOF) return IoOf(bio).eof ? 1 : 0;
+  return 0;
+}
+
+const BIO_METHOD* SocketBioMethod() {
+  static const BIO_METHOD* const method = [] {
+    BIO_METHOD* made = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "stratum socket");
+    BIO_meth_set_write_ex(made, BioWrite);
+    BIO_meth_set_read_ex(made, BioRead);
+    BIO_meth_set_ctrl(made, BioControl);
+    return made;
+  }();
+  return method;
+}
+
+// How an SSL call that returned `result` <= 0 ended.
+enum class TlsOutcome { kWouldBlock, kClosed, kBroken, kFailed };
+
+TlsOutcome Classify(SSL* ssl, const SocketIo& io, int result, short* wait) {
+  switch (SSL_get_error(ssl, result)) {
+    case SSL_ERROR_WANT_READ:
+      *wait = POLLIN;
+      return TlsOutcome::kWouldBlock;
+    case SSL_ERROR_WANT_WRITE:
+      *wait = POLLOUT;
+      return TlsOutcome::kWouldBlock;
+    case SSL_ERROR_ZERO_RETURN:
+      return TlsOutcome::kClosed;
+    case SSL_ERROR_SYSCALL:
+      return io.eof || io.last_errno == 0 ? TlsOutcome::kClosed : TlsOutcome::kBroken;
+    default:
+      return TlsOutcome::kFailed;
+  }
+}
+
+// The error of a TLS call that did not end in kWouldBlock. A session whose certificate the
+// peer refused ends here too: in TLS 1.3 the server checks the client's certificate after
+// the client's handshake has finished, so the client learns it at its first read.
+absl::Status TlsError(TlsOutcome outcome, const SocketIo& io, const char* what) {
+  switch (outcome) {
+    case TlsOutcome::kClosed:
+      return absl::UnavailableError(absl::StrCat("the connection was closed while ", what));
+    case TlsOutcome::kBroken:
+      return absl::UnavailableError(
+          absl::StrCat("the connection broke while ", what, " (", ErrnoText(io.last_errno), ")"));
+    default:
+      return absl::UnauthenticatedError(
+          absl::StrCat("TLS failed while ", what, " (", TakeOpenSslError("no reason given"),
+                       "): do both ends hold certificates from the cluster's CA?"));
+  }
+}
+
+bool IsIpLiteral(const std::string& host) {
+  in6_addr parsed;
+  return inet_pton(AF_INET, host.c_str(), &parsed) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), &parsed) == 1;
+}
+
+// Re-arms a blocking socket's timeouts now and then, not before every record: a tensor
+// of megabytes is hundreds of TLS records, each its own SSL call.
+class TimeoutArming {
+ public:
+  bool Due() const { return absl::Now() - armed_at_ > absl::Milliseconds(50); }
+  void Armed() { armed_at_ = absl::Now(); }
+  void Expire() { armed_at_ = absl::InfinitePast(); }
+
+ private:
+  absl::Time armed_at_ = absl::InfinitePast();
+};
 }  // namespace
 
+struct Socket::TlsSession {
+  SSL* ssl = nullptr;
+  SocketIo io;  // the BIO's state; at a fixed address for as long as the session lives
+  ~TlsSession() { SSL_free(ssl); }
+};
+
+Socket::Socket() = default;
+
+Socket::Socket(int fd, bool is_unix) : fd_(fd), is_unix_(is_unix) {}
+
 Socket::~Socket() {
+  tls_.reset();
   if (fd_ >= 0) close(fd_);
 }
 
 Socket::Socket(Socket&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), is_unix_(other.is_unix_) {}
+    : fd_(std::exchange(other.fd_, -1)),
+      is_unix_(other.is_unix_),
+      tls_(std::move(other.tls_)),
+      send_wait_(other.send_wait_),
+      receive_wait_(other.receive_wait_) {}
 
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
+    tls_.reset();
     if (fd_ >= 0) close(fd_);
     fd_ = std::exchange(other.fd_, -1);
     is_unix_ = other.is_unix_;
+    tls_ = std::move(other.tls_);
+    send_wait_ = other.send_wait_;
+    receive_wait_ = other.receive_wait_;
   }
   return *this;
+}
+
+absl::Status Socket::StartTls(const TlsContext& context, TlsRole role, const std::string& peer_host,
+                              absl::Time deadline) {
+  if (fd_ < 0 || is_unix_ || tls_ != nullptr) {
+    return absl::FailedPreconditionError("TLS starts once, on a connected TCP socket");
+  }
+  ERR_clear_error();
+  auto session = std::make_unique<TlsSession>();
+  session->io.fd = fd_;
+  session->ssl = SSL_new(context.native());
+  BIO* bio = session->ssl != nullptr ? BIO_new(SocketBioMethod()) : nullptr;
+  if (bio == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a TLS session: ", TakeOpenSslError("out of memory")));
+  }
+  BIO_set_data(bio, &session->io);
+  BIO_set_init(bio, 1);
+  SSL_set_bio(session->ssl, bio, bio);
+  std::string name = context.server_name().empty() ? peer_host : context.server_name();
+  if (name.size() > 1 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
+  if (role == TlsRole::kClient) {
+    SSL_set_connect_state(session->ssl);
+    const int named = IsIpLiteral(name) ? X509_VERIFY_PARAM_set1_ip_asc(
+                                              SSL_get0_param(session->ssl), name.c_str())
+                                        : SSL_set1_host(session->ssl, name.c_str());
+    if (named != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", name, "\" cannot be checked against a certificate"));
+    }
+  } else {
+    SSL_set_accept_state(session->ssl);
+  }
+  for (;;) {
+    if (!SetTimeout(SO_RCVTIMEO, deadline).ok() || !SetTimeout(SO_SNDTIMEO, deadline).ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the TLS handshake with ", peer_host, " did not finish by its deadline"));
+    }
+    const int result = SSL_do_handshake(session->ssl);
+    if (result == 1) break;
+    short wait = 0;
+    const TlsOutcome outcome = Classify(session->ssl, session->io, result, &wait);
+    if (outcome == TlsOutcome::kWouldBlock) continue;  // the timeout fired: checked above
+    if (outcome != TlsOutcome::kFailed) {
+      return absl::UnavailableError(absl::StrCat(
+          "the peer closed the connection during the TLS handshake (",
+          outcome == TlsOutcome::kBroken ? ErrnoText(session->io.last_errno) : "end of stream",
+          "): does it speak TLS, and did it refuse our certificate? see its log"));
+    }
+    const long verified = SSL_get_verify_result(session->ssl);
+    const std::string reason = TakeOpenSslError("no reason given");
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the TLS handshake with ", peer_host, " failed (", reason,
+        verified != X509_V_OK ? absl::StrCat(": ", X509_verify_cert_error_string(verified)) : "",
+        "): both ends need a certificate from the cluster's CA (--tls_cert, --tls_key, "
+        "--tls_ca), and a client checks the server's certificate for the host it dials, or "
+        "for --tls_server_name when that is set"));
+  }
+  tls_ = std::move(session);
+  return absl::OkStatus();
 }
 
 absl::Status Socket::SetTimeout(int option, absl::Time deadline) {
@@ -112,6 +317,7 @@ absl::Status Socket::SetTimeout(int option, absl::Time deadline) {
 }
 
 absl::Status Socket::Send(std::vector<iovec> parts, absl::Time deadline, int fd_to_pass) {
+  if (tls_ != nullptr) return TlsSend(parts, deadline);
   size_t next = 0;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   while (next < parts.size()) {
@@ -153,8 +359,73 @@ absl::Status Socket::Send(std::vector<iovec> parts, absl::Time deadline, int fd_
   return absl::OkStatus();
 }
 
+absl::Status Socket::TlsTransfer(size_t size, absl::Time deadline, const char* what,
+                                 absl::FunctionRef<int(size_t done, size_t* moved)> call) {
+  TimeoutArming arming;
+  size_t done = 0;
+  while (done < size) {
+    if (arming.Due()) {
+      STRATUM_RETURN_IF_ERROR(SetTimeout(SO_SNDTIMEO, deadline));
+      STRATUM_RETURN_IF_ERROR(SetTimeout(SO_RCVTIMEO, deadline));
+      arming.Armed();
+    }
+    ERR_clear_error();
+    size_t moved = 0;
+    const int result = call(done, &moved);
+    if (result == 1) {
+      done += moved;
+      continue;
+    }
+    short wait = 0;
+    const TlsOutcome outcome = Classify(tls_->ssl, tls_->io, result, &wait);
+    if (outcome == TlsOutcome::kClosed) {
+      return absl::UnavailableError(absl::StrCat("the connection was closed while ", what, " with ",
+                                                 size - done, " bytes still to come"));
+    }
+    if (outcome != TlsOutcome::kWouldBlock) return TlsError(outcome, tls_->io, what);
+    arming.Expire();  // a timeout fired: the next arming says whether the deadline passed
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Socket::TlsWrite(const char* data, size_t size, absl::Time deadline) {
+  return TlsTransfer(size, deadline, "sending", [&](size_t done, size_t* moved) {
+    return SSL_write_ex(tls_->ssl, data + done, size - done, moved);
+  });
+}
+
+// Small parts (a frame's header, its metadata) go out in one record with their neighbours
+// rather than one record and one system call each.
+absl::Status Socket::TlsSend(const std::vector<iovec>& parts, absl::Time deadline) {
+  constexpr size_t kSmall = 4096, kRecord = 16384;
+  std::string staged;
+  for (const iovec& part : parts) {
+    const char* data = static_cast<const char*>(part.iov_base);
+    if (part.iov_len <= kSmall && staged.size() + part.iov_len <= kRecord) {
+      staged.append(data, part.iov_len);
+      continue;
+    }
+    if (!staged.empty()) {
+      STRATUM_RETURN_IF_ERROR(TlsWrite(staged.data(), staged.size(), deadline));
+      staged.clear();
+    }
+    if (part.iov_len <= kSmall) {
+      staged.append(data, part.iov_len);
+    } else {
+      STRATUM_RETURN_IF_ERROR(TlsWrite(data, part.iov_len, deadline));
+    }
+  }
+  if (staged.empty()) return absl::OkStatus();
+  return TlsWrite(staged.data(), staged.size(), deadline);
+}
+
 absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline, std::vector<int>* fds) {
   char* out = static_cast<char*>(data);
+  if (tls_ != nullptr) {
+    return TlsTransfer(size, deadline, "receiving", [&](size_t done, size_t* moved) {
+      return SSL_read_ex(tls_->ssl, out + done, size - done, moved);
+    });
+  }
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
   while (size > 0) {
     if (absl::Status status = SetTimeout(SO_RCVTIMEO, deadline); !status.ok()) return status;
@@ -211,6 +482,7 @@ absl::Status Socket::Discard(uint64_t size, absl::Time deadline) {
 
 bool Socket::IdleAndOpen() const {
   if (fd_ < 0) return false;
+  if (tls_ != nullptr && SSL_pending(tls_->ssl) > 0) return false;
   pollfd entry{fd_, POLLIN | POLLRDHUP, 0};
   return poll(&entry, 1, 0) == 0;
 }
@@ -221,6 +493,47 @@ void Socket::Shutdown() {
 
 void Socket::SetNonBlocking() {
   if (fd_ >= 0) fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+}
+
+absl::StatusOr<size_t> Socket::SendSome(const iovec* parts, int count) {
+  if (tls_ == nullptr) {
+    msghdr message{};
+    message.msg_iov = const_cast<iovec*>(parts);
+    message.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t sent = sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent >= 0) return static_cast<size_t>(sent);
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    return absl::UnavailableError(ErrnoText(errno));
+  }
+  // One part a call: a retry after 0 then starts with the same bytes, as TLS needs.
+  int first = 0;
+  while (first < count && parts[first].iov_len == 0) ++first;
+  if (first == count) return 0;
+  ERR_clear_error();
+  size_t written = 0;
+  const int result = SSL_write_ex(tls_->ssl, parts[first].iov_base, parts[first].iov_len, &written);
+  if (result == 1) return written;
+  const TlsOutcome outcome = Classify(tls_->ssl, tls_->io, result, &send_wait_);
+  if (outcome == TlsOutcome::kWouldBlock) return 0;
+  return TlsError(outcome, tls_->io, "sending");
+}
+
+absl::StatusOr<size_t> Socket::ReceiveSome(void* data, size_t size) {
+  if (tls_ == nullptr) {
+    const ssize_t got = ::recv(fd_, data, size, MSG_DONTWAIT);
+    if (got > 0) return static_cast<size_t>(got);
+    if (got == 0) return absl::UnavailableError("end of stream");
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    return absl::UnavailableError(ErrnoText(errno));
+  }
+  ERR_clear_error();
+  size_t got = 0;
+  const int result = SSL_read_ex(tls_->ssl, data, size, &got);
+  if (result == 1) return got;
+  const TlsOutcome outcome = Classify(tls_->ssl, tls_->io, result, &receive_wait_);
+  if (outcome == TlsOutcome::kWouldBlock) return 0;
+  if (outcome == TlsOutcome::kClosed) return absl::UnavailableError("end of stream");
+  return TlsError(outcome, tls_->io, "receiving");
 }
 
 void Socket::SetSendBuffer(int bytes) {

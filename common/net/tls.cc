@@ -1,5 +1,10 @@
 #include "stratum/net/tls.h"
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -32,7 +37,100 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& 
   return pem;
 }
 
+using UniqueBio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+
+UniqueBio MemoryBio(const std::string& pem) {
+  return UniqueBio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+}
+
+absl::Status Refused(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the TLS ", what, " for the raw links: ", TakeOpenSslError("OpenSSL gave no reason")));
+}
+
+// The certificate first, then the chain above it, as a PEM certificate file holds them.
+absl::Status UseCertificateChain(SSL_CTX* context, const std::string& pem) {
+  UniqueBio bio = MemoryBio(pem);
+  X509* leaf = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+  if (leaf == nullptr) return Refused("certificate does not parse");
+  const int used = SSL_CTX_use_certificate(context, leaf);
+  X509_free(leaf);
+  if (used != 1) return Refused("certificate was refused");
+  while (X509* above = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    if (SSL_CTX_add0_chain_cert(context, above) != 1) {
+      X509_free(above);
+      return Refused("certificate chain was refused");
+    }
+  }
+  ERR_clear_error();  // the loop ends on "no start line"
+  return absl::OkStatus();
+}
+
+absl::Status UsePrivateKey(SSL_CTX* context, const std::string& pem) {
+  UniqueBio bio = MemoryBio(pem);
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
+  if (key == nullptr) return Refused("key does not parse");
+  const int used = SSL_CTX_use_PrivateKey(context, key);
+  EVP_PKEY_free(key);
+  if (used != 1 || SSL_CTX_check_private_key(context) != 1) {
+    return Refused("key does not match the certificate");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrustOnly(SSL_CTX* context, const std::string& pem) {
+  X509_STORE* store = X509_STORE_new();
+  SSL_CTX_set_cert_store(context, store);  // the context owns it from here
+  UniqueBio bio = MemoryBio(pem);
+  int count = 0;
+  while (X509* ca = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    const int added = X509_STORE_add_cert(store, ca);
+    X509_free(ca);
+    if (added != 1) return Refused("CA certificate was refused");
+    ++count;
+  }
+  ERR_clear_error();
+  if (count == 0) return Refused("CA file holds no certificate that parses");
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string TakeOpenSslError(const std::string& fallback) {
+  const unsigned long code = ERR_get_error();
+  ERR_clear_error();
+  if (code == 0) return fallback;
+  const char* reason = ERR_reason_error_string(code);
+  return reason != nullptr ? reason : absl::StrCat("OpenSSL error ", code);
+}
+
+absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(const TlsCredentials& tls) {
+  ERR_clear_error();
+  SSL_CTX* context = SSL_CTX_new(TLS_method());
+  if (context == nullptr) return Refused("context cannot be made");
+  std::shared_ptr<const TlsContext> owner(new TlsContext(context, tls.server_name));
+  SSL_CTX_set_min_proto_version(context, TLS1_3_VERSION);
+  SSL_CTX_set_ciphersuites(context,
+                           "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
+                           "TLS_CHACHA20_POLY1305_SHA256");
+  SSL_CTX_set_num_tickets(context, 0);
+  SSL_CTX_set_session_cache_mode(context, SSL_SESS_CACHE_OFF);
+  // Frames carry their lengths, so a peer that closes without close_notify is a closed
+  // connection like any other, not a protocol error.
+  SSL_CTX_set_options(context, SSL_OP_IGNORE_UNEXPECTED_EOF);
+  // Pollers retry a write with the same bytes from wherever their buffer now is.
+  SSL_CTX_set_mode(context, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // Read what the socket holds in one system call, several records at a time.
+  SSL_CTX_set_read_ahead(context, 1);
+  SSL_CTX_set_default_read_buffer_len(context, 256 << 10);
+  SSL_CTX_set_verify(context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  STRATUM_RETURN_IF_ERROR(UseCertificateChain(context, tls.cert_pem));
+  STRATUM_RETURN_IF_ERROR(UsePrivateKey(context, tls.key_pem));
+  STRATUM_RETURN_IF_ERROR(TrustOnly(context, tls.ca_pem));
+  return owner;
+}
+
+TlsContext::~TlsContext() { SSL_CTX_free(context_); }
 
 absl::StatusOr<TlsCredentials> LoadTlsCredentials(const TlsFiles& files) {
   TlsCredentials tls;

@@ -13,6 +13,7 @@
 #include "stratum/testing/local_cluster.h"
 #include "stratum/testing/network_hosts.h"
 #include "stratum/testing/status_matchers.h"
+#include "stratum/testing/test_certificates.h"
 
 namespace stratum {
 namespace {
@@ -152,6 +153,68 @@ TEST(MultiHostTest, APsWhoseHostIsCutOffIsReportedByNameNotWaitedFor) {
   EXPECT_THAT(
       (*cluster)->Output({"chief", 0}),
       HasSubstr("a parameter server is unavailable: ps:1 at " + (*cluster)->Address({"ps", 1})));
+}
+
+// The flags of a mutual-TLS cluster whose one certificate is for the name "stratum" (the
+// hosts' addresses are not in it), made by deploy/make_tls_certs.sh.
+std::vector<std::string> TlsFlags(const std::string& name) {
+  const std::string dir = TempPath(name);
+  absl::StatusOr<TlsCredentials> made = testing::MakeTestCertificates(dir);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return {"--tls_cert=" + dir + "/tls.crt", "--tls_key=" + dir + "/tls.key",
+          "--tls_ca=" + dir + "/ca.crt", "--tls_server_name=stratum"};
+}
+
+// Under mutual TLS the gradients between hosts travel on the collectives' TCP links with
+// TLS (not gRPC, not plaintext), and the workers still agree bit for bit.
+TEST(MultiHostTest, MwmsWorkersOnTwoHostsTrainOverTlsAndAgree) {
+  MAKE_HOSTS_OR_SKIP(hosts, 2);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 2,
+       .all_args = TlsFlags("hosts_mwms_certs"),
+       .args_by_type = {{"worker",
+                         {"--job=" + WriteJob("fashion_mnist_mwms.json", "hosts_mwms_tls", 1, 30),
+                          "--cluster_timeout=30s"}}},
+       .forward_output = false,
+       .hosts = &**hosts});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int w = 0; w < 2; ++w) {
+    auto exit = (*cluster)->WaitForExit({"worker", w}, absl::Seconds(90));
+    ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"worker", w});
+    EXPECT_TRUE(exit->success()) << (*cluster)->Output({"worker", w});
+  }
+  EXPECT_THAT((*cluster)->Output({"worker", 0}),
+              HasSubstr("collective links: TCP with mutual TLS to worker:1"));
+  EXPECT_THAT((*cluster)->Output({"worker", 1}),
+              HasSubstr("collective links: TCP with mutual TLS to worker:0"));
+  const absl::Status agree =
+      (*cluster)->OutputsAgree({{"worker", 0}, {"worker", 1}}, testing::kTestFigures);
+  EXPECT_TRUE(agree.ok()) << agree;
+}
+
+// A PS job under mutual TLS keeps its raw data path: the worker on another host pushes and
+// pulls over TCP with TLS instead of falling back to gRPC.
+TEST(MultiHostTest, APsJobOverTlsKeepsItsDataPathAcrossHosts) {
+  // Plan order: ps:0 on host 0, worker:0 on 1, the chief on 2.
+  MAKE_HOSTS_OR_SKIP(hosts, 3);
+  auto cluster = LocalCluster::Start(
+      {.num_workers = 1,
+       .num_ps = 1,
+       .chief = true,
+       .all_args = TlsFlags("hosts_ps_certs"),
+       .args_by_type = {{"chief",
+                         {"--job=" + WriteJob("fashion_mnist_ps.json", "hosts_ps_tls", 1, 30),
+                          "--cluster_timeout=30s"}}},
+       .forward_output = false,
+       .hosts = &**hosts});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit({"chief", 0}, absl::Seconds(90));
+  ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->Output({"chief", 0});
+  EXPECT_TRUE(exit->success()) << (*cluster)->Output({"chief", 0});
+  EXPECT_THAT((*cluster)->Output({"chief", 0}), HasSubstr("Epoch 1/1 - 30 steps on 1 worker"));
+  EXPECT_THAT((*cluster)->Output({"ps", 0}), HasSubstr("with mutual TLS"));
+  EXPECT_THAT((*cluster)->Output({"worker", 0}), HasSubstr("data path over tcp+tls"))
+      << (*cluster)->Output({"worker", 0});
 }
 
 }  // namespace

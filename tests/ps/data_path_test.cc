@@ -1,5 +1,6 @@
 // The parameter server's raw data path in one process: a PsDataServer over a VariableStore
-// and PsDataClients on loopback, once through shared memory and once over TCP; hand-made
+// and PsDataClients on loopback, through shared memory, over TCP and over TCP with the
+// cluster's mutual TLS (certificates from deploy/make_tls_certs.sh); hand-made
 // frames for what a broken or hostile client sends; fake servers that die or go silent.
 #include "ps/data_path.h"
 
@@ -25,6 +26,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "stratum/testing/status_matchers.h"
+#include "stratum/testing/test_certificates.h"
 #include "stratum/util/error_kind.h"
 
 namespace stratum {
@@ -49,10 +51,15 @@ bool AllEqual(const Tensor& tensor, float value) { return (tensor.Flat() == valu
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
 
-// A raw connection that has said hello, for frames no PsDataClient would send.
-Socket RawConnection(const DataPathEndpoint& endpoint, uint64_t token) {
+// A raw connection that has said hello, for frames no PsDataClient would send; with `tls`,
+// through a TLS session (an invalid socket when the server refused it).
+Socket RawConnection(const DataPathEndpoint& endpoint, uint64_t token,
+                     const TlsContext* tls = nullptr) {
   absl::StatusOr<Socket> socket = ConnectTcp("127.0.0.1", endpoint.tcp_port, Soon());
   EXPECT_TRUE(socket.ok()) << socket.status();
+  if (tls != nullptr && !socket->StartTls(*tls, TlsRole::kClient, "127.0.0.1", Soon()).ok()) {
+    return Socket();
+  }
   data_wire::Hello hello;
   hello.token = token;
   EXPECT_OK(socket->Send({{&hello, sizeof(hello)}}, Soon()));
@@ -73,7 +80,45 @@ absl::Status ReadResponse(Socket& socket) {
   return absl::Status(static_cast<absl::StatusCode>(header.op_or_code), parsed->message);
 }
 
-class DataPathTest : public ::testing::TestWithParam<bool> {
+enum class Link { kSharedMemory, kTcp, kTls };
+
+std::string LinkName(Link link) {
+  switch (link) {
+    case Link::kSharedMemory:
+      return "SharedMemory";
+    case Link::kTcp:
+      return "Tcp";
+    case Link::kTls:
+      return "Tls";
+  }
+  return "?";
+}
+
+// The cluster's certificates (made once) and another CA's.
+struct Certificates {
+  std::shared_ptr<const TlsContext> cluster;
+  std::shared_ptr<const TlsContext> other;
+};
+
+const Certificates& TestCertificates() {
+  static const Certificates* const made = [] {
+    auto* certificates = new Certificates;
+    for (auto [name, context] :
+         {std::pair{"cluster", &certificates->cluster}, std::pair{"other", &certificates->other}}) {
+      absl::StatusOr<TlsCredentials> credentials =
+          testing::MakeTestCertificates((std::filesystem::temp_directory_path() / name).string());
+      EXPECT_TRUE(credentials.ok()) << credentials.status();
+      if (!credentials.ok()) continue;
+      absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::Create(*credentials);
+      EXPECT_TRUE(tls.ok()) << tls.status();
+      if (tls.ok()) *context = *tls;
+    }
+    return certificates;
+  }();
+  return *made;
+}
+
+class DataPathTest : public ::testing::TestWithParam<Link> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(*store_.Create("w", Filled(kElements, 1), kSgd));
@@ -83,30 +128,41 @@ class DataPathTest : public ::testing::TestWithParam<bool> {
 
   void StartServer(PsDataServerOptions options) {
     server_.reset();
-    options.shared_memory = GetParam();
+    options.shared_memory = GetParam() == Link::kSharedMemory;
+    if (GetParam() == Link::kTls) options.tls = TestCertificates().cluster;
     auto server = PsDataServer::Start(store_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
 
   std::unique_ptr<PsDataClient> Client(PsDataClientOptions options = {}) {
-    options.shared_memory = GetParam();
+    options.shared_memory = GetParam() == Link::kSharedMemory;
+    if (GetParam() == Link::kTls && options.tls == nullptr)
+      options.tls = TestCertificates().cluster;
     return std::make_unique<PsDataClient>("ps:0 at test", "127.0.0.1", server_->endpoint(),
                                           options);
+  }
+
+  // The TLS a raw connection speaks: the cluster's under kTls.
+  const TlsContext* Tls() const {
+    return GetParam() == Link::kTls ? TestCertificates().cluster.get() : nullptr;
   }
 
   VariableStore store_;
   std::unique_ptr<PsDataServer> server_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, DataPathTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "SharedMemory" : "Tcp"; });
+INSTANTIATE_TEST_SUITE_P(Transports, DataPathTest,
+                         ::testing::Values(Link::kSharedMemory, Link::kTcp, Link::kTls),
+                         [](const auto& info) { return LinkName(info.param); });
 
 TEST_P(DataPathTest, PushesAndPullsALargeTensor) {
   auto client = Client();
   std::vector<Tensor> pulled;
   ASSERT_OK(client->Push({"w"}, {Filled(kElements, 2)}, &pulled));
-  EXPECT_EQ(client->transport(), GetParam() ? "shared memory" : "tcp");
+  EXPECT_EQ(client->transport(), GetParam() == Link::kSharedMemory ? "shared memory"
+                                 : GetParam() == Link::kTls        ? "tcp+tls"
+                                                                   : "tcp");
   ASSERT_EQ(pulled.size(), 1u);
   EXPECT_EQ(pulled[0].shape(), Shape({kElements}));
   EXPECT_TRUE(AllEqual(pulled[0], 0));  // 1 - 0.5 * 2
@@ -308,8 +364,8 @@ TEST_P(DataPathTest, ADescriptorFloodIsSurvivedAndTheDataPathRecovers) {
   StartServer({.max_connections = 2});
   std::vector<Socket> kept;
   for (int i = 0; i < 2; ++i)
-    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
-  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token, Tls()));
+  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token, Tls());
   data_wire::HelloReply reply;
   EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
   EXPECT_OK(kept[0].Receive(&reply, sizeof(reply), Soon()));
@@ -321,11 +377,11 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
   StartServer({.max_connections = 100, .max_connections_per_client = 2});
   std::vector<Socket> kept;
   for (int i = 0; i < 2; ++i) {
-    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token));
+    kept.push_back(RawConnection(server_->endpoint(), server_->endpoint().token, Tls()));
   }
   data_wire::HelloReply reply;
   for (Socket& socket : kept) EXPECT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
-  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token);
+  Socket extra = RawConnection(server_->endpoint(), server_->endpoint().token, Tls());
   EXPECT_FALSE(extra.Receive(&reply, sizeof(reply), Soon()).ok());  // closed, not served
   kept.pop_back();  // ends one: its place is free again once the server sees it end
   absl::Status again;
@@ -335,6 +391,9 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
     // hello is sent: neither step may fail the test.
     absl::StatusOr<Socket> next = ConnectTcp("127.0.0.1", server_->endpoint().tcp_port, Soon());
     if (!next.ok()) continue;
+    if (Tls() != nullptr && !next->StartTls(*Tls(), TlsRole::kClient, "127.0.0.1", Soon()).ok()) {
+      continue;
+    }
     data_wire::Hello hello;
     hello.token = server_->endpoint().token;
     again = next->Send({{&hello, sizeof(hello)}}, Soon());
@@ -349,7 +408,7 @@ TEST_P(DataPathTest, OneClientCannotTakeEveryConnection) {
 TEST_P(DataPathTest, IdleConnectionsAreClosedAndClientsReconnect) {
   constexpr absl::Duration kIdle = absl::Milliseconds(400);
   StartServer({.idle_timeout = kIdle});
-  Socket idle = RawConnection(server_->endpoint(), server_->endpoint().token);
+  Socket idle = RawConnection(server_->endpoint(), server_->endpoint().token, Tls());
   data_wire::HelloReply reply;
   ASSERT_OK(idle.Receive(&reply, sizeof(reply), Soon()));
   EXPECT_EQ(reply.idle_timeout_ms, 400u);
@@ -400,12 +459,41 @@ TEST_P(DataPathTest, ShutdownClosesIdleConnectionsAndRefusesNewCalls) {
   EXPECT_EQ(store_.Info("b")->updates, 1);
 }
 
+// Under the cluster's TLS, only holders of its certificates reach the data: a client of
+// another CA and a plaintext client are refused before their hello (so before any token
+// is checked), nothing is applied, and the server goes on serving its own.
+TEST(DataPathTlsTest, StrangersAreRefusedAndTheClustersClientsServed) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("b", Tensor::FromVector<float>({2}, {1, 2}), kSgd));
+  auto server =
+      PsDataServer::Start(store, {.shared_memory = false, .tls = TestCertificates().cluster});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const DataPathEndpoint endpoint = (*server)->endpoint();
+  using Stranger = std::pair<std::string, std::shared_ptr<const TlsContext>>;
+  for (const auto& [who, tls] : {Stranger{"another CA's client", TestCertificates().other},
+                                 Stranger{"a plaintext client", nullptr}}) {
+    PsDataClient stranger("ps:0 at test", "127.0.0.1", endpoint,
+                          {.shared_memory = false, .tls = tls});
+    DataCallOutcome outcome;
+    const absl::Status status = stranger.Push({"b"}, {Filled(2, 1)}, nullptr, &outcome);
+    EXPECT_FALSE(status.ok()) << who;
+    EXPECT_EQ(outcome, DataCallOutcome::kNotSent) << who << ": " << status;
+    EXPECT_THAT(Message(status), HasSubstr("cannot open the data connection")) << who;
+  }
+  EXPECT_EQ(store.Info("b")->updates, 0);
+  PsDataClient member("ps:0 at test", "127.0.0.1", endpoint,
+                      {.shared_memory = false, .tls = TestCertificates().cluster});
+  ASSERT_OK(member.Push({"b"}, {Filled(2, 1)}, nullptr));
+  EXPECT_EQ(member.transport(), "tcp+tls");
+  EXPECT_EQ(store.Info("b")->updates, 1);
+}
+
 using DataPathFramesTest = DataPathTest;
-INSTANTIATE_TEST_SUITE_P(Tcp, DataPathFramesTest, ::testing::Values(false));
+INSTANTIATE_TEST_SUITE_P(Tcp, DataPathFramesTest, ::testing::Values(Link::kTcp));
 
 TEST_P(DataPathFramesTest, ATruncatedPushAppliesNothing) {
   {
-    Socket socket = RawConnection(server_->endpoint(), server_->endpoint().token);
+    Socket socket = RawConnection(server_->endpoint(), server_->endpoint().token, Tls());
     data_wire::HelloReply reply;
     ASSERT_OK(socket.Receive(&reply, sizeof(reply), Soon()));
     ASSERT_EQ(reply.code, 0u);

@@ -10,14 +10,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "stratum/net/tls.h"
 #include "stratum/testing/status_matchers.h"
+#include "stratum/testing/test_certificates.h"
 #include "worker/collective/tcp_transport.h"
 
 namespace stratum {
@@ -25,8 +29,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// kTcp: TCP only; kUnix: ConnectTcpTransport with its same-host Unix sockets.
-enum class Kind { kInProcess, kTcp, kUnix };
+// kTcp: TCP only; kTls: TCP with the cluster's mutual TLS; kUnix: ConnectTcpTransport with
+// its same-host Unix sockets.
+enum class Kind { kInProcess, kTcp, kTls, kUnix };
 
 std::string KindName(Kind kind) {
   switch (kind) {
@@ -34,10 +39,31 @@ std::string KindName(Kind kind) {
       return "InProcess";
     case Kind::kTcp:
       return "Tcp";
+    case Kind::kTls:
+      return "Tls";
     case Kind::kUnix:
       return "Unix";
   }
   return "?";
+}
+
+// A TLS context of a cluster's certificates (made once per cluster name).
+std::shared_ptr<const TlsContext> ClusterTls(const std::string& cluster = "cluster") {
+  static auto* const made = new std::map<std::string, std::shared_ptr<const TlsContext>>;
+  auto& context = (*made)[cluster];
+  if (context != nullptr) return context;
+  absl::StatusOr<TlsCredentials> credentials =
+      testing::MakeTestCertificates((std::filesystem::temp_directory_path() / cluster).string());
+  EXPECT_TRUE(credentials.ok()) << credentials.status();
+  if (!credentials.ok()) return nullptr;
+  absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::Create(*credentials);
+  EXPECT_TRUE(tls.ok()) << tls.status();
+  if (tls.ok()) context = *tls;
+  return context;
+}
+
+std::shared_ptr<const TlsContext> TlsOf(Kind kind) {
+  return kind == Kind::kTls ? ClusterTls() : nullptr;
 }
 
 struct Group {
@@ -57,6 +83,7 @@ Group MakeGroup(Kind kind, int n, CommunicationOptions options = {},
     std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
     std::vector<std::thread> threads;
     std::vector<absl::Status> statuses(static_cast<size_t>(n));
+    TlsOf(kind);  // made before the threads use it
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         TcpTransportOptions tcp{.rank = r,
@@ -64,7 +91,8 @@ Group MakeGroup(Kind kind, int n, CommunicationOptions options = {},
                                 .host = host,
                                 .connect_timeout = absl::Seconds(10),
                                 .same_host_unix_sockets = kind == Kind::kUnix,
-                                .abort_check = abort_check};
+                                .abort_check = abort_check,
+                                .tls = TlsOf(kind)};
         for (int i = 0; i < n; ++i) tcp.names.push_back(absl::StrCat("worker:", i));
         auto transport = ConnectTcpTransport(tcp, *rendezvous);
         statuses[r] = transport.status();
@@ -218,17 +246,18 @@ TEST_P(CollectivesTest, AWindowedReceiveDeliversEveryByteInOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, CollectivesTest,
                          ::testing::Combine(::testing::Values(Kind::kInProcess, Kind::kTcp,
-                                                              Kind::kUnix),
+                                                              Kind::kTls, Kind::kUnix),
                                             ::testing::Values(2, 3, 4)),
                          [](const auto& info) {
                            return absl::StrCat(KindName(std::get<0>(info.param)),
                                                std::get<1>(info.param), "Ranks");
                          });
 
-// The socket transports, over TCP only and with same-host Unix sockets.
+// The socket transports, over TCP only (plaintext and TLS) and with same-host Unix sockets.
 class SocketCollectivesTest : public ::testing::TestWithParam<Kind> {};
 
-INSTANTIATE_TEST_SUITE_P(Links, SocketCollectivesTest, ::testing::Values(Kind::kTcp, Kind::kUnix),
+INSTANTIATE_TEST_SUITE_P(Links, SocketCollectivesTest,
+                         ::testing::Values(Kind::kTcp, Kind::kTls, Kind::kUnix),
                          [](const auto& info) { return KindName(info.param); });
 
 TEST_P(SocketCollectivesTest, RanksOfOneHostUseTheLinkAskedFor) {
@@ -365,17 +394,20 @@ TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
   TcpTransportOptions options{.rank = 1,
                               .size = 2,
                               .connect_timeout = absl::Seconds(1),
-                              .same_host_unix_sockets = unix_sockets};
+                              .same_host_unix_sockets = unix_sockets,
+                              .tls = TlsOf(GetParam())};
   ASSERT_OK(rendezvous->Set("collective/tcp/token", "12345"));
   absl::StatusOr<PeerLink> impostor_link = absl::UnknownError("the impostor did not connect");
   std::thread impostor([&] {
     auto address = rendezvous->Get("collective/tcp/address/1", absl::Seconds(5));
     if (!address.ok()) return;
+    // Under TLS it even holds the cluster's certificate: the token still keeps it out.
     TcpTransportOptions fake{.rank = 0,
                              .size = 2,
                              .key_prefix = "other",
                              .connect_timeout = absl::Seconds(1),
-                             .same_host_unix_sockets = unix_sockets};
+                             .same_host_unix_sockets = unix_sockets,
+                             .tls = TlsOf(GetParam())};
     // Connects with a different token (over the link the test asks for): rank 1 must keep
     // waiting, then time out.
     auto other = NewInMemoryRendezvous();
@@ -393,6 +425,26 @@ TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
   ASSERT_TRUE(impostor_link.ok()) << impostor_link.status();
   EXPECT_EQ(*impostor_link, unix_sockets ? PeerLink::kUnix : PeerLink::kTcp)
       << "the stranger did not come over the link under test";
+}
+
+// Under TLS a rank whose certificate comes from another CA cannot join: the rank that dials
+// it refuses its certificate and says so, and it never gets a link.
+TEST(TlsCollectivesTest, ARankWithAnotherCasCertificateIsRefused) {
+  std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
+  const std::shared_ptr<const TlsContext> ours = ClusterTls(), theirs = ClusterTls("other");
+  std::vector<absl::Status> statuses = OnEveryRank(2, [&](int r) {
+    TcpTransportOptions options{.rank = r,
+                                .size = 2,
+                                .names = {"worker:0", "worker:1"},
+                                .connect_timeout = absl::Seconds(2),
+                                .same_host_unix_sockets = false,
+                                .tls = r == 0 ? ours : theirs};
+    return ConnectTcpTransport(options, *rendezvous).status();
+  });
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnauthenticated) << statuses[0];
+  EXPECT_THAT(std::string(statuses[0].message()), HasSubstr("cannot reach worker:1"));
+  EXPECT_THAT(std::string(statuses[0].message()), HasSubstr("certificate verify failed"));
+  EXPECT_FALSE(statuses[1].ok());
 }
 
 }  // namespace

@@ -8,15 +8,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
 #include "stratum/net/host_port.h"
 #include "stratum/net/socket.h"
+#include "stratum/net/tls.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -49,8 +49,6 @@ int MillisecondsUntil(absl::Time deadline) {
 // measured 1.25x the default's bus bandwidth at 4 ranks on a 2-core VM, and no more from
 // 2 or 4 MiB (net.core.wmem_max caps what is granted, so this is a request).
 constexpr int kUnixSocketBuffer = 1 << 20;
-
-std::string ErrnoText(int error) { return std::strerror(error); }
 
 absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& address) {
   const HostPort split = SplitHostPort(address);
@@ -148,8 +146,8 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
     return absl::InvalidArgumentError(absl::StrCat("a receive window of ", recv.window,
                                                    " bytes needs on_received and a multiple of 4"));
   }
-  const int send_fd = sending ? peers_[static_cast<size_t>(send.peer)].fd() : -1;
-  const int recv_fd = receiving ? peers_[static_cast<size_t>(recv.peer)].fd() : -1;
+  Socket* const send_socket = sending ? &peers_[static_cast<size_t>(send.peer)] : nullptr;
+  Socket* const recv_socket = receiving ? &peers_[static_cast<size_t>(recv.peer)] : nullptr;
 
   const Frame out_frame{kMessageMagic, 0, send.bytes};
   size_t sent = 0;  // of header + payload
@@ -158,8 +156,13 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
   size_t received = 0;  // of header + payload
   const size_t recv_total = receiving ? sizeof(Frame) + recv.bytes : 0;
 
-  auto closed = [&](int peer, const std::string& why) {
-    return absl::UnavailableError(absl::StrCat(PeerName(peer), " closed the connection (", why,
+  auto closed = [&](int peer, const absl::Status& why) {
+    if (absl::IsUnauthenticated(why)) {  // TLS refused what came: not a peer that went away
+      return absl::UnauthenticatedError(
+          absl::StrCat("the link to ", PeerName(peer), " failed: ", why.message()));
+    }
+    return absl::UnavailableError(absl::StrCat(PeerName(peer), " closed the connection (",
+                                               why.message(),
                                                "): it exited or crashed; see its log"));
   };
 
@@ -177,34 +180,28 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
             const_cast<char*>(static_cast<const char*>(send.data)) + (sent - sizeof(Frame)),
             send_total - sent};
       }
-      msghdr message{};
-      message.msg_iov = parts;
-      message.msg_iovlen = static_cast<size_t>(count);
-      const ssize_t n = sendmsg(send_fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-        progress = true;
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return closed(send.peer, ErrnoText(errno));
-      }
+      absl::StatusOr<size_t> n = send_socket->SendSome(parts, count);
+      if (!n.ok()) return closed(send.peer, n.status());
+      sent += *n;
+      progress |= *n > 0;
     }
     if (received < recv_total) {
-      ssize_t n;
+      absl::StatusOr<size_t> n;
       if (received < sizeof(Frame)) {
-        n = ::recv(recv_fd, reinterpret_cast<char*>(&in_frame) + received, sizeof(Frame) - received,
-                   MSG_DONTWAIT);
+        n = recv_socket->ReceiveSome(reinterpret_cast<char*>(&in_frame) + received,
+                                     sizeof(Frame) - received);
       } else {
         // Through a window, a call stops at the ring's end so the next starts at its front.
         const size_t payload = received - sizeof(Frame);
         const size_t at = recv.window > 0 ? payload % recv.window : payload;
         const size_t room = recv.window > 0 ? recv.window - at : recv.bytes - payload;
-        n = ::recv(recv_fd, static_cast<char*>(recv.data) + at,
-                   std::min(room, recv_total - received), MSG_DONTWAIT);
+        n = recv_socket->ReceiveSome(static_cast<char*>(recv.data) + at,
+                                     std::min(room, recv_total - received));
       }
-      if (n == 0) return closed(recv.peer, "end of stream");
-      if (n > 0) {
+      if (!n.ok()) return closed(recv.peer, n.status());
+      if (*n > 0) {
         const bool had_header = received >= sizeof(Frame);
-        received += static_cast<size_t>(n);
+        received += *n;
         progress = true;
         if (!had_header && received >= sizeof(Frame)) {
           if (in_frame.magic != kMessageMagic) {
@@ -225,20 +222,18 @@ absl::Status TcpTransport::Exchange(const SendSpan& send, const RecvSpan& recv,
         } else if (received == recv_total && recv.bytes == 0 && recv.on_received) {
           recv.on_received(0);
         }
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return closed(recv.peer, ErrnoText(errno));
       }
     }
     if (progress) continue;
 
     pollfd fds[2];
     nfds_t count = 0;
-    if (sent < send_total) fds[count++] = {send_fd, POLLOUT, 0};
+    if (sent < send_total) fds[count++] = {send_socket->fd(), send_socket->PollEvents(true), 0};
     if (received < recv_total) {
-      if (count == 1 && send_fd == recv_fd) {
-        fds[0].events |= POLLIN;
+      if (count == 1 && send_socket == recv_socket) {
+        fds[0].events |= recv_socket->PollEvents(false);
       } else {
-        fds[count++] = {recv_fd, POLLIN, 0};
+        fds[count++] = {recv_socket->fd(), recv_socket->PollEvents(false), 0};
       }
     }
     const int wait_ms = MillisecondsUntil(deadline);
@@ -306,8 +301,17 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, const Socket& 
       absl::StatusOr<Socket> connection =
           Accept(i == 0 ? tcp_listener : unix_listener, kCollectiveTcp);
       if (!connection.ok()) continue;
-      Hello hello{};
       const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
+      if (i == 0 && options.tls != nullptr) {
+        if (absl::Status secured = connection->StartTls(*options.tls, TlsRole::kServer,
+                                                        connection->PeerHost(), hello_deadline);
+            !secured.ok()) {
+          spdlog::warn("refused a collective connection from {}: {}", connection->PeerHost(),
+                       std::string(secured.message()));
+          continue;
+        }
+      }
+      Hello hello{};
       if (!connection->Receive(&hello, sizeof(hello), hello_deadline).ok()) continue;
       // A stranger (wrong magic or token, a rank we do not expect) is dropped.
       if (hello.magic != kHelloMagic || hello.token != token ||
@@ -323,15 +327,20 @@ absl::Status AcceptLowerRanks(const TcpTransportOptions& options, const Socket& 
 }
 
 // Connects to a peer over its Unix socket `unix_name` when not empty and answering, else
-// over TCP to `tcp_address` (retrying until `deadline`).
+// over TCP to `tcp_address` (retrying until `deadline`), with TLS when `tls` is set.
 absl::StatusOr<std::pair<Socket, PeerLink>> ConnectPeer(const std::string& tcp_address,
                                                         const std::string& unix_name,
+                                                        const TlsContext* tls,
                                                         absl::Time deadline) {
   if (!unix_name.empty()) {
     absl::StatusOr<Socket> connection = ConnectUnix(unix_name, deadline);
     if (connection.ok()) return std::make_pair(*std::move(connection), PeerLink::kUnix);
   }
   STRATUM_ASSIGN_OR_RETURN(Socket connection, Connect(tcp_address, deadline));
+  if (tls != nullptr) {
+    STRATUM_RETURN_IF_ERROR(
+        connection.StartTls(*tls, TlsRole::kClient, SplitHostPort(tcp_address).host, deadline));
+  }
   return std::make_pair(std::move(connection), PeerLink::kTcp);
 }
 
@@ -402,9 +411,12 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTranspor
               .value_or("");
     }
     absl::StatusOr<std::pair<Socket, PeerLink>> connection =
-        ConnectPeer(*peer_address, peer_unix_name, deadline);
+        ConnectPeer(*peer_address, peer_unix_name, options.tls.get(), deadline);
     if (!connection.ok()) {
-      return absl::UnavailableError(
+      return absl::Status(
+          connection.status().code() == absl::StatusCode::kUnauthenticated
+              ? absl::StatusCode::kUnauthenticated
+              : absl::StatusCode::kUnavailable,
           absl::StrCat("cannot reach ", named.names[peer], ": ", connection.status().message()));
     }
     Hello hello{kHelloMagic, static_cast<uint32_t>(options.rank), token};

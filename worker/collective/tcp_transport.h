@@ -14,6 +14,12 @@
 // intra-node transports avoid the network stack. Hello, framing, deadlines and error
 // messages are the same on both links.
 //
+// With a TlsContext the TCP links speak the cluster's mutual TLS (the connecting rank is
+// the client and checks the peer's certificate for the host of its address); Unix-socket
+// links stay plaintext: they never leave the network namespace, and the token a hello
+// must carry travels only through the rendezvous (the coordination service, itself on
+// TLS in such a cluster).
+//
 // Sockets are non-blocking and every Exchange is one poll loop over the two sockets it
 // uses, so a send and a receive progress together and the deadline bounds the whole call.
 #pragma once
@@ -28,6 +34,8 @@
 #include "stratum/worker/collective/transport.h"
 
 namespace stratum {
+
+class TlsContext;
 
 struct TcpTransportOptions {
   int rank = 0;
@@ -50,13 +58,16 @@ struct TcpTransportOptions {
   // that stopped heartbeating (cut off by the network) or reported a failure stops the
   // collective in seconds rather than at its timeout.
   std::function<absl::Status()> abort_check = nullptr;
+  // The cluster's mutual TLS for the TCP links; null: plaintext.
+  std::shared_ptr<const TlsContext> tls;
 };
 
 // The kind of socket a transport uses to reach a peer.
 enum class PeerLink { kTcp, kUnix };
 
 // Connects rank `options.rank` to every other rank. DEADLINE_EXCEEDED naming the ranks that
-// never connected; UNAVAILABLE naming an address that cannot be reached.
+// never connected; UNAVAILABLE naming an address that cannot be reached; UNAUTHENTICATED
+// when a peer's TLS handshake fails.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(const TcpTransportOptions& options,
                                                                Rendezvous& rendezvous);
 

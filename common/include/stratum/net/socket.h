@@ -9,6 +9,11 @@
 // hello and does its own I/O on fd(). Errors say what happened (closed by the peer,
 // deadline, errno) and leave naming the peer to the caller.
 //
+// A TCP socket can speak the cluster's mutual TLS (StartTls after connecting or accepting):
+// every call below then encrypts and decrypts through OpenSSL, with the same deadlines,
+// errors and non-blocking behaviour. Unix sockets stay plaintext: they never leave the
+// host's network namespace.
+//
 // An abstract Unix socket needs no file and vanishes with its socket, but answers only
 // inside the network namespace that bound it: a peer in another container (or on another
 // host) gets NOT_FOUND, and the caller falls back to TCP.
@@ -17,22 +22,31 @@
 // may call to make a blocked call return (a server stopping).
 #pragma once
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace stratum {
 
+class TlsContext;
+
+// Which end of a TLS handshake: the client checks the server's name, the server demands
+// the client's certificate; each checks the other's comes from the cluster's CA.
+enum class TlsRole { kClient, kServer };
+
 class Socket {
  public:
-  Socket() = default;
-  explicit Socket(int fd, bool is_unix) : fd_(fd), is_unix_(is_unix) {}
+  Socket();
+  explicit Socket(int fd, bool is_unix);
   ~Socket();
   Socket(Socket&& other) noexcept;
   Socket& operator=(Socket&& other) noexcept;
@@ -45,6 +59,15 @@ class Socket {
   // Who is at the other end, for per-client limits: the peer's IP address, or "this host"
   // for a Unix socket ("unknown" when the socket cannot say).
   std::string PeerHost() const;
+
+  // Runs a TLS handshake on this connected, blocking TCP socket by `deadline`; the calls
+  // below then speak TLS. A client checks that the server's certificate is for
+  // `peer_host` (an IP address or DNS name), or for the context's server_name when set.
+  // UNAUTHENTICATED naming what failed (an unknown CA, a name mismatch, no certificate),
+  // DEADLINE_EXCEEDED, UNAVAILABLE when the peer closed; the socket is then unusable.
+  absl::Status StartTls(const TlsContext& context, TlsRole role, const std::string& peer_host,
+                        absl::Time deadline);
+  bool tls() const { return tls_ != nullptr; }
 
   // Sends every byte of `parts`. A Unix socket can pass `fd_to_pass` (>= 0) with them.
   // UNAVAILABLE when the peer closed, DEADLINE_EXCEEDED when `deadline` passed first.
@@ -64,14 +87,34 @@ class Socket {
   // For callers that poll: Send and Receive then fail with DEADLINE_EXCEEDED at once when
   // the socket is not ready.
   void SetNonBlocking();
+  // Non-blocking partial I/O, for callers that poll several sockets (after SetNonBlocking):
+  // moves what can move now and returns how many bytes, 0 when the socket is not ready
+  // (then poll for PollEvents()). UNAVAILABLE when the peer closed or the connection broke.
+  // After a 0 from SendSome, the next call must start with the same bytes (TLS may hold
+  // part of a record).
+  absl::StatusOr<size_t> SendSome(const iovec* parts, int count);
+  absl::StatusOr<size_t> ReceiveSome(void* data, size_t size);
+  // What poll() must wait for before the SendSome (sending) or ReceiveSome that returned 0
+  // can progress: POLLOUT to send and POLLIN to receive, except where TLS needs the other.
+  short PollEvents(bool sending) const { return sending ? send_wait_ : receive_wait_; }
   // Asks for `bytes` of send buffer (the kernel's net.core.wmem_max caps what is granted).
   void SetSendBuffer(int bytes);
 
  private:
+  struct TlsSession;
   absl::Status SetTimeout(int option, absl::Time deadline);
+  absl::Status TlsSend(const std::vector<iovec>& parts, absl::Time deadline);
+  // Calls `call` (an SSL read or write of what is left after `done` bytes) until `size`
+  // bytes have moved, within `deadline`; `what` names the direction in errors.
+  absl::Status TlsTransfer(size_t size, absl::Time deadline, const char* what,
+                           absl::FunctionRef<int(size_t done, size_t* moved)> call);
+  absl::Status TlsWrite(const char* data, size_t size, absl::Time deadline);
 
   int fd_ = -1;
   bool is_unix_ = false;
+  std::unique_ptr<TlsSession> tls_;
+  short send_wait_ = POLLOUT;
+  short receive_wait_ = POLLIN;
 };
 
 // How a TCP connection is set up, at both ends. TCP_NODELAY is always on.

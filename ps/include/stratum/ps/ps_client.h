@@ -30,6 +30,8 @@
 
 namespace stratum {
 
+class TlsContext;
+
 class PsDataClient;  // the raw data path's client, internal to ps/
 
 struct PsClientOptions {
@@ -161,6 +163,8 @@ class PsClient {
   bool data_asked_ ABSL_GUARDED_BY(data_mutex_) = false;
   std::shared_ptr<PsDataClient> data_ ABSL_GUARDED_BY(data_mutex_);
   absl::Time data_retry_after_ ABSL_GUARDED_BY(data_mutex_) = absl::InfinitePast();
+  // The cluster's TLS for the data path's TCP connections, made at the first data call.
+  std::shared_ptr<const TlsContext> data_tls_ ABSL_GUARDED_BY(data_mutex_);
 };
 
 }  // namespace stratum
