@@ -35,6 +35,22 @@ inline absl::StatusOr<std::string> RunProgram(std::vector<std::string> argv,
   return (*process)->output();
 }
 
+// The last line of `output` that is a JSON object: what a benchmark's worker process printed
+// as its result, after whatever it logged (merged stdout and stderr).
+inline nlohmann::json LastJsonLine(const std::string& output) {
+  size_t end = output.size();
+  while (end > 0) {
+    const size_t start = output.rfind('\n', end - 1);
+    const size_t from = start == std::string::npos ? 0 : start + 1;
+    if (from < end && output[from] == '{') {
+      return nlohmann::json::parse(output.substr(from, end - from), nullptr, false);
+    }
+    if (start == std::string::npos) break;
+    end = start;
+  }
+  return nlohmann::json::value_t::discarded;
+}
+
 // One figure: {"benchmark", "value", "unit", "goal", "goal_is", "met", "setup"}. A goal of
 // null (an anchor, or a figure reported without a goal) prints no "met".
 inline void PrintFigure(const std::string& name, double value, const std::string& unit,

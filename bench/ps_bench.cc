@@ -156,7 +156,10 @@ absl::StatusOr<Rate> MeasureUpdatesPerSec(const std::string& self, const std::st
     if (!exit.ok() || !exit->success()) {
       return absl::InternalError(absl::StrCat("a worker failed: ", process->output()));
     }
-    const nlohmann::json result = nlohmann::json::parse(process->output());
+    const nlohmann::json result = bench::LastJsonLine(process->output());
+    if (!result.is_object()) {
+      return absl::InternalError(absl::StrCat("a worker printed no result: ", process->output()));
+    }
     rate.updates_per_sec += result["updates"].get<double>() / result["seconds"].get<double>();
     rate.transport = result["transport"].get<std::string>();
   }

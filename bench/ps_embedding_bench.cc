@@ -207,7 +207,10 @@ absl::StatusOr<Rates> MeasureStratum(const std::vector<std::string>& addresses, 
     if (!exit.ok() || !exit->success()) {
       return absl::InternalError(absl::StrCat("a worker failed: ", process->output()));
     }
-    const nlohmann::json result = nlohmann::json::parse(process->output());
+    const nlohmann::json result = bench::LastJsonLine(process->output());
+    if (!result.is_object()) {
+      return absl::InternalError(absl::StrCat("a worker printed no result: ", process->output()));
+    }
     const double seconds = result["seconds"].get<double>();
     rates.examples_per_s += result["examples"].get<double>() / seconds;
     rates.rows_per_s += result["rows"].get<double>() / seconds;
