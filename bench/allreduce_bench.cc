@@ -9,13 +9,19 @@
 // With --network_hosts every rank (Stratum's and Gloo's) runs on a simulated host of its
 // own (tests' NetworkHosts: a network namespace per host, veth cables to one bridge), so
 // the bytes cross a network path as between machines, optionally limited to --link_gbit.
+// OpenMPI's MPI_Allreduce (../shared/peers/allreduce_mpi.c, built with mpicc) runs in the
+// anchors' turns on the same path: its TCP transport where Stratum's ranks use TCP (on
+// hosts, mpirun in host 0's namespace starts its daemons on the others through a launch
+// agent that enters their namespaces), its shared memory where they use Unix sockets.
 //
 //   allreduce_bench            # parent: runs 2 and 4 processes, prints JSON lines
 //   allreduce_bench --network_hosts [--link_gbit=1]   # each rank on its own host (root)
 //   allreduce_bench --rank=R --size=N --leader=HOST:PORT   # one process (spawned)
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -23,6 +29,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "stratum/net/free_port.h"
@@ -44,6 +51,7 @@ ABSL_FLAG(std::string, sizes_kib, "4,256,4096,16384,65536",
 ABSL_FLAG(int, iterations, 0,
           "Timed runs per size; 0: 20 up to 4 MiB, 8 above (more for profiling)");
 ABSL_FLAG(bool, gloo, true, "Also measure Gloo through PyTorch, side by side");
+ABSL_FLAG(bool, mpi, true, "Also measure OpenMPI's MPI_Allreduce (mpicc, mpirun), side by side");
 ABSL_FLAG(bool, unix_sockets, true,
           "Ranks reach each other over Unix sockets (the default for ranks of one host); "
           "false: loopback TCP only");
@@ -227,11 +235,20 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::Ne
   return medians;
 }
 
+// Parses the anchors' lines "... bytes=B ... busbw_GBps=X" into busbw per size.
+std::map<size_t, double> AnchorBusbw(const std::string& output) {
+  std::map<size_t, double> busbw;
+  const std::regex line(R"(bytes=(\d+) .*busbw_GBps=([0-9.]+))");
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
+    busbw[std::stoul((*it)[1])] = std::stod((*it)[2]);
+  }
+  return busbw;
+}
+
 // Gloo through PyTorch, from ../shared/peers/allreduce_gloo.py: busbw per size. On
 // simulated hosts each rank runs the anchor's own loop on its host (bench/gloo_rank.py),
 // rank 0's host the rendezvous.
 std::map<size_t, double> MeasureGloo(int n, const testing::NetworkHosts* hosts) {
-  std::map<size_t, double> busbw;
   const std::string script = std::string(STRATUM_SOURCE_DIR) + "/../shared/peers/allreduce_gloo.py";
   std::vector<std::vector<std::string>> argvs;
   if (hosts == nullptr) {
@@ -249,14 +266,80 @@ std::map<size_t, double> MeasureGloo(int n, const testing::NetworkHosts* hosts) 
   if (!outputs.ok()) {
     std::fprintf(stderr, "gloo anchor not measured: %s\n",
                  std::string(outputs.status().message()).substr(0, 300).c_str());
-    return busbw;
+    return {};
   }
-  const std::string& output = (*outputs)[0];
-  const std::regex line(R"(bytes=(\d+) .*busbw_GBps=([0-9.]+))");
-  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
-    busbw[std::stoul((*it)[1])] = std::stod((*it)[2]);
+  return AnchorBusbw((*outputs)[0]);
+}
+
+// Builds ../shared/peers/allreduce_mpi.c once; its path, or "" without mpicc.
+const std::string& MpiAnchor() {
+  static const std::string* const built = [] {
+    const std::string binary = "/tmp/stratum_allreduce_mpi";
+    absl::StatusOr<std::string> made = bench::RunProgram(
+        {"/usr/bin/mpicc", "-O2",
+         std::string(STRATUM_SOURCE_DIR) + "/../shared/peers/allreduce_mpi.c", "-o", binary},
+        absl::Minutes(2));
+    if (!made.ok()) {
+      std::fprintf(stderr, "mpi anchor not built: %s\n",
+                   std::string(made.status().message()).substr(0, 300).c_str());
+    }
+    return new std::string(made.ok() ? binary : "");
+  }();
+  return *built;
+}
+
+// OpenMPI's MPI_Allreduce on `n` ranks: over TCP (`tcp`) or shared memory; on `hosts`, one
+// rank per host, mpirun on host 0 reaching the others through a launch agent that runs
+// its daemon in their namespace (with a host name of its own: OpenMPI tells nodes apart
+// by name).
+std::map<size_t, double> MeasureMpi(int n, bool tcp, const testing::NetworkHosts* hosts) {
+  const std::string& binary = MpiAnchor();
+  if (binary.empty()) return {};
+  std::vector<std::string> argv = {"/usr/bin/mpirun",
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "-np",
+                                   std::to_string(n),
+                                   "--mca",
+                                   "btl",
+                                   tcp ? "tcp,self" : "vader,self"};
+  if (hosts != nullptr) {
+    const std::string agent = "/tmp/stratum_mpi_netns_agent.sh";
+    std::string script =
+        "#!/bin/sh\n# mpirun's launch agent: HOST COMMAND... in HOST's namespace\n"
+        "host=$1; shift\ncase $host in\n";
+    std::vector<std::string> slots;
+    for (int r = 0; r < n; ++r) {
+      // OnHost gives "ip netns exec NAMESPACE argv...".
+      const std::string ns = hosts->OnHost(r, {"true"})[3];
+      absl::StrAppend(&script, "  ", hosts->Ip(r), ") ns=", ns, "; name=mpihost", r, " ;;\n");
+      slots.push_back(hosts->Ip(r) + ":1");
+    }
+    absl::StrAppend(&script,
+                    "  *) echo \"no namespace for $host\" >&2; exit 1 ;;\nesac\n"
+                    "exec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $name; $*\"\n");
+    std::ofstream(agent) << script;
+    chmod(agent.c_str(), 0755);
+    argv.insert(argv.end(),
+                {"--host", absl::StrJoin(slots, ","), "--mca", "plm_rsh_agent", agent, "--mca",
+                 "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0"});
+    argv.push_back(binary);
+    // mpirun itself runs on host 0, under a name of its own too.
+    std::vector<std::string> wrapped = {"/usr/bin/unshare", "--uts", "/bin/sh", "-c",
+                                        "hostname mpihost0; exec \"$0\" \"$@\""};
+    wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+    argv = hosts->OnHost(0, wrapped);
+  } else {
+    if (tcp) argv.insert(argv.end(), {"--mca", "btl_tcp_if_include", "lo"});
+    argv.push_back(binary);
   }
-  return busbw;
+  absl::StatusOr<std::string> output = bench::RunProgram(argv, absl::Minutes(10));
+  if (!output.ok()) {
+    std::fprintf(stderr, "mpi anchor not measured: %s\n",
+                 std::string(output.status().message()).substr(0, 600).c_str());
+    return {};
+  }
+  return AnchorBusbw(*output);
 }
 
 // The mean of each size's figure over the runs that measured it.
@@ -312,11 +395,13 @@ int RunParent() {
     }
     // Stratum and Gloo take turns (S G G S for two pairs), so a load that rises or falls
     // during the run weighs on both sides alike.
-    std::vector<std::map<size_t, double>> stratum_busbw, stratum_seconds, gloo_busbw;
+    std::vector<std::map<size_t, double>> stratum_busbw, stratum_seconds, gloo_busbw, mpi_busbw;
+    const bool tcp = on_hosts || !absl::GetFlag(FLAGS_unix_sockets);
     for (int pair = 0; pair < pairs; ++pair) {
       for (int turn = 0; turn < 2; ++turn) {
         if ((turn == 0) == (pair % 2 == 1)) {
           if (absl::GetFlag(FLAGS_gloo)) gloo_busbw.push_back(MeasureGloo(n, hosts.get()));
+          if (absl::GetFlag(FLAGS_mpi)) mpi_busbw.push_back(MeasureMpi(n, tcp, hosts.get()));
           continue;
         }
         auto medians = MeasureStratum(n, hosts.get());
@@ -334,6 +419,7 @@ int RunParent() {
       }
     }
     const std::map<size_t, double> gloo = Mean(gloo_busbw);
+    const std::map<size_t, double> mpi = Mean(mpi_busbw);
     const std::map<size_t, double> seconds = Mean(stratum_seconds);
     for (const auto& [bytes, busbw] : Mean(stratum_busbw)) {
       const std::string setup = absl::StrCat(n, " processes, ", path, ", ring, float32 ",
@@ -363,6 +449,20 @@ int RunParent() {
             busbw / anchor->second, "x",
             bytes >= (4 << 20) ? nlohmann::json(1.5) : nlohmann::json(), "at_least",
             setup + ", side by side in this run, taking turns with Gloo (" + gloo_path + ")");
+      }
+      if (auto found = mpi.find(bytes); found != mpi.end() && found->second > 0) {
+        const std::string mpi_path = tcp ? path : "shared memory (vader)";
+        bench::PrintFigure(
+            absl::StrCat("mpi_busbw_n", n, "_", bytes >> 10, "KiB"), found->second, "GB/s",
+            nlohmann::json(), "at_least",
+            absl::StrCat(n, " processes, OpenMPI MPI_Allreduce over ", mpi_path, ", float32 ",
+                         bytes >> 10, " KiB, mean of ", pairs, " runs"));
+        // The goal holds TCP to TCP; on one host MPI's shared memory is reported beside.
+        bench::PrintFigure(
+            absl::StrCat("allreduce_busbw_vs_mpi_n", n, "_", bytes >> 10, "KiB"),
+            busbw / found->second, "x",
+            tcp && bytes >= (4 << 20) ? nlohmann::json(0.9) : nlohmann::json(), "at_least",
+            setup + ", side by side in this run, taking turns with OpenMPI (" + mpi_path + ")");
       }
     }
   }
