@@ -34,6 +34,7 @@
 #include "bench/bench_util.h"
 #include "stratum/net/free_port.h"
 #include "stratum/net/task_server.h"
+#include "stratum/net/tls.h"
 #include "stratum/testing/network_hosts.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/collective/collectives.h"
@@ -61,6 +62,10 @@ ABSL_FLAG(bool, network_hosts, false,
 ABSL_FLAG(double, link_gbit, 0,
           "With --network_hosts: each host sends at most this many Gbit/s (tc token bucket); "
           "0: as fast as the veth cables go");
+ABSL_FLAG(bool, tls, false,
+          "Stratum's TCP links speak mutual TLS (certificates made by deploy/make_tls_certs.sh); "
+          "the anchors stay plaintext");
+ABSL_FLAG(std::string, tls_dir, "", "Internal: this rank's TLS certificates");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Internal: the address this rank listens on");
 ABSL_FLAG(bool, serve_leader, false,
           "Internal: this rank serves the coordination service on --leader");
@@ -134,6 +139,19 @@ int RunRank(int rank, int size, const std::string& leader_address) {
                           .host = absl::GetFlag(FLAGS_host),
                           .connect_timeout = absl::Seconds(30),
                           .same_host_unix_sockets = absl::GetFlag(FLAGS_unix_sockets)};
+  if (const std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
+    // The hosts' addresses are not in the certificate: it names "stratum".
+    absl::StatusOr<TlsCredentials> credentials =
+        LoadTlsCredentials({dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", "stratum"});
+    absl::StatusOr<std::shared_ptr<const TlsContext>> tls =
+        credentials.ok() ? TlsContext::Create(*credentials)
+                         : absl::StatusOr<std::shared_ptr<const TlsContext>>(credentials.status());
+    if (!tls.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(tls.status().message()).c_str());
+      return 1;
+    }
+    tcp.tls = *std::move(tls);
+  }
   auto transport = ConnectTcpTransport(tcp, rendezvous);
   if (!transport.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(transport.status().message()).c_str());
@@ -195,6 +213,21 @@ absl::StatusOr<std::vector<std::string>> RunTogether(
   return texts;
 }
 
+// The certificates of --tls, made once; "" when they cannot be.
+const std::string& TlsCertificates() {
+  static const std::string* const dir = [] {
+    const std::string made = "/tmp/allreduce_bench_certs";
+    absl::StatusOr<std::string> output = bench::RunProgram(
+        {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", made}, absl::Minutes(1));
+    if (!output.ok()) {
+      std::fprintf(stderr, "allreduce_bench: --tls: %s\n",
+                   std::string(output.status().message()).c_str());
+    }
+    return new std::string(output.ok() ? made : "");
+  }();
+  return *dir;
+}
+
 // Runs `n` ranks (each on a host of `hosts` when given); the median seconds per size.
 absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::NetworkHosts* hosts) {
   STRATUM_ASSIGN_OR_RETURN(const std::string program, ThisProgram());
@@ -217,6 +250,7 @@ absl::StatusOr<std::map<size_t, double>> MeasureStratum(int n, const testing::Ne
         "--sizes_kib=" + absl::GetFlag(FLAGS_sizes_kib),
         absl::StrCat("--iterations=", absl::GetFlag(FLAGS_iterations)),
         absl::StrCat("--unix_sockets=", hosts == nullptr && absl::GetFlag(FLAGS_unix_sockets))};
+    if (absl::GetFlag(FLAGS_tls)) argv.push_back("--tls_dir=" + TlsCertificates());
     if (hosts != nullptr) {
       argv.push_back("--host=" + hosts->Ip(r));
       if (r == 0) argv.push_back("--serve_leader");
@@ -366,6 +400,14 @@ int RunParent() {
   const double link_gbit = absl::GetFlag(FLAGS_link_gbit);
   // How the ranks reach each other, as the figures' setup says it.
   std::string path = absl::GetFlag(FLAGS_unix_sockets) ? "Unix sockets" : "loopback TCP";
+  if (absl::GetFlag(FLAGS_tls)) {
+    if (TlsCertificates().empty()) return 2;
+    if (!on_hosts && absl::GetFlag(FLAGS_unix_sockets)) {
+      std::fprintf(stderr,
+                   "allreduce_bench: --tls needs TCP: add --nounix_sockets or --network_hosts\n");
+      return 2;
+    }
+  }
   std::string gloo_path = "loopback TCP";
   if (on_hosts) {
     path = link_gbit > 0
@@ -373,6 +415,7 @@ int RunParent() {
                : "TCP between network namespaces (veth)";
     gloo_path = path;
   }
+  if (absl::GetFlag(FLAGS_tls)) absl::StrAppend(&path, " with mutual TLS");
   for (int n : counts) {
     std::unique_ptr<testing::NetworkHosts> hosts;
     if (on_hosts) {
@@ -451,7 +494,7 @@ int RunParent() {
             setup + ", side by side in this run, taking turns with Gloo (" + gloo_path + ")");
       }
       if (auto found = mpi.find(bytes); found != mpi.end() && found->second > 0) {
-        const std::string mpi_path = tcp ? path : "shared memory (vader)";
+        const std::string mpi_path = tcp ? gloo_path : "shared memory (vader)";
         bench::PrintFigure(
             absl::StrCat("mpi_busbw_n", n, "_", bytes >> 10, "KiB"), found->second, "GB/s",
             nlohmann::json(), "at_least",
