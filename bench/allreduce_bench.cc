@@ -500,11 +500,14 @@ int RunParent() {
             nlohmann::json(), "at_least",
             absl::StrCat(n, " processes, OpenMPI MPI_Allreduce over ", mpi_path, ", float32 ",
                          bytes >> 10, " KiB, mean of ", pairs, " runs"));
-        // The goal holds TCP to TCP; on one host MPI's shared memory is reported beside.
+        // The goal holds TCP to TCP on loopback; on one host MPI's shared memory is reported
+        // beside. Between namespaces OpenMPI 4.1's ranks sleep in its progress loop (8 ms per
+        // 4 KiB all-reduce, in nanosleep, CPUs idle): a figure to report, not to meet.
+        const bool comparable = tcp && !on_hosts && bytes >= (4 << 20);
         bench::PrintFigure(
             absl::StrCat("allreduce_busbw_vs_mpi_n", n, "_", bytes >> 10, "KiB"),
-            busbw / found->second, "x",
-            tcp && bytes >= (4 << 20) ? nlohmann::json(0.9) : nlohmann::json(), "at_least",
+            busbw / found->second, "x", comparable ? nlohmann::json(0.9) : nlohmann::json(),
+            "at_least",
             setup + ", side by side in this run, taking turns with OpenMPI (" + mpi_path + ")");
       }
     }
