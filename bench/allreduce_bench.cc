@@ -140,9 +140,7 @@ int RunRank(int rank, int size, const std::string& leader_address) {
                           .connect_timeout = absl::Seconds(30),
                           .same_host_unix_sockets = absl::GetFlag(FLAGS_unix_sockets)};
   if (const std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
-    // The hosts' addresses are not in the certificate: it names "stratum".
-    absl::StatusOr<TlsCredentials> credentials =
-        LoadTlsCredentials({dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", "stratum"});
+    absl::StatusOr<TlsCredentials> credentials = bench::CertificatesIn(dir);
     absl::StatusOr<std::shared_ptr<const TlsContext>> tls =
         credentials.ok() ? TlsContext::Create(*credentials)
                          : absl::StatusOr<std::shared_ptr<const TlsContext>>(credentials.status());
@@ -217,13 +215,11 @@ absl::StatusOr<std::vector<std::string>> RunTogether(
 const std::string& TlsCertificates() {
   static const std::string* const dir = [] {
     const std::string made = "/tmp/allreduce_bench_certs";
-    absl::StatusOr<std::string> output = bench::RunProgram(
-        {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", made}, absl::Minutes(1));
-    if (!output.ok()) {
-      std::fprintf(stderr, "allreduce_bench: --tls: %s\n",
-                   std::string(output.status().message()).c_str());
+    const absl::Status status = bench::MakeCertificates(STRATUM_SOURCE_DIR, made);
+    if (!status.ok()) {
+      std::fprintf(stderr, "allreduce_bench: --tls: %s\n", std::string(status.message()).c_str());
     }
-    return new std::string(output.ok() ? made : "");
+    return new std::string(status.ok() ? made : "");
   }();
   return *dir;
 }

@@ -1,5 +1,5 @@
-// What the benchmarks share: running a program to its end for its output, and printing
-// one figure as one JSON line beside its goal.
+// What the benchmarks share: running a program to its end for its output, a cluster's TLS
+// certificates, and printing one figure as one JSON line beside its goal.
 #pragma once
 
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "stratum/net/tls.h"
 #include "stratum/util/subprocess.h"
 
 namespace stratum::bench {
@@ -33,6 +34,18 @@ inline absl::StatusOr<std::string> RunProgram(std::vector<std::string> argv,
         absl::StrCat(program, " ", exit->ToString(), ": ", (*process)->output()));
   }
   return (*process)->output();
+}
+
+// Makes a cluster's certificates in `dir` with `source_dir`/deploy/make_tls_certs.sh, as
+// users make them; the benchmarks' processes check them for the name "stratum" (the
+// simulated hosts' addresses are not in them).
+inline absl::Status MakeCertificates(const std::string& source_dir, const std::string& dir) {
+  return RunProgram({source_dir + "/deploy/make_tls_certs.sh", dir}, absl::Minutes(1)).status();
+}
+
+// The credentials MakeCertificates wrote to `dir`.
+inline absl::StatusOr<TlsCredentials> CertificatesIn(const std::string& dir) {
+  return LoadTlsCredentials({dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", "stratum"});
 }
 
 // The last line of `output` that is a JSON object: what a benchmark's worker process printed

@@ -70,9 +70,7 @@ int RunWorker(const std::string& address, int64_t bytes, double seconds,
   if (transport == "grpc") options.data_path_min_bytes = -1;
   if (transport == "tcp") options.shared_memory = false;
   if (const std::string dir = absl::GetFlag(FLAGS_worker_tls_dir); !dir.empty()) {
-    // The hosts' addresses are not in the certificate: it names "stratum".
-    absl::StatusOr<TlsCredentials> tls =
-        LoadTlsCredentials({dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", "stratum"});
+    absl::StatusOr<TlsCredentials> tls = bench::CertificatesIn(dir);
     if (!tls.ok()) {
       std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
       return 1;
@@ -237,8 +235,11 @@ std::string SelfPath() {
 int MeasureTls(const std::string& self, double seconds, double tcp_rate,
                const testing::NetworkHosts* hosts) {
   const std::string certs = "/tmp/ps_bench_certs";
-  absl::StatusOr<std::string> made = bench::RunProgram(
-      {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", certs}, absl::Minutes(1));
+  const absl::Status made = bench::MakeCertificates(STRATUM_SOURCE_DIR, certs);
+  ChannelOptions channel;  // for the health checks on one host
+  if (absl::StatusOr<TlsCredentials> tls = bench::CertificatesIn(certs); tls.ok()) {
+    channel.tls = *std::move(tls);
+  }
   auto cluster =
       made.ok()
           ? testing::LocalCluster::Start(
@@ -248,8 +249,9 @@ int MeasureTls(const std::string& self, double seconds, double tcp_rate,
                  .all_args = {"--tls_cert=" + certs + "/tls.crt", "--tls_key=" + certs + "/tls.key",
                               "--tls_ca=" + certs + "/ca.crt", "--tls_server_name=stratum"},
                  .forward_output = false,
+                 .channel = channel,
                  .hosts = hosts})
-          : absl::StatusOr<std::unique_ptr<testing::LocalCluster>>(made.status());
+          : absl::StatusOr<std::unique_ptr<testing::LocalCluster>>(made);
   absl::StatusOr<Rate> rate = cluster.ok()
                                   ? MeasureUpdatesPerSec(self, (*cluster)->Address({"ps", 0}), 1,
                                                          4 << 20, seconds, "tcp", hosts, certs)

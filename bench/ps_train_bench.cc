@@ -50,10 +50,8 @@ void Print(const std::string& name, double value, const std::string& unit, doubl
 int CompareTls(const std::string& job_path, const std::string& summary, int epochs) {
   const std::string bin = STRATUM_BIN_DIR;
   const std::string certs = "/tmp/ps_train_bench_certs";
-  if (absl::StatusOr<std::string> made = bench::RunProgram(
-          {std::string(STRATUM_SOURCE_DIR) + "/deploy/make_tls_certs.sh", certs}, absl::Minutes(1));
-      !made.ok()) {
-    std::fprintf(stderr, "ps_train_bench: %s\n", std::string(made.status().message()).c_str());
+  if (const absl::Status made = bench::MakeCertificates(STRATUM_SOURCE_DIR, certs); !made.ok()) {
+    std::fprintf(stderr, "ps_train_bench: %s\n", std::string(made.message()).c_str());
     return 1;
   }
   double best[2] = {0, 0};  // plaintext, TLS

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "stratum/cluster/cluster_spec.h"
 #include "stratum/launch/launch_plan.h"
+#include "stratum/net/channel.h"
 #include "stratum/testing/network_hosts.h"
 #include "stratum/util/subprocess.h"
 
@@ -57,6 +58,9 @@ struct LocalClusterOptions {
   absl::Duration stop_grace = absl::Seconds(5);
   // Forward each task's output to stderr as "[worker:1] ...".
   bool forward_output = true;
+  // How the health checks connect: a cluster whose tasks serve mutual TLS (their
+  // certificates in all_args) is checked with the same certificates here.
+  ChannelOptions channel;
   // Runs each task on a simulated host of its own (in plan order: ps, workers, evaluator,
   // chief; needs that many), at port 2222 of the host's address. The test's process is
   // not on that network, so nothing is health-checked: Start and Restart return once the
