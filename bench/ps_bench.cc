@@ -249,7 +249,7 @@ int MeasureTls(const std::string& self, double seconds, double tcp_rate,
                  .all_args = {"--tls_cert=" + certs + "/tls.crt", "--tls_key=" + certs + "/tls.key",
                               "--tls_ca=" + certs + "/ca.crt", "--tls_server_name=stratum"},
                  .forward_output = false,
-                 .channel = channel,
+                 .channel = &channel,
                  .hosts = hosts})
           : absl::StatusOr<std::unique_ptr<testing::LocalCluster>>(made);
   absl::StatusOr<Rate> rate = cluster.ok()

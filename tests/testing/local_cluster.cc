@@ -102,7 +102,7 @@ absl::Status LocalCluster::WaitForTasks(const std::vector<TaskKey>& tasks, absl:
   ClusterWaitOptions wait;
   wait.timeout = timeout;
   wait.optional_jobs.clear();
-  wait.channel = options_.channel;
+  if (options_.channel != nullptr) wait.channel = *options_.channel;
   // A task that exits while it is waited for (it refused its configuration) ends the wait
   // at once, not at the timeout.
   absl::Notification one_exited, waited;

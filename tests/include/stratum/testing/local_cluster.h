@@ -58,9 +58,10 @@ struct LocalClusterOptions {
   absl::Duration stop_grace = absl::Seconds(5);
   // Forward each task's output to stderr as "[worker:1] ...".
   bool forward_output = true;
-  // How the health checks connect: a cluster whose tasks serve mutual TLS (their
-  // certificates in all_args) is checked with the same certificates here.
-  ChannelOptions channel;
+  // How the health checks connect (must outlive the cluster); null: plaintext. A cluster
+  // whose tasks serve mutual TLS (their certificates in all_args) is checked with the same
+  // certificates.
+  const ChannelOptions* channel = nullptr;
   // Runs each task on a simulated host of its own (in plan order: ps, workers, evaluator,
   // chief; needs that many), at port 2222 of the host's address. The test's process is
   // not on that network, so nothing is health-checked: Start and Restart return once the
