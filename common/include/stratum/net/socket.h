@@ -6,8 +6,8 @@
 // Blocking I/O uses SO_RCVTIMEO/SO_SNDTIMEO and MSG_WAITALL, so a whole tensor moves in one
 // system call (fewer wake-ups than a poll loop, which matters on a small VM). A caller that
 // polls several sockets at once (the collectives) makes its sockets non-blocking after the
-// hello, polls fd() for PollEvents() and moves bytes with SendSome/ReceiveSome. Errors say what happened (closed by the peer,
-// deadline, errno) and leave naming the peer to the caller.
+// hello, polls fd() for PollEvents() and moves bytes with SendSome/ReceiveSome. Errors say what
+// happened (closed by the peer, deadline, errno) and leave naming the peer to the caller.
 //
 // A TCP socket can speak the cluster's mutual TLS (StartTls after connecting or accepting):
 // every call below then encrypts and decrypts through OpenSSL, with the same deadlines,
