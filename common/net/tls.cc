@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -44,25 +45,37 @@ UniqueBio MemoryBio(const std::string& pem) {
 }
 
 absl::Status Refused(const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the TLS ", what, " for the raw links: ", TakeOpenSslError("OpenSSL gave no reason")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("the TLS ", what, " (OpenSSL: ", TakeOpenSslError("no reason given"),
+                   "): give this task's certificate, its own key and the cluster's CA "
+                   "(--tls_cert, --tls_key, --tls_ca)"));
 }
 
-// The certificate first, then the chain above it, as a PEM certificate file holds them.
-absl::Status UseCertificateChain(SSL_CTX* context, const std::string& pem) {
+using UniqueX509 = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// Every certificate of a PEM text, in its order (a chain file: the certificate first, then
+// the chain above it). OpenSSL's error queue keeps why when none parses.
+std::vector<UniqueX509> ReadCertificates(const std::string& pem) {
   UniqueBio bio = MemoryBio(pem);
-  X509* leaf = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
-  if (leaf == nullptr) return Refused("certificate does not parse");
-  const int used = SSL_CTX_use_certificate(context, leaf);
-  X509_free(leaf);
-  if (used != 1) return Refused("certificate was refused");
-  while (X509* above = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
-    if (SSL_CTX_add0_chain_cert(context, above) != 1) {
-      X509_free(above);
+  std::vector<UniqueX509> certificates;
+  while (X509* certificate = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    certificates.emplace_back(certificate, &X509_free);
+  }
+  if (!certificates.empty()) ERR_clear_error();  // the loop ends on "no start line"
+  return certificates;
+}
+
+absl::Status UseCertificateChain(SSL_CTX* context, const std::string& pem) {
+  const std::vector<UniqueX509> chain = ReadCertificates(pem);
+  if (chain.empty()) return Refused("certificate does not parse");
+  if (SSL_CTX_use_certificate(context, chain[0].get()) != 1) {
+    return Refused("certificate was refused");
+  }
+  for (size_t i = 1; i < chain.size(); ++i) {
+    if (SSL_CTX_add1_chain_cert(context, chain[i].get()) != 1) {
       return Refused("certificate chain was refused");
     }
   }
-  ERR_clear_error();  // the loop ends on "no start line"
   return absl::OkStatus();
 }
 
@@ -81,16 +94,13 @@ absl::Status UsePrivateKey(SSL_CTX* context, const std::string& pem) {
 absl::Status TrustOnly(SSL_CTX* context, const std::string& pem) {
   X509_STORE* store = X509_STORE_new();
   SSL_CTX_set_cert_store(context, store);  // the context owns it from here
-  UniqueBio bio = MemoryBio(pem);
-  int count = 0;
-  while (X509* ca = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
-    const int added = X509_STORE_add_cert(store, ca);
-    X509_free(ca);
-    if (added != 1) return Refused("CA certificate was refused");
-    ++count;
+  const std::vector<UniqueX509> authorities = ReadCertificates(pem);
+  if (authorities.empty()) return Refused("CA file holds no certificate that parses");
+  for (const UniqueX509& authority : authorities) {
+    if (X509_STORE_add_cert(store, authority.get()) != 1) {
+      return Refused("CA certificate was refused");
+    }
   }
-  ERR_clear_error();
-  if (count == 0) return Refused("CA file holds no certificate that parses");
   return absl::OkStatus();
 }
 

@@ -94,30 +94,6 @@ std::string LinkName(Link link) {
   return "?";
 }
 
-// The cluster's certificates (made once) and another CA's.
-struct Certificates {
-  std::shared_ptr<const TlsContext> cluster;
-  std::shared_ptr<const TlsContext> other;
-};
-
-const Certificates& TestCertificates() {
-  static const Certificates* const made = [] {
-    auto* certificates = new Certificates;
-    for (auto [name, context] :
-         {std::pair{"cluster", &certificates->cluster}, std::pair{"other", &certificates->other}}) {
-      absl::StatusOr<TlsCredentials> credentials =
-          testing::MakeTestCertificates((std::filesystem::temp_directory_path() / name).string());
-      EXPECT_TRUE(credentials.ok()) << credentials.status();
-      if (!credentials.ok()) continue;
-      absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::Create(*credentials);
-      EXPECT_TRUE(tls.ok()) << tls.status();
-      if (tls.ok()) *context = *tls;
-    }
-    return certificates;
-  }();
-  return *made;
-}
-
 class DataPathTest : public ::testing::TestWithParam<Link> {
  protected:
   void SetUp() override {
@@ -129,7 +105,7 @@ class DataPathTest : public ::testing::TestWithParam<Link> {
   void StartServer(PsDataServerOptions options) {
     server_.reset();
     options.shared_memory = GetParam() == Link::kSharedMemory;
-    if (GetParam() == Link::kTls) options.tls = TestCertificates().cluster;
+    if (GetParam() == Link::kTls) options.tls = testing::TestTlsContext();
     auto server = PsDataServer::Start(store_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -137,15 +113,14 @@ class DataPathTest : public ::testing::TestWithParam<Link> {
 
   std::unique_ptr<PsDataClient> Client(PsDataClientOptions options = {}) {
     options.shared_memory = GetParam() == Link::kSharedMemory;
-    if (GetParam() == Link::kTls && options.tls == nullptr)
-      options.tls = TestCertificates().cluster;
+    if (GetParam() == Link::kTls && options.tls == nullptr) options.tls = testing::TestTlsContext();
     return std::make_unique<PsDataClient>("ps:0 at test", "127.0.0.1", server_->endpoint(),
                                           options);
   }
 
   // The TLS a raw connection speaks: the cluster's under kTls.
   const TlsContext* Tls() const {
-    return GetParam() == Link::kTls ? TestCertificates().cluster.get() : nullptr;
+    return GetParam() == Link::kTls ? testing::TestTlsContext().get() : nullptr;
   }
 
   VariableStore store_;
@@ -466,11 +441,11 @@ TEST(DataPathTlsTest, StrangersAreRefusedAndTheClustersClientsServed) {
   VariableStore store;
   ASSERT_TRUE(*store.Create("b", Tensor::FromVector<float>({2}, {1, 2}), kSgd));
   auto server =
-      PsDataServer::Start(store, {.shared_memory = false, .tls = TestCertificates().cluster});
+      PsDataServer::Start(store, {.shared_memory = false, .tls = testing::TestTlsContext()});
   ASSERT_TRUE(server.ok()) << server.status();
   const DataPathEndpoint endpoint = (*server)->endpoint();
   using Stranger = std::pair<std::string, std::shared_ptr<const TlsContext>>;
-  for (const auto& [who, tls] : {Stranger{"another CA's client", TestCertificates().other},
+  for (const auto& [who, tls] : {Stranger{"another CA's client", testing::TestTlsContext("other")},
                                  Stranger{"a plaintext client", nullptr}}) {
     PsDataClient stranger("ps:0 at test", "127.0.0.1", endpoint,
                           {.shared_memory = false, .tls = tls});
@@ -482,7 +457,7 @@ TEST(DataPathTlsTest, StrangersAreRefusedAndTheClustersClientsServed) {
   }
   EXPECT_EQ(store.Info("b")->updates, 0);
   PsDataClient member("ps:0 at test", "127.0.0.1", endpoint,
-                      {.shared_memory = false, .tls = TestCertificates().cluster});
+                      {.shared_memory = false, .tls = testing::TestTlsContext()});
   ASSERT_OK(member.Push({"b"}, {Filled(2, 1)}, nullptr));
   EXPECT_EQ(member.transport(), "tcp+tls");
   EXPECT_EQ(store.Info("b")->updates, 1);

@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <functional>
-#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -47,23 +45,8 @@ std::string KindName(Kind kind) {
   return "?";
 }
 
-// A TLS context of a cluster's certificates (made once per cluster name).
-std::shared_ptr<const TlsContext> ClusterTls(const std::string& cluster = "cluster") {
-  static auto* const made = new std::map<std::string, std::shared_ptr<const TlsContext>>;
-  auto& context = (*made)[cluster];
-  if (context != nullptr) return context;
-  absl::StatusOr<TlsCredentials> credentials =
-      testing::MakeTestCertificates((std::filesystem::temp_directory_path() / cluster).string());
-  EXPECT_TRUE(credentials.ok()) << credentials.status();
-  if (!credentials.ok()) return nullptr;
-  absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::Create(*credentials);
-  EXPECT_TRUE(tls.ok()) << tls.status();
-  if (tls.ok()) context = *tls;
-  return context;
-}
-
 std::shared_ptr<const TlsContext> TlsOf(Kind kind) {
-  return kind == Kind::kTls ? ClusterTls() : nullptr;
+  return kind == Kind::kTls ? testing::TestTlsContext() : nullptr;
 }
 
 struct Group {
@@ -431,7 +414,8 @@ TEST_P(SocketCollectivesTest, AStrangerWithoutTheTokenIsNotTakenForAPeer) {
 // it refuses its certificate and says so, and it never gets a link.
 TEST(TlsCollectivesTest, ARankWithAnotherCasCertificateIsRefused) {
   std::shared_ptr<Rendezvous> rendezvous = NewInMemoryRendezvous();
-  const std::shared_ptr<const TlsContext> ours = ClusterTls(), theirs = ClusterTls("other");
+  const std::shared_ptr<const TlsContext> ours = testing::TestTlsContext(),
+                                          theirs = testing::TestTlsContext("other");
   std::vector<absl::Status> statuses = OnEveryRank(2, [&](int r) {
     TcpTransportOptions options{.rank = r,
                                 .size = 2,

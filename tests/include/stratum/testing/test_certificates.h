@@ -5,9 +5,15 @@
 // includes this header defines STRATUM_SOURCE_DIR (the checkout, where the script is).
 #pragma once
 
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "stratum/net/tls.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/util/subprocess.h"
@@ -33,6 +39,25 @@ inline absl::StatusOr<TlsCredentials> MakeTestCertificates(const std::string& di
                              .key_file = dir + "/tls.key",
                              .ca_file = dir + "/ca.crt",
                              .server_name = server_name});
+}
+
+// A TLS context of the test cluster `cluster`'s certificates (made once per name in this
+// process, under its temporary folder); null, failing the test, when they cannot be made.
+// Thread-safe.
+inline std::shared_ptr<const TlsContext> TestTlsContext(const std::string& cluster = "cluster") {
+  static absl::Mutex mutex(absl::kConstInit);
+  static auto* const made = new std::map<std::string, std::shared_ptr<const TlsContext>>;
+  absl::MutexLock lock(&mutex);
+  std::shared_ptr<const TlsContext>& context = (*made)[cluster];
+  if (context != nullptr) return context;
+  absl::StatusOr<TlsCredentials> credentials =
+      MakeTestCertificates((std::filesystem::temp_directory_path() / cluster).string());
+  EXPECT_TRUE(credentials.ok()) << credentials.status();
+  if (!credentials.ok()) return nullptr;
+  absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::Create(*credentials);
+  EXPECT_TRUE(tls.ok()) << tls.status();
+  if (tls.ok()) context = *tls;
+  return context;
 }
 
 }  // namespace stratum::testing
