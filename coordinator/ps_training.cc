@@ -118,17 +118,21 @@ absl::Status CheckParameterServerJob(const JobSpec& job, const PsTrainingOptions
                            PartitionerFromJson(job.strategy.variable_partitioner));
   STRATUM_RETURN_IF_ERROR(PlacementPolicyFromName(options.placement).status());
   STRATUM_ASSIGN_OR_RETURN(const Model model, Model::FromKerasJson(job.model));
-  // A shard travels whole in one message when it is pulled (a row-sparse table's steps move
-  // rows, but the coordinator evaluates it whole; its PS makes it from a fill).
+  // A dense variable's shard travels whole in one message with every step (its gradient and
+  // its value). A row-sparse table's steps move rows, and its shards travel whole (to be
+  // exported, saved by ModelCheckpoint or restored by EarlyStopping) in pieces of rows, so
+  // they may be of any size.
   const auto limit = static_cast<int64_t>(options.channel.max_message_bytes) - (1 << 20);
   for (const VariableSpec& variable : model.variables()) {
+    if (variable.row_sparse) continue;
     for (const ShardSpec& shard : ShardVariable(variable.name, variable.shape, partitioner)) {
       if (shard.bytes <= limit) continue;
-      return absl::InvalidArgumentError(
-          absl::StrCat("variable \"", variable.name, "\" has a shard of ", shard.bytes,
-                       " bytes, more than one message carries (", limit,
-                       "): split it in smaller shards with strategy.variable_partitioner, such as "
-                       "{\"type\": \"max_size\", \"max_shard_bytes\": 134217728}"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable \"", variable.name, "\" has a shard of ", shard.bytes,
+          " bytes, more than one message carries (", limit,
+          "), and a dense variable's shard travels whole with every step: split it in smaller "
+          "shards with strategy.variable_partitioner, such as {\"type\": \"max_size\", "
+          "\"max_shard_bytes\": 134217728}"));
     }
   }
   if (job.checkpoint.dir.empty()) return absl::OkStatus();

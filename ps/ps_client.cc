@@ -295,6 +295,7 @@ absl::Status PsClient::Assign(const std::vector<NamedValue>& values) {
     proto::NamedTensor* message = request.add_values();
     message->set_name(value.name);
     TensorToProto(value.value, message->mutable_tensor());
+    if (value.rows) message->mutable_rows()->Assign(value.rows->begin(), value.rows->end());
   }
   proto::AssignResponse response;
   return FromGrpcStatus(transport_->Assign(request, &response, options_.timeout), Peer());

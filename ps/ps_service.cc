@@ -271,7 +271,10 @@ grpc::Status PsService::Assign(grpc::ServerContext*, const proto::AssignRequest*
       return ToGrpcStatus(absl::InvalidArgumentError(
           absl::StrCat("value for variable \"", message.name(), "\": ", value.status().message())));
     }
-    if (absl::Status status = store_.Assign(message.name(), *value); !status.ok()) {
+    const std::vector<int64_t> rows(message.rows().begin(), message.rows().end());
+    if (absl::Status status =
+            store_.Assign(message.name(), *value, message.rows().empty() ? nullptr : &rows);
+        !status.ok()) {
       return ToGrpcStatus(status);
     }
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "stratum/util/status_macros.h"
@@ -18,9 +19,26 @@ Tensor RowsOf(const Tensor& whole, const ShardSpec& shard) {
 }
 
 // The tensor bytes one request to a PS carries at most when the whole variables are
-// created or pulled: a task's shards go in several requests (a shard alone in one, if it
-// is larger), each well within a message.
+// created, assigned or pulled: a task's shards go in several requests, each well within a
+// message (a larger shard in pieces of rows, but when created from values).
 constexpr int64_t kRequestBytes = 64 << 20;
+
+// The bytes of one row of `shape` (of the whole tensor for a scalar), as float32.
+int64_t RowBytes(const Shape& shape) {
+  const int64_t rows = shape.rank() == 0 ? 1 : std::max<int64_t>(shape.dim(0), 1);
+  return shape.num_elements() / rows * static_cast<int64_t>(sizeof(float));
+}
+
+// Pieces [begin, end) of `count` rows of `row_bytes` each, of at most kRequestBytes (at
+// least one row).
+std::vector<std::pair<int64_t, int64_t>> RowPieces(int64_t count, int64_t row_bytes) {
+  const int64_t per_piece = std::max<int64_t>(1, kRequestBytes / std::max<int64_t>(row_bytes, 1));
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t begin = 0; begin < count; begin += per_piece) {
+    pieces.emplace_back(begin, std::min(count, begin + per_piece));
+  }
+  return pieces;
+}
 
 // `items` (with their bytes) in groups of at most kRequestBytes, in order.
 template <typename T>
@@ -228,7 +246,18 @@ absl::Status ShardedVariables::Assign(const std::vector<Tensor>& values) {
       const ShardSpec& shard = shards_[s];
       NamedValue value{shard.name, RowsOf(values[variable_of_shard_[s]], shard)};
       const auto bytes = static_cast<int64_t>(value.value.byte_size());
-      sized.emplace_back(std::move(value), bytes);
+      if (bytes <= kRequestBytes || shard.shape.rank() == 0) {
+        sized.emplace_back(std::move(value), bytes);
+        continue;
+      }
+      const int64_t row_bytes = RowBytes(shard.shape);
+      for (const auto& [begin, end] : RowPieces(shard.shape.dim(0), row_bytes)) {
+        std::vector<int64_t> rows(static_cast<size_t>(end - begin));
+        std::iota(rows.begin(), rows.end(), begin);
+        sized.emplace_back(
+            NamedValue{shard.name, value.value.SliceRows(begin, end), std::move(rows)},
+            (end - begin) * row_bytes);
+      }
     }
     for (const std::vector<NamedValue>& part : InGroups(std::move(sized))) {
       STRATUM_RETURN_IF_ERROR(clients_[static_cast<size_t>(task)]->Assign(part));
@@ -237,41 +266,68 @@ absl::Status ShardedVariables::Assign(const std::vector<Tensor>& values) {
   });
 }
 
+std::vector<ShardedVariables::TaskReads> ShardedVariables::InRequests(TaskReads reads) const {
+  // One part per whole shard or piece of rows, in the order read (whole shards first).
+  struct Part {
+    bool whole;
+    RowRead read;  // the shard's name alone when whole
+    Placement placement;
+  };
+  std::vector<std::pair<Part, int64_t>> parts;
+  auto add_pieces = [&](const RowRead& read, const Placement& placement) {
+    const int64_t row_bytes = RowBytes(placement.shape);
+    for (const auto& [begin, end] : RowPieces(placement.shape.dim(0), row_bytes)) {
+      RowRead piece{read.name, {read.rows.begin() + begin, read.rows.begin() + end}};
+      parts.emplace_back(Part{false,
+                              std::move(piece),
+                              {placement.variable, placement.row + begin,
+                               placement.shape.WithFirstDim(end - begin)}},
+                         (end - begin) * row_bytes);
+    }
+  };
+  for (size_t i = 0; i < reads.names.size(); ++i) {
+    const Placement& placement = reads.placements[i];
+    const int64_t bytes = placement.shape.num_elements() * static_cast<int64_t>(sizeof(float));
+    if (bytes <= kRequestBytes || placement.shape.rank() == 0) {
+      parts.emplace_back(Part{true, {reads.names[i], {}}, placement}, bytes);
+      continue;
+    }
+    RowRead all{reads.names[i], std::vector<int64_t>(static_cast<size_t>(placement.shape.dim(0)))};
+    std::iota(all.rows.begin(), all.rows.end(), 0);
+    add_pieces(all, placement);
+  }
+  for (size_t i = 0; i < reads.row_reads.size(); ++i) {
+    add_pieces(reads.row_reads[i], reads.placements[reads.names.size() + i]);
+  }
+  std::vector<TaskReads> requests;
+  for (std::vector<Part>& group : InGroups(std::move(parts))) {
+    // The PS answers the whole shards first, then the rows.
+    TaskReads& request = requests.emplace_back();
+    std::vector<Placement> row_placements;
+    for (Part& part : group) {
+      if (part.whole) {
+        request.names.push_back(std::move(part.read.name));
+        request.placements.push_back(std::move(part.placement));
+      } else {
+        request.row_reads.push_back(std::move(part.read));
+        row_placements.push_back(std::move(part.placement));
+      }
+    }
+    request.placements.insert(request.placements.end(), row_placements.begin(),
+                              row_placements.end());
+  }
+  return requests;
+}
+
 absl::StatusOr<std::vector<Tensor>> ShardedVariables::Pull(const RowSelection& rows) {
   STRATUM_RETURN_IF_ERROR(CheckSelection(rows));
   std::vector<Tensor> values = NewValues(rows);
   absl::Status status = ForEachTask([&](int task) -> absl::Status {
-    const TaskReads reads = ReadsOf(task, rows, /*whole=*/true);
-    if (reads.placements.empty()) return absl::OkStatus();
-    // Whole shards in requests of at most kRequestBytes (a large table pulled whole, as the
-    // coordinator evaluates it), the rows read in the last.
-    std::vector<std::pair<size_t, int64_t>> sized;
-    for (size_t i = 0; i < reads.names.size(); ++i) {
-      const Tensor& target = values[reads.placements[i].variable];
-      const ShardSpec& shard = shards_[ShardIndex(reads.names[i])];
-      sized.emplace_back(
-          i, shard.shape.num_elements() * static_cast<int64_t>(DTypeSize(target.dtype())));
-    }
-    std::vector<std::vector<size_t>> groups = InGroups(std::move(sized));
-    if (groups.empty()) groups.emplace_back();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<std::string> names;
-      std::vector<Placement> placements;
-      for (size_t i : groups[g]) {
-        names.push_back(reads.names[i]);
-        placements.push_back(reads.placements[i]);
-      }
-      const bool last = g + 1 == groups.size();
-      if (last) {
-        placements.insert(
-            placements.end(),
-            reads.placements.begin() + static_cast<std::ptrdiff_t>(reads.names.size()),
-            reads.placements.end());
-      }
-      absl::StatusOr<std::vector<Tensor>> answer = clients_[static_cast<size_t>(task)]->Pull(
-          names, last ? reads.row_reads : std::vector<RowRead>{});
+    for (const TaskReads& request : InRequests(ReadsOf(task, rows, /*whole=*/true))) {
+      absl::StatusOr<std::vector<Tensor>> answer =
+          clients_[static_cast<size_t>(task)]->Pull(request.names, request.row_reads);
       if (!answer.ok()) return answer.status();
-      STRATUM_RETURN_IF_ERROR(Place(task, *answer, placements, values));
+      STRATUM_RETURN_IF_ERROR(Place(task, *answer, request.placements, values));
     }
     return absl::OkStatus();
   });

@@ -41,6 +41,34 @@ absl::Status CheckMatches(const std::string& name, const char* what, const Tenso
       DTypeName(info.dtype), info.shape.ToString(), ": send a tensor of the variable's shape"));
 }
 
+// Values (`what`: "row gradients", "row values") for rows `rows` of variable `name`: float32
+// [rows, ...] of a variable with rows, each of them within it.
+absl::Status CheckRowValues(const std::string& name, const char* what, const Tensor& given,
+                            const std::vector<int64_t>& rows, const VariableInfo& info) {
+  if (info.shape.rank() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " for variable \"", name, "\", a scalar, which has no rows: send it whole"));
+  }
+  if (rows.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " for variable \"", name, "\" name no rows: send at least one row, or none"));
+  }
+  const Shape expected = info.shape.WithFirstDim(static_cast<int64_t>(rows.size()));
+  if (given.dtype() != DType::kFloat32 || !(given.shape() == expected)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " for variable \"", name, "\" are ",
+                                                   given.DebugString(), " for ", rows.size(),
+                                                   " rows: send float32", expected.ToString()));
+  }
+  for (int64_t index : rows) {
+    if (index < 0 || index >= info.shape.dim(0)) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", index, " of variable \"", name,
+                                                     "\" is out of range: it has rows 0..",
+                                                     info.shape.dim(0) - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string OptimizerName(const nlohmann::json& config) {
   if (config.is_null()) return "";
   if (config.is_string()) return config.get<std::string>();
@@ -203,14 +231,27 @@ absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
   return out;
 }
 
-absl::Status VariableStore::Assign(const std::string& name, const Tensor& value) {
+absl::Status VariableStore::Assign(const std::string& name, const Tensor& value,
+                                   const std::vector<int64_t>* rows) {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
-  if (absl::Status status = CheckMatches(name, "value", value, v.info); !status.ok()) return status;
-  v.value.CopyFrom(value);
-  if (AllFinite(v.value)) v.diverged.clear();
+  if (rows == nullptr) {
+    STRATUM_RETURN_IF_ERROR(CheckMatches(name, "value", value, v.info));
+    v.value.CopyFrom(value);
+  } else {
+    STRATUM_RETURN_IF_ERROR(CheckRowValues(name, "row values", value, *rows, v.info));
+    const int64_t row_size = v.value.row_size();
+    for (size_t i = 0; i < rows->size(); ++i) {
+      std::memcpy(v.value.data<float>() + (*rows)[i] * row_size,
+                  value.data<float>() + static_cast<int64_t>(i) * row_size,
+                  static_cast<size_t>(row_size) * sizeof(float));
+    }
+  }
+  // A diverged variable trains again once its values are all finite (a large one assigned
+  // in pieces of rows, once the last piece is).
+  if (!v.diverged.empty() && AllFinite(v.value)) v.diverged.clear();
   return absl::OkStatus();
 }
 
@@ -238,30 +279,7 @@ absl::Status VariableStore::CheckGradientLocked(const std::string& name, const V
   }
   if (!v.diverged.empty()) return absl::FailedPreconditionError(v.diverged);
   if (rows == nullptr) return CheckMatches(name, "gradient", gradient, v.info);
-  if (v.info.shape.rank() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row gradients for variable \"", name, "\", a scalar, which has no rows: send it whole"));
-  }
-  if (rows->empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row gradients for variable \"", name,
-                     "\" name no rows: send at least one row, or no gradient for it"));
-  }
-  const Shape expected = v.info.shape.WithFirstDim(static_cast<int64_t>(rows->size()));
-  if (gradient.dtype() != DType::kFloat32 || !(gradient.shape() == expected)) {
-    return absl::InvalidArgumentError(absl::StrCat("row gradients for variable \"", name, "\" are ",
-                                                   gradient.DebugString(), " for ", rows->size(),
-                                                   " rows: send float32", expected.ToString()));
-  }
-  const int64_t num_rows = v.value.rows();
-  for (int64_t index : *rows) {
-    if (index < 0 || index >= num_rows) {
-      return absl::InvalidArgumentError(absl::StrCat("row ", index, " of variable \"", name,
-                                                     "\" is out of range: it has rows 0..",
-                                                     num_rows - 1));
-    }
-  }
-  return absl::OkStatus();
+  return CheckRowValues(name, "row gradients", gradient, *rows, v.info);
 }
 
 absl::StatusOr<std::vector<int64_t>> VariableStore::ApplyPush(

@@ -98,14 +98,19 @@ def main():
     if args.accuracy is not None:
         images = read_idx(args.data + "/t10k-images-idx3-ubyte.gz").reshape(10000, -1)
         labels = read_idx(args.data + "/t10k-labels-idx1-ubyte.gz")
-        x = images.astype(np.float32) / 255.0
+        # An Embedding takes the pixels as ids (the job does not rescale them).
+        takes_ids = any(layer["class_name"] == "Embedding" for _, layer in layers)
+        x = images.astype(np.int64) if takes_ids else images.astype(np.float32) / 255.0
         for path, layer in layers:
-            if layer["class_name"] != "Dense":
-                continue
-            kernel, bias = by_path[path]
-            x = x @ kernel + bias
-            if layer["config"].get("activation") == "relu":
-                x = np.maximum(x, 0)
+            if layer["class_name"] == "Embedding":
+                x = by_path[path][0][x]
+            elif layer["class_name"] == "Flatten":
+                x = x.reshape(len(x), -1)
+            elif layer["class_name"] == "Dense":
+                kernel, bias = by_path[path]
+                x = x @ kernel + bias
+                if layer["config"].get("activation") == "relu":
+                    x = np.maximum(x, 0)
         accuracy = float(np.mean(np.argmax(x, axis=1) == labels))
         result["accuracy"] = accuracy
         assert abs(accuracy - args.accuracy) < 2e-3, (accuracy, args.accuracy)

@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "stratum/model/initial_fill.h"
 #include "stratum/model/model.h"
 #include "stratum/ps/placement.h"
 #include "stratum/testing/in_process_ps.h"
@@ -144,9 +147,6 @@ TEST_F(ShardedVariablesTest, RowsOutsideAShardAreRefusedByTheParameterServer) {
   EXPECT_TRUE((*whole)[0].BitwiseEqual(initial_[0]));
 }
 
-// A table larger than one message carries (three 96 MiB shards on one PS, 288 MiB, over
-// gRPC's 256 MiB) is created and pulled whole in several requests, and comes back as it
-// went.
 // A model's variables made by their PSs from fills (only the fills travel) equal, bit for
 // bit, what Model::InitialVariables builds whole: a RandomUniform table split by rows over
 // two PSs, a glorot_uniform kernel and a zero bias; a shard that would not fit the PS is
@@ -207,6 +207,9 @@ TEST_F(ShardedVariablesTest, ShardsMadeByTheirPsFromFillsEqualTheVariablesBuiltW
                                    "ps tasks"));
 }
 
+// A table larger than one message carries (three 96 MiB shards on one PS, 288 MiB, over
+// gRPC's 256 MiB) is created and pulled whole in several requests, and comes back as it
+// went.
 TEST(ShardedVariablesLargeTest, ATableLargerThanARequestTravelsInSeveralAndComesBackWhole) {
   absl::StatusOr<std::unique_ptr<InProcessPs>> ps = InProcessPs::Start();
   ASSERT_TRUE(ps.ok()) << ps.status();
@@ -234,6 +237,52 @@ TEST(ShardedVariablesLargeTest, ATableLargerThanARequestTravelsInSeveralAndComes
   auto pulled = variables.Pull();
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   EXPECT_TRUE((*pulled)[0].BitwiseEqual(initial));
+}
+
+// One shard larger than a message (288 MiB, as the tutorial's partitioner makes of a large
+// table on few parameter servers): pulled whole, read by a selection of rows larger than a
+// request, and assigned whole, each in pieces of rows that fit a message.
+TEST(ShardedVariablesLargeTest, AShardLargerThanAMessageTravelsInPiecesOfRows) {
+  absl::StatusOr<std::unique_ptr<InProcessPs>> ps = InProcessPs::Start();
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  const int64_t rows = 9 << 20, width = 8;  // 288 MiB
+  const Shape shape({rows, width});
+  std::vector<std::unique_ptr<PsClient>> clients;
+  clients.push_back(std::make_unique<PsClient>("ps:0", (*ps)->address(),
+                                               PsClientOptions{.timeout = absl::Seconds(60)}));
+  ShardedVariables variables({"table"}, {shape},
+                             {{.name = "table", .variable = "table", .shape = shape}},
+                             std::move(clients));
+  const InitialFill fill = {
+      .kind = InitialFill::Kind::kUniform, .low = -1, .span = 2, .stream_seed = 5, .counter = true};
+  ASSERT_OK(variables.Create(std::vector<InitialFill>{fill}, {kSgd}));
+  Tensor expected(DType::kFloat32, shape);
+  FillInitialValues(fill, 0, expected.num_elements(), expected.data<float>());
+
+  absl::StatusOr<std::vector<Tensor>> whole = variables.Pull();
+  ASSERT_OK(whole.status());
+  EXPECT_TRUE((*whole)[0].BitwiseEqual(expected));
+
+  std::vector<int64_t> odd;  // 144 MiB of rows
+  for (int64_t row = 1; row < rows; row += 2) odd.push_back(row);
+  absl::StatusOr<std::vector<Tensor>> selected = variables.Pull({&odd});
+  ASSERT_OK(selected.status());
+  ASSERT_EQ((*selected)[0].shape(), Shape({rows / 2, width}));
+  bool same = true;
+  for (size_t i = 0; i < odd.size() && same; ++i) {
+    same = std::equal(expected.data<float>() + odd[i] * width,
+                      expected.data<float>() + (odd[i] + 1) * width,
+                      (*selected)[0].data<float>() + static_cast<int64_t>(i) * width);
+  }
+  EXPECT_TRUE(same);
+
+  for (int64_t i = 0; i < expected.num_elements(); ++i) {
+    expected.data<float>()[i] = static_cast<float>(i % 1001);
+  }
+  ASSERT_OK(variables.Assign({expected}));
+  whole = variables.Pull();
+  ASSERT_OK(whole.status());
+  EXPECT_TRUE((*whole)[0].BitwiseEqual(expected));
 }
 
 }  // namespace

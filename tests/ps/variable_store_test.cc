@@ -500,6 +500,30 @@ TEST(VariableStoreTest, AnUpdateThatMakesTheValueNonFiniteIsRefusedSayingWhy) {
       store.ApplyRowGradients("table", {2}, Tensor::FromVector<float>({1, 2}, {0, 1e33f})).status(),
       testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                         HasSubstr("variable \"table\" became NaN or Inf")));
+  // Assigned in pieces of rows, it trains again once the piece with the bad row is replaced.
+  const std::vector<int64_t> first_rows = {0, 1}, last_row = {2};
+  ASSERT_OK(store.Assign("table", Tensor::FromVector<float>({2, 2}, {1, 1, 1, 1}), &first_rows));
+  EXPECT_FALSE(
+      store.ApplyRowGradients("table", {0}, Tensor::FromVector<float>({1, 2}, {0, 0})).ok());
+  ASSERT_OK(store.Assign("table", Tensor::FromVector<float>({1, 2}, {1, 1}), &last_row));
+  EXPECT_OK(
+      store.ApplyRowGradients("table", {0}, Tensor::FromVector<float>({1, 2}, {0, 0})).status());
+}
+
+// Rows of a variable are assigned in place, the others kept; rows outside the variable, or
+// values that are not one row each, change nothing and say what to send.
+TEST(VariableStoreTest, AssignsRowsInPlace) {
+  VariableStore store;
+  ASSERT_TRUE(*store.Create("t", Tensor::FromVector<float>({3, 2}, {1, 2, 3, 4, 5, 6}), kSgd));
+  const std::vector<int64_t> rows = {2, 0}, outside = {3}, one = {1};
+  ASSERT_OK(store.Assign("t", Tensor::FromVector<float>({2, 2}, {9, 8, 7, 6}), &rows));
+  EXPECT_TRUE(store.Read("t")->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {7, 6, 3, 4, 9, 8})));
+  EXPECT_THAT(Message(store.Assign("t", Tensor::FromVector<float>({1, 2}, {0, 0}), &outside)),
+              HasSubstr("row 3 of variable \"t\" is out of range: it has rows 0..2"));
+  EXPECT_THAT(Message(store.Assign("t", Tensor::FromVector<float>({2, 2}, {0, 0, 0, 0}), &one)),
+              HasSubstr("row values for variable \"t\" are float32[2, 2] for 1 rows: send "
+                        "float32[1, 2]"));
+  EXPECT_TRUE(store.Read("t")->BitwiseEqual(Tensor::FromVector<float>({3, 2}, {7, 6, 3, 4, 9, 8})));
 }
 
 }  // namespace

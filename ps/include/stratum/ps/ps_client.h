@@ -65,7 +65,7 @@ CoordinatorCredential CredentialOf(const proto::CoordinatorId& id);
 struct NamedValue {
   std::string name;
   Tensor value;
-  // Set for a row gradient: which rows of axis 0 `value` holds (sorted, unique).
+  // Set for a row gradient or row values: which rows of axis 0 `value` holds (sorted, unique).
   std::optional<std::vector<int64_t>> rows;
 };
 
@@ -120,6 +120,7 @@ class PsClient {
   // `row_reads` name, read after the update (the next batch's).
   absl::Status Push(const std::vector<NamedValue>& gradients, std::vector<Tensor>* pulled = nullptr,
                     const std::vector<RowRead>& row_reads = {});
+  // Sets variables to `values` (VariableStore::Assign): whole, or the rows a value names.
   absl::Status Assign(const std::vector<NamedValue>& values);
   // VariableStore::SetLearningRate on this PS.
   absl::Status SetLearningRate(float rate);

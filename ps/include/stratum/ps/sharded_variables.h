@@ -40,7 +40,8 @@ class ShardedVariables {
   using RowSelection = std::vector<const std::vector<int64_t>*>;
 
   // The current values: whole, or the rows `rows` selects ([rows, ...], from the shards that
-  // hold them; only those rows travel).
+  // hold them; only those rows travel). Each PS answers in requests of at most kRequestBytes:
+  // a shard or a selection larger than a message travels in pieces of rows.
   absl::StatusOr<std::vector<Tensor>> Pull(const RowSelection& rows = {});
   // Pushes gradients, split into shards: whole, or for the rows `rows` selects (row
   // gradients, [rows, ...]); with `pulled`, the updated values come back in the same calls:
@@ -49,8 +50,8 @@ class ShardedVariables {
                     const RowSelection& rows = {}, const RowSelection& next_rows = {});
 
   // Sets every variable to `values` (whole, in the order of the names given at
-  // construction), each PS its shards, in requests of at most kRequestBytes; the
-  // optimizers' slots stay (EarlyStopping's restore_best_weights).
+  // construction), each PS its shards, in requests of at most kRequestBytes (a larger shard
+  // in pieces of rows); the optimizers' slots stay (EarlyStopping's restore_best_weights).
   absl::Status Assign(const std::vector<Tensor>& values);
   // Keras' optimizer.learning_rate = `rate` on every PS that holds shards (ReduceLROnPlateau).
   absl::Status SetLearningRate(float rate) {
@@ -80,6 +81,9 @@ class ShardedVariables {
     std::vector<Placement> placements;
   };
   TaskReads ReadsOf(int task, const RowSelection& rows, bool whole) const;
+  // `reads` as requests that each answer at most kRequestBytes: whole shards by name, grouped;
+  // a shard too large for one request, and rows read beyond one, in pieces of rows.
+  std::vector<TaskReads> InRequests(TaskReads reads) const;
   // The selected rows of shard `s` of a row-selected variable: [begin, end) positions in the
   // selection.
   std::pair<size_t, size_t> SelectedRange(size_t s, const std::vector<int64_t>& rows) const;

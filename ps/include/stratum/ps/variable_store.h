@@ -81,7 +81,11 @@ class VariableStore {
   // Rows `indices` of axis 0, in order (duplicates allowed).
   absl::StatusOr<Tensor> ReadRows(const std::string& name,
                                   const std::vector<int64_t>& indices) const;
-  absl::Status Assign(const std::string& name, const Tensor& value);
+  // Sets the variable's value, or with `rows` (sorted or not, each once) those rows of axis 0
+  // to `value` ([rows, ...]); the optimizer's slots stay. A diverged variable trains again
+  // once it holds only finite values.
+  absl::Status Assign(const std::string& name, const Tensor& value,
+                      const std::vector<int64_t>* rows = nullptr);
   // Keras' optimizer.learning_rate = `rate`: every variable whose optimizer is a job's (not
   // the non-trainable variables' update) applies its next updates with that constant rate,
   // its slots as they are; the config it is saved with says so. Returns how many changed.
