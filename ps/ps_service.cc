@@ -318,11 +318,8 @@ grpc::Status PsService::Save(grpc::ServerContext*, const proto::SaveRequest* req
     if (next_save_id_ == 0) ++next_save_id_;  // 0 names no save
     save_id = next_save_id_++;
   }
-  absl::StatusOr<TensorFile> file = StoreToTensorFile(store_);
-  if (!file.ok()) return ToGrpcStatus(file.status());
   // Opened beneath the folder: a link swapped in after the check above leads nowhere.
-  absl::StatusOr<WrittenFile> written =
-      WriteSafetensors(request->path(), *file, Confinement{*folder});
+  absl::StatusOr<WrittenFile> written = SaveStore(store_, request->path(), Confinement{*folder});
   if (!written.ok()) return ToGrpcStatus(written.status());
   response->set_crc32(written->crc32);
   response->set_bytes(written->bytes);

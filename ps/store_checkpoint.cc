@@ -1,10 +1,13 @@
 #include "stratum/ps/store_checkpoint.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -117,21 +120,48 @@ absl::Status ReshardOne(const std::vector<TensorFile>& files,
 
 }  // namespace
 
-absl::StatusOr<TensorFile> StoreToTensorFile(const VariableStore& store) {
-  TensorFile file;
-  file.metadata["format"] = kFileFormat;
+absl::StatusOr<WrittenFile> SaveStore(const VariableStore& store, const std::string& path,
+                                      const Confinement& confinement) {
+  // What the file holds first (names, shapes, slots; no values), then each variable copied
+  // and written in turn: the save holds one variable's copy at a time, not the store's.
+  std::vector<VariableSnapshot> layouts;
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata = {{"format", kFileFormat}};
+  uint64_t slack = 4096;
   for (const VariableInfo& info : store.List()) {
-    absl::StatusOr<VariableSnapshot> snapshot = store.Snapshot(info.name);
-    if (!snapshot.ok()) return snapshot.status();
-    file.tensors.push_back({info.name, snapshot->value});
-    for (size_t s = 0; s < snapshot->slots.size(); ++s) {
-      file.tensors.push_back(
-          {absl::StrCat(info.name, kSlotInfix, snapshot->slot_names[s]), snapshot->slots[s]});
+    STRATUM_ASSIGN_OR_RETURN(VariableSnapshot layout, store.Snapshot(info.name, /*values=*/false));
+    entries.push_back({info.name, layout.info.dtype, layout.info.shape});
+    for (const std::string& slot : layout.slot_names) {
+      entries.push_back(
+          {absl::StrCat(info.name, kSlotInfix, slot), layout.info.dtype, layout.info.shape});
     }
-    file.metadata[info.name + ".updates"] = absl::StrCat(snapshot->info.updates);
-    file.metadata[info.name + ".optimizer"] = snapshot->optimizer_config.dump();
+    metadata[info.name + ".updates"] = absl::StrCat(std::numeric_limits<int64_t>::min());
+    const std::string optimizer = layout.optimizer_config.dump();
+    slack += optimizer.size();  // room for a config that changes meanwhile (a new rate)
+    metadata[info.name + ".optimizer"] = optimizer;
+    layouts.push_back(std::move(layout));
   }
-  return file;
+  STRATUM_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Open(path, SafetensorsHeaderBytes(entries, metadata) + slack,
+                              confinement));
+  for (const VariableSnapshot& layout : layouts) {
+    const std::string& name = layout.info.name;
+    STRATUM_ASSIGN_OR_RETURN(const VariableSnapshot snapshot, store.Snapshot(name));
+    if (!(snapshot.info.shape == layout.info.shape) || snapshot.slot_names != layout.slot_names) {
+      return absl::AbortedError(
+          absl::StrCat("variable \"", name,
+                       "\" was created anew while the parameter server saved it: save again"));
+    }
+    STRATUM_RETURN_IF_ERROR(writer->Add(name, snapshot.value));
+    for (size_t s = 0; s < snapshot.slots.size(); ++s) {
+      STRATUM_RETURN_IF_ERROR(
+          writer->Add(absl::StrCat(name, kSlotInfix, snapshot.slot_names[s]), snapshot.slots[s]));
+    }
+    metadata[name + ".updates"] = absl::StrCat(snapshot.info.updates);
+    metadata[name + ".optimizer"] = snapshot.optimizer_config.dump();
+  }
+  return writer->Finish(metadata);
 }
 
 absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const TensorFile& file) {

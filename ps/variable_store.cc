@@ -498,16 +498,19 @@ absl::StatusOr<VariableInfo> VariableStore::Info(const std::string& name) const 
   return (*variable)->info;
 }
 
-absl::StatusOr<VariableSnapshot> VariableStore::Snapshot(const std::string& name) const {
+absl::StatusOr<VariableSnapshot> VariableStore::Snapshot(const std::string& name,
+                                                         bool values) const {
   absl::StatusOr<std::shared_ptr<Variable>> variable = Find(name);
   if (!variable.ok()) return variable.status();
   const Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
   VariableSnapshot snapshot;
   snapshot.info = v.info;
-  snapshot.value = v.value.Clone();
   if (v.optimizer != nullptr) snapshot.slot_names = v.optimizer->SlotNames();
-  for (const Tensor& slot : v.slots) snapshot.slots.push_back(slot.Clone());
+  if (values) {
+    snapshot.value = v.value.Clone();
+    for (const Tensor& slot : v.slots) snapshot.slots.push_back(slot.Clone());
+  }
   snapshot.optimizer_config = v.optimizer_config;
   return snapshot;
 }

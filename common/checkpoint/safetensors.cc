@@ -7,15 +7,19 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stratum/util/json_depth.h"
 #include "stratum/util/process_info.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -134,11 +138,10 @@ std::optional<absl::Status> Escaped(const std::string& path, const Confinement& 
       " (through .., or a link), the only place this server writes and reads these files"));
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what,
-                                          const Confinement& confinement) {
-  const std::string named = what.empty() ? path : absl::StrCat(what, " ", path);
+// Opens `path` to read, as a regular file, and says its size: NOT_FOUND when there is
+// none; DATA_LOSS naming it (`named`) when it is no regular file or cannot be opened.
+absl::StatusOr<int> OpenForReading(const std::string& path, const std::string& named,
+                                   const Confinement& confinement, uint64_t& size) {
   // O_NONBLOCK: opening a FIFO in a checkpoint file's place must not wait for a writer (a
   // blocked open would also outlive SIGTERM); it is refused below as not a regular file.
   const int fd = OpenConfined(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0, confinement);
@@ -154,132 +157,289 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::st
         "cannot read ", named, ": ",
         S_ISDIR(info.st_mode) ? "it is a folder, not a file" : "it is not a regular file"));
   }
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(info.st_size));
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof buffer);
+  size = static_cast<uint64_t>(info.st_size);
+  return fd;
+}
+
+// Up to `size` bytes at `offset` into `data`: how many there were before the end of the
+// file. DATA_LOSS naming the file (`named`) on an I/O error.
+absl::StatusOr<size_t> ReadAt(int fd, void* data, size_t size, off_t offset,
+                              const std::string& named) {
+  char* bytes = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = pread(fd, bytes + done, std::min<size_t>(size - done, 1 << 30),
+                            offset + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(error)));
-    }
+    if (n < 0)
+      return absl::DataLossError(absl::StrCat("cannot read ", named, ": ", std::strerror(errno)));
     if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
+    done += static_cast<size_t>(n);
   }
-  close(fd);
+  return done;
+}
+
+// crc32 of `size` bytes, continuing `crc`, in parts that zlib's 32-bit length takes.
+uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const size_t part = std::min<size_t>(size, size_t{1} << 30);
+    crc = static_cast<uint32_t>(crc32(crc, bytes, static_cast<uInt>(part)));
+    bytes += part;
+    size -= part;
+  }
+  return crc;
+}
+
+// A file written under a temporary name in its folder and renamed into place by Commit
+// (after an fsync; the folder synced after), so that a crash never leaves half a file
+// under the final name. Destroyed before Commit, it leaves nothing.
+class AtomicFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFile>> Open(const std::string& path,
+                                                          const Confinement& confinement) {
+    const size_t slash = path.rfind('/');
+    auto file = std::unique_ptr<AtomicFile>(new AtomicFile(
+        path, slash == std::string::npos ? path : path.substr(slash + 1), confinement));
+    if (file->fd_ < 0) {
+      if (std::optional<absl::Status> escaped = Escaped(path, confinement, file->open_error_)) {
+        return *escaped;
+      }
+      return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ",
+                                                        std::strerror(file->open_error_),
+                                                        "; check that its folder exists and is "
+                                                        "writable"));
+    }
+    return file;
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) close(fd_);
+    if (!committed_ && folder_.get() >= 0) unlinkat(folder_.get(), temporary_.c_str(), 0);
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // `size` bytes at the end of what is written so far.
+  absl::Status Append(const void* data, size_t size) {
+    return WriteAt(data, size, static_cast<off_t>(end_));
+  }
+  // `size` bytes at `offset` (bytes before the end are overwritten; beyond it, the gap
+  // reads as zeros).
+  absl::Status WriteAt(const void* data, size_t size, off_t offset) {
+    const char* bytes = static_cast<const char*>(data);
+    size_t written = 0;
+    while (written < size) {
+      const ssize_t n = pwrite(fd_, bytes + written, std::min<size_t>(size - written, 1 << 30),
+                               offset + static_cast<off_t>(written));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return WriteFailed(path_, n < 0 ? errno : EIO);
+      written += static_cast<size_t>(n);
+    }
+    end_ = std::max<uint64_t>(end_, static_cast<uint64_t>(offset) + size);
+    return absl::OkStatus();
+  }
+  uint64_t size() const { return end_; }
+  // fsync, rename over the final name, fsync of the folder.
+  absl::Status Commit() {
+    const int fd = std::exchange(fd_, -1);
+    if (fsync(fd) != 0 || close(fd) != 0 ||
+        renameat(folder_.get(), temporary_.c_str(), folder_.get(), name_.c_str()) != 0) {
+      return WriteFailed(path_, errno);
+    }
+    committed_ = true;
+    // The rename itself is durable only once the folder is synced (best effort: a folder
+    // this user may write but not read cannot be).
+    const Fd readable(openat(folder_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (readable.get() >= 0) fsync(readable.get());
+    // Those of writers killed between their write and their rename.
+    RemoveLeftoversOfDeadProcesses(Folder(path_), absl::StrCat(name_, ".tmp."));
+    return absl::OkStatus();
+  }
+
+ private:
+  AtomicFile(std::string path, std::string name, const Confinement& confinement)
+      : path_(std::move(path)),
+        name_(std::move(name)),
+        temporary_(absl::StrCat(name_, ".tmp.", getpid())),
+        // The folder, opened once (beneath `within` when confined): the temporary file,
+        // the rename and the sync all happen in it, whatever changes on the path meanwhile.
+        folder_(OpenConfined(Folder(path_), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, confinement)) {
+    open_error_ = errno;
+    if (folder_.get() < 0) return;
+    // O_NOFOLLOW: never written through a link planted at the temporary name.
+    fd_ = openat(folder_.get(), temporary_.c_str(),
+                 O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    open_error_ = errno;
+  }
+
+  const std::string path_, name_, temporary_;
+  const Fd folder_;
+  int fd_ = -1;
+  int open_error_ = 0;
+  uint64_t end_ = 0;
+  bool committed_ = false;
+};
+
+// The safetensors header for `entries` at consecutive offsets and `metadata`, padded with
+// spaces to a multiple of 8 (aligned data, as the spec allows) and at least `min_bytes`.
+std::string HeaderText(const std::vector<SafetensorsEntry>& entries,
+                       const std::map<std::string, std::string>& metadata, uint64_t min_bytes) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& entry : entries) {
+    const uint64_t bytes =
+        static_cast<uint64_t>(entry.shape.num_elements()) * DTypeSize(entry.dtype);
+    header[entry.name] = {{"dtype", SafetensorsDType(entry.dtype)},
+                          {"shape", entry.shape.dims()},
+                          {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append(std::max<uint64_t>(text.size(), min_bytes) - text.size(), ' ');
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what,
+                                          const Confinement& confinement) {
+  const std::string named = what.empty() ? path : absl::StrCat(what, " ", path);
+  uint64_t size = 0;
+  STRATUM_ASSIGN_OR_RETURN(const int opened, OpenForReading(path, named, confinement, size));
+  const Fd fd(opened);
+  std::string bytes(size, '\0');
+  STRATUM_ASSIGN_OR_RETURN(const size_t read, ReadAt(fd.get(), bytes.data(), size, 0, named));
+  bytes.resize(read);
   return bytes;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text,
                                  const Confinement& confinement) {
-  const size_t slash = path.rfind('/');
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string temporary = absl::StrCat(name, ".tmp.", getpid());
-  // The folder, opened once (beneath `within` when confined): the temporary file, the
-  // rename and the sync all happen in it, whatever changes on the path meanwhile.
-  const Fd folder(OpenConfined(Folder(path), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, confinement));
-  // O_NOFOLLOW: never written through a link planted at the temporary name.
-  const int fd = folder.get() < 0
-                     ? -1
-                     : openat(folder.get(), temporary.c_str(),
-                              O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) {
-    if (std::optional<absl::Status> escaped = Escaped(path, confinement, errno)) return *escaped;
-    return absl::FailedPreconditionError(absl::StrCat("cannot write ", path, ": ",
-                                                      std::strerror(errno),
-                                                      "; check that its folder exists and is "
-                                                      "writable"));
-  }
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      close(fd);
-      unlinkat(folder.get(), temporary.c_str(), 0);
-      return WriteFailed(path, error);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0 ||
-      renameat(folder.get(), temporary.c_str(), folder.get(), name.c_str()) != 0) {
-    const int error = errno;
-    unlinkat(folder.get(), temporary.c_str(), 0);
-    return WriteFailed(path, error);
-  }
-  // The rename itself is durable only once the folder is synced (best effort: a folder
-  // this user may write but not read cannot be).
-  const Fd readable(openat(folder.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (readable.get() >= 0) fsync(readable.get());
-  // Those of writers killed between their write and their rename.
-  RemoveLeftoversOfDeadProcesses(Folder(path), absl::StrCat(name, ".tmp."));
+  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> file, AtomicFile::Open(path, confinement));
+  STRATUM_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
+  return file->Commit();
+}
+
+uint64_t SafetensorsHeaderBytes(const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata) {
+  return HeaderText(entries, metadata, 0).size();
+}
+
+struct SafetensorsWriter::State {
+  std::unique_ptr<AtomicFile> file;
+  uint64_t header_bytes = 0;
+  std::vector<SafetensorsEntry> entries;
+  uint32_t data_crc32 = 0;
+};
+
+SafetensorsWriter::SafetensorsWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
+    const std::string& path, uint64_t header_bytes, const Confinement& confinement) {
+  auto state = std::make_unique<State>();
+  STRATUM_ASSIGN_OR_RETURN(state->file, AtomicFile::Open(path, confinement));
+  state->header_bytes = (header_bytes + 7) / 8 * 8;
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(std::move(state)));
+}
+
+absl::Status SafetensorsWriter::Add(const std::string& name, const Tensor& tensor) {
+  State& state = *state_;
+  const uint64_t data_start = 8 + state.header_bytes;
+  STRATUM_RETURN_IF_ERROR(
+      state.file->WriteAt(tensor.raw_data(), tensor.byte_size(),
+                          static_cast<off_t>(std::max<uint64_t>(state.file->size(), data_start))));
+  state.data_crc32 = Crc32(state.data_crc32, tensor.raw_data(), tensor.byte_size());
+  state.entries.push_back({name, tensor.dtype(), tensor.shape()});
   return absl::OkStatus();
+}
+
+absl::StatusOr<WrittenFile> SafetensorsWriter::Finish(
+    const std::map<std::string, std::string>& metadata) {
+  State& state = *state_;
+  std::string header = HeaderText(state.entries, metadata, state.header_bytes);
+  if (header.size() != state.header_bytes) {
+    return absl::InternalError(absl::StrCat(
+        "the header of ", state.entries.size(), " tensors takes ", header.size(),
+        " bytes, more than the ", state.header_bytes, " kept for it: keep more room at Open"));
+  }
+  std::string start(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    start[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  start += header;
+  STRATUM_RETURN_IF_ERROR(state.file->WriteAt(start.data(), start.size(), 0));
+  const uint64_t data_bytes = state.file->size() - start.size();
+  WrittenFile written;
+  written.crc32 = static_cast<uint32_t>(crc32_combine(
+      Crc32(0, start.data(), start.size()), state.data_crc32, static_cast<z_off_t>(data_bytes)));
+  written.bytes = static_cast<int64_t>(state.file->size());
+  STRATUM_RETURN_IF_ERROR(state.file->Commit());
+  return written;
 }
 
 absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file,
                                              const Confinement& confinement) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
-  uint64_t offset = 0;
+  std::vector<SafetensorsEntry> entries;
   for (const auto& [name, tensor] : file.tensors) {
-    header[name] = {{"dtype", SafetensorsDType(tensor.dtype())},
-                    {"shape", tensor.shape().dims()},
-                    {"data_offsets", {offset, offset + tensor.byte_size()}}};
-    offset += tensor.byte_size();
+    entries.push_back({name, tensor.dtype(), tensor.shape()});
   }
-  std::string header_text = header.dump();
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // aligned data, as the spec allows
-  std::string bytes;
-  bytes.reserve(8 + header_text.size() + offset);
-  const uint64_t length = header_text.size();
-  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
-  bytes += header_text;
+  STRATUM_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Open(path, SafetensorsHeaderBytes(entries, file.metadata), confinement));
   for (const auto& [name, tensor] : file.tensors) {
-    bytes.append(static_cast<const char*>(tensor.raw_data()), tensor.byte_size());
+    STRATUM_RETURN_IF_ERROR(writer->Add(name, tensor));
   }
-  if (absl::Status status = WriteFileAtomically(path, bytes, confinement); !status.ok()) {
-    return status;
-  }
-  WrittenFile written;
-  written.crc32 = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
-  written.bytes = static_cast<int64_t>(bytes.size());
-  return written;
+  return writer->Finish(file.metadata);
 }
 
 absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
                                            std::optional<uint32_t> expected_crc32,
                                            const Confinement& confinement) {
-  absl::StatusOr<std::string> read = ReadWholeFile(path, "checkpoint file", confinement);
-  if (!read.ok()) return read.status();
-  const std::string& bytes = *read;
+  // Read in place: the file's bytes go straight into its tensors (and its checksum is
+  // taken in parts), so a reader holds the tensors, not the file besides.
+  const std::string named = absl::StrCat("checkpoint file ", path);
+  uint64_t size = 0;
+  STRATUM_ASSIGN_OR_RETURN(const int opened, OpenForReading(path, named, confinement, size));
+  const Fd fd(opened);
   auto corrupt = [&](const std::string& problem) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: ", problem,
                                             "; restore an older checkpoint"));
   };
+  auto read_exactly = [&](void* data, uint64_t bytes, uint64_t offset) -> absl::Status {
+    STRATUM_ASSIGN_OR_RETURN(const size_t read,
+                             ReadAt(fd.get(), data, bytes, static_cast<off_t>(offset), named));
+    if (read != bytes) return corrupt("it ended while it was read (is it being written?)");
+    return absl::OkStatus();
+  };
   if (expected_crc32.has_value()) {
-    const uint32_t actual = static_cast<uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    std::vector<char> part(std::min<uint64_t>(size, 4 << 20));
+    uint32_t actual = 0;
+    for (uint64_t offset = 0; offset < size; offset += part.size()) {
+      const uint64_t bytes = std::min<uint64_t>(part.size(), size - offset);
+      STRATUM_RETURN_IF_ERROR(read_exactly(part.data(), bytes, offset));
+      actual = Crc32(actual, part.data(), bytes);
+    }
     if (actual != *expected_crc32) {
       return corrupt(
           absl::StrCat("its checksum is ", actual, " but the manifest says ", *expected_crc32));
     }
   }
-  if (bytes.size() < 8) return corrupt("it is shorter than its 8-byte header length");
+  if (size < 8) return corrupt("it is shorter than its 8-byte header length");
+  unsigned char length_bytes[8];
+  STRATUM_RETURN_IF_ERROR(read_exactly(length_bytes, 8, 0));
   uint64_t length = 0;
-  for (int i = 0; i < 8; ++i)
-    length |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  if (length > bytes.size() - 8) return corrupt("its header runs past the end of the file");
-  const absl::string_view header_text(bytes.data() + 8, length);
+  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
+  if (length > size - 8) return corrupt("its header runs past the end of the file");
+  std::string header_text(length, '\0');
+  STRATUM_RETURN_IF_ERROR(read_exactly(header_text.data(), length, 8));
   if (JsonNestingDepth(header_text) > kMaxJsonDepth) return corrupt("its header nests too deep");
   const nlohmann::json header =
       nlohmann::json::parse(header_text.begin(), header_text.end(), nullptr,
                             /*allow_exceptions=*/false);
   if (!header.is_object()) return corrupt("its header is not a JSON object");
-  const size_t data_start = 8 + length;
+  const uint64_t data_start = 8 + length;
   TensorFile file;
   std::vector<std::pair<uint64_t, std::pair<std::string, Tensor>>> ordered;
   for (const auto& [name, entry] : header.items()) {
@@ -298,23 +458,30 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
     const std::optional<DType> dtype = FromSafetensorsDType(entry["dtype"].get<std::string>());
     if (!dtype) return corrupt(absl::StrCat("tensor \"", name, "\" has an unsupported dtype"));
     std::vector<int64_t> dims;
+    uint64_t elements = 1;
     for (const auto& dim : entry["shape"]) {
       if (!dim.is_number_unsigned())
         return corrupt(absl::StrCat("tensor \"", name, "\" has a bad shape"));
       dims.push_back(dim.get<int64_t>());
+      // Checked against the file's size before anything is allocated.
+      elements = dims.back() == 0 || elements <= size / static_cast<uint64_t>(dims.back())
+                     ? elements * static_cast<uint64_t>(dims.back())
+                     : size + 1;
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
       return corrupt(absl::StrCat("tensor \"", name, "\" has bad data_offsets"));
     }
     const uint64_t begin = offsets[0], end = offsets[1];
-    Tensor tensor(*dtype, Shape(dims));
-    if (end < begin || end - begin != tensor.byte_size() || data_start + end > bytes.size()) {
-      return corrupt(absl::StrCat("tensor \"", name, "\" ", tensor.DebugString(),
-                                  " does not match its byte range"));
+    if (end < begin || end > size - data_start || elements > size ||
+        end - begin != elements * DTypeSize(*dtype)) {
+      return corrupt(absl::StrCat("tensor \"", name, "\" ", DTypeName(*dtype),
+                                  Shape(dims).ToString(), " does not match its byte range"));
     }
+    Tensor tensor(*dtype, Shape(dims));
     if (tensor.byte_size() > 0) {
-      std::memcpy(tensor.raw_data(), bytes.data() + data_start + begin, tensor.byte_size());
+      STRATUM_RETURN_IF_ERROR(
+          read_exactly(tensor.raw_data(), tensor.byte_size(), data_start + begin));
     }
     ordered.push_back({begin, {name, std::move(tensor)}});
   }

@@ -86,6 +86,64 @@ TEST(SafetensorsTest, TheLayoutIsTheSafetensorsFormat) {
   EXPECT_EQ(bytes.size(), 8 + length + 4);
 }
 
+// A file written a tensor at a time: the header, written last with the metadata known by
+// then, fills the room kept for it (padded with spaces, as the format allows), and the
+// file reads back whole with the checksum Finish gave.
+TEST(SafetensorsTest, AWriterAddsATensorAtATimeAndWritesTheHeaderLast) {
+  const std::string path = Path("streamed.safetensors");
+  const std::vector<SafetensorsEntry> entries = {{"a", DType::kFloat32, Shape({2, 2})},
+                                                 {"b", DType::kInt64, Shape({3})}};
+  const std::map<std::string, std::string> guess = {{"a.updates", "-9223372036854775808"}};
+  const uint64_t room = SafetensorsHeaderBytes(entries, guess) + 100;
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer = SafetensorsWriter::Open(path, room);
+  ASSERT_OK(writer.status());
+  const Tensor a = Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4});
+  const Tensor b = Tensor::FromVector<int64_t>({3}, {5, 6, 7});
+  ASSERT_OK((*writer)->Add("a", a));
+  EXPECT_FALSE(std::filesystem::exists(path));  // not before Finish
+  ASSERT_OK((*writer)->Add("b", b));
+  const std::map<std::string, std::string> metadata = {{"a.updates", "12"}};
+  absl::StatusOr<WrittenFile> written = (*writer)->Finish(metadata);
+  ASSERT_OK(written.status());
+  const std::string bytes = ReadFile(path);
+  EXPECT_EQ(written->bytes, static_cast<int64_t>(bytes.size()));
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  EXPECT_EQ(length, (room + 7) / 8 * 8);
+  EXPECT_EQ(bytes.size(), 8 + length + 16 + 24);
+  EXPECT_EQ(bytes[8 + length - 1], ' ');
+  absl::StatusOr<TensorFile> read = ReadSafetensors(path, written->crc32);
+  ASSERT_OK(read.status());
+  ASSERT_EQ(read->tensors.size(), 2u);
+  EXPECT_TRUE(read->tensors[0].second.BitwiseEqual(a));
+  EXPECT_TRUE(read->tensors[1].second.BitwiseEqual(b));
+  EXPECT_EQ(read->metadata, metadata);
+}
+
+// A writer given too little room for its header, or dropped before Finish, leaves no file
+// and no temporary file behind.
+TEST(SafetensorsTest, AWriterThatCannotFinishLeavesNothing) {
+  const std::string dir = Path("unfinished");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> dropped =
+        SafetensorsWriter::Open(dir + "/dropped.safetensors", 64);
+    ASSERT_OK(dropped.status());
+    ASSERT_OK((*dropped)->Add("x", Tensor::Scalar(1)));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> small =
+      SafetensorsWriter::Open(dir + "/small.safetensors", 8);
+  ASSERT_OK(small.status());
+  ASSERT_OK((*small)->Add("x", Tensor::Scalar(1)));
+  const absl::Status finished = (*small)->Finish({}).status();
+  EXPECT_EQ(finished.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(finished.message()), HasSubstr("more than the 8 kept for it"));
+  small->reset();
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
 // A FIFO in a checkpoint file's place (as a Restore request may name) is refused at once:
 // opening it for reading would wait for a writer forever.
 TEST(SafetensorsTest, AFifoIsRefusedWithoutBlocking) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -37,6 +38,44 @@ struct Confinement {
 
 absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const TensorFile& file,
                                              const Confinement& confinement = {});
+
+// A tensor of a file: what its header says of it.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+};
+
+// The bytes of the header (JSON, padded) of a file of `entries`, in that order, and
+// `metadata`.
+uint64_t SafetensorsHeaderBytes(const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata);
+
+// A file written a tensor at a time, so that its writer never holds the whole file (a
+// parameter server saves one variable's copy at a time): the tensors go to a temporary file
+// as they are added, after room kept for the header, which Finish writes with the metadata
+// known by then; then the file appears under its name (atomically, as WriteSafetensors').
+// Destroyed before Finish, it leaves nothing.
+class SafetensorsWriter {
+ public:
+  // `header_bytes`: the room kept for the header, at least SafetensorsHeaderBytes of what
+  // Finish will write (the rest is padded with spaces).
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Open(
+      const std::string& path, uint64_t header_bytes, const Confinement& confinement = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next tensor of the file.
+  absl::Status Add(const std::string& name, const Tensor& tensor);
+  // Writes the header (INTERNAL when it needs more room than was kept), syncs and renames.
+  absl::StatusOr<WrittenFile> Finish(const std::map<std::string, std::string>& metadata);
+
+ private:
+  struct State;
+  explicit SafetensorsWriter(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 // Reads and checks a file: header JSON, dtypes, shapes against byte ranges, ranges inside
 // the file; with `expected_crc32`, the checksum too. Errors name the file and the problem.

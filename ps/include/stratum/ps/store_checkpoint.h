@@ -15,7 +15,12 @@
 
 namespace stratum {
 
-absl::StatusOr<TensorFile> StoreToTensorFile(const VariableStore& store);
+// Writes the store's variables to `path` (atomically, as WriteSafetensors), each copied
+// under its lock in turn and written before the next is copied: a save takes one variable's
+// memory besides the store, not the store's. ABORTED when a variable is created anew
+// meanwhile.
+absl::StatusOr<WrittenFile> SaveStore(const VariableStore& store, const std::string& path,
+                                      const Confinement& confinement = {});
 
 // Restores every variable of `file`; a variable whose slots do not fit its optimizer is
 // an error naming it. A value that is not finite is damage (DATA_LOSS naming the tensor),

@@ -133,7 +133,10 @@ class VariableStore {
   // their bytes counted.
   absl::Status CheckPull(const std::vector<std::string>& names, uint64_t max_bytes,
                          const std::vector<RowRead>& row_reads = {}) const;
-  absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name) const;
+  // A copy of the variable, its slots and its optimizer, taken together under its lock; with
+  // `values` false, all but the tensors (value and slots left empty, slot_names set): what
+  // a save lays out before it copies.
+  absl::StatusOr<VariableSnapshot> Snapshot(const std::string& name, bool values = true) const;
   // Replaces (or creates) a variable from a snapshot (checkpoint restore).
   absl::Status Restore(const VariableSnapshot& snapshot);
 
