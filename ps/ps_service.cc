@@ -15,6 +15,7 @@
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/util/json_depth.h"
 #include "stratum/util/memory.h"
+#include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
@@ -123,12 +124,12 @@ void AppendVariableStatuses(const VariableStore& store,
   }
 }
 
-// The file this PS would have saved in the layout it holds now, from the rows `request`
-// lists of a checkpoint written with another layout: it reads only the files they are in.
-absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request,
-                                         const Confinement& confinement) {
-  std::vector<TensorFile> files(static_cast<size_t>(request.files_size()));
-  std::vector<bool> read(files.size(), false);
+// Restores the shards `request` lists from rows of a checkpoint written with another
+// layout, opening only the files they are in.
+absl::StatusOr<int> RestoreResharded(VariableStore& store, const proto::RestoreRequest& request,
+                                     const Confinement& confinement) {
+  std::vector<std::unique_ptr<SafetensorsReader>> opened(static_cast<size_t>(request.files_size()));
+  std::vector<const SafetensorsReader*> files(opened.size(), nullptr);
   std::vector<SavedRows> rows;
   for (const proto::SavedRows& piece : request.rows()) {
     if (piece.file() < 0 || piece.file() >= request.files_size()) {
@@ -137,18 +138,16 @@ absl::StatusOr<TensorFile> ReadResharded(const proto::RestoreRequest& request,
                                                      " of ", request.files_size()));
     }
     const auto file = static_cast<size_t>(piece.file());
-    if (!read[file]) {
+    if (files[file] == nullptr) {
       const proto::CheckpointFile& source = request.files(piece.file());
-      absl::StatusOr<TensorFile> contents =
-          ReadSafetensors(source.path(), source.crc32(), confinement);
-      if (!contents.ok()) return contents.status();
-      files[file] = *std::move(contents);
-      read[file] = true;
+      STRATUM_ASSIGN_OR_RETURN(opened[file],
+                               SafetensorsReader::Open(source.path(), source.crc32(), confinement));
+      files[file] = opened[file].get();
     }
     rows.push_back(
         {file, piece.saved(), piece.first_row(), piece.num_rows(), piece.shard(), piece.to_row()});
   }
-  return ReshardTensorFiles(files, rows);
+  return RestoreStore(store, files, rows);
 }
 
 }  // namespace
@@ -352,12 +351,14 @@ grpc::Status PsService::Restore(grpc::ServerContext*, const proto::RestoreReques
       return ToGrpcStatus(inside);
     }
   }
-  absl::StatusOr<TensorFile> file =
-      request->rows().empty()
-          ? ReadSafetensors(request->path(), request->crc32(), Confinement{*folder})
-          : ReadResharded(*request, Confinement{*folder});
-  if (!file.ok()) return ToGrpcStatus(file.status());
-  absl::StatusOr<int> restored = RestoreStoreFromTensorFile(store_, *file);
+  absl::StatusOr<int> restored;
+  if (request->rows().empty()) {
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> file =
+        SafetensorsReader::Open(request->path(), request->crc32(), Confinement{*folder});
+    restored = file.ok() ? RestoreStore(store_, **file) : file.status();
+  } else {
+    restored = RestoreResharded(store_, *request, Confinement{*folder});
+  }
   if (!restored.ok()) return ToGrpcStatus(restored.status());
   response->set_variables(*restored);
   return grpc::Status::OK;

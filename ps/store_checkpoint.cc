@@ -15,107 +15,135 @@ namespace {
 constexpr char kSlotInfix[] = "/slot_";
 constexpr char kFileFormat[] = "stratum-ps-checkpoint-1";
 
-const Tensor* FindTensor(const TensorFile& file, const std::string& name) {
-  for (const auto& [tensor_name, tensor] : file.tensors) {
-    if (tensor_name == name) return &tensor;
-  }
-  return nullptr;
-}
-
 // The slot names of `variable` in `file`, in file order.
-std::vector<std::string> SlotNames(const TensorFile& file, const std::string& variable) {
+std::vector<std::string> SlotNames(const SafetensorsReader& file, const std::string& variable) {
   const std::string prefix = variable + kSlotInfix;
   std::vector<std::string> names;
-  for (const auto& [name, tensor] : file.tensors) {
-    if (name.rfind(prefix, 0) == 0) names.push_back(name.substr(prefix.size()));
+  for (const SafetensorsEntry& entry : file.entries()) {
+    if (entry.name.rfind(prefix, 0) == 0) names.push_back(entry.name.substr(prefix.size()));
   }
   return names;
 }
 
-absl::Status NoSuchTensor(const SavedRows& piece, const std::string& name) {
-  return absl::DataLossError(absl::StrCat("checkpoint file ", piece.file, " has no \"", name,
-                                          "\" to restore shard \"", piece.shard,
-                                          "\" from: the checkpoint is damaged"));
-}
+// A shard to restore: its pieces (sorted by to_row, covering it once each), its shape, its
+// slots, and what its saved shards say of it.
+struct ShardPlan {
+  std::string shard;
+  std::vector<const SavedRows*> pieces;
+  Shape shape;
+  std::vector<std::string> slot_names;
+  int64_t updates = 0;
+  nlohmann::json optimizer;
+};
 
-// Copies `piece`'s rows of the saved tensor `name` into `out`.
-absl::Status CopyRows(const TensorFile& file, const SavedRows& piece, const std::string& name,
-                      Tensor& out) {
-  const Tensor* saved = FindTensor(file, name);
-  if (saved == nullptr) return NoSuchTensor(piece, name);
-  const bool same_rows =
-      saved->shape().rank() == out.shape().rank() &&
-      (out.shape().rank() == 0 || saved->shape().WithFirstDim(1) == out.shape().WithFirstDim(1));
-  if (!same_rows || piece.first_row < 0 || piece.first_row + piece.num_rows > saved->rows()) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint file ", piece.file, " holds \"", name, "\" as ", saved->DebugString(),
-        ", which has no rows [", piece.first_row, ", ", piece.first_row + piece.num_rows,
-        ") for shard \"", piece.shard, "\" (", out.DebugString(), "): the checkpoint is damaged"));
+// OK when `piece`'s rows of the saved tensor `name` exist, in rows of `shape`'s width, and
+// hold finite values only (every PS refuses gradients that are not finite, so a save never
+// holds such values: they are damage).
+absl::Status CheckPiece(const SafetensorsReader& file, const SavedRows& piece,
+                        const std::string& name, const Shape& shape) {
+  const SafetensorsEntry* saved = file.Find(name);
+  if (saved == nullptr) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", file.path(), " has no \"", name,
+                                            "\" to restore shard \"", piece.shard,
+                                            "\" from: the checkpoint is damaged"));
   }
-  if (out.shape().rank() == 0) {
-    out.CopyFrom(*saved);
-  } else {
-    out.SliceRows(piece.to_row, piece.to_row + piece.num_rows)
-        .CopyFrom(saved->SliceRows(piece.first_row, piece.first_row + piece.num_rows));
+  const bool same_rows =
+      saved->dtype == DType::kFloat32 && saved->shape.rank() == shape.rank() &&
+      (shape.rank() == 0 || saved->shape.WithFirstDim(1) == shape.WithFirstDim(1));
+  const int64_t rows = saved->shape.rank() == 0 ? 1 : saved->shape.dim(0);
+  if (!same_rows || piece.first_row < 0 || piece.first_row + piece.num_rows > rows) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", file.path(), " holds \"", name, "\" as ",
+                     DTypeName(saved->dtype), saved->shape.ToString(), ", which has no rows [",
+                     piece.first_row, ", ", piece.first_row + piece.num_rows, ") for shard \"",
+                     piece.shard, "\" (float32", shape.ToString(), "): the checkpoint is damaged"));
+  }
+  STRATUM_ASSIGN_OR_RETURN(const bool finite, file.AllFinite(name));
+  if (!finite) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's \"", name,
+                                            "\" holds NaN or infinity, which training never "
+                                            "saves: the checkpoint is damaged"));
   }
   return absl::OkStatus();
 }
 
-// One shard of the new layout from its pieces (sorted by to_row), into `out`.
-absl::Status ReshardOne(const std::vector<TensorFile>& files,
-                        const std::vector<const SavedRows*>& pieces, TensorFile& out) {
-  const std::string& shard = pieces.front()->shard;
-  int64_t rows = 0;
-  for (const SavedRows* piece : pieces) {
-    if (piece->file >= files.size() || piece->to_row != rows || piece->num_rows <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the rows to restore shard \"", shard, "\" from do not cover it once each: row ", rows,
-          " is followed by rows from ", piece->to_row, " of file ", piece->file));
-    }
-    rows += piece->num_rows;
-  }
-  const TensorFile& first_file = files[pieces.front()->file];
-  const Tensor* first = FindTensor(first_file, pieces.front()->saved);
-  if (first == nullptr) return NoSuchTensor(*pieces.front(), pieces.front()->saved);
-  const Shape shape = first->shape().rank() == 0 ? Shape{} : first->shape().WithFirstDim(rows);
-  Tensor value(DType::kFloat32, shape);
-  const std::vector<std::string> slot_names = SlotNames(first_file, pieces.front()->saved);
-  std::vector<Tensor> slots;
-  for (size_t s = 0; s < slot_names.size(); ++s) slots.emplace_back(DType::kFloat32, shape);
-  // The shards of one variable take every push together, so their update counts agree;
-  // should one lag (a PS re-seeded from an older checkpoint), the largest is the variable's.
-  int64_t updates = 0;
-  for (const SavedRows* piece : pieces) {
-    const TensorFile& file = files[piece->file];
-    if (absl::Status copied = CopyRows(file, *piece, piece->saved, value); !copied.ok()) {
-      return copied;
-    }
-    for (size_t s = 0; s < slot_names.size(); ++s) {
-      const std::string slot = absl::StrCat(piece->saved, kSlotInfix, slot_names[s]);
-      if (absl::Status copied = CopyRows(file, *piece, slot, slots[s]); !copied.ok()) {
-        return copied;
+// Each shard `rows` names, checked whole (its rows covered once each, every saved tensor it
+// reads present, of its width, finite, with its update count and optimizer) before any is
+// restored.
+absl::StatusOr<std::vector<ShardPlan>> PlanShards(
+    const std::vector<const SafetensorsReader*>& files, const std::vector<SavedRows>& rows) {
+  std::map<std::string, std::vector<const SavedRows*>> pieces_of_shard;
+  for (const SavedRows& piece : rows) pieces_of_shard[piece.shard].push_back(&piece);
+  std::vector<ShardPlan> plans;
+  for (auto& [shard, pieces] : pieces_of_shard) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const SavedRows* a, const SavedRows* b) { return a->to_row < b->to_row; });
+    int64_t covered = 0;
+    for (const SavedRows* piece : pieces) {
+      if (piece->file >= files.size() || files[piece->file] == nullptr ||
+          piece->to_row != covered || piece->num_rows <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the rows to restore shard \"", shard, "\" from do not cover it once each: row ",
+            covered, " is followed by rows from ", piece->to_row, " of file ", piece->file));
       }
+      covered += piece->num_rows;
     }
-    auto saved_updates = file.metadata.find(piece->saved + ".updates");
-    int64_t piece_updates = 0;
-    if (saved_updates == file.metadata.end() ||
-        !absl::SimpleAtoi(saved_updates->second, &piece_updates)) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", piece->file,
-                                              " lacks the update count of \"", piece->saved,
+    const SavedRows& first = *pieces.front();
+    const SafetensorsReader& first_file = *files[first.file];
+    const SafetensorsEntry* saved = first_file.Find(first.saved);
+    ShardPlan plan{.shard = shard, .pieces = pieces};
+    if (saved != nullptr) {
+      plan.shape = saved->shape.rank() == 0 ? Shape{} : saved->shape.WithFirstDim(covered);
+    }
+    plan.slot_names = SlotNames(first_file, first.saved);
+    for (const SavedRows* piece : pieces) {
+      const SafetensorsReader& file = *files[piece->file];
+      STRATUM_RETURN_IF_ERROR(CheckPiece(file, *piece, piece->saved, plan.shape));
+      for (const std::string& slot : plan.slot_names) {
+        STRATUM_RETURN_IF_ERROR(
+            CheckPiece(file, *piece, absl::StrCat(piece->saved, kSlotInfix, slot), plan.shape));
+      }
+      // The shards of one variable take every push together, so their update counts agree;
+      // should one lag (a PS re-seeded from an older checkpoint), the largest is the
+      // variable's.
+      auto updates = file.metadata().find(piece->saved + ".updates");
+      int64_t piece_updates = 0;
+      if (updates == file.metadata().end() || !absl::SimpleAtoi(updates->second, &piece_updates)) {
+        return absl::DataLossError(absl::StrCat("checkpoint file ", file.path(),
+                                                " lacks the update count of \"", piece->saved,
+                                                "\": the checkpoint is damaged"));
+      }
+      plan.updates = std::max(plan.updates, piece_updates);
+    }
+    auto optimizer = first_file.metadata().find(first.saved + ".optimizer");
+    if (optimizer == first_file.metadata().end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", first_file.path(),
+                                              " lacks the optimizer of \"", first.saved,
                                               "\": the checkpoint is damaged"));
     }
-    updates = std::max(updates, piece_updates);
+    plan.optimizer = nlohmann::json::parse(optimizer->second, nullptr, /*allow_exceptions=*/false);
+    if (plan.optimizer.is_discarded()) {
+      return absl::DataLossError(absl::StrCat("the checkpoint's optimizer of \"", first.saved,
+                                              "\" is not JSON: the checkpoint is damaged"));
+    }
+    plans.push_back(std::move(plan));
   }
-  out.tensors.push_back({shard, std::move(value)});
-  for (size_t s = 0; s < slot_names.size(); ++s) {
-    out.tensors.push_back({absl::StrCat(shard, kSlotInfix, slot_names[s]), std::move(slots[s])});
+  return plans;
+}
+
+// Rows of `plan`'s pieces of the saved tensors named `suffix` after each piece's saved name
+// ("" for the value), into a tensor of the shard's shape.
+absl::StatusOr<Tensor> ReadShard(const std::vector<const SafetensorsReader*>& files,
+                                 const ShardPlan& plan, const std::string& suffix) {
+  Tensor out(DType::kFloat32, plan.shape);
+  for (const SavedRows* piece : plan.pieces) {
+    void* at = plan.shape.rank() == 0
+                   ? out.raw_data()
+                   : out.SliceRows(piece->to_row, piece->to_row + piece->num_rows).raw_data();
+    STRATUM_RETURN_IF_ERROR(
+        files[piece->file]->ReadRows(piece->saved + suffix, piece->first_row, piece->num_rows, at));
   }
-  out.metadata[shard + ".updates"] = absl::StrCat(updates);
-  if (auto optimizer = first_file.metadata.find(pieces.front()->saved + ".optimizer");
-      optimizer != first_file.metadata.end()) {
-    out.metadata[shard + ".optimizer"] = optimizer->second;
-  }
-  return absl::OkStatus();
+  return out;
 }
 
 }  // namespace
@@ -164,65 +192,46 @@ absl::StatusOr<WrittenFile> SaveStore(const VariableStore& store, const std::str
   return writer->Finish(metadata);
 }
 
-absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const TensorFile& file) {
-  std::map<std::string, VariableSnapshot> snapshots;
-  for (const auto& [name, tensor] : file.tensors) {
-    // Every PS refuses gradients that are not finite, so no save holds such a value: the
-    // file is damaged, and nothing of it is restored.
-    if (!AllFinite(tensor)) {
-      return absl::DataLossError(absl::StrCat("the checkpoint's \"", name,
-                                              "\" holds NaN or infinity, which training never "
-                                              "saves: the checkpoint is damaged"));
+absl::StatusOr<int> RestoreStore(VariableStore& store,
+                                 const std::vector<const SafetensorsReader*>& files,
+                                 const std::vector<SavedRows>& rows) {
+  STRATUM_ASSIGN_OR_RETURN(const std::vector<ShardPlan> plans, PlanShards(files, rows));
+  // A shard at a time: read, restored, let go.
+  for (const ShardPlan& plan : plans) {
+    VariableSnapshot snapshot;
+    snapshot.info.name = plan.shard;
+    snapshot.info.shape = plan.shape;
+    snapshot.info.updates = plan.updates;
+    snapshot.optimizer_config = plan.optimizer;
+    STRATUM_ASSIGN_OR_RETURN(snapshot.value, ReadShard(files, plan, ""));
+    for (const std::string& slot : plan.slot_names) {
+      snapshot.slot_names.push_back(slot);
+      STRATUM_ASSIGN_OR_RETURN(Tensor values,
+                               ReadShard(files, plan, absl::StrCat(kSlotInfix, slot)));
+      snapshot.slots.push_back(std::move(values));
     }
-    const size_t slot = name.find(kSlotInfix);
-    if (slot == std::string::npos) {
-      VariableSnapshot& snapshot = snapshots[name];
-      snapshot.info.name = name;
-      snapshot.info.shape = tensor.shape();
-      snapshot.value = tensor;
-      continue;
-    }
-    VariableSnapshot& snapshot = snapshots[name.substr(0, slot)];
-    snapshot.slot_names.push_back(name.substr(slot + sizeof(kSlotInfix) - 1));
-    snapshot.slots.push_back(tensor);
+    STRATUM_RETURN_IF_ERROR(store.Restore(snapshot));
   }
-  for (auto& [name, snapshot] : snapshots) {
-    if (!snapshot.value.valid()) {
-      return absl::DataLossError(absl::StrCat("the checkpoint has slots of variable \"", name,
-                                              "\" but not the variable itself"));
-    }
-    auto updates = file.metadata.find(name + ".updates");
-    auto optimizer = file.metadata.find(name + ".optimizer");
-    if (updates == file.metadata.end() || optimizer == file.metadata.end() ||
-        !absl::SimpleAtoi(updates->second, &snapshot.info.updates)) {
-      return absl::DataLossError(
-          absl::StrCat("the checkpoint lacks the update count or the "
-                       "optimizer of variable \"",
-                       name, "\""));
-    }
-    snapshot.optimizer_config =
-        nlohmann::json::parse(optimizer->second, nullptr, /*allow_exceptions=*/false);
-    if (snapshot.optimizer_config.is_discarded()) {
-      return absl::DataLossError(
-          absl::StrCat("the checkpoint's optimizer of variable \"", name, "\" is not JSON"));
-    }
-    if (absl::Status status = store.Restore(snapshot); !status.ok()) return status;
-  }
-  return static_cast<int>(snapshots.size());
+  return static_cast<int>(plans.size());
 }
 
-absl::StatusOr<TensorFile> ReshardTensorFiles(const std::vector<TensorFile>& files,
-                                              const std::vector<SavedRows>& rows) {
-  std::map<std::string, std::vector<const SavedRows*>> pieces_of_shard;
-  for (const SavedRows& piece : rows) pieces_of_shard[piece.shard].push_back(&piece);
-  TensorFile out;
-  out.metadata["format"] = kFileFormat;
-  for (auto& [shard, pieces] : pieces_of_shard) {
-    std::sort(pieces.begin(), pieces.end(),
-              [](const SavedRows* a, const SavedRows* b) { return a->to_row < b->to_row; });
-    if (absl::Status built = ReshardOne(files, pieces, out); !built.ok()) return built;
+absl::StatusOr<int> RestoreStore(VariableStore& store, const SafetensorsReader& file) {
+  std::vector<SavedRows> rows;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    const size_t slot = entry.name.find(kSlotInfix);
+    if (slot != std::string::npos) {
+      if (file.Find(entry.name.substr(0, slot)) == nullptr) {
+        return absl::DataLossError(absl::StrCat("the checkpoint has slots of variable \"",
+                                                entry.name.substr(0, slot),
+                                                "\" but not the variable itself"));
+      }
+      continue;
+    }
+    rows.push_back({.saved = entry.name,
+                    .num_rows = entry.shape.rank() == 0 ? 1 : entry.shape.dim(0),
+                    .shard = entry.name});
   }
-  return out;
+  return RestoreStore(store, {&file}, rows);
 }
 
 }  // namespace stratum

@@ -394,57 +394,87 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path, const Tens
   return writer->Finish(file.metadata);
 }
 
-absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
-                                           std::optional<uint32_t> expected_crc32,
-                                           const Confinement& confinement) {
-  // Read in place: the file's bytes go straight into its tensors (and its checksum is
-  // taken in parts), so a reader holds the tensors, not the file besides.
-  const std::string named = absl::StrCat("checkpoint file ", path);
-  uint64_t size = 0;
-  STRATUM_ASSIGN_OR_RETURN(const int opened, OpenForReading(path, named, confinement, size));
-  const Fd fd(opened);
-  auto corrupt = [&](const std::string& problem) {
+struct SafetensorsReader::State {
+  std::string path;
+  int fd = -1;
+  uint64_t data_start = 0;
+  std::vector<SafetensorsEntry> entries;
+  std::vector<uint64_t> offsets;  // of each entry's bytes, after data_start
+  std::map<std::string, std::string> metadata;
+
+  ~State() {
+    if (fd >= 0) close(fd);
+  }
+  absl::Status Corrupt(const std::string& problem) const {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is corrupt: ", problem,
                                             "; restore an older checkpoint"));
-  };
-  auto read_exactly = [&](void* data, uint64_t bytes, uint64_t offset) -> absl::Status {
-    STRATUM_ASSIGN_OR_RETURN(const size_t read,
-                             ReadAt(fd.get(), data, bytes, static_cast<off_t>(offset), named));
-    if (read != bytes) return corrupt("it ended while it was read (is it being written?)");
+  }
+  // `bytes` at `offset` of the file into `data`.
+  absl::Status ReadExactly(void* data, uint64_t bytes, uint64_t offset) const {
+    STRATUM_ASSIGN_OR_RETURN(const size_t read, ReadAt(fd, data, bytes, static_cast<off_t>(offset),
+                                                       absl::StrCat("checkpoint file ", path)));
+    if (read != bytes) return Corrupt("it ended while it was read (is it being written?)");
     return absl::OkStatus();
-  };
+  }
+};
+
+SafetensorsReader::SafetensorsReader(std::unique_ptr<State> state) : state_(std::move(state)) {}
+SafetensorsReader::~SafetensorsReader() = default;
+const std::string& SafetensorsReader::path() const { return state_->path; }
+const std::vector<SafetensorsEntry>& SafetensorsReader::entries() const { return state_->entries; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const {
+  return state_->metadata;
+}
+
+const SafetensorsEntry* SafetensorsReader::Find(const std::string& name) const {
+  for (const SafetensorsEntry& entry : state_->entries) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
+    const std::string& path, std::optional<uint32_t> expected_crc32,
+    const Confinement& confinement) {
+  auto state = std::make_unique<State>();
+  State& file = *state;
+  file.path = path;
+  uint64_t size = 0;
+  STRATUM_ASSIGN_OR_RETURN(
+      file.fd, OpenForReading(path, absl::StrCat("checkpoint file ", path), confinement, size));
   if (expected_crc32.has_value()) {
     std::vector<char> part(std::min<uint64_t>(size, 4 << 20));
     uint32_t actual = 0;
     for (uint64_t offset = 0; offset < size; offset += part.size()) {
       const uint64_t bytes = std::min<uint64_t>(part.size(), size - offset);
-      STRATUM_RETURN_IF_ERROR(read_exactly(part.data(), bytes, offset));
+      STRATUM_RETURN_IF_ERROR(file.ReadExactly(part.data(), bytes, offset));
       actual = Crc32(actual, part.data(), bytes);
     }
     if (actual != *expected_crc32) {
-      return corrupt(
+      return file.Corrupt(
           absl::StrCat("its checksum is ", actual, " but the manifest says ", *expected_crc32));
     }
   }
-  if (size < 8) return corrupt("it is shorter than its 8-byte header length");
+  if (size < 8) return file.Corrupt("it is shorter than its 8-byte header length");
   unsigned char length_bytes[8];
-  STRATUM_RETURN_IF_ERROR(read_exactly(length_bytes, 8, 0));
+  STRATUM_RETURN_IF_ERROR(file.ReadExactly(length_bytes, 8, 0));
   uint64_t length = 0;
   for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
-  if (length > size - 8) return corrupt("its header runs past the end of the file");
+  if (length > size - 8) return file.Corrupt("its header runs past the end of the file");
   std::string header_text(length, '\0');
-  STRATUM_RETURN_IF_ERROR(read_exactly(header_text.data(), length, 8));
-  if (JsonNestingDepth(header_text) > kMaxJsonDepth) return corrupt("its header nests too deep");
+  STRATUM_RETURN_IF_ERROR(file.ReadExactly(header_text.data(), length, 8));
+  if (JsonNestingDepth(header_text) > kMaxJsonDepth) {
+    return file.Corrupt("its header nests too deep");
+  }
   const nlohmann::json header =
       nlohmann::json::parse(header_text.begin(), header_text.end(), nullptr,
                             /*allow_exceptions=*/false);
-  if (!header.is_object()) return corrupt("its header is not a JSON object");
-  const uint64_t data_start = 8 + length;
-  TensorFile file;
-  std::vector<std::pair<uint64_t, std::pair<std::string, Tensor>>> ordered;
+  if (!header.is_object()) return file.Corrupt("its header is not a JSON object");
+  file.data_start = 8 + length;
+  std::vector<std::pair<uint64_t, SafetensorsEntry>> ordered;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) return corrupt("__metadata__ is not an object");
+      if (!entry.is_object()) return file.Corrupt("__metadata__ is not an object");
       for (const auto& [key, value] : entry.items()) {
         if (value.is_string()) file.metadata[key] = value.get<std::string>();
       }
@@ -453,15 +483,17 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
         !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
         !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
-      return corrupt(absl::StrCat("tensor \"", name, "\" has no dtype, shape or data_offsets"));
+      return file.Corrupt(
+          absl::StrCat("tensor \"", name, "\" has no dtype, shape or data_offsets"));
     }
     const std::optional<DType> dtype = FromSafetensorsDType(entry["dtype"].get<std::string>());
-    if (!dtype) return corrupt(absl::StrCat("tensor \"", name, "\" has an unsupported dtype"));
+    if (!dtype) return file.Corrupt(absl::StrCat("tensor \"", name, "\" has an unsupported dtype"));
     std::vector<int64_t> dims;
     uint64_t elements = 1;
     for (const auto& dim : entry["shape"]) {
-      if (!dim.is_number_unsigned())
-        return corrupt(absl::StrCat("tensor \"", name, "\" has a bad shape"));
+      if (!dim.is_number_unsigned()) {
+        return file.Corrupt(absl::StrCat("tensor \"", name, "\" has a bad shape"));
+      }
       dims.push_back(dim.get<int64_t>());
       // Checked against the file's size before anything is allocated.
       elements = dims.back() == 0 || elements <= size / static_cast<uint64_t>(dims.back())
@@ -470,24 +502,88 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
-      return corrupt(absl::StrCat("tensor \"", name, "\" has bad data_offsets"));
+      return file.Corrupt(absl::StrCat("tensor \"", name, "\" has bad data_offsets"));
     }
     const uint64_t begin = offsets[0], end = offsets[1];
-    if (end < begin || end > size - data_start || elements > size ||
+    if (end < begin || end > size - file.data_start || elements > size ||
         end - begin != elements * DTypeSize(*dtype)) {
-      return corrupt(absl::StrCat("tensor \"", name, "\" ", DTypeName(*dtype),
-                                  Shape(dims).ToString(), " does not match its byte range"));
+      return file.Corrupt(absl::StrCat("tensor \"", name, "\" ", DTypeName(*dtype),
+                                       Shape(dims).ToString(), " does not match its byte range"));
     }
-    Tensor tensor(*dtype, Shape(dims));
-    if (tensor.byte_size() > 0) {
-      STRATUM_RETURN_IF_ERROR(
-          read_exactly(tensor.raw_data(), tensor.byte_size(), data_start + begin));
-    }
-    ordered.push_back({begin, {name, std::move(tensor)}});
+    ordered.push_back({begin, {name, *dtype, Shape(dims)}});
   }
   std::sort(ordered.begin(), ordered.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [offset, entry] : ordered) file.tensors.push_back(std::move(entry));
+  for (auto& [offset, entry] : ordered) {
+    file.offsets.push_back(offset);
+    file.entries.push_back(std::move(entry));
+  }
+  return std::unique_ptr<SafetensorsReader>(new SafetensorsReader(std::move(state)));
+}
+
+absl::Status SafetensorsReader::ReadRows(const std::string& name, int64_t first_row,
+                                         int64_t num_rows, void* out) const {
+  const SafetensorsEntry* entry = Find(name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint file ", path(), " has no \"", name, "\""));
+  }
+  const auto index = static_cast<size_t>(entry - state_->entries.data());
+  const Shape& shape = entry->shape;
+  const int64_t rows = shape.rank() == 0 ? 1 : shape.dim(0);
+  if (first_row < 0 || num_rows < 0 || first_row > rows - num_rows) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "checkpoint file ", path(), " holds \"", name, "\" as ", DTypeName(entry->dtype),
+        shape.ToString(), ", which has no rows [", first_row, ", ", first_row + num_rows, ")"));
+  }
+  const uint64_t row_bytes =
+      rows == 0 ? 0 : static_cast<uint64_t>(shape.num_elements() / rows) * DTypeSize(entry->dtype);
+  return state_->ReadExactly(
+      out, static_cast<uint64_t>(num_rows) * row_bytes,
+      state_->data_start + state_->offsets[index] + static_cast<uint64_t>(first_row) * row_bytes);
+}
+
+absl::StatusOr<Tensor> SafetensorsReader::Read(const std::string& name) const {
+  const SafetensorsEntry* entry = Find(name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint file ", path(), " has no \"", name, "\""));
+  }
+  Tensor tensor(entry->dtype, entry->shape);
+  if (tensor.byte_size() > 0) {
+    STRATUM_RETURN_IF_ERROR(ReadRows(name, 0, tensor.rows(), tensor.raw_data()));
+  }
+  return tensor;
+}
+
+absl::StatusOr<bool> SafetensorsReader::AllFinite(const std::string& name) const {
+  const SafetensorsEntry* entry = Find(name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint file ", path(), " has no \"", name, "\""));
+  }
+  if (entry->dtype != DType::kFloat32) return true;
+  const int64_t rows = entry->shape.rank() == 0 ? 1 : entry->shape.dim(0);
+  if (rows == 0) return true;
+  const int64_t row_size = entry->shape.num_elements() / rows;
+  const int64_t part_rows = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(row_size, 1));
+  Tensor part(DType::kFloat32, Shape({std::min(rows, part_rows) * row_size}));
+  for (int64_t first = 0; first < rows; first += part_rows) {
+    const int64_t count = std::min(part_rows, rows - first);
+    STRATUM_RETURN_IF_ERROR(ReadRows(name, first, count, part.raw_data()));
+    if (!stratum::AllFinite(part.SliceRows(0, count * row_size))) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
+                                           std::optional<uint32_t> expected_crc32,
+                                           const Confinement& confinement) {
+  STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader,
+                           SafetensorsReader::Open(path, expected_crc32, confinement));
+  TensorFile file;
+  file.metadata = reader->metadata();
+  for (const SafetensorsEntry& entry : reader->entries()) {
+    STRATUM_ASSIGN_OR_RETURN(Tensor tensor, reader->Read(entry.name));
+    file.tensors.push_back({entry.name, std::move(tensor)});
+  }
   return file;
 }
 

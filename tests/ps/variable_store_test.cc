@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_replace.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/ps/ps_client.h"
 #include "stratum/ps/store_checkpoint.h"
@@ -403,9 +405,14 @@ TEST(VariableStoreTest, ACheckpointFileWithValuesThatAreNotFiniteRestoresNothing
     for (auto& [name, tensor] : file.tensors) {
       if (name == damaged) tensor.data<float>()[1] = std::numeric_limits<float>::infinity();
     }
+    const std::string damaged_path = path + ".damaged";
+    ASSERT_OK(WriteSafetensors(damaged_path, file).status());
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader =
+        SafetensorsReader::Open(damaged_path);
+    ASSERT_OK(reader.status());
     VariableStore resumed;
     ASSERT_OK(resumed.Create("a", Tensor::FromVector<float>({2}, {0, 0}), "adam"));
-    const absl::StatusOr<int> refused = RestoreStoreFromTensorFile(resumed, file);
+    const absl::StatusOr<int> refused = RestoreStore(resumed, **reader);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << damaged;
     EXPECT_THAT(Message(refused.status()),
                 HasSubstr("the checkpoint's \"" + damaged + "\" holds NaN or infinity"));
@@ -432,42 +439,62 @@ TEST(VariableStoreTest, ConcurrentPushesAreAllApplied) {
 }
 
 // A shard of another layout is put together from the rows of saved shards in two files,
-// its slots with it; rows that leave a gap, or name a tensor a file lacks, are refused.
-TEST(StoreCheckpointTest, ReshardTensorFilesJoinsRowsOfSavedShardsAndTheirSlots) {
+// its slots with it; rows that leave a gap, or name a tensor a file lacks, are refused
+// before anything is restored.
+TEST(StoreCheckpointTest, AShardIsRestoredFromRowsOfSavedShardsAndTheirSlots) {
   auto shard_file = [](const std::string& name, std::vector<float> values, int64_t updates) {
     TensorFile file;
     file.tensors.push_back({name, Tensor::FromVector<float>({2, 1}, values)});
     for (float& value : values) value *= 10;
-    file.tensors.push_back({name + "/slot_m", Tensor::FromVector<float>({2, 1}, values)});
+    file.tensors.push_back({name + "/slot_momentum", Tensor::FromVector<float>({2, 1}, values)});
     file.metadata[name + ".updates"] = std::to_string(updates);
-    file.metadata[name + ".optimizer"] = R"({"class_name": "SGD"})";
-    return file;
+    file.metadata[name + ".optimizer"] =
+        R"({"class_name": "SGD", "config": {"learning_rate": 0.1, "momentum": 0.9}})";
+    const std::string path = ::testing::TempDir() + "/" + absl::StrReplaceAll(name, {{"/", "_"}});
+    EXPECT_OK(WriteSafetensors(path, file).status());
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader = SafetensorsReader::Open(path);
+    EXPECT_OK(reader.status());
+    return *std::move(reader);
   };
-  const std::vector<TensorFile> files = {shard_file("w/part_0", {1, 2}, 7),
-                                         shard_file("w/part_1", {3, 4}, 7)};
-  absl::StatusOr<TensorFile> joined = ReshardTensorFiles(
-      files, {{.file = 1, .saved = "w/part_1", .num_rows = 2, .shard = "w", .to_row = 2},
-              {.file = 0, .saved = "w/part_0", .num_rows = 2, .shard = "w"}});
-  ASSERT_TRUE(joined.ok()) << joined.status();
-  ASSERT_EQ(joined->tensors.size(), 2u);
-  EXPECT_EQ(joined->tensors[0].first, "w");
-  EXPECT_TRUE(
-      joined->tensors[0].second.BitwiseEqual(Tensor::FromVector<float>({4, 1}, {1, 2, 3, 4})));
-  EXPECT_EQ(joined->tensors[1].first, "w/slot_m");
-  EXPECT_TRUE(
-      joined->tensors[1].second.BitwiseEqual(Tensor::FromVector<float>({4, 1}, {10, 20, 30, 40})));
-  EXPECT_EQ(joined->metadata["w.updates"], "7");
-  EXPECT_EQ(joined->metadata["w.optimizer"], R"({"class_name": "SGD"})");
+  const std::unique_ptr<SafetensorsReader> part_0 = shard_file("w/part_0", {1, 2}, 7);
+  const std::unique_ptr<SafetensorsReader> part_1 = shard_file("w/part_1", {3, 4}, 7);
+  const std::vector<const SafetensorsReader*> files = {part_0.get(), part_1.get()};
+  const nlohmann::json momentum = nlohmann::json::parse(
+      R"({"class_name": "SGD", "config": {"learning_rate": 0.1, "momentum": 0.9}})");
+  VariableStore store;
+  ASSERT_OK(store.Create("w", Tensor(DType::kFloat32, {4, 1}), momentum).status());
+  absl::StatusOr<int> restored =
+      RestoreStore(store, files,
+                   {{.file = 1, .saved = "w/part_1", .num_rows = 2, .shard = "w", .to_row = 2},
+                    {.file = 0, .saved = "w/part_0", .num_rows = 2, .shard = "w"}});
+  ASSERT_OK(restored.status());
+  EXPECT_EQ(*restored, 1);
+  absl::StatusOr<VariableSnapshot> joined = store.Snapshot("w");
+  ASSERT_OK(joined.status());
+  EXPECT_TRUE(joined->value.BitwiseEqual(Tensor::FromVector<float>({4, 1}, {1, 2, 3, 4})));
+  ASSERT_EQ(joined->slots.size(), 1u);
+  EXPECT_TRUE(joined->slots[0].BitwiseEqual(Tensor::FromVector<float>({4, 1}, {10, 20, 30, 40})));
+  EXPECT_EQ(joined->info.updates, 7);
 
-  const absl::StatusOr<TensorFile> gap = ReshardTensorFiles(
-      files, {{.file = 0, .saved = "w/part_0", .num_rows = 1, .shard = "w"},
-              {.file = 1, .saved = "w/part_1", .num_rows = 1, .shard = "w", .to_row = 2}});
+  VariableStore untouched;
+  ASSERT_OK(untouched.Create("w", Tensor(DType::kFloat32, {4, 1}), momentum).status());
+  const absl::StatusOr<int> gap =
+      RestoreStore(untouched, files,
+                   {{.file = 0, .saved = "w/part_0", .num_rows = 1, .shard = "w"},
+                    {.file = 1, .saved = "w/part_1", .num_rows = 1, .shard = "w", .to_row = 2}});
   EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(gap.status()), HasSubstr("do not cover it once each"));
-  const absl::StatusOr<TensorFile> missing =
-      ReshardTensorFiles(files, {{.file = 0, .saved = "w/part_1", .num_rows = 2, .shard = "w"}});
+  const absl::StatusOr<int> missing = RestoreStore(
+      untouched, files, {{.file = 0, .saved = "w/part_1", .num_rows = 2, .shard = "w"}});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(Message(missing.status()), HasSubstr("file 0 has no \"w/part_1\""));
+  EXPECT_THAT(Message(missing.status()),
+              HasSubstr(part_0->path() + " has no \"w/part_1\" to restore shard \"w\""));
+  const absl::StatusOr<int> beyond = RestoreStore(
+      untouched, files,
+      {{.file = 0, .saved = "w/part_0", .num_rows = 2, .shard = "w"},
+       {.file = 1, .saved = "w/part_1", .first_row = 1, .num_rows = 2, .shard = "w", .to_row = 2}});
+  EXPECT_THAT(Message(beyond.status()), HasSubstr("which has no rows [1, 3)"));
+  EXPECT_TRUE(untouched.Read("w")->BitwiseEqual(Tensor(DType::kFloat32, {4, 1})));
 }
 
 // Hardening case 10: a finite gradient that an optimizer turns into NaN or Inf (here SGD

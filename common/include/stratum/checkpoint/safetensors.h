@@ -83,6 +83,41 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path,
                                            std::optional<uint32_t> expected_crc32 = std::nullopt,
                                            const Confinement& confinement = {});
 
+// A file opened to read its tensors one at a time, or some rows of one, straight into the
+// caller's memory (a parameter server restores a variable at a time, and a shard from rows
+// of other shards, without holding the file). Open checks what ReadSafetensors checks; a
+// read is DATA_LOSS naming the file when the file changed since.
+class SafetensorsReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(
+      const std::string& path, std::optional<uint32_t> expected_crc32 = std::nullopt,
+      const Confinement& confinement = {});
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const;
+  // The tensors, in the order of their bytes in the file.
+  const std::vector<SafetensorsEntry>& entries() const;
+  const std::map<std::string, std::string>& metadata() const;
+  // The entry named `name`, or null.
+  const SafetensorsEntry* Find(const std::string& name) const;
+  // Tensor `name` (NOT_FOUND naming the file when it has none).
+  absl::StatusOr<Tensor> Read(const std::string& name) const;
+  // Rows [first_row, first_row + num_rows) of axis 0 of tensor `name` (all of a scalar)
+  // into `out`, which holds their bytes; OUT_OF_RANGE naming the rows when it lacks them.
+  absl::Status ReadRows(const std::string& name, int64_t first_row, int64_t num_rows,
+                        void* out) const;
+  // Whether every value of tensor `name` is finite (read in parts; other dtypes than float32
+  // always are).
+  absl::StatusOr<bool> AllFinite(const std::string& name) const;
+
+ private:
+  struct State;
+  explicit SafetensorsReader(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
 // The bytes of the file at `path`: NOT_FOUND when there is none; DATA_LOSS, naming the path
 // and the reason, when it is not a regular file (a folder in its place) or cannot be read
 // (an I/O error). Never throws, as std::ifstream reads can. Errors call it `what` `path`

@@ -2,7 +2,7 @@
 // name, each optimizer slot as "name/slot_<slot>", and in the metadata the variable's
 // update count and optimizer (so Adam's step and moments resume exactly). A checkpoint
 // written with another shard layout (another number of ps tasks or partitioner) restores
-// through ReshardTensorFiles, which builds the file this PS would have saved.
+// from the rows of its saved shards. Saves and restores go a variable at a time.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +22,6 @@ namespace stratum {
 absl::StatusOr<WrittenFile> SaveStore(const VariableStore& store, const std::string& path,
                                       const Confinement& confinement = {});
 
-// Restores every variable of `file`; a variable whose slots do not fit its optimizer is
-// an error naming it. A value that is not finite is damage (DATA_LOSS naming the tensor),
-// found before anything is restored. Returns how many variables were restored.
-absl::StatusOr<int> RestoreStoreFromTensorFile(VariableStore& store, const TensorFile& file);
-
 // A checkpoint file by path, with its checksum from the manifest.
 struct CheckpointFileRef {
   std::string path;
@@ -44,12 +39,23 @@ struct SavedRows {
   int64_t to_row = 0;
 };
 
-// The file a PS holding the shards named in `rows` would have saved: each shard, and each
-// of its optimizer slots, put together from the listed rows of saved shards in `files`
-// (files no row names may be empty), with the optimizer and update count of the saved
-// shards. DATA_LOSS naming the file index and tensor when a file lacks a tensor, a slot or
-// the rows listed; INVALID_ARGUMENT when the rows of a shard do not cover it exactly.
-absl::StatusOr<TensorFile> ReshardTensorFiles(const std::vector<TensorFile>& files,
-                                              const std::vector<SavedRows>& rows);
+// Restores every variable `file` holds (checked first: nothing is restored from a damaged
+// file), a variable at a time: a restore holds one variable's values besides the store,
+// not the file. Returns how many variables were restored. A value that is not finite is
+// damage (DATA_LOSS naming the tensor), as is a slot without its variable or a variable
+// without its update count and optimizer; a variable whose slots do not fit the job's
+// optimizer is an error naming it.
+absl::StatusOr<int> RestoreStore(VariableStore& store, const SafetensorsReader& file);
+
+// Restores the shards named in `rows` (a checkpoint written with another layout): each
+// shard, and each of its optimizer slots, put together from the listed rows of saved
+// shards in `files` (files no row names may be null), with the optimizer and update count
+// of the saved shards, a shard at a time; everything is checked before anything is
+// restored. DATA_LOSS naming the file and tensor when a file lacks a tensor, a slot or the
+// rows listed, or holds values that are not finite; INVALID_ARGUMENT when the rows of a
+// shard do not cover it exactly.
+absl::StatusOr<int> RestoreStore(VariableStore& store,
+                                 const std::vector<const SafetensorsReader*>& files,
+                                 const std::vector<SavedRows>& rows);
 
 }  // namespace stratum
