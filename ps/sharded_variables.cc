@@ -122,13 +122,6 @@ ShardedVariables::TaskReads ShardedVariables::ReadsOf(int task, const RowSelecti
   return reads;
 }
 
-size_t ShardedVariables::ShardIndex(const std::string& name) const {
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    if (shards_[s].name == name) return s;
-  }
-  return 0;  // unreachable: names come from shards_
-}
-
 std::vector<Tensor> ShardedVariables::NewValues(const RowSelection& rows) const {
   std::vector<Tensor> values;
   for (size_t v = 0; v < shapes_.size(); ++v) {

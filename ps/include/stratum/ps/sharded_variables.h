@@ -87,7 +87,6 @@ class ShardedVariables {
   // The selected rows of shard `s` of a row-selected variable: [begin, end) positions in the
   // selection.
   std::pair<size_t, size_t> SelectedRange(size_t s, const std::vector<int64_t>& rows) const;
-  size_t ShardIndex(const std::string& name) const;
   // Tensors for the values of every variable: whole, or of the rows selected.
   std::vector<Tensor> NewValues(const RowSelection& rows) const;
   // Copies the answers of task `task` where `placements` say; DATA_LOSS when the answer is
