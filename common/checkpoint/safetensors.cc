@@ -310,9 +310,16 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::st
   STRATUM_ASSIGN_OR_RETURN(const int opened, OpenForReading(path, named, confinement, size));
   const Fd fd(opened);
   std::string bytes(size, '\0');
-  STRATUM_ASSIGN_OR_RETURN(const size_t read, ReadAt(fd.get(), bytes.data(), size, 0, named));
+  STRATUM_ASSIGN_OR_RETURN(size_t read, ReadAt(fd.get(), bytes.data(), size, 0, named));
   bytes.resize(read);
-  return bytes;
+  // To its end: a file that grew meanwhile, or says no size (as /proc's do), is read whole.
+  char part[1 << 16];
+  for (;;) {
+    STRATUM_ASSIGN_OR_RETURN(
+        read, ReadAt(fd.get(), part, sizeof part, static_cast<off_t>(bytes.size()), named));
+    if (read == 0) return bytes;
+    bytes.append(part, read);
+  }
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text,

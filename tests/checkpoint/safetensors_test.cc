@@ -184,6 +184,10 @@ TEST(SafetensorsTest, AFileThatCannotBeReadIsDamageNotACrash) {
               HasSubstr("cannot read checkpoint file " + path + ": it is a folder, not a file"));
   EXPECT_EQ(ReadWholeFile(path).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReadWholeFile(Path("missing")).status().code(), absl::StatusCode::kNotFound);
+  // A file that says no size, as /proc's do, is read to its end.
+  const absl::StatusOr<std::string> status = ReadWholeFile("/proc/self/status");
+  ASSERT_OK(status.status());
+  EXPECT_THAT(*status, HasSubstr("VmRSS:"));
 }
 
 TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
