@@ -8,9 +8,12 @@ Then the same model on a table of 2^20 rows under MultiWorkerMirrored with 2 wor
 worker:0 logs what the embedding table's exchange all-reduced per step (the rows the workers
 read, then their gradients) beside what a dense all-reduce of the table would.
 
+With --checkpoint, the table is also saved after one epoch and restored by a run that
+trains a second, with each ps task's peak RSS beside the state it holds.
+
 Usage: bench/ctr_bench.py [--build build] [--data /tmp/stratum_ctr] [--train 200000]
                           [--test 50000] [--workers 1,2] [--ps 2] [--rows 8388608]
-                          [--mwms_rows 1048576]
+                          [--mwms_rows 1048576] [--checkpoint]
 Prints one JSON line per run (examples/s, test AUC beside the best reachable, the peak RSS
 of each role; the exchange's bytes), then the figures beside their goals: 2 workers >= 1.6x
 the examples/s of 1 worker, a worker's peak RSS under 200 MiB, and the sparse exchange
@@ -81,8 +84,8 @@ def ctr_job(data, rows):
     return job
 
 
-def run(build, data, workers, ps, rows, best_auc):
-    job = ctr_job(data, rows)
+def launch(build, job, workers, ps):
+    """Runs `job` on a local cluster: its summary, and the peak RSS of each role (bytes)."""
     with tempfile.TemporaryDirectory() as tmp:
         job_path, summary_path = os.path.join(tmp, "job.json"), os.path.join(tmp, "summary.json")
         with open(job_path, "w") as f:
@@ -105,11 +108,34 @@ def run(build, data, workers, ps, rows, best_auc):
     rss = {}
     for (role, _), peak in peaks.items():
         rss[role] = max(rss.get(role, 0), peak)
+    return summary, rss
+
+
+def run(build, data, workers, ps, rows, best_auc):
+    summary, rss = launch(build, ctr_job(data, rows), workers, ps)
     return {"benchmark": "ctr", "workers": workers, "ps": ps, "table_rows": rows,
             "table_mib": rows * 32 * 4 / MIB,
             "examples_per_sec": summary["examples_per_sec"], "test_auc": summary["test_auc"],
             "best_test_auc": best_auc,
             "peak_rss_mib": {role: round(peak / MIB, 1) for role, peak in sorted(rss.items())}}
+
+
+def run_checkpoint(build, data, ps, rows):
+    """One epoch saved to a checkpoint, then a run that resumes from it, trains one more
+    epoch and saves again: each ps task's peak RSS beside the state it holds (its shards and
+    Adagrad's accumulators)."""
+    job = ctr_job(data, rows)
+    with tempfile.TemporaryDirectory() as folder:
+        job["checkpoint"] = {"dir": os.path.join(folder, "ckpt"), "max_to_keep": 1}
+        _, saved = launch(build, job, 1, ps)
+        job["fit"]["epochs"] = 2
+        resumed_summary, resumed = launch(build, job, 1, ps)
+    state = rows * 32 * 4 * 2 / ps / MIB
+    return {"benchmark": "ctr_checkpoint", "ps": ps, "table_rows": rows,
+            "ps_state_mib": round(state, 1),
+            "ps_peak_rss_mib_train_and_save": round(saved["ps"] / MIB, 1),
+            "ps_peak_rss_mib_resume_train_and_save": round(resumed["ps"] / MIB, 1),
+            "resumed_test_auc": resumed_summary["test_auc"]}
 
 
 def run_mwms(build, data, rows):
@@ -146,16 +172,22 @@ def main():
     parser.add_argument("--ps", type=int, default=2)
     parser.add_argument("--mwms_rows", type=int, default=1 << 20,
                         help="the table of the MultiWorkerMirrored run (0 skips it)")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="also save and resume the table, with each ps task's peak RSS")
     args = parser.parse_args()
     best = write_data(args.build, args.data, args.rows, args.train, args.test)
     results = {}
-    for workers in (int(w) for w in args.workers.split(",")):
+    for workers in (int(w) for w in args.workers.split(",") if w):
         results[workers] = run(args.build, args.data, workers, args.ps, args.rows, best)
         print(json.dumps(results[workers]), flush=True)
-    worker_rss = max(r["peak_rss_mib"].get("worker", 0) for r in results.values())
-    summary = {"benchmark": "ctr_goals", "worker_peak_rss_mib": worker_rss,
-               "worker_rss_goal": "a worker's peak RSS under 200 MiB while training the 1 GiB "
-                                  "table", "worker_rss_met": worker_rss < 200}
+    if args.checkpoint:
+        print(json.dumps(run_checkpoint(args.build, args.data, args.ps, args.rows)), flush=True)
+    summary = {"benchmark": "ctr_goals"}
+    if results:
+        worker_rss = max(r["peak_rss_mib"].get("worker", 0) for r in results.values())
+        summary.update({"worker_peak_rss_mib": worker_rss,
+                        "worker_rss_goal": "a worker's peak RSS under 200 MiB while training "
+                                           "the 1 GiB table", "worker_rss_met": worker_rss < 200})
     if 1 in results and 2 in results:
         scaling = results[2]["examples_per_sec"] / results[1]["examples_per_sec"]
         summary.update({"scaling_2_over_1": scaling,
