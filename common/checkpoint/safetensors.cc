@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -191,6 +192,12 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t size) {
   return crc;
 }
 
+// A number for each writer this process starts.
+uint64_t NextWriter() {
+  static std::atomic<uint64_t> writers{0};
+  return writers.fetch_add(1, std::memory_order_relaxed);
+}
+
 // A file written under a temporary name in its folder and renamed into place by Commit
 // (after an fsync; the folder synced after), so that a crash never leaves half a file
 // under the final name. Destroyed before Commit, it leaves nothing.
@@ -260,7 +267,10 @@ class AtomicFile {
   AtomicFile(std::string path, std::string name, const Confinement& confinement)
       : path_(std::move(path)),
         name_(std::move(name)),
-        temporary_(absl::StrCat(name_, ".tmp.", getpid())),
+        // Unique to this writer (writers of one path in one process, such as a save retried
+        // while the first still runs, never share a file); the pid last, which the removal
+        // of dead writers' leftovers reads.
+        temporary_(absl::StrCat(name_, ".tmp.", NextWriter(), ".", getpid())),
         // The folder, opened once (beneath `within` when confined): the temporary file,
         // the rename and the sync all happen in it, whatever changes on the path meanwhile.
         folder_(OpenConfined(Folder(path_), O_PATH | O_DIRECTORY | O_CLOEXEC, 0, confinement)) {

@@ -1,10 +1,12 @@
 #include "stratum/checkpoint/safetensors.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -14,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
@@ -195,15 +198,30 @@ TEST(SafetensorsTest, AFailedWriteLeavesThePreviousFileWhole) {
   const std::string path = Path("keep.safetensors");
   auto first = WriteSafetensors(path, {{{"x", Tensor::Scalar(1)}}, {}});
   ASSERT_OK(first);
-  // A write that cannot finish (the temporary file's name is taken by a folder) fails
-  // without touching the existing file.
-  const std::string blocker = path + ".tmp." + std::to_string(getpid());
-  ASSERT_EQ(mkdir(blocker.c_str(), 0755), 0);
-  EXPECT_FALSE(WriteSafetensors(path, {{{"x", Tensor::Scalar(2)}}, {}}).ok());
-  rmdir(blocker.c_str());
+  // A write that cannot finish (the process may write files of 64 bytes at most, as on a
+  // full disk) fails without touching the existing file, and leaves no temporary file.
+  const pid_t writer = fork();
+  if (writer == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit small = {64, 64};
+    setrlimit(RLIMIT_FSIZE, &small);
+    const absl::Status failed =
+        WriteSafetensors(path, {{{"x", Tensor(DType::kFloat32, Shape({1024}))}}, {}}).status();
+    _exit(!failed.ok() && absl::StrContains(failed.message(), "cannot write") ? 0 : 1);
+  }
+  ASSERT_GT(writer, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(writer, &status, 0), writer);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   auto read = ReadSafetensors(path, first->crc32);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read->tensors[0].second.data<float>(), 1);
+  for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
+    EXPECT_EQ(entry.path().filename().string().rfind(
+                  std::filesystem::path(path).filename().string() + ".tmp.", 0),
+              std::string::npos)
+        << entry.path();
+  }
 }
 
 // A writer killed between its temporary file and the rename leaves the temporary behind:
