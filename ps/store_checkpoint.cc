@@ -58,7 +58,8 @@ absl::Status CheckPiece(const SafetensorsReader& file, const SavedRows& piece,
                      piece.first_row, ", ", piece.first_row + piece.num_rows, ") for shard \"",
                      piece.shard, "\" (float32", shape.ToString(), "): the checkpoint is damaged"));
   }
-  STRATUM_ASSIGN_OR_RETURN(const bool finite, file.AllFinite(name));
+  STRATUM_ASSIGN_OR_RETURN(const bool finite,
+                           file.AllFinite(name, piece.first_row, piece.num_rows));
   if (!finite) {
     return absl::DataLossError(absl::StrCat("the checkpoint's \"", name,
                                             "\" holds NaN or infinity, which training never "

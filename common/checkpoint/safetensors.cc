@@ -571,7 +571,8 @@ absl::StatusOr<Tensor> SafetensorsReader::Read(const std::string& name) const {
   return tensor;
 }
 
-absl::StatusOr<bool> SafetensorsReader::AllFinite(const std::string& name) const {
+absl::StatusOr<bool> SafetensorsReader::AllFinite(const std::string& name, int64_t first_row,
+                                                  int64_t num_rows) const {
   const SafetensorsEntry* entry = Find(name);
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("checkpoint file ", path(), " has no \"", name, "\""));
@@ -581,9 +582,10 @@ absl::StatusOr<bool> SafetensorsReader::AllFinite(const std::string& name) const
   if (rows == 0) return true;
   const int64_t row_size = entry->shape.num_elements() / rows;
   const int64_t part_rows = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(row_size, 1));
+  const int64_t end = num_rows < 0 ? rows : std::min(rows, first_row + num_rows);
   Tensor part(DType::kFloat32, Shape({std::min(rows, part_rows) * row_size}));
-  for (int64_t first = 0; first < rows; first += part_rows) {
-    const int64_t count = std::min(part_rows, rows - first);
+  for (int64_t first = std::max<int64_t>(first_row, 0); first < end; first += part_rows) {
+    const int64_t count = std::min(part_rows, end - first);
     STRATUM_RETURN_IF_ERROR(ReadRows(name, first, count, part.raw_data()));
     if (!stratum::AllFinite(part.SliceRows(0, count * row_size))) return false;
   }

@@ -108,9 +108,10 @@ class SafetensorsReader {
   // into `out`, which holds their bytes; OUT_OF_RANGE naming the rows when it lacks them.
   absl::Status ReadRows(const std::string& name, int64_t first_row, int64_t num_rows,
                         void* out) const;
-  // Whether every value of tensor `name` is finite (read in parts; other dtypes than float32
-  // always are).
-  absl::StatusOr<bool> AllFinite(const std::string& name) const;
+  // Whether every value of rows [first_row, first_row + num_rows) of tensor `name` is
+  // finite (read in parts; other dtypes than float32 always are); num_rows -1: to the end.
+  absl::StatusOr<bool> AllFinite(const std::string& name, int64_t first_row = 0,
+                                 int64_t num_rows = -1) const;
 
  private:
   struct State;
