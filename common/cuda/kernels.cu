@@ -168,13 +168,17 @@ __device__ void WarpArgMax(float& value, int& index) {
 
 __global__ void GatherKernel(const uint8_t* images, const uint8_t* labels, int64_t row_size,
                              const int32_t* order, const StepCounters* counters, int64_t stride,
-                             int64_t offset, float scale, Ptr x, int32_t* labels_out) {
+                             int64_t offset, float scale, bool ids, Ptr x, int32_t* labels_out) {
   const int64_t r = blockIdx.x;
   int64_t index = offset + r;
   if (order != nullptr) index = order[(counters != nullptr ? counters->step * stride : 0) + index];
   const uint8_t* src = images + index * row_size;
   Ptr dst = x + r * row_size;
-  if ((row_size & 3) == 0 && dst.dtype == ElementType::kFloat32) {
+  if (ids) {  // id words (IdWord), in a float32 buffer
+    for (int64_t j = threadIdx.x; j < row_size; j += blockDim.x) {
+      static_cast<float*>(dst.p)[j] = __int_as_float(src[j]);
+    }
+  } else if ((row_size & 3) == 0 && dst.dtype == ElementType::kFloat32) {
     const auto* src4 = reinterpret_cast<const uchar4*>(src);
     auto* dst4 = static_cast<float4*>(dst.p);
     for (int64_t j = threadIdx.x; j < row_size / 4; j += blockDim.x) {
@@ -893,8 +897,10 @@ __global__ void ShiftCopyKernel(CPtr in, int64_t batch, int64_t in_h, int64_t in
 
 // ---- Embeddings ----
 
-__device__ int64_t EmbeddingRowOf(float id, int64_t rows) {
-  return id >= 0.0f && id < static_cast<float>(rows) ? static_cast<int64_t>(id) : -1;
+// An id word (stratum/device/device.h's IdWord: an int32's bits in a float) as a row.
+__device__ int64_t EmbeddingRowOf(float word, int64_t rows) {
+  const int64_t id = __float_as_int(word);
+  return id >= 0 && id < rows ? id : -1;
 }
 
 __global__ void EmbeddingLookupKernel(CPtr ids, int64_t count, CPtr table, int64_t rows,
@@ -922,7 +928,8 @@ __global__ void EmbeddingPositionsKernel(CPtr ids, int64_t count, const int64_t*
         high = mid;
       }
     }
-    positions[i] = id >= 0 && low < num_rows && rows[low] == id ? static_cast<float>(low) : -1.0f;
+    positions[i] =
+        __int_as_float(id >= 0 && low < num_rows && rows[low] == id ? static_cast<int>(low) : -1);
   }
 }
 
@@ -1048,11 +1055,11 @@ enum EmbeddingArray {
 
 absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
                            const int32_t* order, const StepCounters* counters, int64_t stride,
-                           int64_t offset, int rows, float scale, Ptr x, int32_t* labels_out,
-                           cudaStream_t stream) {
+                           int64_t offset, int rows, float scale, bool ids, Ptr x,
+                           int32_t* labels_out, cudaStream_t stream) {
   if (rows <= 0) return absl::OkStatus();
   GatherKernel<<<rows, 128, 0, stream>>>(images, labels, row_size, order, counters, stride, offset,
-                                         scale, x, labels_out);
+                                         scale, ids, x, labels_out);
   STRATUM_CUDA_RETURN_IF_LAUNCH_FAILED("GatherKernel");
   return absl::OkStatus();
 }

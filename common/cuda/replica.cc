@@ -412,7 +412,7 @@ absl::Status Replica::LaunchTrainStep(const StepInput& input, float loss_scale, 
     STRATUM_RETURN_IF_ERROR(GatherRescale(
         input.data->images.as<uint8_t>(), input.data->labels.as<uint8_t>(), input.data->row_size,
         input.order, counters, input.stride, input.offset, input.rows, input.rescale,
-        device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream));
+        model_.takes_ids(), device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream));
     // The GPU loss kernels take a softmax's logits; a sigmoid's probabilities are clipped.
     const int fused = model_.graph().LogitsOutputNode(true, ActivationKind::kSoftmax);
     STRATUM_RETURN_IF_ERROR(Forward(input.rows, true));
@@ -516,9 +516,10 @@ absl::Status Replica::EnqueueEvaluate(const DeviceDataset& data, int64_t first, 
   }
   if (rows <= 0) return absl::OkStatus();
   STRATUM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  STRATUM_RETURN_IF_ERROR(GatherRescale(
-      data.images.as<uint8_t>(), data.labels.as<uint8_t>(), data.row_size, nullptr, nullptr, 0,
-      first, rows, rescale, device_->Typed(x_.as<float>()), labels_.as<int32_t>(), stream_.get()));
+  STRATUM_RETURN_IF_ERROR(GatherRescale(data.images.as<uint8_t>(), data.labels.as<uint8_t>(),
+                                        data.row_size, nullptr, nullptr, 0, first, rows, rescale,
+                                        model_.takes_ids(), device_->Typed(x_.as<float>()),
+                                        labels_.as<int32_t>(), stream_.get()));
   const int fused = model_.graph().LogitsOutputNode(false, ActivationKind::kSoftmax);
   STRATUM_RETURN_IF_ERROR(Forward(rows, false));
   return EnqueueLoss(rows, false, fused, 1.0f, sums_.as<MetricSums>() + 1, nullptr);

@@ -51,7 +51,8 @@ absl::StatusOr<Token> ConfigToken(TokenLookup::Kind kind, const std::string& whe
     return absl::InvalidArgumentError(absl::StrCat(
         where, " has ", what, " ", Dump(value), ", which is not an integer token",
         options.max_abs_integer_token < (int64_t{1} << 62)
-            ? absl::StrCat(" within 2^24 (tokens travel as float32): use such integers, or hash "
+            ? absl::StrCat(" within +-", options.max_abs_integer_token,
+                           " (a model's tokens travel as int32): use such integers, or hash "
                            "larger ones into that range")
             : ": use integers"));
   }
@@ -105,7 +106,9 @@ absl::StatusOr<std::pair<std::vector<Token>, bool>> Vocabulary(
       return absl::InvalidArgumentError(
           absl::StrCat(where, "'s vocabulary file ", path, " has \"", text, "\" on line ", number,
                        ", which is not an integer token",
-                       options.max_abs_integer_token < (int64_t{1} << 62) ? " within 2^24" : "",
+                       options.max_abs_integer_token < (int64_t{1} << 62)
+                           ? absl::StrCat(" within +-", options.max_abs_integer_token)
+                           : std::string(),
                        ": one integer a line"));
     }
     tokens.push_back(Token{"", value});

@@ -314,8 +314,7 @@ class Cpu final : public Device {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t id = EmbeddingRow(ids[i], end);
       const int64_t* at = std::lower_bound(rows, rows + num_rows, id);
-      positions[i] =
-          id >= 0 && at != rows + num_rows && *at == id ? static_cast<float>(at - rows) : -1.0f;
+      positions[i] = IdWord(id >= 0 && at != rows + num_rows && *at == id ? at - rows : -1);
     }
   }
 
@@ -355,7 +354,7 @@ class Cpu final : public Device {
       mean.setZero();
       int64_t count = 0;
       for (int64_t s = 0; s < steps; ++s) {
-        if (step_ids[b * steps + s] == 0.0f) continue;
+        if (IdOfWord(step_ids[b * steps + s]) == 0) continue;
         mean += ConstRowVectorMap(x + (b * steps + s) * width, width);
         ++count;
       }
@@ -368,12 +367,13 @@ class Cpu final : public Device {
                               bool accumulate) const override {
     for (int64_t b = 0; b < batch; ++b) {
       const float* ids = step_ids + b * steps;
-      const int64_t count = std::count_if(ids, ids + steps, [](float id) { return id != 0.0f; });
+      const int64_t count =
+          std::count_if(ids, ids + steps, [](float id) { return IdOfWord(id) != 0; });
       const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
       const ConstRowVectorMap g(grad_out + b * width, width);
       for (int64_t s = 0; s < steps; ++s) {
         RowVectorMap out(grad_x + (b * steps + s) * width, width);
-        const float step_scale = ids[s] != 0.0f ? scale : 0.0f;
+        const float step_scale = IdOfWord(ids[s]) != 0 ? scale : 0.0f;
         if (accumulate) {
           out += g * step_scale;
         } else {

@@ -116,9 +116,14 @@ struct Workspace::State {
     for (const VariableSpec& spec : model.variables) {
       table_rows.push_back(spec.row_sparse ? spec.shape.dim(0) : -1);
     }
+    takes_ids = std::find(model.input_takes_ids.begin(), model.input_takes_ids.end(), true) !=
+                model.input_takes_ids.end();
+    input_width = model.input_shape.num_elements();
   }
 
   int64_t capacity = 0;
+  bool takes_ids = false;
+  int64_t input_width = 0;
   std::vector<int64_t> signature;
   GraphBufferSizes sizes;
   std::vector<Floats> values, grads, scratch;  // as sizes says, for `capacity` examples
@@ -132,6 +137,7 @@ struct Workspace::State {
   // row_views[v].count >= 0); row_views is empty while every variable is whole.
   std::vector<std::vector<int64_t>> rows;
   std::vector<VariableRows> row_views;
+  Floats id_words;  // x as the executor takes it, for float32 x of a model that takes ids
 };
 
 Workspace::Workspace(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -206,6 +212,7 @@ void Grow(Workspace::State& ws, int64_t batch) {
   ws.executor.Bind(GraphBuffers{.values = Allocate(floats.values, ws.values),
                                 .grads = Allocate(floats.grads, ws.grads),
                                 .scratch = Allocate(floats.scratch, ws.scratch)});
+  if (ws.takes_ids) ws.id_words.resize(static_cast<size_t>(batch * ws.input_width));
   ws.capacity = batch;
 }
 
@@ -214,10 +221,42 @@ absl::Status ReplicaSumStatus(Workspace::State& ws) {
   return ws.replica_sum != nullptr ? ws.replica_sum->TakeStatus() : absl::OkStatus();
 }
 
-void Forward(const std::vector<Tensor>& variables, const float* x, int64_t batch, bool training,
-             Workspace::State& ws) {
+// Calls `f(offset, size)` for the columns of each input that takes ids, offset and size in
+// floats within an example of x.
+template <typename F>
+void ForIdColumns(const Model::Impl& model, F f) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < model.inputs.size(); ++i) {
+    const int64_t size = model.tensors[static_cast<size_t>(model.inputs[i])].size;
+    if (model.input_takes_ids[i]) f(offset, size);
+    offset += size;
+  }
+}
+
+// x as the executor takes it: the ids of the inputs that take them as id words (IdWord).
+// int32 x (a model that takes only ids) is that already; float32 x holds ids as values,
+// which are turned into words in the workspace.
+const float* ExecutorInput(const Model::Impl& model, const Tensor& x, int64_t batch,
+                           Workspace::State& ws) {
+  if (x.dtype() == DType::kInt32) return reinterpret_cast<const float*>(x.data<int32_t>());
+  if (!ws.takes_ids) return x.data<float>();
+  const int64_t width = ws.input_width;
+  float* words = ws.id_words.data();
+  std::copy_n(x.data<float>(), batch * width, words);
+  ForIdColumns(model, [&](int64_t offset, int64_t size) {
+    for (int64_t b = 0; b < batch; ++b) {
+      float* ids = words + b * width + offset;
+      for (int64_t k = 0; k < size; ++k) ids[k] = IdWordOfValue(ids[k]);
+    }
+  });
+  return words;
+}
+
+void Forward(const Model::Impl& model, const std::vector<Tensor>& variables, const Tensor& x,
+             int64_t batch, bool training, Workspace::State& ws) {
   for (size_t v = 0; v < variables.size(); ++v) ws.variables[v] = variables[v].data<float>();
-  ws.executor.Forward(x, batch, training, ws.variables, ws.rng, ws.row_views);
+  ws.executor.Forward(ExecutorInput(model, x, batch, ws), batch, training, ws.variables, ws.rng,
+                      ws.row_views);
 }
 
 }  // namespace
@@ -311,6 +350,11 @@ bool Model::takes_only_ids() const {
 }
 
 absl::Status Model::CheckRunsOnGpu() const {
+  if (takes_ids() && !takes_only_ids()) {
+    return absl::UnimplementedError(
+        "the model takes ids on some inputs and values on others, which the GPU path does not "
+        "gather yet (it gathers all ids or all values)");
+  }
   for (const VariableSpec& spec : impl_->variables) {
     if (spec.l1 == 0 && spec.l2 == 0) continue;
     return absl::UnimplementedError(absl::StrCat(
@@ -343,19 +387,21 @@ absl::StatusOr<std::vector<int64_t>> Model::RowsRead(const std::vector<const Ten
   const int64_t width = impl_->input_shape.num_elements();
   std::vector<int64_t> rows;
   for (const Tensor* x : xs) {
-    if (x->dtype() != DType::kFloat32 || x->shape().rank() == 0 ||
-        x->num_elements() != x->rows() * width) {
-      return absl::InvalidArgumentError(absl::StrCat("a batch of ", x->DebugString(),
-                                                     " is not one of model \"", impl_->name,
-                                                     "\", which takes float32 examples of ", width,
-                                                     " values: pass the batch TrainStep takes"));
+    if ((x->dtype() != DType::kFloat32 && (x->dtype() != DType::kInt32 || !takes_only_ids())) ||
+        x->shape().rank() == 0 || x->num_elements() != x->rows() * width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a batch of ", x->DebugString(), " is not one of model \"", impl_->name,
+          "\", which takes ", takes_only_ids() ? "int32 (or float32) ids" : "float32 examples",
+          " of ", width, " values: pass the batch TrainStep takes"));
     }
-    const float* data = x->data<float>();
+    const bool words = x->dtype() == DType::kInt32;
+    const float* data =
+        words ? reinterpret_cast<const float*>(x->data<int32_t>()) : x->data<float>();
     for (int64_t b = 0; b < x->rows(); ++b) {
       for (const Impl::Columns& columns : impl_->row_columns[v]) {
         const float* ids = data + b * width + columns.offset;
         for (int64_t k = 0; k < columns.size; ++k) {
-          const int64_t row = EmbeddingRow(ids[k], table_rows);
+          const int64_t row = EmbeddingRow(words ? ids[k] : IdWordOfValue(ids[k]), table_rows);
           if (row >= 0) rows.push_back(row);
         }
       }
@@ -581,13 +627,17 @@ absl::StatusOr<int64_t> CheckInputs(const Model::Impl& model, const std::vector<
   bool shaped = x.valid() && x.shape().rank() == in.rank() + 1;
   for (int d = 0; shaped && d < in.rank(); ++d) shaped = x.shape().dim(d + 1) == in.dim(d);
   const bool flat = x.valid() && x.shape().rank() == 2 && x.shape().dim(1) == in.num_elements();
-  if (!x.valid() || x.dtype() != DType::kFloat32 || !(shaped || flat)) {
+  const bool only_ids = std::find(model.input_takes_ids.begin(), model.input_takes_ids.end(),
+                                  false) == model.input_takes_ids.end();
+  const bool typed =
+      x.valid() && (x.dtype() == DType::kFloat32 || (only_ids && x.dtype() == DType::kInt32));
+  if (!typed || !(shaped || flat)) {
     std::vector<int64_t> expected = {x.valid() && x.shape().rank() > 0 ? x.shape().dim(0) : 0};
     expected.insert(expected.end(), in.dims().begin(), in.dims().end());
-    return absl::InvalidArgumentError(
-        absl::StrCat("x is ", x.valid() ? x.DebugString() : std::string("empty"), ", but model \"",
-                     model.name, "\" takes float32 inputs of shape ", Shape(expected).ToString(),
-                     " (batch first): convert or reshape the batch"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "x is ", x.valid() ? x.DebugString() : std::string("empty"), ", but model \"", model.name,
+        "\" takes ", only_ids ? "int32 (or float32) ids" : "float32 inputs", " of shape ",
+        Shape(expected).ToString(), " (batch first): convert or reshape the batch"));
   }
   return x.shape().dim(0);
 }
@@ -655,7 +705,7 @@ absl::StatusOr<StepStats> Model::TrainStep(const std::vector<Tensor>& variables,
     return StepStats{};
   }
   Grow(state, batch);
-  Forward(variables, x.data<float>(), batch, true, state);
+  Forward(*impl_, variables, x, batch, true, state);
   const int fused = impl_->FusedOutputNode(true, loss);
   float* loss_grad = state.executor.StartGradients(fused);
   const StepStats stats =
@@ -681,7 +731,7 @@ absl::StatusOr<StepStats> Model::Evaluate(const std::vector<Tensor>& variables, 
   if (batch == 0) return StepStats{};
   Workspace::State& state = ws.state();
   Grow(state, batch);
-  Forward(variables, x.data<float>(), batch, false, state);
+  Forward(*impl_, variables, x, batch, false, state);
   const int fused = impl_->FusedOutputNode(false, loss);
   StepStats stats = loss.Compute(OutputOf(*impl_, state, batch),
                                  state.executor.Logits(fused, batch, false), y, 1.0f, nullptr);
@@ -698,13 +748,19 @@ absl::StatusOr<Tensor> Model::Predict(const std::vector<Tensor>& variables, cons
   if (batch == 0) return result;
   Workspace::State& state = ws.state();
   Grow(state, batch);
-  Forward(variables, x.data<float>(), batch, false, state);
+  Forward(*impl_, variables, x, batch, false, state);
   // Several outputs side by side, in the model's order.
   int64_t offset = 0;
   for (size_t i = 0; i < impl_->outputs.size(); ++i) {
     const int64_t size = impl_->tensors[static_cast<size_t>(impl_->outputs[i])].size;
     Cpu().CopyBlocks(state.executor.Output(i), size, result.data<float>() + offset,
                      impl_->output_size, batch, size, false);
+    if (i < impl_->output_ids.size() && impl_->output_ids[i]) {  // id words to the ids' values
+      for (int64_t b = 0; b < batch; ++b) {
+        float* ids = result.data<float>() + b * impl_->output_size + offset;
+        for (int64_t k = 0; k < size; ++k) ids[k] = static_cast<float>(IdOfWord(ids[k]));
+      }
+    }
     offset += size;
   }
   return result;

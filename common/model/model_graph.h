@@ -62,6 +62,7 @@ struct Model::Impl {
   std::set<std::string> int_inputs;  // the InputLayers of dtype int32 or int64, by name
   DtypePolicy dtype_policy = DtypePolicy::kFloat32;  // Model::dtype_policy
   std::vector<bool> input_takes_ids;  // per input: int, or read by an Embedding as it is
+  std::vector<bool> output_ids;       // per output: ids (an IntegerLookup's), as id words
   // Per variable: where in an example's values (x's columns) the ids a row-sparse one is
   // read by lie, one [offset, offset + size) per model input that layers read it by; empty
   // for the others.

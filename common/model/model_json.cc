@@ -287,6 +287,55 @@ class GraphBuilder {
     }
   }
 
+  // Ids travel between layers as id words (stratum/device/device.h), which only the layers
+  // that take ids read: an Embedding, an IntegerLookup, a mask's ids, and layers that pass
+  // their input on (Flatten). A model that takes values besides ids gets them as float32
+  // values, exact to 2^24 only, so its tables are held to that.
+  absl::Status CheckIdsStayIds() {
+    std::vector<std::string> carries(impl_.tensors.size());  // what made a tensor ids, or ""
+    for (size_t i = 0; i < impl_.inputs.size(); ++i) {
+      if (impl_.input_takes_ids[i]) {
+        carries[static_cast<size_t>(impl_.inputs[i])] =
+            absl::StrCat("model input \"", impl_.input_names[i], "\"");
+      }
+    }
+    const bool only_ids = std::find(impl_.input_takes_ids.begin(), impl_.input_takes_ids.end(),
+                                    false) == impl_.input_takes_ids.end();
+    for (const GraphNode& node : impl_.nodes) {
+      const std::string where = Where(node.name, node.class_name);
+      const bool takes_ids = node.class_name == "Embedding" || node.class_name == "IntegerLookup";
+      if (node.class_name == "IntegerLookup") {
+        carries[static_cast<size_t>(node.output)] = where;
+      }
+      for (size_t k = 0; k < node.inputs.size(); ++k) {
+        const std::string& ids = carries[static_cast<size_t>(node.inputs[k])];
+        if (ids.empty()) continue;
+        if (node.layer->IsIdentity(true) && node.layer->IsIdentity(false)) {
+          carries[static_cast<size_t>(node.output)] = ids;
+        } else if (!(takes_ids && k == 0) &&
+                   !(k > 0 && node.class_name == "GlobalAveragePooling1D")) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " reads the ids of ", ids,
+              " as values, which Stratum does not convert (ids stay ids, exact to 2^31): give "
+              "the values on an input of their own, of dtype float32"));
+        }
+      }
+      if (node.class_name == "Embedding" && !only_ids && !node.variables.empty() &&
+          impl_.variables[static_cast<size_t>(node.variables[0])].shape.dim(0) >
+              (int64_t{1} << 24)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " has ", impl_.variables[static_cast<size_t>(node.variables[0])].shape.dim(0),
+            " rows, but the model takes values besides ids, so its ids travel as float32 values, "
+            "exact to 2^24 = 16777216 rows: hash the ids into fewer rows, or give the model ids "
+            "alone (an int32 id travels exactly to 2^31)"));
+      }
+    }
+    impl_.output_ids.clear();
+    for (int id : impl_.outputs)
+      impl_.output_ids.push_back(!carries[static_cast<size_t>(id)].empty());
+    return absl::OkStatus();
+  }
+
   // Sets the outputs, checks that every layer and input leads to one, and derives the
   // model's input shape and output size.
   absl::Status Finish(const std::vector<int>& outputs) {
@@ -310,6 +359,7 @@ class GraphBuilder {
       }
       impl_.input_takes_ids[i] = ids;
     }
+    STRATUM_RETURN_IF_ERROR(CheckIdsStayIds());
     FindRowSparseColumns();
     std::vector<bool> used(impl_.tensors.size(), false);
     for (int id : outputs) used[static_cast<size_t>(id)] = true;

@@ -6,13 +6,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "stratum/device/device.h"
 #include "stratum/strategy/distributed_dataset.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
 namespace {
 
-// x: raw features -> float32 [B, ...input_shape] times `rescale`.
+// An id as the int32 a model that takes only ids is given (IdWord's int32).
+int32_t IdOf(int64_t id) { return IdOfWord(IdWord(id)); }
+
+// x: raw features -> float32 [B, ...input_shape] times `rescale`; for a model that takes only
+// ids, int32 ids [B, ...input_shape] (exact where float32 values are exact to 2^24 only).
 absl::StatusOr<Tensor> ToModelInput(const Tensor& x, const Model& model, double rescale) {
   std::vector<int64_t> dims = {x.rows()};
   const Shape input = model.input_shape();
@@ -22,6 +27,25 @@ absl::StatusOr<Tensor> ToModelInput(const Tensor& x, const Model& model, double 
     return absl::InvalidArgumentError(absl::StrCat(
         "the data's examples are ", x.DebugString(), " but the model takes ",
         model.input_shape().ToString(), " per example: fix the model's input shape or the data"));
+  }
+  if (model.takes_only_ids()) {
+    if (x.dtype() == DType::kInt32) return x.Reshape(shape);
+    Tensor ids(DType::kInt32, shape);
+    auto out = ids.Flat<int32_t>();
+    switch (x.dtype()) {
+      case DType::kUInt8:
+        out = x.Flat<uint8_t>().cast<int32_t>();
+        break;
+      case DType::kFloat32:
+        out = x.Flat().unaryExpr([](float v) { return IdOfWord(IdWordOfValue(v)); });
+        break;
+      case DType::kInt64:
+        out = x.Flat<int64_t>().unaryExpr([](int64_t v) { return IdOf(v); });
+        break;
+      case DType::kInt32:
+        break;
+    }
+    return ids;
   }
   Tensor out(DType::kFloat32, shape);
   const float scale = static_cast<float>(rescale);

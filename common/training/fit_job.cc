@@ -21,6 +21,7 @@
 #include "stratum/data/lookup.h"
 #include "stratum/data/record_files.h"
 #include "stratum/data/text_lines.h"
+#include "stratum/device/device.h"
 #include "stratum/model/optimizer.h"
 #include "stratum/training/callbacks.h"
 #include "stratum/util/memory.h"
@@ -81,35 +82,30 @@ struct RecordSource {
 
 // Reads the features of several model inputs (each tensor of an element but the last, the
 // label) as the one x a step takes: the features in the model's input order, flattened and
-// side by side, as float32.
+// side by side, as float32; as int32 ids for a model that takes only ids (exact beyond 2^24).
 class ExampleReaderOfInputs final : public ExampleReader {
  public:
   ExampleReaderOfInputs(std::unique_ptr<ExampleReader> features, std::vector<int> order,
-                        int64_t width)
-      : features_(std::move(features)), order_(std::move(order)), width_(width) {}
+                        int64_t width, bool ids)
+      : features_(std::move(features)), order_(std::move(order)), width_(width), ids_(ids) {}
 
   absl::StatusOr<std::optional<Element>> Next() override {
     STRATUM_ASSIGN_OR_RETURN(std::optional<Element> element, features_->Next());
     if (!element) return element;
-    Tensor x(DType::kFloat32, Shape({width_}));
-    float* out = x.data<float>();
+    Tensor x(ids_ ? DType::kInt32 : DType::kFloat32, Shape({width_}));
+    int64_t at = 0;
     for (int feature : order_) {
       const Tensor& values = (*element)[static_cast<size_t>(feature)];
-      const int64_t n = values.num_elements();
-      switch (values.dtype()) {
-        case DType::kInt64:
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(values.data<int64_t>()[i]);
-          break;
-        case DType::kUInt8:
-          for (int64_t i = 0; i < n; ++i) out[i] = values.data<uint8_t>()[i];
-          break;
-        case DType::kInt32:
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(values.data<int32_t>()[i]);
-          break;
-        default:
-          std::copy_n(values.data<float>(), n, out);
+      if (ids_) {
+        Append<int32_t>(
+            values, x.data<int32_t>() + at, [](int64_t v) { return IdOfWord(IdWord(v)); },
+            [](float v) { return IdOfWord(IdWordOfValue(v)); });
+      } else {
+        Append<float>(
+            values, x.data<float>() + at, [](int64_t v) { return static_cast<float>(v); },
+            [](float v) { return v; });
       }
-      out += n;
+      at += values.num_elements();
     }
     Element assembled;
     assembled.push_back(std::move(x));
@@ -118,19 +114,40 @@ class ExampleReaderOfInputs final : public ExampleReader {
   }
 
  private:
+  // Writes `values` to `out` as T: integers through `integer`, floats through `real`.
+  template <typename T, typename Integer, typename Real>
+  static void Append(const Tensor& values, T* out, Integer integer, Real real) {
+    const int64_t n = values.num_elements();
+    switch (values.dtype()) {
+      case DType::kInt64:
+        for (int64_t i = 0; i < n; ++i) out[i] = integer(values.data<int64_t>()[i]);
+        break;
+      case DType::kUInt8:
+        for (int64_t i = 0; i < n; ++i) out[i] = integer(values.data<uint8_t>()[i]);
+        break;
+      case DType::kInt32:
+        for (int64_t i = 0; i < n; ++i) out[i] = integer(values.data<int32_t>()[i]);
+        break;
+      case DType::kFloat32:
+        for (int64_t i = 0; i < n; ++i) out[i] = real(values.data<float>()[i]);
+        break;
+    }
+  }
+
   std::unique_ptr<ExampleReader> features_;
   std::vector<int> order_;
   int64_t width_;
+  bool ids_;
 };
 
 class RecordFormatOfInputs final : public RecordFormat {
  public:
   RecordFormatOfInputs(std::shared_ptr<const RecordFormat> features, std::vector<int> order,
-                       int64_t width)
-      : features_(std::move(features)), order_(std::move(order)), width_(width) {}
+                       int64_t width, bool ids)
+      : features_(std::move(features)), order_(std::move(order)), width_(width), ids_(ids) {}
   absl::StatusOr<std::unique_ptr<ExampleReader>> Open(const std::string& path) const override {
     STRATUM_ASSIGN_OR_RETURN(std::unique_ptr<ExampleReader> reader, features_->Open(path));
-    return std::make_unique<ExampleReaderOfInputs>(std::move(reader), order_, width_);
+    return std::make_unique<ExampleReaderOfInputs>(std::move(reader), order_, width_, ids_);
   }
   absl::StatusOr<int64_t> Count(const std::string& path) const override {
     return features_->Count(path);
@@ -141,6 +158,7 @@ class RecordFormatOfInputs final : public RecordFormat {
   std::shared_ptr<const RecordFormat> features_;
   std::vector<int> order_;
   int64_t width_;
+  bool ids_;
 };
 
 // The lookups of the source's preprocess, by feature.
@@ -272,8 +290,8 @@ absl::StatusOr<RecordSource> OpenRecordSource(const std::string& field,
     STRATUM_ASSIGN_OR_RETURN(const std::vector<int> order, InputOrder(field, features, model));
     out.format = TFRecordExamples(source.compression, std::move(features));
     if (!order.empty()) {
-      out.format = std::make_shared<RecordFormatOfInputs>(std::move(out.format), order,
-                                                          model.input_shape().num_elements());
+      out.format = std::make_shared<RecordFormatOfInputs>(
+          std::move(out.format), order, model.input_shape().num_elements(), model.takes_only_ids());
     }
     return out;
   }

@@ -326,19 +326,19 @@ TEST(CudaDeviceTest, EmbeddingOpsMatchTheCpu) {
   for (const Case& c : std::vector<Case>{
            {5, 3, 37}, {1000, 64, 5000}, {70000, 200, 300}, {3, 1, 1}, {256, 4, 200000}}) {
     SCOPED_TRACE(absl::StrCat(c.count, " ids into ", c.rows, " rows of ", c.width));
-    // Ids with repeats, and some outside the table (negative, too large, NaN).
+    // Id words with repeats, and some outside the table (negative, too large, no id).
     std::vector<float> ids(static_cast<size_t>(c.count));
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint32_t r = rng();
       // The last case: most ids name row 0 (as background pixels do).
       if (c.count == 200000 && r % 4 != 0) {
-        ids[i] = 0;
+        ids[i] = IdWord(0);
         continue;
       }
-      ids[i] = r % 17 == 0   ? -1.0f
-               : r % 19 == 0 ? static_cast<float>(c.rows + r % 3)
-               : r % 23 == 0 ? NAN
-                             : static_cast<float>(r % std::min<int64_t>(c.rows, 50));
+      ids[i] = IdWord(r % 17 == 0   ? -1
+                      : r % 19 == 0 ? c.rows + r % 3
+                      : r % 23 == 0 ? kNoId
+                                    : r % std::min<int64_t>(c.rows, 50));
     }
     const std::vector<float> table = Random(c.rows * c.width, rng),
                              grad_out = Random(c.count * c.width, rng);
@@ -388,7 +388,13 @@ TEST(CudaDeviceTest, EmbeddingOpsMatchTheCpu) {
     gpu.device().EmbeddingPositions(g_ids, c.count,
                                     reinterpret_cast<const int64_t*>(gpu.Upload(given_floats)),
                                     static_cast<int64_t>(given.size()), g_positions);
-    EXPECT_EQ(gpu.Download(g_positions, c.count), positions);
+    // Id words (-1's is a NaN as a float): compared as the ids they hold.
+    auto as_ids = [](const std::vector<float>& words) {
+      std::vector<int32_t> out;
+      for (float word : words) out.push_back(IdOfWord(word));
+      return out;
+    };
+    EXPECT_EQ(as_ids(gpu.Download(g_positions, c.count)), as_ids(positions));
 
     const int64_t steps = 7, batch = std::max<int64_t>(c.count / steps, 1);
     std::vector<float> mean(batch * c.width), grad_steps = Random(batch * steps * c.width, rng);

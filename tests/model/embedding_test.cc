@@ -39,7 +39,8 @@ json Embedding(json config) { return {{"class_name", "Embedding"}, {"config", st
 TEST(EmbeddingTest, LooksUpRowsAndSumsTheirGradientsPerRow) {
   const Device& cpu = CpuDevice();
   const float table[] = {0, 1, 10, 11, 20, 21};  // 3 rows of 2
-  const float ids[] = {2, 0, 2, 7, -1};          // 7 and -1: outside the table
+  // Ids as the model's buffers hold them: id words. 7 and -1: outside the table.
+  const float ids[] = {IdWord(2), IdWord(0), IdWord(2), IdWord(7), IdWord(-1)};
   float out[10];
   cpu.EmbeddingLookup(ids, 5, table, 3, 2, out);
   EXPECT_THAT(std::vector<float>(out, out + 10),
@@ -54,12 +55,19 @@ TEST(EmbeddingTest, LooksUpRowsAndSumsTheirGradientsPerRow) {
 
 TEST(EmbeddingTest, FindsIdsAmongTheRowsGiven) {
   const int64_t rows[] = {0, 4, 9};
-  const float ids[] = {9, 4, 5, -1, 0, 9.5f, NAN, 12};
+  const float ids[] = {IdWord(9), IdWord(4),     IdWord(5),           IdWord(-1),
+                       IdWord(0), IdWord(kNoId), IdWordOfValue(9.5f), IdWord(12)};
   float positions[8];
   CpuDevice().EmbeddingPositions(ids, 8, rows, 3, positions);
-  // 9.5 is row 9, as TensorFlow casts it; 5, 12, -1 and NaN are not among the rows.
-  EXPECT_THAT(std::vector<float>(positions, positions + 8),
-              ::testing::ElementsAre(2, 1, -1, -1, 0, 2, -1, -1));
+  // 9.5 is row 9, as TensorFlow casts it; 5, 12, -1 and no id are not among the rows.
+  std::vector<int32_t> found;
+  for (float word : positions) found.push_back(IdOfWord(word));
+  EXPECT_THAT(found, ::testing::ElementsAre(2, 1, -1, -1, 0, -1, 2, -1));
+  // A value no int32 holds, and NaN, are no id.
+  EXPECT_EQ(IdOfWord(IdWordOfValue(NAN)), kNoId);
+  EXPECT_EQ(IdOfWord(IdWordOfValue(3e9f)), kNoId);
+  EXPECT_EQ(IdOfWord(IdWord(int64_t{1} << 40)), kNoId);
+  EXPECT_EQ(IdOfWord(IdWordOfValue(-2.5f)), -2);
 }
 
 TEST(EmbeddingTest, AveragesOverStepsAndSharesTheGradient) {
@@ -79,7 +87,7 @@ TEST(EmbeddingTest, AveragesOverStepsAndSharesTheGradient) {
 TEST(EmbeddingTest, AMaskedMeanLeavesPaddingStepsOut) {
   const Device& cpu = CpuDevice();
   const float x[] = {1, 2, 3, 4, 5, 6, /* example 2: all padding */ 7, 7, 7, 7, 7, 7};
-  const float ids[] = {4, 0, 9, /**/ 0, 0, 0};
+  const float ids[] = {IdWord(4), IdWord(0), IdWord(9), /**/ IdWord(0), IdWord(0), IdWord(0)};
   float out[4] = {9, 9, 9, 9};
   cpu.AverageMaskedSteps(x, ids, 2, 3, 2, out);
   // Keras divides 0 by 0 for the second (NaN); Stratum gives zeros.
@@ -384,8 +392,83 @@ TEST(EmbeddingTest, RefusesWhatStratumDoesNotImplementByName) {
       Sequential(Input({3}, "uint8"), {Embedding({{"input_dim", 5}, {"output_dim", 2}})}));
   EXPECT_THAT(uint8.status().message(), HasSubstr("dtype \"uint8\""));
   EXPECT_THAT(uint8.status().message(), HasSubstr("or int32 / int64 for ids (Embedding)"));
-  EXPECT_THAT(refusal({{"input_dim", 20000000}, {"output_dim", 2}}),
-              HasSubstr("more rows than Stratum's ids address exactly (2^24 = 16777216)"));
+  EXPECT_THAT(refusal({{"input_dim", int64_t{3} << 30}, {"output_dim", 2}}),
+              HasSubstr("has input_dim 3221225472: set it to a positive integer below 2^31"));
+}
+
+// Ids travel as int32 from the data to the lookup: a table of more than 2^24 rows (where
+// float32 values skip every other integer, and above 2^25 three in four) reads the rows named.
+TEST(EmbeddingTest, IdsBeyond2To24AddressTheirOwnRows) {
+  constexpr int64_t kRows = (int64_t{1} << 25) + 8;
+  auto model = Model::FromKerasJson(Sequential(
+      Input({3}, "int64"),
+      {Embedding({{"name", "big"}, {"input_dim", kRows}, {"output_dim", 2}}),
+       {{"class_name", "Flatten"}, {"config", json::object()}},
+       {{"class_name", "Dense"}, {"config", {{"units", 2}, {"activation", "softmax"}}}}}));
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(model->variables()[0].row_sparse);
+  // 2^25 + 1, + 3 and + 5 are no float32: as values they would read rows 2^25 and 2^25 + 4.
+  const int32_t top = 1 << 25;
+  const Tensor x =
+      Tensor::FromVector<int32_t>({2, 3}, {top + 1, top + 3, 16777217, /**/ top + 5, top + 7, 0});
+  auto rows = model->RowsRead({&x}, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, (std::vector<int64_t>{0, 16777217, top + 1, top + 3, top + 5, top + 7}));
+
+  // The step on those rows alone (the whole table, 256 MiB, is never made): each id reads
+  // the row it names, so each given row gets a gradient.
+  std::vector<Tensor> variables;
+  for (const VariableSpec& spec : model->variables()) {
+    variables.emplace_back(DType::kFloat32,
+                           spec.shape.dim(0) == kRows ? Shape({6, 2}) : spec.shape);
+    for (int64_t i = 0; i < variables.back().num_elements(); ++i) {
+      variables.back().data<float>()[i] = 0.1f * static_cast<float>(i + 1);
+    }
+  }
+  auto ws = model->NewWorkspace(1);
+  ASSERT_OK(ws->SetVariableRows(0, *rows));
+  auto loss = Loss::FromKeras("sparse_categorical_crossentropy");
+  ASSERT_OK(loss);
+  const Tensor y = Tensor::FromVector<int32_t>({2}, {0, 1});
+  std::vector<Tensor> grads;
+  auto step = model->TrainStep(variables, x, y, *loss, 0.5f, *ws, grads);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // Every given row is read once, by the id that names it.
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_NE(grads[0].data<float>()[i * 2], 0.0f) << "row " << (*rows)[static_cast<size_t>(i)];
+  }
+  // The same ids as float32 values do not reach their rows: the model takes int32 for them.
+  const Tensor floats = Tensor::FromVector<float>(
+      {2, 3}, {static_cast<float>(top + 1), static_cast<float>(top + 3), 16777217.0f,
+               static_cast<float>(top + 5), static_cast<float>(top + 7), 0});
+  EXPECT_NE(*model->RowsRead({&floats}, 0), *rows);
+
+  // A model that takes values besides ids gets them all as float32 values: its tables are
+  // held to 2^24 rows, and an id input read as values is refused.
+  json functional = json::parse(R"({"class_name": "Functional", "config": {"name": "mixed",
+    "layers": [
+      {"class_name": "InputLayer", "name": "ids", "config": {"batch_input_shape": [null, 2],
+       "dtype": "int32", "name": "ids"}, "inbound_nodes": []},
+      {"class_name": "InputLayer", "name": "values", "config": {"batch_input_shape": [null, 3],
+       "name": "values"}, "inbound_nodes": []},
+      {"class_name": "Embedding", "name": "emb", "config": {"name": "emb", "input_dim": 20000000,
+       "output_dim": 2}, "inbound_nodes": [[["ids", 0, 0, {}]]]},
+      {"class_name": "Flatten", "name": "flat", "config": {"name": "flat"},
+       "inbound_nodes": [[["emb", 0, 0, {}]]]},
+      {"class_name": "Concatenate", "name": "cat", "config": {"name": "cat"},
+       "inbound_nodes": [[["flat", 0, 0, {}], ["values", 0, 0, {}]]]},
+      {"class_name": "Dense", "name": "out", "config": {"name": "out", "units": 1},
+       "inbound_nodes": [[["cat", 0, 0, {}]]]}],
+    "input_layers": [["ids", 0, 0], ["values", 0, 0]], "output_layers": [["out", 0, 0]]}})");
+  EXPECT_THAT(std::string(Model::FromKerasJson(functional).status().message()),
+              HasSubstr("has 20000000 rows, but the model takes values besides ids"));
+  functional["config"]["layers"][2]["config"]["input_dim"] = 1000;
+  EXPECT_OK(Model::FromKerasJson(functional));
+  functional["config"]["layers"][4]["inbound_nodes"][0][1][0] = "ids";
+  EXPECT_THAT(
+      std::string(Model::FromKerasJson(functional).status().message()),
+      HasSubstr(
+          "model layer \"cat\" (Concatenate) reads the ids of model input \"ids\" as values"));
 }
 
 }  // namespace

@@ -46,9 +46,10 @@ std::vector<float> Indices(const json& lookup, const std::vector<float>& tokens)
 }
 
 TEST(IntegerLookupTest, NumbersTokensAsKerasDoes) {
-  // One OOV index (0) before the vocabulary; 5 and 7.5 are not in it.
+  // One OOV index (0) before the vocabulary; 5 is not in it, and 7.5 is cast to 7 (as Keras
+  // casts a float input to its integer tokens).
   EXPECT_THAT(Indices(Lookup({{"vocabulary", {12, 7, 30}}}), {12, 7, 30, 5, 7.5f}),
-              ::testing::ElementsAre(1, 2, 3, 0, 0));
+              ::testing::ElementsAre(1, 2, 3, 0, 2));
   // The mask token at 0, then the OOV index, then the vocabulary.
   EXPECT_THAT(Indices(Lookup({{"vocabulary", {12, 7}}, {"mask_token", 0}}), {0, 12, 7, 9}),
               ::testing::ElementsAre(0, 2, 3, 1));

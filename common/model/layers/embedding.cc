@@ -171,7 +171,9 @@ absl::StatusOr<int64_t> ParseSize(const std::string& where, const nlohmann::json
       value->get<int64_t>() >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has ", key, " ", value ? Dump(*value) : std::string("missing"),
-                     ": set it to a positive integer, such as ", example));
+                     ": set it to a positive integer below 2^31 (an int32 id addresses each "
+                     "row), such as ",
+                     example));
   }
   return value->get<int64_t>();
 }
@@ -196,13 +198,9 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeEmbedding(const nlohmann::json& confi
   }
   STRATUM_ASSIGN_OR_RETURN(const int64_t input_dim,
                            ParseSize(where, config, "input_dim", "the vocabulary size, 10000"));
-  // Ids reach the layer as float32 values, exact up to 2^24.
-  if (input_dim > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " has input_dim ", input_dim,
-        ", more rows than Stratum's ids address exactly (2^24 = 16777216): hash the ids into "
-        "fewer rows"));
-  }
+  // Ids reach the layer as int32 id words (stratum/device/device.h), which address the
+  // rows ParseSize allows; a model that takes values besides ids is held to 2^24 rows when
+  // built (model_json.cc).
   STRATUM_ASSIGN_OR_RETURN(const int64_t output_dim, ParseSize(where, config, "output_dim", "64"));
   // Keras' default is "uniform": RandomUniform(-0.05, 0.05).
   STRATUM_ASSIGN_OR_RETURN(

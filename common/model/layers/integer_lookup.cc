@@ -1,9 +1,9 @@
 // IntegerLookup: integer tokens to vocabulary indices, numbered by TokenLookup
 // (stratum/data/lookup.h) as Keras' IntegerLookup with output_mode "int" numbers them.
 //
-// The indices are ids: an Embedding after the layer looks them up. Tokens reach the layer
-// as the model's float values, exact up to 2^24. The layer has no gradient and no CUDA
-// kernel (a model with it trains on the CPU, saying so).
+// The indices are ids: an Embedding after the layer looks them up. Tokens reach the layer,
+// and indices leave it, as id words (stratum/device/device.h: int32, exact). The layer has no
+// gradient and no CUDA kernel (a model with it trains on the CPU, saying so).
 #include <cmath>
 #include <memory>
 #include <string>
@@ -34,12 +34,9 @@ class IntegerLookup final : public Layer {
   void Forward(const LayerForward& args) const override {
     const int64_t count = args.batch * per_example_;
     for (int64_t i = 0; i < count; ++i) {
-      const float value = args.inputs[0][i];
-      const auto token = static_cast<int64_t>(value);
-      // NaN and fractions are no token: out of the vocabulary.
-      const bool integer = std::isfinite(value) && static_cast<float>(token) == value;
-      args.output[i] =
-          static_cast<float>(integer ? lookup_->Index(token) : lookup_->NonTokenIndex());
+      // Tokens and indices are id words (IdWord); kNoId (a value no int32 holds) is no token.
+      const int32_t token = IdOfWord(args.inputs[0][i]);
+      args.output[i] = IdWord(token != kNoId ? lookup_->Index(token) : lookup_->NonTokenIndex());
     }
   }
 
@@ -60,7 +57,7 @@ class IntegerLookup final : public Layer {
 absl::StatusOr<std::unique_ptr<Layer>> MakeIntegerLookup(const nlohmann::json& config,
                                                          const std::string& where) {
   TokenLookup::Options options;
-  options.max_abs_integer_token = int64_t{1} << 24;  // tokens travel as float32
+  options.max_abs_integer_token = INT32_MAX;  // tokens travel as int32 id words
   STRATUM_ASSIGN_OR_RETURN(
       std::shared_ptr<const TokenLookup> lookup,
       TokenLookup::FromConfig(TokenLookup::Kind::kInteger, config, where, options));

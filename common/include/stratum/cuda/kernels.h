@@ -97,11 +97,12 @@ struct MetricSums {
 
 // x[r, :] = images[i, :] * scale and labels_out[r] = labels[i] for r < rows, where
 // i = order[counters->step * stride + offset + r] when `order` is set (a training step),
-// or i = offset + r without it (evaluation). `labels`/`labels_out` may be null.
+// or i = offset + r without it (evaluation). `labels`/`labels_out` may be null. With `ids`
+// (a model that takes only ids), x[r, :] = the id words (IdWord) of images[i, :], unscaled.
 absl::Status GatherRescale(const uint8_t* images, const uint8_t* labels, int64_t row_size,
                            const int32_t* order, const StepCounters* counters, int64_t stride,
-                           int64_t offset, int rows, float scale, Ptr x, int32_t* labels_out,
-                           cudaStream_t stream);
+                           int64_t offset, int rows, float scale, bool ids, Ptr x,
+                           int32_t* labels_out, cudaStream_t stream);
 
 // out = act(out + bias), row by row (bias may be null). Softmax: logits = out + bias is
 // kept in `logits` (must be set) and out = softmax(logits).

@@ -41,7 +41,7 @@ class TokenLookup {
     // A vocabulary file's relative path is taken from here (the job file's folder).
     std::string base_dir;
     // Integer tokens (vocabulary and mask_token) must lie within +-this: the IntegerLookup
-    // layer's tokens travel as float32, exact up to 2^24.
+    // layer's tokens travel as int32 id words (stratum/device/device.h).
     int64_t max_abs_integer_token = std::numeric_limits<int64_t>::max();
   };
 

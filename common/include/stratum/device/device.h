@@ -14,7 +14,9 @@
 // once on distinct outputs.
 #pragma once
 
+#include <climits>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -33,10 +35,35 @@ inline float Uniform01(RandomStream& rng) {
   return static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f);
 }
 
-// The row an embedding id (a float holding an integer, as the model's buffers do) names in a
-// table of `rows`: the id truncated as TensorFlow casts it, or -1 outside [0, rows) (NaN too).
-inline int64_t EmbeddingRow(float id, int64_t rows) {
-  return id >= 0.0f && id < static_cast<float>(rows) ? static_cast<int64_t>(id) : -1;
+// Ids in the model's buffers. Every buffer is of 32-bit floats, and a tensor of ids (an
+// input that takes ids, an IntegerLookup's indices, an Embedding's positions among given
+// rows) keeps each id as the bits of an int32 in its float word: exact to 2^31 - 1, where a
+// float's value is exact to 2^24 only. Such words are moved, never computed with (many are
+// denormals or NaNs as floats). kNoId is the word of a value no int32 holds (it names no row).
+inline constexpr int32_t kNoId = INT32_MIN;
+// (memcpy, not std::bit_cast: nvcc compiles this header as C++17.)
+inline float IdWord(int64_t id) {
+  const int32_t value = id > kNoId && id <= INT32_MAX ? static_cast<int32_t>(id) : kNoId;
+  float word;
+  std::memcpy(&word, &value, sizeof word);
+  return word;
+}
+inline int32_t IdOfWord(float word) {
+  int32_t id;
+  std::memcpy(&id, &word, sizeof id);
+  return id;
+}
+// The id word of a float value, cast as TensorFlow casts an Embedding's float input (the
+// integer part); kNoId for NaN and values no int32 holds.
+inline float IdWordOfValue(float value) {
+  return value > -2147483648.0f && value < 2147483648.0f ? IdWord(static_cast<int64_t>(value))
+                                                         : IdWord(kNoId);
+}
+
+// The row an id word names in a table of `rows`, or -1 outside [0, rows).
+inline int64_t EmbeddingRow(float word, int64_t rows) {
+  const int32_t id = IdOfWord(word);
+  return id >= 0 && id < rows ? id : -1;
 }
 
 // The geometry of a 2-D window operation (convolution, pooling) on channels-last batches:
@@ -147,8 +174,8 @@ class Device {
                                  const float* mean, const float* variance, float epsilon,
                                  const float* gamma, const float* sums, int64_t count, float* dx,
                                  bool accumulate) const = 0;
-  // Embedding lookup: out[i, :] = table[ids[i], :] for the `count` ids (float values of
-  // integers, as the model's buffers hold them) of a table [rows, width]; an id outside
+  // Embedding lookup: out[i, :] = table[ids[i], :] for the `count` ids (id words: IdWord)
+  // of a table [rows, width]; an id outside
   // [0, rows) gives zeros (TensorFlow's GPU behaviour; the CPU refuses such ids in Keras).
   virtual void EmbeddingLookup(const float* ids, int64_t count, const float* table, int64_t rows,
                                int64_t width, float* out) const = 0;
@@ -158,7 +185,8 @@ class Device {
                              int64_t width, float* grad_table) const = 0;
   // For ids into a table given as some of its rows (`rows`: `num_rows` sorted, unique row
   // ids, in this device's memory): positions[i] = where in `rows` the row ids[i] names is, or
-  // -1 when it is not there (so that a lookup in those rows gives zeros and moves nothing).
+  // -1 when it is not there (so that a lookup in those rows gives zeros and moves nothing),
+  // as id words.
   virtual void EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows,
                                   int64_t num_rows, float* positions) const = 0;
   // out[b, :] = the mean over s of x[b, s, :] for x [batch, steps, width] (Keras'
@@ -167,7 +195,7 @@ class Device {
                             float* out) const = 0;
   virtual void AverageStepsGrad(const float* grad_out, int64_t batch, int64_t steps, int64_t width,
                                 float* grad_x, bool accumulate) const = 0;
-  // The same over the steps whose id step_ids[b, s] is not 0 (the mask of an Embedding
+  // The same over the steps whose id word step_ids[b, s] is not 0 (the mask of an Embedding
   // with mask_zero): out[b, :] = their mean, zeros when every step of b is padding (where
   // Keras divides 0 by 0), and grad_x[b, s, :] (+)= grad_out[b, :] / their count at those
   // steps, 0 (or nothing added) at the others.

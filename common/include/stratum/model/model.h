@@ -123,7 +123,8 @@ class Model {
   int64_t output_size() const;
   int num_outputs() const;
   // Whether an input takes ids (an InputLayer of dtype int32 or int64, or one an Embedding
-  // reads as it is), whose data is not rescaled; whether every input does.
+  // reads as it is), whose data is not rescaled; whether every input does (such a model
+  // takes int32 batches too, and its input pipeline gives them: MakeBatches).
   bool takes_ids() const;
   bool takes_only_ids() const;
   int64_t num_parameters() const;
@@ -165,7 +166,9 @@ class Model {
   std::unique_ptr<Workspace> NewWorkspace(uint64_t seed) const;
 
   // One training step of one replica: forward pass in training mode (dropout active), loss,
-  // backward pass. x is float32 [B, ...input_shape] (or [B, input elements]); y holds class
+  // backward pass. x is float32 [B, ...input_shape] (or [B, input elements]), or int32 for
+  // a model that takes only ids (float32 values hold ids exactly to 2^24 only; int32 ids,
+  // as the input pipeline gives such a model, to 2^31); y holds class
   // ids [B] (int32, int64 or uint8) for a sparse loss, float32 [B, C] otherwise. The
   // minimised objective is loss_scale * (sum over the batch of per-example losses): pass
   // 1 / global batch size, as tf.distribute does, and summed replica gradients are right.

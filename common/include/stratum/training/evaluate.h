@@ -1,8 +1,8 @@
 // The input pipeline and the evaluation every training loop shares: MakeBatches (rescaled
-// float32 batches in the model's input shape), EvaluateDataset (test-set loss and accuracy
-// over a strategy's replicas, summed over the workers in sync) and the StepStats sums.
-// Functions of their arguments; EvaluateDataset runs on the strategy's replicas and is, with
-// several workers, a collective every worker calls.
+// float32 batches in the model's input shape, int32 ids for a model that takes only ids),
+// EvaluateDataset (test-set loss and accuracy over a strategy's replicas, summed over the workers
+// in sync) and the StepStats sums. Functions of their arguments; EvaluateDataset runs on the
+// strategy's replicas and is, with several workers, a collective every worker calls.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByDataset(
     const Model& model, const std::vector<int>& variables, const Dataset& data, double rescale,
     int64_t batch);
 
-// The batch pipeline Fit uses: rescaled float32 features, reshaped to the model's input.
+// The batch pipeline Fit uses: rescaled float32 features, reshaped to the model's input; for
+// a model that takes only ids, int32 ids (an id no int32 holds becomes kNoId: no row).
 Dataset MakeBatches(const Dataset& examples, const Model& model, int64_t global_batch,
                     double rescale, int64_t shuffle_buffer, uint64_t seed, bool repeat,
                     bool drop_remainder = false);
