@@ -166,11 +166,6 @@ absl::Status Workspace::SetVariableRows(int variable, std::vector<int64_t> rows)
                        rows[i], " at position ", i, "): pass Model::RowsRead's"));
     }
   }
-  // Positions among the rows travel as floats, exact up to 2^24.
-  if (rows.size() > (size_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("variable ", variable, " is given ", rows.size(),
-                                                   " rows, more than 2^24: use smaller batches"));
-  }
   ws.rows.resize(ws.table_rows.size());
   ws.row_views.resize(ws.table_rows.size());
   ws.rows[v] = std::move(rows);

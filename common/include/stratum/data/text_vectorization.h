@@ -45,8 +45,8 @@ class TextVectorizer {
 
   // The tokens the lookup numbers: standardized, split and made n-grams.
   std::vector<std::string> Tokens(absl::string_view text) const;
-  // The text's ids into out[0, length): the first `length` tokens' ids, then 0s. Ids travel
-  // as float32, as every input of Stratum's models (exact below 2^24).
+  // The text's ids into out[0, length): the first `length` tokens' ids, then 0s, as float32
+  // values (exact below 2^24; MakeBatches gives a model of ids them as int32).
   void Vectorize(absl::string_view text, int64_t length, float* out) const;
 
   // The config's output_sequence_length; 1 for a StringLookup; nullopt when not set (the
