@@ -423,6 +423,7 @@ int64_t Model::WorkspaceFloats(int64_t batch) const {
   for (const std::vector<int64_t>* part : {&floats.values, &floats.grads, &floats.scratch}) {
     for (int64_t n : *part) total += n;
   }
+  if (takes_ids()) total += batch * impl_->input_shape.num_elements();  // a float32 x's id words
   return total;
 }
 
