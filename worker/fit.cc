@@ -211,8 +211,14 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
   const int workers = strategy_.num_workers();
   if (workers <= 1) return rows;
   // An all-gather made of two sums: every worker's counts at its place, then every worker's
-  // rows at its place (as floats, exact: tables have at most 2^24 rows).
+  // rows at its place, as floats: one a row, exact while tables have at most 2^24 rows, else
+  // two (the row's bits above 16 and its low 16, each exact).
   const size_t tables = rows.size();
+  bool split = false;
+  for (int variable : row_tables_) {
+    split |= model_.variables()[static_cast<size_t>(variable)].shape.dim(0) > (int64_t{1} << 24);
+  }
+  const int64_t floats_a_row = split ? 2 : 1;
   const auto me = static_cast<size_t>(strategy_.worker_index());
   std::vector<Tensor> counts = {
       Tensor(DType::kFloat32, Shape({workers * static_cast<int64_t>(tables)}))};
@@ -226,21 +232,32 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
     if (i == static_cast<int64_t>(me * tables)) mine = total;
     total += std::lround(counts[0].data<float>()[i]);
   }
-  std::vector<Tensor> all = {Tensor(DType::kFloat32, Shape({total}))};
+  std::vector<Tensor> all = {Tensor(DType::kFloat32, Shape({total * floats_a_row}))};
   all[0].SetZero();
-  float* at = all[0].data<float>() + mine;
+  float* at = all[0].data<float>() + mine * floats_a_row;
   for (const std::vector<int64_t>& read : rows) {
-    for (int64_t row : read) *at++ = static_cast<float>(row);
+    for (int64_t row : read) {
+      if (split) {
+        *at++ = static_cast<float>(row >> 16);
+        *at++ = static_cast<float>(row & 0xffff);
+      } else {
+        *at++ = static_cast<float>(row);
+      }
+    }
   }
   STRATUM_RETURN_IF_ERROR(strategy_.AllReduceAcrossWorkers(ReduceOp::kSum, all));
-  row_exchange_bytes_ += 4.0 * static_cast<double>(counts[0].num_elements() + total);
+  row_exchange_bytes_ += 4.0 * static_cast<double>(counts[0].num_elements() + total * floats_a_row);
   std::vector<std::vector<int64_t>> every(tables);
   const float* from = all[0].data<float>();
   for (int w = 0; w < workers; ++w) {
     for (size_t t = 0; t < tables; ++t) {
       const int64_t count =
           std::lround(counts[0].data<float>()[static_cast<size_t>(w) * tables + t]);
-      for (int64_t i = 0; i < count; ++i) every[t].push_back(std::lround(*from++));
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t row = std::lround(*from++);
+        if (split) row = (row << 16) + std::lround(*from++);
+        every[t].push_back(row);
+      }
     }
   }
   for (size_t t = 0; t < tables; ++t) {

@@ -249,26 +249,35 @@ absl::Status Replica::InitGraph(int64_t batch) {
   device_->AddBuffer(x_.data(), x_.size(), model_.takes_ids() ? ElementType::kFloat32 : compute_);
   executor_ = std::make_unique<GraphExecutor>(model_.graph(), *device_);
   const GraphBufferSizes::Floats floats = BufferSizes(model_.graph()).ForBatch(batch);
-  auto allocate = [&](const std::vector<int64_t>& sizes,
-                      ElementType type) -> absl::StatusOr<std::vector<float*>> {
+  // The buffers several inputs are split into keep their ids as float32 id words too.
+  const Model::Impl& graph = model_.graph();
+  std::vector<bool> ids(graph.tensors.size(), false);
+  for (size_t i = 0; i < graph.inputs.size(); ++i) {
+    ids[static_cast<size_t>(graph.inputs[i])] = graph.input_takes_ids[i];
+  }
+  auto allocate = [&](const std::vector<int64_t>& sizes, ElementType type,
+                      const std::vector<bool>* float32) -> absl::StatusOr<std::vector<float*>> {
     std::vector<float*> pointers;
-    for (int64_t size : sizes) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int64_t size = sizes[t];
       if (size == 0) {
         pointers.push_back(nullptr);
         continue;
       }
       const size_t bytes = static_cast<size_t>(size) * sizeof(float);
       STRATUM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(allocator_, bytes));
-      device_->AddBuffer(buffer.data(), bytes, type);
+      device_->AddBuffer(buffer.data(), bytes,
+                         float32 != nullptr && (*float32)[t] ? ElementType::kFloat32 : type);
       pointers.push_back(buffer.as<float>());
       graph_buffers_.push_back(std::move(buffer));
     }
     return pointers;
   };
   GraphBuffers buffers;
-  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(floats.values, compute_));
-  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(floats.grads, compute_));
-  STRATUM_ASSIGN_OR_RETURN(buffers.scratch, allocate(floats.scratch, ElementType::kFloat32));
+  STRATUM_ASSIGN_OR_RETURN(buffers.values, allocate(floats.values, compute_, &ids));
+  STRATUM_ASSIGN_OR_RETURN(buffers.grads, allocate(floats.grads, compute_, nullptr));
+  STRATUM_ASSIGN_OR_RETURN(buffers.scratch,
+                           allocate(floats.scratch, ElementType::kFloat32, nullptr));
   executor_->Bind(std::move(buffers));
   for (size_t v = 0; v < offsets_.size(); ++v) {
     variable_pointers_.push_back(Variable(static_cast<int>(v)));

@@ -2,6 +2,7 @@
 
 #include <farmhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -244,6 +245,12 @@ int64_t TokenLookup::Index(absl::string_view token) const {
   }
   // tf.strings.to_hash_bucket_fast: Fingerprint64 modulo the buckets.
   return OutOfVocabulary(num_oov_ > 1 ? util::Fingerprint64(token.data(), token.size()) : 0);
+}
+
+int64_t TokenLookup::LargestIntegerToken() const {
+  int64_t largest = integer_mask_ ? std::abs(*integer_mask_) : 0;
+  for (const auto& [token, index] : integers_) largest = std::max(largest, std::abs(token));
+  return largest;
 }
 
 int64_t TokenLookup::Index(int64_t token) const {

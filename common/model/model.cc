@@ -538,6 +538,12 @@ namespace {
 
 // A model trains and evaluates with one output (one loss, one set of targets).
 absl::Status CheckOneOutput(const Model::Impl& model) {
+  if (model.outputs.size() == 1 && !model.output_ids.empty() && model.output_ids[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model \"", model.name,
+        "\" outputs ids (an IntegerLookup's indices), which no loss trains on: end the model in "
+        "a layer that makes values, such as an Embedding or a Dense"));
+  }
   if (model.outputs.size() == 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "model \"", model.name, "\" has ", model.outputs.size(),

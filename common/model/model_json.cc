@@ -307,6 +307,16 @@ class GraphBuilder {
       if (node.class_name == "IntegerLookup") {
         carries[static_cast<size_t>(node.output)] = where;
       }
+      if (takes_ids && carries[static_cast<size_t>(node.inputs[0])].empty()) {
+        const int producer = impl_.tensors[static_cast<size_t>(node.inputs[0])].producer;
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " reads the values of ",
+            producer < 0 ? std::string("a model input")
+                         : Where(impl_.nodes[static_cast<size_t>(producer)].name,
+                                 impl_.nodes[static_cast<size_t>(producer)].class_name),
+            " as ids, which Stratum does not convert: give it ids from a model input (as it is, "
+            "or through Flatten) or from an IntegerLookup"));
+      }
       for (size_t k = 0; k < node.inputs.size(); ++k) {
         const std::string& ids = carries[static_cast<size_t>(node.inputs[k])];
         if (ids.empty()) continue;
@@ -319,6 +329,13 @@ class GraphBuilder {
               " as values, which Stratum does not convert (ids stay ids, exact to 2^31): give "
               "the values on an input of their own, of dtype float32"));
         }
+      }
+      if (!only_ids && node.layer->LargestToken() > (int64_t{1} << 24)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " has the token ", node.layer->LargestToken(),
+            ", but the model takes values besides ids, so its tokens travel as float32 values, "
+            "exact to 2^24 = 16777216: use smaller tokens, or give the model ids alone (an int32 "
+            "token travels exactly)"));
       }
       if (node.class_name == "Embedding" && !only_ids && !node.variables.empty() &&
           impl_.variables[static_cast<size_t>(node.variables[0])].shape.dim(0) >
@@ -349,13 +366,19 @@ class GraphBuilder {
     }
     impl_.outputs = outputs;
     // An input takes ids when declared int, or when an Embedding or IntegerLookup reads it as
-    // it is (Keras casts a float32 input's values to ids there, never scaling them).
+    // it is, or through layers that pass it on (Keras casts a float32 input's values to ids
+    // there, never scaling them).
     impl_.input_takes_ids.assign(impl_.inputs.size(), false);
     for (size_t i = 0; i < impl_.inputs.size(); ++i) {
       bool ids = impl_.int_inputs.count(impl_.input_names[i]) > 0;
+      std::vector<bool> passed(impl_.tensors.size(), false);  // the input, passed on
+      passed[static_cast<size_t>(impl_.inputs[i])] = true;
       for (const GraphNode& node : impl_.nodes) {
-        if (node.class_name != "Embedding" && node.class_name != "IntegerLookup") continue;
-        for (int id : node.inputs) ids |= id == impl_.inputs[i];
+        if (node.inputs.empty() || !passed[static_cast<size_t>(node.inputs[0])]) continue;
+        if (node.class_name == "Embedding" || node.class_name == "IntegerLookup") ids = true;
+        if (node.layer->IsIdentity(true) && node.layer->IsIdentity(false)) {
+          passed[static_cast<size_t>(node.output)] = true;
+        }
       }
       impl_.input_takes_ids[i] = ids;
     }

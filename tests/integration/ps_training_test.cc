@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <regex>
 
 #include <gmock/gmock.h>
@@ -14,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stratum/checkpoint/safetensors.h"
-#include "stratum/data/convert.h"
 #include "stratum/net/free_port.h"
+#include "stratum/testing/ids_beyond_2_to_24.h"
 #include "stratum/testing/independent_readers.h"
 #include "stratum/testing/local_cluster.h"
 #include "stratum/testing/status_matchers.h"
@@ -784,65 +783,13 @@ TEST(PsTrainingTest, AnEmbeddingTableTravelsByRowsAndNeverWholeToAWorker) {
   }
 }
 
-// Writes `n` examples of 4 ids, each 2^25 + 4k + c for the example's class c in [0, 4) and
-// k drawn from [0, 64), as int64 features "ids" and "label" of a TFRecord file.
-std::string WriteIdsBeyond2To24(const std::string& name, int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids, labels;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = static_cast<int64_t>(rng() % 4);
-    for (int s = 0; s < 4; ++s) ids.push_back((int64_t{1} << 25) + 4 * (rng() % 64) + c);
-    labels.push_back(c);
-  }
-  ConvertOptions options;
-  options.out_prefix = TempPath(name);
-  options.input_key = "ids";
-  auto files =
-      WriteTFRecordShards(Dataset::FromTensorSlices({Tensor::FromVector<int64_t>({n, 4}, ids),
-                                                     Tensor::FromVector<int64_t>({n}, labels)}),
-                          n, options);
-  EXPECT_TRUE(files.ok()) << files.status();
-  return files.ok() ? files->front() : "";
-}
-
-// Ids travel as int32 from the data to the lookup: a table of more than 2^25 rows learns
-// classes that only its ids' low bits tell apart. As float32 values (as ids travelled
-// before), 2^25 + 4k + 1, + 2 and + 3 fall on 2^25 + 4k or 2^25 + 4k + 4: the rows of other
-// classes, and accuracy could not pass about 0.5.
+// Ids travel as int32 from the data to the lookup: a table of more than 2^25 rows on a
+// parameter server learns classes that only its ids' low bits tell apart
+// (stratum/testing/ids_beyond_2_to_24.h).
 TEST(PsTrainingTest, IdsBeyond2To24ReachTheirOwnRowsOfAParameterServersTable) {
-  const std::string train = WriteIdsBeyond2To24("big_ids_train", 2000, 1);
-  const std::string test = WriteIdsBeyond2To24("big_ids_test", 500, 2);
-  const nlohmann::json features = {
-      {"ids", {{"type", "FixedLenFeature"}, {"dtype", "int64"}, {"shape", {4}}}},
-      {"label",
-       {{"type", "FixedLenFeature"}, {"dtype", "int64"}, {"shape", nlohmann::json::array()}}}};
-  auto source = [&](const std::string& file) {
-    return nlohmann::json{
-        {"format", "tfrecord"}, {"files", {file}}, {"features", features}, {"label_key", "label"}};
-  };
-  const nlohmann::json job = {
-      {"strategy",
-       {{"type", "parameter_server"},
-        {"variable_partitioner", {{"type", "fixed_shards"}, {"num_shards", 2}}}}},
-      {"model",
-       {{"class_name", "Sequential"},
-        {"config",
-         {{"name", "big_ids"},
-          {"layers",
-           {{{"class_name", "InputLayer"},
-             {"config", {{"batch_input_shape", {nullptr, 4}}, {"dtype", "int64"}}}},
-            {{"class_name", "Embedding"},
-             {"config",
-              {{"name", "table"}, {"input_dim", (int64_t{1} << 25) + 256}, {"output_dim", 2}}}},
-            {{"class_name", "GlobalAveragePooling1D"}, {"config", nlohmann::json::object()}},
-            {{"class_name", "Dense"}, {"config", {{"units", 4}}}}}}}}}},
-      {"compile",
-       {{"optimizer", {{"class_name", "SGD"}, {"config", {{"learning_rate", 2.0}}}}},
-        {"loss",
-         {{"class_name", "SparseCategoricalCrossentropy"}, {"config", {{"from_logits", true}}}}},
-        {"metrics", {"accuracy"}}}},
-      {"data", {{"train", source(train)}, {"test", source(test)}}},
-      {"fit", {{"epochs", 4}, {"batch_size_per_replica", 50}, {"seed", 1}}}};
+  const nlohmann::json job = testing::IdsBeyond2To24Job(
+      {{"type", "parameter_server"},
+       {"variable_partitioner", {{"type", "fixed_shards"}, {"num_shards", 2}}}});
   const std::string job_path = TempPath("big_ids_job.json");
   std::ofstream(job_path) << job.dump();
   const std::string summary = TempPath("big_ids_summary.json");

@@ -464,6 +464,29 @@ TEST(EmbeddingTest, IdsBeyond2To24AddressTheirOwnRows) {
               HasSubstr("has 20000000 rows, but the model takes values besides ids"));
   functional["config"]["layers"][2]["config"]["input_dim"] = 1000;
   EXPECT_OK(Model::FromKerasJson(functional));
+  // A float32 input passed on by Flatten takes ids too; values a Dense made do not.
+  auto flattened = Model::FromKerasJson(
+      Sequential(Input({2, 2}), {{{"class_name", "Flatten"}, {"config", json::object()}},
+                                 Embedding({{"input_dim", 5}, {"output_dim", 1}}),
+                                 {{"class_name", "Flatten"}, {"config", json::object()}}}));
+  ASSERT_TRUE(flattened.ok()) << flattened.status();
+  EXPECT_TRUE(flattened->takes_only_ids());
+  std::vector<Tensor> table = flattened->InitialVariables(1);
+  for (int64_t r = 0; r < 5; ++r) table[0].data<float>()[r] = static_cast<float>(r * 10);
+  auto flat_ws = flattened->NewWorkspace(1);
+  auto looked_up =
+      flattened->Predict(table, Tensor::FromVector<float>({1, 2, 2}, {4, 1, 3.5f, 9}), *flat_ws);
+  ASSERT_TRUE(looked_up.ok()) << looked_up.status();
+  EXPECT_THAT(std::vector<float>(looked_up->data<float>(), looked_up->data<float>() + 4),
+              ::testing::ElementsAre(40, 10, 30, 0));  // 3.5 is cast to 3; 9 is outside
+  EXPECT_THAT(
+      std::string(Model::FromKerasJson(
+                      Sequential(Input({2}), {{{"class_name", "Dense"}, {"config", {{"units", 2}}}},
+                                              Embedding({{"input_dim", 5}, {"output_dim", 1}})}))
+                      .status()
+                      .message()),
+      HasSubstr("(Embedding) reads the values of model layer \"dense\" (Dense) as ids"));
+
   functional["config"]["layers"][4]["inbound_nodes"][0][1][0] = "ids";
   EXPECT_THAT(
       std::string(Model::FromKerasJson(functional).status().message()),

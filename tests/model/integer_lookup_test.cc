@@ -66,6 +66,49 @@ TEST(IntegerLookupTest, NumbersTokensAsKerasDoes) {
               ::testing::ElementsAre(3, 2, 1, 0));
 }
 
+// Tokens travel as int32: exact beyond 2^24 in a model of ids; a model that also takes values
+// gets them as float32 values, so its vocabulary is held to 2^24. A model whose output is
+// the indices predicts them, and no loss trains on it.
+TEST(IntegerLookupTest, TokensBeyond2To24AreExactInAModelOfIds) {
+  auto exact =
+      Model::FromKerasJson(Sequential({Lookup({{"vocabulary", {16777217, 16777216}}})}, 3));
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  auto exact_ws = exact->NewWorkspace(1);
+  auto indices =
+      exact->Predict({}, Tensor::FromVector<int32_t>({1, 3}, {16777216, 16777217, 3}), *exact_ws);
+  ASSERT_TRUE(indices.ok()) << indices.status();
+  EXPECT_THAT(std::vector<float>(indices->data<float>(), indices->data<float>() + 3),
+              ::testing::ElementsAre(2, 1, 0));
+  auto mixed = Model::FromKerasJson(json::parse(R"({"class_name": "Functional", "config": {
+    "name": "mixed", "layers": [
+      {"class_name": "InputLayer", "name": "tokens", "config": {"batch_input_shape": [null, 1],
+       "dtype": "int64", "name": "tokens"}, "inbound_nodes": []},
+      {"class_name": "InputLayer", "name": "values", "config": {"batch_input_shape": [null, 1],
+       "name": "values"}, "inbound_nodes": []},
+      {"class_name": "IntegerLookup", "name": "lookup", "config": {"name": "lookup",
+       "vocabulary": [16777217]}, "inbound_nodes": [[["tokens", 0, 0, {}]]]},
+      {"class_name": "Embedding", "name": "emb", "config": {"name": "emb", "input_dim": 2,
+       "output_dim": 1}, "inbound_nodes": [[["lookup", 0, 0, {}]]]},
+      {"class_name": "Flatten", "name": "flat", "config": {"name": "flat"},
+       "inbound_nodes": [[["emb", 0, 0, {}]]]},
+      {"class_name": "Concatenate", "name": "cat", "config": {"name": "cat"},
+       "inbound_nodes": [[["flat", 0, 0, {}], ["values", 0, 0, {}]]]}],
+    "input_layers": [["tokens", 0, 0], ["values", 0, 0]], "output_layers": [["cat", 0, 0]]}})"));
+  EXPECT_THAT(std::string(mixed.status().message()),
+              HasSubstr("has the token 16777217, but the model takes values besides ids"));
+  auto lookup_only = Model::FromKerasJson(Sequential({Lookup({{"vocabulary", {12}}})}, 1));
+  ASSERT_TRUE(lookup_only.ok()) << lookup_only.status();
+  auto ws = lookup_only->NewWorkspace(1);
+  std::vector<Tensor> grads;
+  EXPECT_THAT(std::string(lookup_only
+                              ->TrainStep({}, Tensor::FromVector<int32_t>({1, 1}, {12}),
+                                          Tensor::FromVector<float>({1, 1}, {1}),
+                                          Loss::MeanSquaredError(), 1.0f, *ws, grads)
+                              .status()
+                              .message()),
+              HasSubstr("outputs ids (an IntegerLookup's indices), which no loss trains on"));
+}
+
 TEST(IntegerLookupTest, FeedsAnEmbeddingThatTrainsOnTheCpu) {
   auto model = Model::FromKerasJson(Sequential(
       {Lookup({{"vocabulary", {3, 1, 4, 15, 9}}}),

@@ -6,8 +6,8 @@
 // carries the mask to a GlobalAveragePooling1D after it (through Dense, Dropout and
 // Activation), whose mean then leaves those steps out (model_json.cc's MaskGiven).
 //
-// Ids reach the layer as the model's float values: an InputLayer of dtype int32 or int64 takes
-// them unscaled. An id outside [0, input_dim) looks up zeros and moves no row (TensorFlow's
+// Ids reach the layer as id words (stratum/device/device.h: an int32's bits in each float),
+// unscaled. An id outside [0, input_dim) looks up zeros and moves no row (TensorFlow's
 // GPU behaviour; its CPU refuses the step).
 //
 // The table is row-sparse (VariableSpec::row_sparse): a step may be given only the rows its

@@ -30,6 +30,7 @@ class IntegerLookup final : public Layer {
   }
 
   bool RunsOnGpu() const override { return false; }
+  int64_t LargestToken() const override { return lookup_->LargestIntegerToken(); }
 
   void Forward(const LayerForward& args) const override {
     const int64_t count = args.batch * per_example_;

@@ -64,6 +64,9 @@ class TokenLookup {
   // Where a value that is no token at all goes (an IntegerLookup layer given a fraction or
   // NaN): the first out-of-vocabulary index, or -1 without one.
   int64_t NonTokenIndex() const { return num_oov_ > 0 ? first_oov_ : -1; }
+  // The largest magnitude of an integer lookup's tokens (vocabulary and mask token); 0 for a
+  // string lookup.
+  int64_t LargestIntegerToken() const;
   // Keras' vocabulary_size(): the mask, out-of-vocabulary and vocabulary indices in all.
   int64_t vocabulary_size() const { return first_token_ + tokens_; }
 

@@ -179,6 +179,11 @@ class Layer {
   // makes through CrossReplicaSum, in order: a replica without examples makes the same sums,
   // of zeros, so that the others do not wait for it. None for most layers.
   virtual std::vector<int64_t> CrossReplicaSums(bool /*backward*/) const { return {}; }
+
+  // The largest magnitude of the integer tokens the layer's config names (an IntegerLookup's
+  // vocabulary and mask token), 0 for none: a model whose ids travel as float32 values,
+  // exact to 2^24, could not tell larger ones apart.
+  virtual int64_t LargestToken() const { return 0; }
 };
 
 }  // namespace stratum
