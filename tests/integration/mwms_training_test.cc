@@ -60,7 +60,9 @@ void ExpectWorkersFinish(LocalCluster& cluster, int workers) {
   for (int w = 0; w < workers; ++w) {
     auto exit = cluster.WaitForExit({"worker", w}, absl::Seconds(120));
     EXPECT_TRUE(exit.ok()) << exit.status();
-    if (exit.ok()) EXPECT_TRUE(exit->success()) << cluster.Output({"worker", w});
+    if (exit.ok()) {
+      EXPECT_TRUE(exit->success()) << cluster.Output({"worker", w});
+    }
   }
 }
 
