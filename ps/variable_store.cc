@@ -11,6 +11,7 @@
 #include "stratum/model/optimizer.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
+#include "stratum/util/sort_unique.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -363,22 +364,11 @@ absl::StatusOr<int64_t> VariableStore::ApplyGradient(const std::string& name,
   PushedBytes().Add(static_cast<double>(gradient.byte_size()));
   Updates(false).Add();
   ++v.info.updates;
-  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, nullptr));
+  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, AllFinite(v.value)));
   return v.info.updates;
 }
 
-absl::Status VariableStore::CheckUpdated(const std::string& name, Variable& v,
-                                         const std::vector<int64_t>* rows) {
-  bool finite = true;
-  if (rows == nullptr) {
-    finite = AllFinite(v.value);
-  } else {
-    const int64_t width = v.value.row_size();
-    for (size_t i = 0; finite && i < rows->size(); ++i) {
-      const float* row = v.value.data<float>() + (*rows)[i] * width;
-      for (int64_t k = 0; k < width; ++k) finite &= std::isfinite(row[k]);
-    }
-  }
+absl::Status VariableStore::CheckUpdated(const std::string& name, Variable& v, bool finite) {
   if (finite) return absl::OkStatus();
   const nlohmann::json& config = v.optimizer_config;
   const std::string optimizer =
@@ -410,12 +400,12 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
   const int64_t width = v.value.row_size();
   const bool unique_sorted = std::adjacent_find(indices.begin(), indices.end(),
                                                 std::greater_equal<int64_t>()) == indices.end();
+  bool finite = true;
   if (unique_sorted) {
-    v.optimizer->ApplyRows(v.value, indices, row_gradients, v.slots, v.info.updates);
+    finite = v.optimizer->ApplyRows(v.value, indices, row_gradients, v.slots, v.info.updates);
   } else {
     std::vector<int64_t> rows(indices);
-    std::sort(rows.begin(), rows.end());
-    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    SortUnique(rows, v.value.rows());
     Tensor summed(DType::kFloat32, v.info.shape.WithFirstDim(static_cast<int64_t>(rows.size())));
     summed.SetZero();
     for (size_t i = 0; i < indices.size(); ++i) {
@@ -424,13 +414,13 @@ absl::StatusOr<int64_t> VariableStore::ApplyRowGradients(const std::string& name
       float* to = summed.data<float>() + at * width;
       for (int64_t k = 0; k < width; ++k) to[k] += from[k];
     }
-    v.optimizer->ApplyRows(v.value, rows, summed, v.slots, v.info.updates);
+    finite = v.optimizer->ApplyRows(v.value, rows, summed, v.slots, v.info.updates);
   }
   PushedBytes().Add(
       static_cast<double>(row_gradients.byte_size() + indices.size() * sizeof(int64_t)));
   Updates(true).Add();
   ++v.info.updates;
-  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, &indices));
+  STRATUM_RETURN_IF_ERROR(CheckUpdated(name, v, finite));
   return v.info.updates;
 }
 

@@ -17,6 +17,7 @@
 #include "stratum/strategy/distributed_dataset.h"
 #include "stratum/training/epoch_loop.h"
 #include "stratum/training/fit_state.h"
+#include "stratum/util/sort_unique.h"
 #include "stratum/util/status_macros.h"
 #include "stratum/worker/multi_worker_mirrored_strategy.h"
 
@@ -262,10 +263,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> CpuStepRunner::RowsReadByAll(
   }
   for (size_t t = 0; t < tables; ++t) {
     std::vector<int64_t>& table = every[t];
-    std::sort(table.begin(), table.end());
-    table.erase(std::unique(table.begin(), table.end()), table.end());
-    // Their gradients: one row each, all-reduced with the step's other gradients.
     const Shape& shape = model_.variables()[static_cast<size_t>(row_tables_[t])].shape;
+    SortUnique(table, shape.dim(0));
+    // Their gradients: one row each, all-reduced with the step's other gradients.
     row_exchange_bytes_ += 4.0 * static_cast<double>(table.size()) *
                            static_cast<double>(shape.num_elements() / shape.dim(0));
   }

@@ -9,6 +9,8 @@
 
 #include <Eigen/Core>
 
+#include "absl/container/flat_hash_map.h"
+
 #include "common/device/onednn.h"
 #include "stratum/device/device.h"
 #include "stratum/tensor/tensor.h"
@@ -311,10 +313,24 @@ class Cpu final : public Device {
   void EmbeddingPositions(const float* ids, int64_t count, const int64_t* rows, int64_t num_rows,
                           float* positions) const override {
     const int64_t end = num_rows > 0 ? rows[num_rows - 1] + 1 : 0;
+    // A binary search per id is a chain of mispredicted branches (over a quarter of a PS
+    // worker's step on the CTR model); a hash of the rows costs an insert a row, then one
+    // probe an id: 4.5x faster for a batch's ids among its own rows. Among far more rows
+    // (an evaluation's given rows of a whole data set), the search stays cheaper.
+    if (4 * count < num_rows) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t id = EmbeddingRow(ids[i], end);
+        const int64_t* at = std::lower_bound(rows, rows + num_rows, id);
+        positions[i] = IdWord(id >= 0 && at != rows + num_rows && *at == id ? at - rows : -1);
+      }
+      return;
+    }
+    absl::flat_hash_map<int64_t, int64_t> position_of;
+    position_of.reserve(static_cast<size_t>(num_rows));
+    for (int64_t p = 0; p < num_rows; ++p) position_of.emplace(rows[p], p);
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t id = EmbeddingRow(ids[i], end);
-      const int64_t* at = std::lower_bound(rows, rows + num_rows, id);
-      positions[i] = IdWord(id >= 0 && at != rows + num_rows && *at == id ? at - rows : -1);
+      const auto found = position_of.find(EmbeddingRow(ids[i], end));
+      positions[i] = IdWord(found != position_of.end() ? found->second : -1);
     }
   }
 

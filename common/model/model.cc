@@ -11,6 +11,7 @@
 #include "common/model/graph_executor.h"
 #include "common/model/keras_config.h"
 #include "common/model/model_graph.h"
+#include "stratum/util/sort_unique.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -402,8 +403,7 @@ absl::StatusOr<std::vector<int64_t>> Model::RowsRead(const std::vector<const Ten
       }
     }
   }
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  SortUnique(rows, table_rows);
   return rows;
 }
 

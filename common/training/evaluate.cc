@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "stratum/device/device.h"
 #include "stratum/strategy/distributed_dataset.h"
+#include "stratum/util/sort_unique.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -175,9 +176,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> RowsReadByDataset(
       rows[t].insert(rows[t].end(), read[t].begin(), read[t].end());
     }
   }
-  for (std::vector<int64_t>& table : rows) {  // sorted and unique once, not per batch
-    std::sort(table.begin(), table.end());
-    table.erase(std::unique(table.begin(), table.end()), table.end());
+  for (size_t t = 0; t < rows.size(); ++t) {  // sorted and unique once, not per batch
+    SortUnique(rows[t], model.variables()[static_cast<size_t>(variables[t])].shape.dim(0));
   }
   return rows;
 }

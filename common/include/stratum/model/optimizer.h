@@ -87,8 +87,9 @@ class Optimizer {
   // row's momentum or Adam moments do not decay, unlike Keras' dense update), with clipnorm
   // over all the given rows together, then clipvalue, as ApplyDense clips a dense gradient.
   // The parameter servers update embedding tables so. Shapes or rows that do not match are a
-  // programmer error and abort.
-  void ApplyRows(Tensor& variable, std::span<const int64_t> rows, const Tensor& row_gradients,
+  // programmer error and abort. Returns whether the updated rows are all finite (checked while
+  // they are gathered, not read again from the table).
+  bool ApplyRows(Tensor& variable, std::span<const int64_t> rows, const Tensor& row_gradients,
                  std::vector<Tensor>& slots, int64_t iteration) const;
   // ApplyDense on every variable (after global_clipnorm over the trainable ones); slots[i]
   // belongs to vars[i] and is created when empty. With `specs` (the model's variables), a

@@ -155,10 +155,9 @@ class VariableStore {
     // every later push (an Assign of finite values clears it).
     std::string diverged ABSL_GUARDED_BY(mutex);
   };
-  // After an update of `rows` (null: the whole value): FAILED_PRECONDITION, and the
+  // After an update whose values came out `finite` or not: FAILED_PRECONDITION, and the
   // variable marked diverged, when the update made them NaN or Inf.
-  static absl::Status CheckUpdated(const std::string& name, Variable& variable,
-                                   const std::vector<int64_t>* rows)
+  static absl::Status CheckUpdated(const std::string& name, Variable& variable, bool finite)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(variable.mutex);
 
   absl::StatusOr<std::shared_ptr<Variable>> Find(const std::string& name) const;
