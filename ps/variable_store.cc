@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stratum/model/optimizer.h"
+#include "stratum/tensor/gather_rows.h"
 #include "stratum/util/error_kind.h"
 #include "stratum/util/metrics.h"
 #include "stratum/util/sort_unique.h"
@@ -205,12 +206,7 @@ absl::StatusOr<VariableInfo> VariableStore::ReadInto(
     if (bytes > 0) std::memcpy(out, v.value.raw_data(), bytes);
     return info;
   }
-  const int64_t width = v.value.row_size();
-  for (size_t i = 0; i < rows->size(); ++i) {
-    std::memcpy(static_cast<float*>(out) + static_cast<int64_t>(i) * width,
-                v.value.data<float>() + (*rows)[i] * width,
-                static_cast<size_t>(width) * sizeof(float));
-  }
+  GatherRows(v.value, rows->data(), rows->size(), out);
   return info;
 }
 
@@ -221,14 +217,9 @@ absl::StatusOr<Tensor> VariableStore::ReadRows(const std::string& name,
   const Variable& v = **variable;
   absl::MutexLock lock(&v.mutex);
   STRATUM_RETURN_IF_ERROR(CheckRows(name, v.value, indices));
-  const int64_t row_size = v.value.row_size();
   Tensor out(DType::kFloat32, v.value.shape().WithFirstDim(static_cast<int64_t>(indices.size())));
   PulledBytes().Add(static_cast<double>(out.byte_size()));
-  for (size_t i = 0; i < indices.size(); ++i) {
-    std::memcpy(out.data<float>() + static_cast<int64_t>(i) * row_size,
-                v.value.data<float>() + indices[i] * row_size,
-                static_cast<size_t>(row_size) * sizeof(float));
-  }
+  GatherRows(v.value, indices.data(), indices.size(), out.raw_data());
   return out;
 }
 

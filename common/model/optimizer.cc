@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stratum/tensor/gather_rows.h"
 #include "stratum/util/status_macros.h"
 
 namespace stratum {
@@ -546,19 +547,7 @@ bool Optimizer::ApplyRows(Tensor& variable, std::span<const int64_t> rows,
   const Shape shape = variable.shape().WithFirstDim(count);
   auto gather = [&](const Tensor& from) {
     Tensor out(DType::kFloat32, shape);
-    // The rows lie anywhere in a table far larger than the caches: asking for rows a few
-    // ahead overlaps their cache misses, which one at a time were most of a PS's update.
-    constexpr int64_t kAhead = 8;
-    const auto row_bytes = static_cast<size_t>(width) * sizeof(float);
-    const auto* base = reinterpret_cast<const char*>(from.data<float>());
-    for (int64_t i = 0; i < count; ++i) {
-      if (i + kAhead < count) {
-        const char* ahead = base + rows[i + kAhead] * static_cast<int64_t>(row_bytes);
-        for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
-      }
-      std::memcpy(out.data<float>() + i * width, base + rows[i] * static_cast<int64_t>(row_bytes),
-                  row_bytes);
-    }
+    GatherRows(from, rows.data(), rows.size(), out.raw_data());
     return out;
   };
   auto scatter = [&](const Tensor& from, Tensor& to) {

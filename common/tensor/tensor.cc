@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stratum/tensor/gather_rows.h"
 
 namespace stratum {
 namespace {
@@ -202,6 +203,20 @@ bool AllFinite(const Tensor& tensor) {
 bool AllFinite(const std::vector<Tensor>& tensors) {
   return std::all_of(tensors.begin(), tensors.end(),
                      [](const Tensor& tensor) { return AllFinite(tensor); });
+}
+
+void GatherRows(const Tensor& table, const int64_t* rows, size_t count, void* out) {
+  constexpr size_t kAhead = 8;
+  const size_t row_bytes = static_cast<size_t>(table.row_size()) * DTypeSize(table.dtype());
+  const auto* base = static_cast<const char*>(table.raw_data());
+  auto* to = static_cast<char*>(out);
+  for (size_t i = 0; i < count; ++i) {
+    if (i + kAhead < count) {
+      const char* ahead = base + static_cast<size_t>(rows[i + kAhead]) * row_bytes;
+      for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+    }
+    std::memcpy(to + i * row_bytes, base + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+  }
 }
 
 absl::StatusOr<Tensor> ConcatRows(const std::vector<Tensor>& parts) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "stratum/tensor/gather_rows.h"
 #include "stratum/tensor/tensor_proto.h"
 #include "stratum/testing/status_matchers.h"
 
@@ -122,6 +123,30 @@ TEST(TensorProtoTest, ASizeIsCheckedBeforeMemoryIsCommitted) {
   struct rusage after {};
   getrusage(RUSAGE_SELF, &after);
   EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024);  // KiB
+}
+
+TEST(TensorTest, GatherRowsCopiesTheRowsNamedInTheirOrder) {
+  // More rows than the prefetch runs ahead, in no order, with repeats; and a table of int32
+  // rows of 3 (12 bytes, not a multiple of a cache line).
+  Tensor table(DType::kFloat32, {40, 5});
+  for (int64_t i = 0; i < table.num_elements(); ++i) table.data<float>()[i] = static_cast<float>(i);
+  const std::vector<int64_t> rows = {39, 0, 7, 7, 21, 3, 38, 12, 5, 0, 19, 33, 2};
+  Tensor out(DType::kFloat32, {static_cast<int64_t>(rows.size()), 5});
+  GatherRows(table, rows.data(), rows.size(), out.raw_data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t k = 0; k < 5; ++k) {
+      EXPECT_EQ(out.data<float>()[i * 5 + static_cast<size_t>(k)],
+                static_cast<float>(rows[i] * 5 + k));
+    }
+  }
+  Tensor ids(DType::kInt32, {20, 3});
+  for (int64_t i = 0; i < ids.num_elements(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(i);
+  const std::vector<int64_t> picked = {19, 1, 10, 1, 0, 18, 4, 9, 11, 2};
+  Tensor picked_out(DType::kInt32, {static_cast<int64_t>(picked.size()), 3});
+  GatherRows(ids, picked.data(), picked.size(), picked_out.raw_data());
+  for (size_t i = 0; i < picked.size(); ++i) {
+    EXPECT_EQ(picked_out.data<int32_t>()[i * 3 + 2], static_cast<int32_t>(picked[i] * 3 + 2));
+  }
 }
 
 }  // namespace
