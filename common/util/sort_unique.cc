@@ -8,6 +8,7 @@ namespace stratum {
 
 void SortUnique(std::vector<int64_t>& values, int64_t bound) {
   constexpr int kDigitBits = 12;
+  constexpr uint64_t kDigitMask = (uint64_t{1} << kDigitBits) - 1;
   constexpr size_t kRadixFrom = 512;  // below, a comparison sort is as fast
   const int bits = bound > 1 ? std::bit_width(static_cast<uint64_t>(bound - 1)) : 1;
   const int passes = (bits + kDigitBits - 1) / kDigitBits;
@@ -22,9 +23,10 @@ void SortUnique(std::vector<int64_t>& values, int64_t bound) {
     for (int pass = 0; pass < passes; ++pass) {
       const int shift = pass * kDigitBits;
       starts.fill(0);
-      for (int64_t v : values) ++starts[((static_cast<uint64_t>(v) >> shift) & 0xfff) + 1];
+      for (int64_t v : values) ++starts[((static_cast<uint64_t>(v) >> shift) & kDigitMask) + 1];
       for (size_t d = 1; d < starts.size(); ++d) starts[d] += starts[d - 1];
-      for (int64_t v : values) scratch[starts[(static_cast<uint64_t>(v) >> shift) & 0xfff]++] = v;
+      for (int64_t v : values)
+        scratch[starts[(static_cast<uint64_t>(v) >> shift) & kDigitMask]++] = v;
       values.swap(scratch);
     }
   }
