@@ -319,7 +319,9 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op, std::vector<T
     // Rows read back: as large as the PS said the last answer wanted (a batch that reads
     // more rows than the last gets the rest inline, and the segment grows for the next).
     needed = std::max<uint64_t>(needed, connection.pull_hint);
-    if (connection.segment == nullptr || connection.segment->size() < needed) {
+    // A push of nothing (no tensors, or empty ones) before any answer sized a segment has no
+    // bytes to place, and a segment of 0 bytes cannot be mapped: it goes inline, empty.
+    if (needed > 0 && (connection.segment == nullptr || connection.segment->size() < needed)) {
       constexpr uint64_t kGrain = 1 << 20;
       absl::StatusOr<std::shared_ptr<SharedSegment>> segment =
           SharedSegment::Create((needed + kGrain - 1) / kGrain * kGrain);
@@ -328,7 +330,7 @@ absl::Status PsDataClient::Exchange(Connection& connection, Op op, std::vector<T
       header.flags |= data_wire::kNewSegment;
       fd_to_pass = connection.segment->fd();
     }
-    for (size_t i = 0; i < gradients.size(); ++i) {
+    for (size_t i = 0; needed > 0 && i < gradients.size(); ++i) {
       meta.tensors[i].location = Location::kShared;
       if (gradients[i].byte_size() > 0) {
         std::memcpy(connection.segment->data() + meta.tensors[i].offset, gradients[i].raw_data(),

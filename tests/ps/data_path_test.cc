@@ -207,6 +207,19 @@ TEST_P(DataPathTest, PushesAndPullsRows) {
   EXPECT_EQ(store_.Info("emb")->updates, 1);
 }
 
+TEST_P(DataPathTest, APushOfNothingIsAnUpdateOfNothing) {
+  // A batch whose ids all lie outside a PS's shards reads none of their rows: the worker's
+  // first push to that PS carries no tensor at all (no shared segment sized yet). It once
+  // failed to map a segment of 0 bytes and was reported as a parameter server gone.
+  ASSERT_TRUE(*store_.Create("emb", Tensor::FromVector<float>({3, 2}, {0, 1, 2, 3, 4, 5}), kSgd));
+  auto client = Client();
+  std::vector<Tensor> back;
+  absl::Status pushed = client->Push({}, {}, &back, nullptr, {}, {});
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  EXPECT_TRUE(back.empty());
+  EXPECT_EQ(store_.Info("emb")->updates, 0);
+}
+
 TEST_P(DataPathTest, BadPushesAreRefusedAndChangeNothing) {
   auto client = Client();
   auto expect_refused = [](absl::Status status, absl::StatusCode code, const std::string& text) {
